@@ -1,0 +1,33 @@
+"""Exception types raised for user mistakes and bad inputs.
+
+Every error a user can cause derives from :class:`VerispecError`; the CLI and server turn these
+into a clear message (no traceback). Anything else escaping is a bug in verispec.
+"""
+
+
+class VerispecError(Exception):
+    """Base class of every error caused by user input, configuration or data."""
+
+
+class ModelNotFoundError(VerispecError):
+    """A model reference names no built-in model, local file/directory, or reachable hub id."""
+
+
+class ModelIntegrityError(VerispecError):
+    """A weight file is corrupt, truncated or tampered with (sha256 or header mismatch)."""
+
+
+class ModelFetchError(VerispecError):
+    """Fetching a built-in model from the package registry failed."""
+
+
+class IncompatibleDraftError(VerispecError):
+    """The draft model cannot propose tokens for the target (tokenizer or EOS mismatch)."""
+
+
+class InvalidParameterError(VerispecError, ValueError):
+    """A generation or speculation parameter is outside its valid range."""
+
+
+class ContextLengthError(VerispecError, ValueError):
+    """The prompt (plus requested tokens) does not fit the model's context window."""
