@@ -1,0 +1,222 @@
+"""Loading a model reference into a transformers causal LM and its tokenizer.
+
+Owns the transformers calls, the dtype/device choice, the header checks that turn corrupt
+weight files into clear errors, and the facts the engine needs (EOS ids, context length, logits
+width). Where the files come from is ``store.py``'s business; this module knows nothing about
+generation or speculation.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from verispec.errors import InvalidParameterError, ModelIntegrityError, ModelNotFoundError
+from verispec.models.store import ModelSource, ModelStore
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+GGUF_MAGIC = b"GGUF"
+GGUF_VERSIONS = (2, 3)
+_MAX_GGUF_COUNT = 1 << 24  # tensors or metadata entries; real files have a few thousand
+_MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024
+_LOAD_ERRORS = (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError)
+
+
+@dataclass
+class LoadedModel:
+    """A loaded causal LM (eval mode, no grad) with its tokenizer and the facts about it.
+
+    ``param_bytes`` counts parameters and buffers in bytes; ``vocab_size`` is the logits width
+    (may exceed ``len(tokenizer)`` by padding rows); ``load_time_s`` excludes any download.
+    """
+
+    name: str
+    model: Any  # transformers PreTrainedModel (AutoModelForCausalLM)
+    tokenizer: Any  # transformers PreTrainedTokenizerBase
+    path: Path | None
+    load_time_s: float
+    param_bytes: int
+    eos_token_ids: tuple[int, ...]
+    context_length: int
+    vocab_size: int
+
+
+def load_model(
+    ref: str, *, dtype: str = "float32", device: str = "cpu", store: ModelStore | None = None
+) -> LoadedModel:
+    """Load model reference ``ref`` (built-in name, .gguf, checkpoint dir or hub id).
+
+    GGUF weights are dequantized to ``dtype`` ("float32", "bfloat16" or "float16"). Built-in
+    names are fetched on first use through ``store`` (default: ``ModelStore()``, with progress).
+    Raises InvalidParameterError (bad dtype/device), ModelNotFoundError (nothing at ``ref``),
+    ModelIntegrityError (corrupt or unloadable weights), ModelFetchError (download failed).
+    """
+    torch_dtype = _parse_dtype(dtype)
+    torch_device = _parse_device(device)
+    source = (store or ModelStore()).resolve(ref)
+    start = time.perf_counter()
+    model, tokenizer = _load_source(source, torch_dtype)
+    model.to(torch_device)
+    model.eval()
+    model.requires_grad_(False)
+    load_time_s = time.perf_counter() - start
+    return LoadedModel(
+        name=source.name,
+        model=model,
+        tokenizer=tokenizer,
+        path=source.path,
+        load_time_s=load_time_s,
+        param_bytes=_param_bytes(model),
+        eos_token_ids=_eos_token_ids(model, tokenizer),
+        context_length=_context_length(model),
+        vocab_size=_logits_width(model),
+    )
+
+
+def check_gguf_header(path: Path) -> None:
+    """Check that ``path`` starts like a GGUF file: magic, a supported version, sane counts.
+
+    Raises ModelIntegrityError naming the file and what is wrong.
+    """
+    with open(path, "rb") as source:
+        head = source.read(24)
+    if len(head) < 24 or head[:4] != GGUF_MAGIC:
+        raise ModelIntegrityError(
+            f"{path} is not a valid GGUF file: it does not start with the GGUF magic bytes "
+            f"(found {head[:4]!r})"
+        )
+    version, tensor_count, kv_count = struct.unpack("<IQQ", head[4:24])
+    if version not in GGUF_VERSIONS:
+        raise ModelIntegrityError(
+            f"{path} is not a valid GGUF file: version {version} is not one of {GGUF_VERSIONS}"
+        )
+    if tensor_count > _MAX_GGUF_COUNT or kv_count > _MAX_GGUF_COUNT:
+        raise ModelIntegrityError(
+            f"{path} is not a valid GGUF file: implausible header "
+            f"({tensor_count} tensors, {kv_count} metadata entries)"
+        )
+
+
+def check_safetensors_header(path: Path) -> None:
+    """Check that ``path`` has a parseable safetensors header and holds all its tensor bytes.
+
+    Raises ModelIntegrityError naming the file and what is wrong.
+    """
+    size = path.stat().st_size
+    with open(path, "rb") as source:
+        prefix = source.read(8)
+        if len(prefix) < 8:
+            raise _bad_safetensors(path, f"only {len(prefix)} bytes long")
+        header_length = int.from_bytes(prefix, "little")
+        if header_length > min(size - 8, _MAX_SAFETENSORS_HEADER):
+            raise _bad_safetensors(path, f"header length {header_length} exceeds the file")
+        try:
+            header = json.loads(source.read(header_length))
+            data_end = max(
+                (int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"),
+                default=0,
+            )
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+            raise _bad_safetensors(path, f"unparseable header ({exc})") from None
+    if 8 + header_length + data_end > size:
+        raise _bad_safetensors(
+            path, f"truncated: tensors need {8 + header_length + data_end} bytes, file has {size}"
+        )
+
+
+def _bad_safetensors(path: Path, reason: str) -> ModelIntegrityError:
+    return ModelIntegrityError(f"{path} is not a valid safetensors file: {reason}")
+
+
+def _parse_dtype(dtype: str) -> torch.dtype:
+    try:
+        return DTYPES[dtype]
+    except KeyError:
+        raise InvalidParameterError(
+            f"dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}"
+        ) from None
+
+
+def _parse_device(device: str) -> torch.device:
+    try:
+        parsed = torch.device(device)
+        torch.empty(0, device=parsed)
+    except (RuntimeError, AssertionError, ValueError) as exc:
+        raise InvalidParameterError(f"device {device!r} is not available: {exc}") from None
+    return parsed
+
+
+def _load_source(source: ModelSource, torch_dtype: torch.dtype) -> tuple[Any, Any]:
+    """Run transformers on a resolved source; turn its failures into verispec errors."""
+    options: dict[str, Any] = {"local_files_only": source.kind != "hub"}
+    if source.kind == "gguf":
+        check_gguf_header(source.path)
+        location: str | Path = source.path.parent
+        options["gguf_file"] = source.path.name
+    elif source.kind == "directory":
+        for weights in sorted(source.path.glob("*.safetensors")):
+            check_safetensors_header(weights)
+        location = source.path
+    else:
+        location = source.hub_id
+    try:
+        model = AutoModelForCausalLM.from_pretrained(location, dtype=torch_dtype, **options)
+        tokenizer = AutoTokenizer.from_pretrained(location, **options)
+    except _LOAD_ERRORS as exc:
+        if source.kind == "hub":
+            raise ModelNotFoundError(
+                f"could not load {source.hub_id!r} from the Hugging Face hub: {exc}"
+            ) from exc
+        raise ModelIntegrityError(
+            f"could not load {source.path}: the weights are corrupt or of an unsupported "
+            f"kind ({type(exc).__name__}: {exc})"
+        ) from exc
+    return model, tokenizer
+
+
+def _param_bytes(model: torch.nn.Module) -> int:
+    tensors = [*model.parameters(), *model.buffers()]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _eos_token_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:
+    """Stop tokens: generation_config's EOS id(s) first, then the model config's and tokenizer's.
+
+    Order is kept and duplicates dropped, so the first id is the primary EOS.
+    """
+    generation_config = getattr(model, "generation_config", None)
+    candidates = [
+        getattr(generation_config, "eos_token_id", None),
+        getattr(model.config, "eos_token_id", None),
+        tokenizer.eos_token_id,
+    ]
+    ids: list[int] = []
+    for candidate in candidates:
+        for token_id in candidate if isinstance(candidate, (list, tuple)) else [candidate]:
+            if token_id is not None and int(token_id) not in ids:
+                ids.append(int(token_id))
+    return tuple(ids)
+
+
+def _context_length(model: Any) -> int:
+    config = model.config.get_text_config()
+    for attribute in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        value = getattr(config, attribute, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    raise ModelIntegrityError(f"the model config of {model.name_or_path} names no context length")
+
+
+def _logits_width(model: Any) -> int:
+    output_embeddings = model.get_output_embeddings()
+    if output_embeddings is not None and hasattr(output_embeddings, "weight"):
+        return int(output_embeddings.weight.shape[0])
+    return int(model.config.get_text_config().vocab_size)

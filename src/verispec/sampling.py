@@ -1,0 +1,171 @@
+"""Sampling parameters and the logits -> distribution pipeline shared by target and draft.
+
+Owns: validation of user sampling parameters, the penalties (repetition, presence, frequency),
+temperature, top-k and top-p, and drawing a token from a distribution with an explicit
+``torch.Generator``. Speculative decoding is lossless only if the target's rows are processed
+*exactly* as plain decoding processes them, so both paths call :func:`process_logits` here and
+nowhere else. Knows nothing about models, KV caches or tokenization.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from verispec.errors import InvalidParameterError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How tokens are chosen. ``temperature == 0`` is greedy (argmax), its own branch.
+
+    Attributes:
+        temperature: >= 0. 0 selects greedy decoding.
+        top_k: keep the k most likely tokens; 0 disables.
+        top_p: nucleus mass in (0, 1]; 1 disables.
+        repetition_penalty: > 0; CTRL-style (Keskar et al. 2019, §4.1) over prompt + output:
+            a seen token's positive logit is divided by it, a negative one multiplied. 1 disables.
+        presence_penalty, frequency_penalty: OpenAI semantics in [-2, 2] over *output* tokens:
+            ``logit -= frequency_penalty * count + presence_penalty * (count > 0)``.
+        max_tokens: >= 1, new tokens at most.
+        stop: stop strings; output text ends before the earliest one found.
+        seed: seeds the request's ``torch.Generator``; None draws a fresh seed.
+        ignore_eos: keep generating past EOS (benchmarks).
+
+    Raises:
+        InvalidParameterError: on any value outside its range.
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    max_tokens: int = 128
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        elif not isinstance(self.stop, tuple):
+            object.__setattr__(self, "stop", tuple(self.stop))
+        checks = [
+            (self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}"),
+            (self.top_k >= 0, f"top_k must be >= 0 (0 disables), got {self.top_k}"),
+            (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
+            (self.repetition_penalty > 0, f"repetition_penalty must be > 0, got {self.repetition_penalty}"),
+            (-2 <= self.presence_penalty <= 2, f"presence_penalty must be in [-2, 2], got {self.presence_penalty}"),
+            (-2 <= self.frequency_penalty <= 2, f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}"),
+            (self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}"),
+            (all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise InvalidParameterError(message)
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+
+def apply_penalties(
+    logits: Tensor,  # [num_rows, vocab] float32
+    params: SamplingParams,
+    prompt_token_ids: Sequence[int],
+    output_token_ids: Sequence[int],
+    appended_token_ids: Sequence[int] = (),  # [num_rows - 1] or [num_rows]
+) -> Tensor:
+    """Apply repetition/presence/frequency penalties row by row.
+
+    Row i is scored as plain decoding would score the step after
+    ``prompt + output + appended[:i]``: that is what makes verification of a k-token draft equal
+    to k plain steps. Returns a new float32 tensor ``[num_rows, vocab]``; ``logits`` is untouched.
+    """
+    if not params.has_penalties:
+        return logits
+    num_rows, vocab = logits.shape
+    out = logits.clone()
+    appended = torch.tensor(list(appended_token_ids)[: num_rows - 1], dtype=torch.long)
+    # steps[i, t] = how often t occurs in appended[:i]
+    steps = torch.zeros(num_rows, vocab)
+    if appended.numel():
+        onehot = torch.nn.functional.one_hot(appended.clamp(max=vocab - 1), vocab).float()
+        steps[1:] = torch.cumsum(onehot, dim=0) * (appended < vocab).float()[:, None]
+    if params.repetition_penalty != 1.0:
+        seen = torch.zeros(vocab)
+        history = [t for t in list(prompt_token_ids) + list(output_token_ids) if t < vocab]
+        seen[torch.tensor(history, dtype=torch.long)] = 1.0
+        mask = (seen[None, :] + steps) > 0
+        penalized = torch.where(out > 0, out / params.repetition_penalty, out * params.repetition_penalty)
+        out = torch.where(mask, penalized, out)
+    if params.presence_penalty != 0.0 or params.frequency_penalty != 0.0:
+        counts = torch.zeros(vocab)
+        produced = torch.tensor([t for t in output_token_ids if t < vocab], dtype=torch.long)
+        counts.index_add_(0, produced, torch.ones(produced.numel()))
+        counts = counts[None, :] + steps
+        out = out - params.frequency_penalty * counts - params.presence_penalty * (counts > 0).float()
+    return out
+
+
+def logits_to_probs(logits: Tensor, params: SamplingParams) -> Tensor:
+    """Temperature, then top-k, then top-p (the order of HF and vLLM), then softmax.
+
+    Args:
+        logits: ``[num_rows, vocab]`` float32, penalties already applied.
+    Returns:
+        ``[num_rows, vocab]`` float32 probabilities; each row sums to 1.
+    Raises:
+        InvalidParameterError: if called for greedy params (greedy never builds probabilities).
+    """
+    if params.is_greedy:
+        raise InvalidParameterError("greedy decoding takes the argmax; it has no sampling distribution")
+    scores = logits / params.temperature
+    vocab = scores.shape[-1]
+    if 0 < params.top_k < vocab:
+        kth = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, dim=-1, descending=True)
+        sorted_probs = torch.softmax(sorted_scores, dim=-1)
+        mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+        drop_sorted = mass_before >= params.top_p  # always keeps the most likely token
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        scores = scores.masked_fill(drop, float("-inf"))
+    return torch.softmax(scores, dim=-1)
+
+
+def sample_from(probs: Tensor, generator: torch.Generator) -> int:
+    """Draw one token id from ``probs`` (``[vocab]`` float32) with the request's generator."""
+    return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+@dataclass
+class ProcessedRows:
+    """Target or draft rows after processing: ``token_ids`` for greedy, ``probs`` for sampling."""
+
+    greedy_token_ids: Tensor | None  # [num_rows] int64, greedy only
+    probs: Tensor | None  # [num_rows, vocab] float32, sampling only
+
+
+def process_logits(
+    logits: Tensor,  # [num_rows, vocab]
+    params: SamplingParams,
+    prompt_token_ids: Sequence[int],
+    output_token_ids: Sequence[int],
+    appended_token_ids: Sequence[int] = (),
+) -> ProcessedRows:
+    """The one path from raw logits to what a decoder needs (argmax ids or probabilities)."""
+    logits = apply_penalties(logits.float(), params, prompt_token_ids, output_token_ids, appended_token_ids)
+    if params.is_greedy:
+        return ProcessedRows(greedy_token_ids=torch.argmax(logits, dim=-1), probs=None)
+    return ProcessedRows(greedy_token_ids=None, probs=logits_to_probs(logits, params))

@@ -1,0 +1,106 @@
+"""Test doubles and tiny models shared by the tests (no downloads, seeded)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from verispec.engine import SpeculativeEngine
+from verispec.proposers.draft_model import DraftModelProposer
+from verispec.runners.torch_runner import TransformersRunner
+
+VOCAB = 96
+
+
+def tiny_qwen2(seed: int, vocab_size: int = VOCAB, num_layers: int = 2) -> Qwen2ForCausalLM:
+    """A randomly initialised fp32 Qwen2 (hidden 32) whose argmax varies with context."""
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
+    model = Qwen2ForCausalLM(config)
+    with torch.no_grad():  # larger logits than the default init so sampling is not near-uniform
+        model.lm_head.weight.mul_(40.0)
+    return model.eval()
+
+
+def perturbed_copy(model: Qwen2ForCausalLM, noise: float, seed: int) -> Qwen2ForCausalLM:
+    """The same model with Gaussian noise on every weight: a draft that agrees sometimes."""
+    copy = Qwen2ForCausalLM(model.config)
+    copy.load_state_dict(model.state_dict())
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in copy.parameters():
+            p.add_(torch.randn(p.shape, generator=generator) * noise * p.std())
+    return copy.eval()
+
+
+class CharTokenizer:
+    """Decodes id i to ``pieces[i]``; enough of a tokenizer for the output builder."""
+
+    def __init__(self, pieces: Sequence[str]) -> None:
+        self.pieces = list(pieces)
+
+    def decode(self, token_ids, skip_special_tokens: bool = True) -> str:
+        return "".join(self.pieces[t] for t in token_ids)
+
+
+def default_pieces(vocab_size: int = VOCAB) -> list[str]:
+    return [chr(ord("!") + i) for i in range(vocab_size)]
+
+
+class BigramRunner:
+    """Runner test double: row i of the logits is ``table[token_i]`` (depends on one token)."""
+
+    def __init__(self, table: torch.Tensor, max_context_length: int = 512) -> None:
+        self.table = table.float()
+        self.vocab_size = table.shape[1]
+        self.max_context_length = max_context_length
+        self.token_ids: list[int] = []
+        self.num_forwards = 0
+
+    @property
+    def num_cached_tokens(self) -> int:
+        return len(self.token_ids)
+
+    def forward(self, token_ids, num_logits=None):
+        assert len(self.token_ids) + len(token_ids) <= self.max_context_length
+        self.token_ids.extend(token_ids)
+        self.num_forwards += 1
+        rows = self.table[torch.tensor(list(token_ids))]
+        return rows[-num_logits:] if num_logits else rows
+
+    def truncate(self, num_tokens: int) -> None:
+        if not 0 <= num_tokens <= len(self.token_ids):
+            raise ValueError("bad truncate")
+        del self.token_ids[num_tokens:]
+
+
+def chain_table(next_of: dict[int, int], vocab_size: int, strength: float = 20.0) -> torch.Tensor:
+    """Bigram logits where token a is followed by ``next_of[a]`` (others stay at 0)."""
+    table = torch.zeros(vocab_size, vocab_size)
+    for a, b in next_of.items():
+        table[a, b] = strength
+    return table
+
+
+def make_engine(target_model, draft_model=None, eos_token_ids=(), pieces=None) -> SpeculativeEngine:
+    proposers = {}
+    if draft_model is not None:
+        proposers["draft"] = DraftModelProposer(TransformersRunner(draft_model))
+    vocab = target_model.config.vocab_size
+    return SpeculativeEngine(
+        TransformersRunner(target_model),
+        CharTokenizer(pieces or default_pieces(vocab)),
+        eos_token_ids=eos_token_ids,
+        proposers=proposers,
+    )
