@@ -154,7 +154,7 @@ class SpeculativeEngine:
         while not out.finished:
             yield StreamChunk(out.take_delta(), committed)
             cached = self.target.num_cached_tokens
-            room = self.target.max_context_length - cached - 1
+            room = self.target.max_context_length - cached - 2  # new tokens land at cached+1...
             if room < 0:
                 committed = []
                 out.finish("length")
