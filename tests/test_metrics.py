@@ -69,3 +69,12 @@ def test_single_token_has_no_tpot():
     times = RequestTimes(start=0.0, first_token=1.0, end=1.0)
     m = RequestMetrics.from_times(times, 3, 1, SpecDecodeStats())
     assert m.tpot_ms is None and m.decode_tokens_per_s is None and m.ttft_ms == pytest.approx(1000.0)
+
+
+def test_acceptance_by_output_position_bucket():
+    stats = SpecDecodeStats()
+    stats.record(4, 4, output_position=0)
+    stats.record(4, 1, output_position=63)  # still bucket 0 (0-63)
+    stats.record(4, 0, output_position=130)  # bucket 2 (128-191)
+    assert stats.accepted_by_output_bucket == [5, 0, 0]
+    assert stats.drafted_by_output_bucket == [8, 0, 4]

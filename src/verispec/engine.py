@@ -171,7 +171,7 @@ class SpeculativeEngine:
             logits = self._timed_target(times, lambda: self.target.forward([pending] + draft_token_ids))
             result = self._verify(logits, draft_token_ids, draft, params, prompt, out.token_ids, generator)
             self.target.truncate(cached + 1 + result.num_accepted_tokens)
-            stats.record(len(draft_token_ids), result.num_accepted_tokens)
+            stats.record(len(draft_token_ids), result.num_accepted_tokens, output_position=len(out.token_ids))
             if proposer is not None and draft_token_ids:
                 proposer.observe(result.num_accepted_tokens)
             num_before = len(out.token_ids)

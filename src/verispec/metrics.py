@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+OUTPUT_BUCKET_TOKENS = 64
+
 
 @dataclass
 class SpecDecodeStats:
@@ -23,6 +25,8 @@ class SpecDecodeStats:
     - accepted_per_position[i] = drafts whose token at position i was accepted
       (only the accepted prefix counts); drafted_per_position[i] = drafts that had position i
     - accepted_length_histogram[n] = drafts with exactly n accepted tokens
+    - accepted_by_output_bucket[b] / drafted_by_output_bucket[b]: the same counts for drafts
+      that started at output position ``b * OUTPUT_BUCKET_TOKENS ...`` (long-text decay)
     (vLLM v1/spec_decode/metrics.py; gpt-fast's accept-count histogram.)
     """
 
@@ -34,9 +38,14 @@ class SpecDecodeStats:
     accepted_per_position: list[int] = field(default_factory=list)
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_length_histogram: list[int] = field(default_factory=list)
+    accepted_by_output_bucket: list[int] = field(default_factory=list)
+    drafted_by_output_bucket: list[int] = field(default_factory=list)
 
-    def record(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
-        """Record one verify step. A step with no drafted token is plain decoding: not a draft."""
+    def record(self, num_draft_tokens: int, num_accepted_tokens: int, output_position: int = 0) -> None:
+        """Record one verify step. A step with no drafted token is plain decoding: not a draft.
+
+        ``output_position`` is the number of output tokens before the draft's first token.
+        """
         if not 0 <= num_accepted_tokens <= num_draft_tokens:
             raise ValueError(f"accepted {num_accepted_tokens} not in [0, {num_draft_tokens}]")
         if num_draft_tokens == 0:
@@ -56,6 +65,11 @@ class SpecDecodeStats:
             if position < num_accepted_tokens:
                 self.accepted_per_position[position] += 1
         self.accepted_length_histogram[num_accepted_tokens] += 1
+        bucket = output_position // OUTPUT_BUCKET_TOKENS
+        _grow(self.accepted_by_output_bucket, bucket + 1)
+        _grow(self.drafted_by_output_bucket, bucket + 1)
+        self.accepted_by_output_bucket[bucket] += num_accepted_tokens
+        self.drafted_by_output_bucket[bucket] += num_draft_tokens
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -83,6 +97,8 @@ class SpecDecodeStats:
             (self.accepted_per_position, other.accepted_per_position),
             (self.drafted_per_position, other.drafted_per_position),
             (self.accepted_length_histogram, other.accepted_length_histogram),
+            (self.accepted_by_output_bucket, other.accepted_by_output_bucket),
+            (self.drafted_by_output_bucket, other.drafted_by_output_bucket),
         ):
             _grow(mine, len(theirs))
             for i, value in enumerate(theirs):
