@@ -20,14 +20,15 @@ models_app = typer.Typer(
     help="List and fetch the built-in models.", no_args_is_help=True, add_completion=False
 )
 
-_CACHE_LABELS = {"cached": "yes", "unverified": "yes (re-hashed on next use)", "missing": "no"}
+_CACHE_LABELS = {"cached": "yes", "unverified": "changed (re-checked on use)", "missing": "no"}
 
 
 @models_app.command("list")
 def list_models() -> None:
     """Show the built-in models, their roles and whether they are in the cache."""
     store = ModelStore()
-    table = Table(title=f"Built-in models (cache: {store.home / 'models'})")
+    cache_root = store.home / "models"
+    table = Table(title=f"Built-in models (paths relative to {cache_root})")
     table.add_column("name", no_wrap=True)
     for column in ("role", "arch", "size", "cached"):
         table.add_column(column)
@@ -40,7 +41,7 @@ def list_models() -> None:
                 f"{entry.arch} {entry.quantization}",
                 _format_bytes(entry.size_bytes),
                 _CACHE_LABELS[store.cache_state(name)],
-                str(store.model_path(name)),
+                str(store.model_path(name).relative_to(cache_root)),
             )
     Console().print(table)
 

@@ -59,8 +59,8 @@ def _check_same_tokens(target_tokens: list[str | None], draft_tokens: list[str |
         )
         raise IncompatibleDraftError(
             f"draft vocabulary differs from the target's: id {token_id} is "
-            f"{target_tokens[token_id]!r} in the target and {draft_tokens[token_id]!r} in the "
-            f"draft{sizes}; the draft must use the target's tokenizer"
+            f"{_show(target_tokens[token_id])} in the target and {_show(draft_tokens[token_id])} "
+            f"in the draft{sizes}; the draft must use the target's tokenizer"
         )
     if len(target_tokens) != len(draft_tokens):
         raise IncompatibleDraftError(
@@ -88,6 +88,10 @@ def _check_same_eos(
 
 
 def _describe(token_ids: tuple[int, ...], tokens: list[str | None]) -> str:
-    named = (f"{i} {tokens[i]!r}" if 0 <= i < len(tokens) else str(i) for i in token_ids)
+    named = (f"{i} {_show(tokens[i])}" if 0 <= i < len(tokens) else str(i) for i in token_ids)
     return "[" + ", ".join(named) + "]"
+
+
+def _show(token: str | None) -> str:
+    return "unassigned" if token is None else repr(token)
 

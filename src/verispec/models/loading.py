@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from verispec.errors import InvalidParameterError, ModelIntegrityError, ModelNotFoundError
@@ -27,7 +26,6 @@ GGUF_MAGIC = b"GGUF"
 GGUF_VERSIONS = (2, 3)
 _MAX_GGUF_COUNT = 1 << 24  # tensors or metadata entries; real files have a few thousand
 _MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024
-_LOAD_ERRORS = (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError)
 
 
 @dataclass
@@ -150,7 +148,8 @@ def _parse_device(device: str) -> torch.device:
         parsed = torch.device(device)
         torch.empty(0, device=parsed)
     except (RuntimeError, AssertionError, ValueError) as exc:
-        raise InvalidParameterError(f"device {device!r} is not available: {exc}") from None
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise InvalidParameterError(f"device {device!r} is not available: {reason}") from None
     return parsed
 
 
@@ -170,7 +169,7 @@ def _load_source(source: ModelSource, torch_dtype: torch.dtype) -> tuple[Any, An
     try:
         model = AutoModelForCausalLM.from_pretrained(location, dtype=torch_dtype, **options)
         tokenizer = AutoTokenizer.from_pretrained(location, **options)
-    except _LOAD_ERRORS as exc:
+    except Exception as exc:  # transformers raises anything from OSError to bare Exception
         if source.kind == "hub":
             raise ModelNotFoundError(
                 f"could not load {source.hub_id!r} from the Hugging Face hub: {exc}"

