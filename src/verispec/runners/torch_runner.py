@@ -25,7 +25,8 @@ class TransformersRunner:
         self.model = model
         self.device = next(model.parameters()).device
         config = model.config
-        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        head = model.get_output_embeddings()  # nn.Linear or a quantized stand-in (out_features)
+        self.vocab_size = int(getattr(head, "out_features", None) or head.weight.shape[0])
         self.max_context_length = int(max_context_length or getattr(config, "max_position_embeddings", 2048))
         self._cache = DynamicCache(config=config)
         self._num_cached = 0
@@ -54,7 +55,9 @@ class TransformersRunner:
             logits_to_keep=num_logits or 0,
         )
         self._num_cached += num_new
-        return out.logits[0].float()
+        # Sampling and verification run on the CPU with the request's CPU generator; one
+        # [k, vocab] copy per step is small next to a forward pass.
+        return out.logits[0].float().cpu()
 
     def truncate(self, num_tokens: int) -> None:
         if not 0 <= num_tokens <= self._num_cached:
@@ -64,3 +67,50 @@ class TransformersRunner:
         elif num_tokens < self._num_cached:
             self._cache.crop(num_tokens - self._num_cached)  # negative: number of tokens removed
         self._num_cached = num_tokens
+
+    @torch.inference_mode()
+    def forward_tree(self, token_ids: Sequence[int], position_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """Score a token tree in one forward (see :mod:`verispec.tree` for the layout).
+
+        Args:
+            token_ids: ``[num_nodes]`` tokens in topological order.
+            position_ids: ``[num_nodes]`` int64, cached length + depth of each node.
+            attention_mask: ``[num_nodes, num_cached_tokens + num_nodes]`` bool.
+        Returns:
+            float32 ``[num_nodes, vocab_size]``. All nodes enter the cache; follow with
+            :meth:`keep_tree_path` to keep only the accepted path.
+        """
+        num_new = len(token_ids)
+        if attention_mask.shape != (num_new, self._num_cached + num_new):
+            raise ValueError(f"mask shape {tuple(attention_mask.shape)} != ({num_new}, {self._num_cached + num_new})")
+        if int(position_ids.max()) >= self.max_context_length:
+            raise ValueError(f"tree positions exceed the context length {self.max_context_length}")
+        dtype = next(self.model.parameters()).dtype
+        additive = torch.zeros(attention_mask.shape, dtype=dtype)
+        additive.masked_fill_(~attention_mask, torch.finfo(dtype).min)
+        slots = torch.arange(self._num_cached, self._num_cached + num_new, device=self.device)
+        out = self.model(
+            input_ids=torch.tensor([list(token_ids)], dtype=torch.long, device=self.device),
+            position_ids=position_ids.to(self.device)[None, :],
+            cache_position=slots,
+            attention_mask=additive.to(self.device)[None, None, :, :],
+            cache=self._cache,
+            use_cache=True,
+        )
+        self._num_cached += num_new
+        return out.logits[0].float().cpu()
+
+    def keep_tree_path(self, num_prefix_tokens: int, node_indices: Sequence[int]) -> None:
+        """Keep the first ``num_prefix_tokens`` entries, then the tree nodes ``node_indices``
+        (offsets after the prefix, in order), compacted into contiguous positions. No recompute.
+        """
+        keep = torch.tensor(list(node_indices), dtype=torch.long, device=self.device) + num_prefix_tokens
+        if keep.numel() and (int(keep.min()) < num_prefix_tokens or int(keep.max()) >= self._num_cached):
+            raise ValueError(f"node indices {list(node_indices)} outside the cached tree")
+        for layer in self._cache.layers:
+            if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
+                continue
+            layer.keys = torch.cat([layer.keys[..., :num_prefix_tokens, :], layer.keys[..., keep, :]], dim=-2)
+            layer.values = torch.cat([layer.values[..., :num_prefix_tokens, :], layer.values[..., keep, :]], dim=-2)
+        self._num_cached = num_prefix_tokens + keep.numel()
+
