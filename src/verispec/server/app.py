@@ -1,0 +1,332 @@
+"""The OpenAI-compatible HTTP server: routes, streaming, errors, auth and limits.
+
+Owns the FastAPI app built by :func:`create_app`: ``/v1/completions`` and
+``/v1/chat/completions`` (JSON or Server-Sent Events), ``/v1/models``, ``/health``,
+``/metrics`` and ``/openapi.json``; OpenAI-shaped errors for every failure (client mistakes are
+4xx, never 500); the optional Bearer key on ``/v1``; the request body limit. Generation is the
+engine worker's (:mod:`verispec.server.worker`); wire translation is :mod:`~verispec.server.protocol`'s.
+Knows nothing about decoding.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hmac
+import json
+import logging
+import time
+import uuid
+from contextlib import asynccontextmanager
+from typing import AsyncIterator
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from verispec.engine import SpeculativeConfig, StreamChunk
+from verispec.pipeline import peak_rss_bytes
+from verispec.server import protocol
+from verispec.server.limits import BodyLimitMiddleware, validation_error
+from verispec.server.prom import ServerMetrics
+from verispec.server.protocol import APIError
+from verispec.server.schemas import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+)
+from verispec.server.worker import EngineWorker, Job, JobFailed, QueueFullError
+
+log = logging.getLogger("verispec.server")
+DISCONNECT_POLL_S = 0.25
+ERROR_RESPONSES = {status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 429, 500, 503)}
+GENERATE_RESPONSES = {**ERROR_RESPONSES, 200: {"content": {"text/event-stream": {}}}}
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerConfig:
+    """Server options (the CLI's ``serve`` flags).
+
+    Attributes:
+        api_key: when set, every /v1 route needs ``Authorization: Bearer <api_key>``.
+        max_tokens_cap: largest ``max_tokens`` a request may ask for (chat's default).
+        max_queue: requests that may wait for the engine before 429.
+        max_body_bytes: request bodies above this are refused with 413.
+        default_spec: speculation of requests that send no ``speculative`` field.
+        model_name: the name clients send as ``model`` (default: the target's name).
+    """
+
+    api_key: str | None = None
+    max_tokens_cap: int = 2048
+    max_queue: int = 64
+    max_body_bytes: int = 4 * 1024 * 1024
+    default_spec: SpeculativeConfig | None = None
+    model_name: str | None = None
+
+
+class ClientGone(Exception):
+    """The client disconnected while its request was queued or generating."""
+
+
+class _State:
+    def __init__(self, pipeline, config: ServerConfig) -> None:
+        self.pipeline = pipeline
+        self.config = config
+        self.model_name = config.model_name or pipeline.target.name
+        self.created = int(time.time())
+        self.metrics = ServerMetrics()
+        self.default_spec = config.default_spec or SpeculativeConfig(
+            method="draft" if "draft" in pipeline.engine.proposers else "none"
+        )
+        self.worker = EngineWorker(
+            pipeline.engine,
+            max_queue=config.max_queue,
+            metrics=self.metrics,
+            warmup_prompt_token_ids=pipeline.encode("Hello"),
+            warmup_spec=self.default_spec,
+        )
+
+
+def create_app(pipeline, config: ServerConfig | None = None, **options) -> FastAPI:
+    """The FastAPI app serving ``pipeline`` (a loaded :class:`~verispec.pipeline.SpeculativePipeline`).
+
+    ``options`` override fields of ``config`` (e.g. ``create_app(pipe, api_key="k", max_queue=4)``).
+    The engine worker starts, warms up and stops with the app's lifespan; ``/health`` answers
+    503 until the warm-up is done.
+    """
+    config = dataclasses.replace(config or ServerConfig(), **options)
+    state = _State(pipeline, config)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        for summary in pipeline.model_summaries():
+            log.info(
+                "%s %s: loaded in %.1f s, %.0f MiB",
+                summary.role,
+                summary.name,
+                summary.load_time_s,
+                summary.param_bytes / 2**20,
+            )
+        log.info("peak RSS after loading: %.0f MiB; warming up", peak_rss_bytes() / 2**20)
+        state.worker.start()
+        yield
+        state.worker.stop()
+
+    app = FastAPI(
+        title="verispec", version="0.1.0", lifespan=lifespan, summary="OpenAI-compatible lossless speculative decoding"
+    )
+    app.state.verispec = state
+    app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
+    _install_error_handlers(app, state)
+
+    async def authorized(request: Request) -> None:
+        if config.api_key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), config.api_key.encode()):
+            raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
+
+    def model_card() -> ModelCard:
+        return ModelCard(id=state.model_name, created=state.created)
+
+    @app.get("/health", responses={503: {"model": dict}})
+    async def health() -> JSONResponse:
+        """200 once the models are loaded and warmed up; 503 before."""
+        if not state.worker.ready.is_set():
+            return JSONResponse({"status": "loading"}, status_code=503)
+        return JSONResponse({"status": "ok", "model": state.model_name})
+
+    @app.get("/metrics", response_class=Response)
+    async def metrics() -> Response:
+        """Prometheus text exposition."""
+        data, content_type = state.metrics.exposition()
+        return Response(data, media_type=content_type)
+
+    @app.get("/v1/models", response_model=ModelList, responses=ERROR_RESPONSES, dependencies=[Depends(authorized)])
+    async def list_models() -> ModelList:
+        return ModelList(data=[model_card()])
+
+    @app.get(
+        "/v1/models/{model_id:path}",
+        response_model=ModelCard,
+        responses=ERROR_RESPONSES,
+        dependencies=[Depends(authorized)],
+    )
+    async def get_model(model_id: str) -> ModelCard:
+        _check_model(state, model_id, param=None)
+        return model_card()
+
+    @app.post(
+        "/v1/completions",
+        response_model=CompletionResponse,
+        responses=GENERATE_RESPONSES,
+        dependencies=[Depends(authorized)],
+    )
+    async def completions(body: CompletionRequest, request: Request):
+        _check_model(state, body.model)
+        prompt_ids = protocol.completion_prompt_ids(pipeline, body.prompt)
+        return await _serve(state, request, body, prompt_ids, protocol.ResponseHeader(chat=False, model=body.model))
+
+    @app.post(
+        "/v1/chat/completions",
+        response_model=ChatCompletionResponse,
+        responses=GENERATE_RESPONSES,
+        dependencies=[Depends(authorized)],
+    )
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        _check_model(state, body.model)
+        prompt_ids = protocol.chat_prompt_ids(pipeline, body.messages)
+        return await _serve(state, request, body, prompt_ids, protocol.ResponseHeader(chat=True, model=body.model))
+
+    app.openapi = _openapi_without_422(app)
+    return app
+
+
+def _check_model(state: _State, name: str, param: str | None = "model") -> None:
+    if name != state.model_name:
+        raise APIError(
+            404,
+            f"the model {name!r} does not exist; this server serves {state.model_name!r}",
+            param=param,
+            code="model_not_found",
+        )
+
+
+async def _serve(state: _State, request: Request, body, prompt_ids: list[int], header: protocol.ResponseHeader):
+    """Validate, queue, then answer with JSON or SSE. Errors before the first token are HTTP errors."""
+    if not state.worker.ready.is_set():
+        raise APIError(
+            503, "the server is still loading the models: retry shortly", type="server_error", code="not_ready"
+        )
+    params = protocol.sampling_params(body, max_tokens=protocol.max_tokens_of(body, cap=state.config.max_tokens_cap))
+    spec = protocol.speculative_config(body.speculative, state.default_spec)
+    protocol.check_context(prompt_ids, state.pipeline.target.context_length, "messages" if header.chat else "prompt")
+    job = Job(prompt_ids, params, spec, loop=asyncio.get_running_loop())
+    try:
+        state.worker.submit(job)
+    except QueueFullError as exc:
+        raise APIError(429, f"{exc}: retry later", type="rate_limit_error", code="queue_full") from None
+    state.metrics.in_flight.inc()
+    try:
+        first = await _next_event(job, request)
+    except BaseException:
+        state.metrics.in_flight.dec()
+        job.cancel()
+        raise
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return StreamingResponse(_sse(state, job, header, first, include_usage), media_type="text/event-stream")
+    try:
+        chunk = first
+        while chunk.output is None:
+            chunk = await _next_event(job, request)
+    finally:
+        state.metrics.in_flight.dec()
+        job.cancel()
+    output = chunk.output
+    return JSONResponse(header.body(output.text, output.finish_reason, protocol.usage(output.metrics, job.queue_s)))
+
+
+async def _sse(
+    state: _State, job: Job, header: protocol.ResponseHeader, chunk: StreamChunk, include_usage: bool
+) -> AsyncIterator[str]:
+    """Server-Sent Events: text deltas as accepted, a finish chunk, usage if asked, ``[DONE]``.
+
+    A client that disconnects cancels this generator; ``finally`` then cancels the job.
+    """
+    try:
+        if header.chat:
+            yield _frame(header.chunk("", role=True))
+        while True:
+            if chunk.text:
+                yield _frame(header.chunk(chunk.text))
+            if chunk.output is not None:
+                yield _frame(header.chunk(None if header.chat else "", chunk.output.finish_reason))
+                if include_usage:
+                    yield _frame(header.usage_chunk(protocol.usage(chunk.output.metrics, job.queue_s)))
+                break
+            chunk = await _next_event(job, None)
+    except APIError as exc:  # the response has started: the error travels as an event
+        state.metrics.http_errors.labels(status=str(exc.status)).inc()
+        yield _frame(exc.body())
+    finally:
+        state.metrics.in_flight.dec()
+        job.cancel()
+    yield "data: [DONE]\n\n"
+
+
+def _frame(payload: dict) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+async def _next_event(job: Job, request: Request | None) -> StreamChunk:
+    """The job's next chunk. Raises APIError for a failed job, ClientGone if ``request`` disconnected."""
+    getter = asyncio.ensure_future(job.events.get())
+    try:
+        while True:
+            done, _ = await asyncio.wait({getter}, timeout=DISCONNECT_POLL_S)
+            if done:
+                break
+            if request is not None and await request.is_disconnected():
+                raise ClientGone()
+    finally:
+        getter.cancel()
+    event = getter.result()
+    if isinstance(event, JobFailed):
+        if event.client_error:
+            raise APIError(400, event.message)
+        raise APIError(500, f"{event.message} (error id {event.error_id})", type="server_error", code="server_error")
+    return event
+
+
+def _install_error_handlers(app: FastAPI, state: _State) -> None:
+    def respond(status: int, body: dict) -> JSONResponse:
+        state.metrics.http_errors.labels(status=str(status)).inc()
+        return JSONResponse(body, status_code=status)
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, exc: APIError) -> JSONResponse:
+        return respond(exc.status, exc.body())
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return respond(400, validation_error(exc.errors()).body())
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return respond(exc.status_code, APIError(exc.status_code, str(exc.detail), code=code).body())
+
+    @app.exception_handler(ClientGone)
+    async def client_gone(request: Request, exc: ClientGone) -> Response:
+        return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
+
+    @app.exception_handler(Exception)
+    async def server_fault(request: Request, exc: Exception) -> JSONResponse:
+        error_id = uuid.uuid4().hex[:12]
+        log.error("unhandled error %s on %s %s", error_id, request.method, request.url.path, exc_info=exc)
+        message = f"internal server error (error id {error_id})"
+        return respond(500, APIError(500, message, type="server_error", code="server_error").body())
+
+
+def _openapi_without_422(app: FastAPI):
+    """FastAPI documents 422 for bodies; this server answers 400 instead, so drop them."""
+    original = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = original()
+            for path in schema.get("paths", {}).values():
+                for operation in path.values():
+                    operation.get("responses", {}).pop("422", None)
+            for name in ("HTTPValidationError", "ValidationError"):
+                schema.get("components", {}).get("schemas", {}).pop(name, None)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    return openapi

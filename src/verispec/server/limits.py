@@ -1,0 +1,90 @@
+"""Guards in front of the routes: the request body size limit and 400s for invalid bodies.
+
+Owns :class:`BodyLimitMiddleware` (a pure ASGI middleware, so it also works under streaming)
+and the translation of pydantic/FastAPI validation errors into one OpenAI-style message.
+Knows nothing about generation.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Sequence
+
+from verispec.server.protocol import APIError
+
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
+class BodyLimitMiddleware:
+    """Refuse request bodies above ``max_bytes`` with 413 (declared or streamed length).
+
+    The body is read here in full (it is at most ``max_bytes``) and replayed to the app;
+    later ``receive`` calls go to the server, so disconnects are still seen.
+    """
+
+    def __init__(self, app, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["method"] not in BODY_METHODS:
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
+            await self._refuse(send)
+            return
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":  # disconnected while sending the body
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            more = message.get("more_body", False)
+            if size > self.max_bytes:
+                await self._refuse(send)
+                return
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, send) -> None:
+        body = APIError(413, f"the request body exceeds {self.max_bytes} bytes", code="request_too_large").body()
+        data = json.dumps(body).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+        await send({"type": "http.response.start", "status": 413, "headers": headers})
+        await send({"type": "http.response.body", "body": data})
+
+
+def validation_error(errors: Sequence[dict[str, Any]]) -> APIError:
+    """One 400 from FastAPI's validation errors: the first error, named by its parameter."""
+    if not errors:
+        return APIError(400, "invalid request")
+    first = errors[0]
+    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    param = loc[0] if loc else None
+    kind = first.get("type", "")
+    if kind == "json_invalid":
+        return APIError(400, f"the body is not valid JSON: {first.get('ctx', {}).get('error', first.get('msg'))}")
+    if kind == "extra_forbidden":
+        return APIError(400, f"Unrecognized request argument supplied: {'.'.join(loc)}", param=param)
+    if kind == "missing" and not loc:
+        return APIError(400, "the request needs a JSON body")
+    where = ".".join(_readable(loc)) or "body"
+    message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    return APIError(400, f"{where}: {message}", param=param)
+
+
+def _readable(loc: list[str]) -> list[str]:
+    """Drop pydantic's union branch names (``str``, ``list[int]``...) from an error location."""
+    return [
+        part for part in loc if not (part in ("str", "int", "float", "bool") or part.startswith(("list[", "function-")))
+    ]

@@ -1,0 +1,105 @@
+"""Prometheus metrics of the server, exposed at ``GET /metrics``.
+
+Owns the metric names (vLLM's, with a ``verispec_`` prefix) and how a finished request's
+:class:`~verispec.metrics.RequestMetrics` is added to them; every app gets its own registry so
+several apps can live in one process (tests). The figures themselves are defined once, in
+:mod:`verispec.metrics`. Knows nothing about HTTP routes or the engine.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from verispec.metrics import RequestMetrics
+
+LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
+TOKEN_TIME_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+FINISH_REASONS = ("stop", "length", "abort", "error")
+
+
+class ServerMetrics:
+    """The server's counters, gauges and histograms in a private registry.
+
+    Counters (``_total`` is added by the exposition format):
+        verispec_spec_decode_num_drafts, ..._num_draft_tokens, ..._num_accepted_tokens,
+        ..._num_accepted_tokens_per_pos{position}: as in :class:`verispec.metrics.SpecDecodeStats`.
+        verispec_prompt_tokens, verispec_generation_tokens: tokens of finished requests.
+        verispec_request_success{finish_reason}: requests ended by stop, length, abort
+        (client went away) or error (server fault).
+        verispec_http_errors{status}: error responses sent, by status code.
+    Histograms (seconds): verispec_time_to_first_token_seconds (generation start to first
+    token), verispec_time_per_output_token_seconds, verispec_e2e_request_latency_seconds
+    (arrival to last token, queue included), verispec_request_queue_time_seconds.
+    Gauges: verispec_requests_in_flight (accepted, not yet answered), verispec_num_requests_waiting.
+    """
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.num_drafts = Counter("verispec_spec_decode_num_drafts", "Verify steps with a draft.", registry=r)
+        self.num_draft_tokens = Counter("verispec_spec_decode_num_draft_tokens", "Tokens drafted.", registry=r)
+        self.num_accepted_tokens = Counter(
+            "verispec_spec_decode_num_accepted_tokens", "Drafted tokens accepted by the target.", registry=r
+        )
+        self.accepted_per_pos = Counter(
+            "verispec_spec_decode_num_accepted_tokens_per_pos",
+            "Drafts whose token at this position was accepted.",
+            ["position"],
+            registry=r,
+        )
+        self.prompt_tokens = Counter("verispec_prompt_tokens", "Prompt tokens of finished requests.", registry=r)
+        self.generation_tokens = Counter("verispec_generation_tokens", "Tokens generated.", registry=r)
+        self.requests = Counter(
+            "verispec_request_success", "Finished requests by finish reason.", ["finish_reason"], registry=r
+        )
+        self.http_errors = Counter("verispec_http_errors", "Error responses by status code.", ["status"], registry=r)
+        self.ttft = Histogram(
+            "verispec_time_to_first_token_seconds",
+            "Generation start to first token.",
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.tpot = Histogram(
+            "verispec_time_per_output_token_seconds",
+            "Time per output token after the first.",
+            buckets=TOKEN_TIME_BUCKETS_S,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "verispec_e2e_request_latency_seconds",
+            "Arrival to last token, queue included.",
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.queue_time = Histogram(
+            "verispec_request_queue_time_seconds", "Time waiting for the engine.", buckets=LATENCY_BUCKETS_S, registry=r
+        )
+        self.in_flight = Gauge("verispec_requests_in_flight", "Requests accepted and not yet answered.", registry=r)
+        self.waiting = Gauge("verispec_num_requests_waiting", "Requests queued for the engine.", registry=r)
+        for reason in FINISH_REASONS:
+            self.requests.labels(finish_reason=reason)  # export zeros from the start
+
+    def observe_finished(self, metrics: RequestMetrics, finish_reason: str, *, queue_s: float, e2e_s: float) -> None:
+        """Add one finished request (``stop`` or ``length``); times in seconds."""
+        spec = metrics.spec
+        self.num_drafts.inc(spec.num_drafts)
+        self.num_draft_tokens.inc(spec.num_draft_tokens)
+        self.num_accepted_tokens.inc(spec.num_accepted_tokens)
+        for position, count in enumerate(spec.accepted_per_position):
+            self.accepted_per_pos.labels(position=str(position)).inc(count)
+        self.prompt_tokens.inc(metrics.prompt_tokens)
+        self.generation_tokens.inc(metrics.output_tokens)
+        self.ttft.observe(metrics.ttft_ms / 1e3)
+        if metrics.tpot_ms is not None:
+            self.tpot.observe(metrics.tpot_ms / 1e3)
+        self.e2e.observe(e2e_s)
+        self.queue_time.observe(queue_s)
+        self.requests.labels(finish_reason=finish_reason).inc()
+
+    def observe_ended(self, finish_reason: str) -> None:
+        """Count a request that ended without an output: ``abort`` or ``error``."""
+        self.requests.labels(finish_reason=finish_reason).inc()
+
+    def exposition(self) -> tuple[bytes, str]:
+        """The text exposition format and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,93 @@
+"""The command line on tiny local checkpoints: JSON output, exactness, and clear user errors."""
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from helpers import perturbed_copy, tiny_qwen2
+from server_support import build_tokenizer
+from verispec.cli import app
+
+runner = CliRunner()
+
+
+def save_checkpoint(directory: Path, model, tokenizer) -> Path:
+    model.config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    tokenizer = build_tokenizer()  # byte-level BPE, like Qwen's
+    vocab = len(tokenizer)
+    target = tiny_qwen2(seed=0, vocab_size=vocab)
+    other_tokenizer = build_tokenizer()
+    other_tokenizer.add_tokens(["<extra>"])  # one token more: not the target's vocabulary
+    return {
+        "target": save_checkpoint(root / "target", target, tokenizer),
+        "draft": save_checkpoint(root / "draft", perturbed_copy(target, noise=0.3, seed=2), tokenizer),
+        "other": save_checkpoint(root / "other", tiny_qwen2(seed=3, vocab_size=vocab + 1), other_tokenizer),
+    }
+
+
+def run_json(checkpoints, *extra):
+    args = ["generate", "def fib(n):", "--target", str(checkpoints["target"]), "--draft", str(checkpoints["draft"])]
+    result = runner.invoke(app, args + ["--json", "--max-tokens", "24", *extra])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_json_none_and_draft_give_identical_token_ids(checkpoints):
+    plain = run_json(checkpoints, "--method", "none")
+    speculative = run_json(checkpoints, "--method", "draft", "-k", "3")
+    assert speculative["token_ids"] == plain["token_ids"] and len(plain["token_ids"]) > 0
+    assert speculative["text"] == plain["text"]
+    spec = speculative["metrics"]["spec"]
+    assert spec["num_drafts"] > 0 and spec["acceptance_rate"] is not None
+    assert [m["role"] for m in speculative["models"]] == ["target", "draft"]
+    assert plain["metrics"]["spec"]["num_drafts"] == 0
+
+
+def test_prompt_from_stdin_streams_text_and_stats(checkpoints):
+    args = ["generate", "--target", str(checkpoints["target"]), "--draft", str(checkpoints["draft"]), "--max-tokens", "8"]
+    result = runner.invoke(app, args, input="print(1)")
+    assert result.exit_code == 0, result.output
+    assert "acceptance rate" in result.output and "TTFT" in result.output
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--temperature", "-1"], "temperature must be >= 0"),  # impossible parameter
+        (["--top-p", "0"], "top_p must be in (0, 1]"),
+        (["--method", "magic"], "unknown method"),
+        (["-k", "0"], "num_speculative_tokens"),
+        (["--dtype", "int3"], "dtype"),
+        (["--target", "/nonexistent/model.gguf"], "not found"),  # wrong path
+    ],
+)
+def test_user_errors_exit_2_without_traceback(checkpoints, extra, message):
+    args = ["generate", "x = 1", "--target", str(checkpoints["target"]), "--draft", str(checkpoints["draft"])]
+    result = runner.invoke(app, args + extra)
+    assert result.exit_code == 2
+    assert "error:" in result.output and message in result.output
+    assert "Traceback" not in result.output
+
+
+def test_incompatible_draft_is_refused(checkpoints):
+    args = ["generate", "x = 1", "--target", str(checkpoints["target"]), "--draft", str(checkpoints["other"])]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    assert "draft" in result.output and "Traceback" not in result.output
+
+
+def test_prompt_over_context_length(checkpoints):
+    prompt = "a" * 300  # one byte per token; tiny models have 256 positions
+    result = runner.invoke(app, ["generate", prompt, "--target", str(checkpoints["target"]), "--method", "none"])
+    assert result.exit_code == 2 and "context window" in result.output
