@@ -64,7 +64,7 @@ def test_prompt_from_stdin_streams_text_and_stats(checkpoints):
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["--temperature", "-1"], "temperature must be >= 0"),  # impossible parameter
+        (["--temperature", "-1"], "temperature must be 0 (greedy) or in"),  # impossible parameter
         (["--top-p", "0"], "top_p must be in (0, 1]"),
         (["--method", "magic"], "unknown method"),
         (["-k", "0"], "num_speculative_tokens"),

@@ -11,6 +11,8 @@ from verispec.sampling import SamplingParams, apply_penalties, logits_to_probs, 
     "kwargs",
     [
         {"temperature": -0.1},  # negative temperature
+        {"temperature": 1e-39},  # would overflow float32 logits to inf/NaN: use 0 for greedy
+        {"repetition_penalty": 1e-300},  # likewise
         {"top_p": 0.0},  # empty nucleus
         {"top_p": 1.5},
         {"top_k": -1},
@@ -44,9 +46,10 @@ def test_top_p_keeps_smallest_set_reaching_p():
     # mass before each sorted token: 0, .5, .8, .95 -> top_p=0.8 keeps the first two
     probs = logits_to_probs(logits, SamplingParams(temperature=1.0, top_p=0.8))
     assert torch.allclose(probs, torch.tensor([[0.5 / 0.8, 0.3 / 0.8, 0.0, 0.0]]))
-    # a tiny top_p still keeps the most likely token
-    probs = logits_to_probs(logits, SamplingParams(temperature=1.0, top_p=0.01))
-    assert probs[0].tolist() == [1.0, 0.0, 0.0, 0.0]
+    # a tiny top_p (even one that is 0 in float32) still keeps the most likely token
+    for top_p in (0.01, 1e-46):
+        probs = logits_to_probs(logits, SamplingParams(temperature=1.0, top_p=top_p))
+        assert probs[0].tolist() == [1.0, 0.0, 0.0, 0.0]
 
 
 def test_temperature_scales_logits():

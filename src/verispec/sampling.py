@@ -18,15 +18,20 @@ from torch import Tensor
 from verispec.errors import InvalidParameterError
 
 
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-5, 100.0
+MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 100.0
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How tokens are chosen. ``temperature == 0`` is greedy (argmax), its own branch.
 
     Attributes:
-        temperature: >= 0. 0 selects greedy decoding.
+        temperature: 0 selects greedy decoding; otherwise in [1e-5, 100] (smaller values overflow
+            float32 logits; use 0 for argmax).
         top_k: keep the k most likely tokens; 0 disables.
         top_p: nucleus mass in (0, 1]; 1 disables.
-        repetition_penalty: > 0; CTRL-style (Keskar et al. 2019, §4.1) over prompt + output:
+        repetition_penalty: in [0.01, 100]; CTRL-style (Keskar et al. 2019, §4.1) over prompt + output:
             a seen token's positive logit is divided by it, a negative one multiplied. 1 disables.
         presence_penalty, frequency_penalty: OpenAI semantics in [-2, 2] over *output* tokens:
             ``logit -= frequency_penalty * count + presence_penalty * (count > 0)``.
@@ -56,10 +61,17 @@ class SamplingParams:
         elif not isinstance(self.stop, tuple):
             object.__setattr__(self, "stop", tuple(self.stop))
         checks = [
-            (self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}"),
+            (
+                self.temperature == 0 or MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE,
+                f"temperature must be 0 (greedy) or in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}], got {self.temperature}",
+            ),
             (self.top_k >= 0, f"top_k must be >= 0 (0 disables), got {self.top_k}"),
             (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
-            (self.repetition_penalty > 0, f"repetition_penalty must be > 0, got {self.repetition_penalty}"),
+            (
+                MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY,
+                f"repetition_penalty must be in [{MIN_REPETITION_PENALTY}, {MAX_REPETITION_PENALTY}], "
+                f"got {self.repetition_penalty}",
+            ),
             (-2 <= self.presence_penalty <= 2, f"presence_penalty must be in [-2, 2], got {self.presence_penalty}"),
             (-2 <= self.frequency_penalty <= 2, f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}"),
             (self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}"),
@@ -138,7 +150,8 @@ def logits_to_probs(logits: Tensor, params: SamplingParams) -> Tensor:
         sorted_scores, order = torch.sort(scores, dim=-1, descending=True)
         sorted_probs = torch.softmax(sorted_scores, dim=-1)
         mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-        drop_sorted = mass_before >= params.top_p  # always keeps the most likely token
+        drop_sorted = mass_before >= params.top_p
+        drop_sorted[..., 0] = False  # the most likely token stays, even if top_p rounds to 0
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         scores = scores.masked_fill(drop, float("-inf"))
     return torch.softmax(scores, dim=-1)
