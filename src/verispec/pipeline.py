@@ -1,8 +1,9 @@
 """Loading a target (and optionally a draft) into a ready-to-use engine: the library entry point.
 
-Owns: the wiring of model store -> runners -> drafters -> engine, the compatibility check of the
-pair, prompt encoding (chat template or raw) and the description of the loaded models (load
-time, memory). Knows nothing about the decoding algorithm itself.
+Owns: the wiring of model store -> runners -> drafters -> engine (draft model, optionally int8;
+n-gram lookup; layer skip over the target), the compatibility check of the pair, prompt
+encoding (chat template or raw) and the description of the loaded models (load time, memory).
+Knows nothing about the decoding algorithm itself.
 
 Example::
 
@@ -13,20 +14,54 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import resource
 from dataclasses import dataclass
 from typing import Iterator
 
+from verispec.control import ControllerConfig
 from verispec.engine import GenerationOutput, SpeculativeConfig, SpeculativeEngine, StreamChunk
 from verispec.errors import InvalidParameterError
 from verispec.models.compat import check_draft_compatibility
 from verispec.models.loading import LoadedModel, load_model
 from verispec.proposers.draft_model import DraftModelProposer
+from verispec.proposers.draft_tree import DraftTreeProposer
+from verispec.proposers.layer_skip import LayerSkipProposer
+from verispec.proposers.ngram import NgramProposer
+from verispec.runners.quantize import QUANTIZATIONS, quantize_linear_layers
 from verispec.runners.torch_runner import TransformersRunner
 from verispec.sampling import SamplingParams
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
+
+
+@dataclass(frozen=True)
+class DrafterOptions:
+    """How the drafters are built.
+
+    Attributes:
+        min_ngram, max_ngram: suffix lengths n-gram lookup tries (longest first).
+        layer_skip_layers: target layers the layer-skip drafter runs; None = a quarter of the
+            target's layers; 0 = no layer-skip drafter.
+        draft_quantization: ``"none"`` or ``"int8"`` (weight-only, per output channel) for the
+            draft model.
+    Raises:
+        InvalidParameterError: an unknown quantization or a negative layer count.
+    """
+
+    min_ngram: int = 2
+    max_ngram: int = 4
+    layer_skip_layers: int | None = None
+    draft_quantization: str = "none"
+
+    def __post_init__(self) -> None:
+        if self.draft_quantization not in QUANTIZATIONS:
+            raise InvalidParameterError(
+                f"unknown draft quantization {self.draft_quantization!r}; choose one of {', '.join(QUANTIZATIONS)}"
+            )
+        if self.layer_skip_layers is not None and self.layer_skip_layers < 0:
+            raise InvalidParameterError(f"layer_skip_layers must be >= 0, got {self.layer_skip_layers}")
 
 
 @dataclass
@@ -57,10 +92,24 @@ class ModelSummary:
 class SpeculativePipeline:
     """A target, an optional draft, their tokenizer and the engine over them.
 
-    Use :meth:`load`; the constructor takes already loaded models (tests, custom setups).
+    Use :meth:`load`; the constructor takes already loaded models (tests, custom setups). With
+    ``drafters.draft_quantization="int8"`` the constructor quantizes ``draft.model`` in place.
+    Drafters: ``draft`` (if a draft is given), ``ngram`` and ``layer-skip`` (unless disabled).
+
+    Raises:
+        IncompatibleDraftError: the draft's tokenizer or EOS differs from the target's.
+        InvalidParameterError: int8 asked for a draft that is the target's own model, or a bad
+            layer-skip layer count.
     """
 
-    def __init__(self, target: LoadedModel, draft: LoadedModel | None = None) -> None:
+    def __init__(
+        self,
+        target: LoadedModel,
+        draft: LoadedModel | None = None,
+        drafters: DrafterOptions | None = None,
+        controller: ControllerConfig | None = None,
+    ) -> None:
+        drafters = drafters or DrafterOptions()
         if draft is not None:
             check_draft_compatibility(
                 target.tokenizer,
@@ -70,19 +119,36 @@ class SpeculativePipeline:
                 target_eos_token_ids=target.eos_token_ids,
                 draft_eos_token_ids=draft.eos_token_ids,
             )
+        if draft is not None and drafters.draft_quantization != "none":
+            if draft.model is target.model:
+                raise InvalidParameterError("cannot quantize a draft that is the target model itself")
+            quantize_linear_layers(draft.model, drafters.draft_quantization)
+            draft = dataclasses.replace(draft, param_bytes=_tensor_bytes(draft.model))
         self.target = target
         self.draft = draft
+        self.drafters = drafters
         self.tokenizer = target.tokenizer
-        proposers = {}
+        proposers = {"ngram": NgramProposer(drafters.min_ngram, drafters.max_ngram)}
         if draft is not None:
             proposers["draft"] = DraftModelProposer(
                 TransformersRunner(draft.model, max_context_length=draft.context_length)
+            )
+            proposers["tree"] = DraftTreeProposer(  # same weights, its own KV cache
+                TransformersRunner(draft.model, max_context_length=draft.context_length)
+            )
+        num_layers = drafters.layer_skip_layers
+        if num_layers is None:
+            num_layers = max(1, int(target.model.config.num_hidden_layers) // 4)
+        if num_layers > 0:
+            proposers["layer-skip"] = LayerSkipProposer(
+                target.model, num_layers, max_context_length=target.context_length
             )
         self.engine = SpeculativeEngine(
             TransformersRunner(target.model, max_context_length=target.context_length),
             self.tokenizer,
             eos_token_ids=target.eos_token_ids,
             proposers=proposers,
+            controller=controller,
         )
 
     @classmethod
@@ -93,6 +159,8 @@ class SpeculativePipeline:
         *,
         dtype: str = "float32",
         device: str = "cpu",
+        drafters: DrafterOptions | None = None,
+        controller: ControllerConfig | None = None,
     ) -> SpeculativePipeline:
         """Load the target and (unless ``draft`` is None) the draft, then check they fit together.
 
@@ -103,7 +171,7 @@ class SpeculativePipeline:
         """
         target_model = load_model(target, dtype=dtype, device=device)
         draft_model = load_model(draft, dtype=dtype, device=device) if draft else None
-        return cls(target_model, draft_model)
+        return cls(target_model, draft_model, drafters, controller)
 
     def encode(self, prompt: str, *, chat: bool = False) -> list[int]:
         """Token ids of ``prompt``; with ``chat``, as one user turn through the model's template.
@@ -140,6 +208,11 @@ class SpeculativePipeline:
         if self.draft is not None:
             summaries.append(ModelSummary.of("draft", self.draft))
         return summaries
+
+
+def _tensor_bytes(model) -> int:
+    """Bytes of a model's parameters and buffers (after quantization: int8 weights + scales)."""
+    return sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
 
 
 def peak_rss_bytes() -> int:

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from verispec.sampling import SamplingParams
+from verispec.tree import TokenTree
 
 
 @dataclass
@@ -25,20 +26,28 @@ class DraftOutput:
         draft_probs: ``[num_draft_tokens, vocab]`` float32, the distribution each token was drawn
             from (after the same penalties/temperature/top-k/top-p as the target). None for
             greedy requests and for deterministic drafters (treated as one-hot).
+        tree: set by tree drafters: the whole token tree (root = last context token);
+            ``draft_token_ids`` then lists its nodes below the root, in tree order.
     """
 
     draft_token_ids: list[int] = field(default_factory=list)
     draft_probs: Tensor | None = None
+    tree: TokenTree | None = None
 
 
 @dataclass
 class DraftRequest:
-    """What a drafter sees of the request: the context, split as the penalties need it."""
+    """What a drafter sees of the request: the context, split as the penalties need it.
+
+    ``draft_stop_threshold``: a drafter with probabilities stops after a token whose own top
+    probability is below this (draft-side early stop); 0 disables.
+    """
 
     prompt_token_ids: Sequence[int]
     output_token_ids: Sequence[int]
     params: SamplingParams
     generator: torch.Generator
+    draft_stop_threshold: float = 0.0
 
     @property
     def context(self) -> list[int]:

@@ -14,7 +14,7 @@ from typing import Sequence
 
 import torch
 
-from verispec.proposers import DraftRequest, common_prefix_length
+from verispec.proposers import DraftOutput, DraftRequest, common_prefix_length
 from verispec.sampling import process_logits
 from verispec.tree import TokenTree, tree_attention_mask, tree_position_ids
 
@@ -105,6 +105,11 @@ class DraftTreeProposer:
             frontier_logits = self.runner.forward_tree(token_ids[first_new:], positions, mask)
         self.runner.truncate(len(context))  # drop the drafted nodes; the context stays cached
         return TokenTree(tuple(token_ids), tuple(parents))
+
+    def propose(self, request: DraftRequest, num_speculative_tokens: int) -> DraftOutput:
+        """The proposer protocol: a tree of at most ``num_speculative_tokens`` nodes."""
+        tree = self.propose_tree(request, num_speculative_tokens)
+        return DraftOutput(draft_token_ids=list(tree.token_ids[1:]), tree=tree)
 
     def observe(self, num_accepted_tokens: int) -> None:
         """Nothing to do: the next proposal rolls the cache back to the shared prefix."""
