@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -12,6 +13,19 @@ from verispec.proposers.draft_model import DraftModelProposer
 from verispec.runners.torch_runner import TransformersRunner
 
 VOCAB = 96
+
+
+@pytest.fixture(autouse=True, scope="module")
+def single_thread():
+    """Tiny tensors in one thread: on a busy 2-core machine every multi-threaded op waits for a
+    descheduled worker (measured: tiny-model generation 50x slower with 2 threads under load).
+    Import it into a test module to apply it there."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def tiny_qwen2(seed: int, vocab_size: int = VOCAB, num_layers: int = 2) -> Qwen2ForCausalLM:
@@ -93,13 +107,16 @@ def chain_table(next_of: dict[int, int], vocab_size: int, strength: float = 20.0
     return table
 
 
-def make_engine(target_model, draft_model=None, eos_token_ids=(), pieces=None) -> SpeculativeEngine:
-    proposers = {}
+def make_engine(
+    target_model, draft_model=None, eos_token_ids=(), pieces=None, *, max_context_length=None, proposers=None
+) -> SpeculativeEngine:
+    """Engine over tiny models; ``proposers`` adds drafters (e.g. layer skip) to the draft model."""
+    proposers = dict(proposers or {})
     if draft_model is not None:
-        proposers["draft"] = DraftModelProposer(TransformersRunner(draft_model))
+        proposers["draft"] = DraftModelProposer(TransformersRunner(draft_model, max_context_length=max_context_length))
     vocab = target_model.config.vocab_size
     return SpeculativeEngine(
-        TransformersRunner(target_model),
+        TransformersRunner(target_model, max_context_length=max_context_length),
         CharTokenizer(pieces or default_pieces(vocab)),
         eos_token_ids=eos_token_ids,
         proposers=proposers,

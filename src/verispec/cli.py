@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import List, Optional
 
 import typer
@@ -16,9 +17,10 @@ from rich.console import Console
 from rich.table import Table
 
 from verispec.engine import GenerationOutput, SpeculativeConfig
+from verispec.audit import QualityAuditor, describe_audit
 from verispec.errors import VerispecError
 from verispec.models.cli import models_app
-from verispec.pipeline import DEFAULT_DRAFT, DEFAULT_TARGET, SpeculativePipeline, peak_rss_bytes
+from verispec.pipeline import DEFAULT_DRAFT, DEFAULT_TARGET, DrafterOptions, SpeculativePipeline, peak_rss_bytes
 from verispec.sampling import SamplingParams
 
 app = typer.Typer(help="verispec: lossless speculative decoding.", no_args_is_help=True, add_completion=False)
@@ -30,9 +32,23 @@ err = Console(stderr=True)
 def generate(
     prompt: Optional[str] = typer.Argument(None, help="Prompt text; read from stdin when omitted."),
     target: str = typer.Option(DEFAULT_TARGET, help="Target model: built-in name, .gguf file, HF directory or hub id."),
-    draft: str = typer.Option(DEFAULT_DRAFT, help="Draft model reference (same forms as --target)."),
-    method: str = typer.Option("draft", help="none (plain decoding) or draft (draft-model speculation)."),
-    num_speculative_tokens: int = typer.Option(5, "--num-speculative-tokens", "-k", help="Draft tokens per target pass."),
+    draft: str = typer.Option(DEFAULT_DRAFT, help="Draft model reference (same forms as --target), or 'none'."),
+    method: str = typer.Option(
+        "auto",
+        help="auto (n-gram lookup when it matches, else the draft model, else layer skip; per step), "
+        "draft, ngram, layer-skip, or none (plain decoding).",
+    ),
+    num_speculative_tokens: int = typer.Option(
+        8, "--num-speculative-tokens", "-k", help="Draft tokens per target pass: fixed (constant) or at most."
+    ),
+    schedule: str = typer.Option("cost", help="Draft length: cost (cost-model controller), heuristic or constant."),
+    draft_stop_threshold: float = typer.Option(0.0, help="Stop drafting below this draft confidence (0 = off)."),
+    min_ngram: int = typer.Option(2, help="Shortest context suffix n-gram lookup matches."),
+    max_ngram: int = typer.Option(4, help="Longest context suffix n-gram lookup matches."),
+    layer_skip_layers: Optional[int] = typer.Option(
+        None, help="Target layers the layer-skip drafter runs (default: a quarter; 0 = no layer skip)."
+    ),
+    draft_quantization: str = typer.Option("none", help="none or int8 (weight-only) for the draft model."),
     temperature: float = typer.Option(0.0, help="0 = greedy."),
     top_k: int = typer.Option(0, help="Keep the k most likely tokens (0 = off)."),
     top_p: float = typer.Option(1.0, help="Nucleus mass in (0, 1]."),
@@ -43,6 +59,9 @@ def generate(
     chat: bool = typer.Option(False, help="Apply the model's chat template to the prompt."),
     dtype: str = typer.Option("float32", help="float32 or bfloat16."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (text, token_ids, metrics)."),
+    audit_rate: float = typer.Option(
+        0.0, help="Probability of re-decoding this request plainly after the response, to check agreement (0 = off)."
+    ),
 ) -> None:
     """Generate text with the target, speculatively verified against a draft."""
     try:
@@ -59,9 +78,29 @@ def generate(
             seed=seed,
             stop=tuple(stop or ()),
         )
-        spec = SpeculativeConfig(method=method, num_speculative_tokens=num_speculative_tokens)
-        with err.status(f"loading {target}" + (f" + {draft}" if method != "none" else "")):
-            pipe = SpeculativePipeline.load(target, draft if method != "none" else None, dtype=dtype)
+        auditor = QualityAuditor(audit_rate, seed=seed)
+        spec = SpeculativeConfig(
+            method=method,
+            num_speculative_tokens=num_speculative_tokens,
+            schedule=schedule,
+            draft_stop_threshold=draft_stop_threshold,
+        )
+        drafters = DrafterOptions(
+            min_ngram=min_ngram,
+            max_ngram=max_ngram,
+            layer_skip_layers=layer_skip_layers,
+            draft_quantization=draft_quantization,
+        )
+        use_draft = method in ("draft", "auto") and draft.lower() != "none"
+        if dtype != "float32" and method != "none":
+            err.print(
+                f"[yellow]warning:[/yellow] {dtype} matmuls on this CPU round a k-token verify pass slightly "
+                "differently from a 1-token decode step, so at near-ties greedy speculative output can differ "
+                "from plain decoding; use --dtype float32 for token-identical output",
+                highlight=False,
+            )
+        with err.status(f"loading {target}" + (f" + {draft}" if use_draft else "")):
+            pipe = SpeculativePipeline.load(target, draft if use_draft else None, dtype=dtype, drafters=drafters)
         output = None
         for chunk in pipe.stream(prompt, params, spec, chat=chat):
             if not as_json:
@@ -79,6 +118,10 @@ def generate(
     else:
         sys.stdout.write("\n")
         err.print(stats_table(output, method, models))
+    if auditor.submit(pipe.encode(prompt, chat=chat), params, output):  # after the response is out
+        with err.status("audit: plain decoding of the same request"):
+            result = auditor.run_pending(pipe.engine)[0]
+        err.print(f"audit: {describe_audit(result)}", highlight=False)
 
 
 def stats_table(output: GenerationOutput, method: str, models: list[dict]) -> Table:
@@ -107,7 +150,17 @@ def stats_table(output: GenerationOutput, method: str, models: list[dict]) -> Ta
             ("mean acceptance length", fmt(spec.mean_acceptance_length, "{:.2f}")),
             ("acceptance per position", " ".join(f"{r:.2f}" for r in spec.acceptance_rate_per_position)),
             ("accepted-length histogram", " ".join(str(c) for c in spec.accepted_length_histogram)),
+            ("chosen k histogram (k = 0, 1, ...)", " ".join(str(c) for c in spec.chosen_k_histogram)),
+            ("predicted / realised speedup", f"{fmt(spec.predicted_speedup, '{:.2f}')} / {fmt(spec.realised_speedup, '{:.2f}')}"),
         ]
+        for name, drafter in sorted(spec.per_drafter.items()):
+            rows.append(
+                (
+                    f"{name}: drafts / drafted / accepted",
+                    f"{drafter.num_drafts} / {drafter.num_draft_tokens} / {drafter.num_accepted_tokens} "
+                    f"(rate {fmt(drafter.acceptance_rate, '{:.3f}')}, length {fmt(drafter.mean_acceptance_length, '{:.2f}')})",
+                )
+            )
     for model in models:
         rows.append(
             (f"{model['role']}: {model['name']}", f"load {model['load_time_s']:.1f} s · {model['param_bytes'] / 2**20:.0f} MiB")
@@ -116,6 +169,150 @@ def stats_table(output: GenerationOutput, method: str, models: list[dict]) -> Ta
     for name, value in rows:
         table.add_row(name, value)
     return table
+
+
+@app.command()
+def serve(
+    target: str = typer.Option(DEFAULT_TARGET, help="Target model: built-in name, .gguf file, HF directory or hub id."),
+    draft: str = typer.Option(DEFAULT_DRAFT, help="Draft model reference, or 'none' to serve plain decoding."),
+    method: Optional[str] = typer.Option(None, help="Default method of requests without 'speculative' (draft if a draft is loaded)."),
+    num_speculative_tokens: int = typer.Option(5, "--num-speculative-tokens", "-k", help="Default draft tokens per target pass."),
+    host: str = typer.Option("127.0.0.1", help="Address to bind; loopback unless you say otherwise."),
+    port: int = typer.Option(8000, help="TCP port."),
+    api_key: Optional[str] = typer.Option(None, envvar="VERISPEC_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1."),
+    dtype: str = typer.Option("float32", help="float32 or bfloat16."),
+    max_queue: int = typer.Option(64, min=1, help="Requests that may wait for the engine before 429."),
+    max_tokens_cap: int = typer.Option(2048, min=1, help="Largest max_tokens a request may ask for."),
+    max_body_bytes: int = typer.Option(4 * 1024 * 1024, min=1024, help="Largest request body (bytes)."),
+    log_level: str = typer.Option("info", help="debug, info, warning or error."),
+) -> None:
+    """Serve the models over an OpenAI-compatible HTTP API (completions, chat, streaming, /metrics)."""
+    import logging
+
+    try:
+        import uvicorn
+
+        from verispec.server import ServerConfig, create_app
+    except ImportError as exc:
+        err.print(f"[red]error:[/red] the server needs its extra: pip install 'verispec[server]' ({exc})", highlight=False)
+        raise typer.Exit(2) from None
+    if log_level.lower() not in ("debug", "info", "warning", "error"):
+        err.print(f"[red]error:[/red] --log-level must be debug, info, warning or error, got {log_level!r}", highlight=False)
+        raise typer.Exit(2)
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    use_draft = draft.lower() != "none"
+    try:
+        spec = SpeculativeConfig(method=method or ("draft" if use_draft else "none"), num_speculative_tokens=num_speculative_tokens)
+        with err.status(f"loading {target}" + (f" + {draft}" if use_draft else "")):
+            pipe = SpeculativePipeline.load(target, draft if use_draft else None, dtype=dtype)
+    except VerispecError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(2) from None
+    if host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
+        err.print(f"[yellow]warning:[/yellow] serving on {host} without --api-key: anyone who can reach it can use it")
+    config = ServerConfig(api_key=api_key, max_tokens_cap=max_tokens_cap, max_queue=max_queue, max_body_bytes=max_body_bytes, default_spec=spec)
+    uvicorn.run(create_app(pipe, config), host=host, port=port, log_level=log_level.lower())
+
+
+_WORKLOAD_HELP = "Built-in workload: specbench (6 tasks), specbench-categories (13), humaneval (default: specbench)."
+
+
+@app.command()
+def bench(
+    workload: Optional[str] = typer.Option(None, help=_WORKLOAD_HELP),
+    prompts: Optional[Path] = typer.Option(None, help="JSONL file: 'prompt' or 'turns' per line, optional 'category'."),
+    categories: Optional[str] = typer.Option(None, help="Comma-separated categories to keep."),
+    limit: Optional[int] = typer.Option(None, help="Prompts per category at most."),
+    methods: Optional[str] = typer.Option(None, help="Comma-separated verispec methods (default: all loaded); none always runs."),
+    peers: str = typer.Option("transformers,llama.cpp", help="Peers in the same loop: transformers, llama.cpp, or none."),
+    num_speculative_tokens: int = typer.Option(5, "--num-speculative-tokens", "-k", help="Draft tokens per target pass."),
+    max_tokens: int = typer.Option(128, help="New tokens at most per prompt."),
+    temperature: float = typer.Option(0.0, help="0 = greedy (checks exactness); > 0 samples."),
+    seed: int = typer.Option(0, help="Seed of sampling runs (prompt i uses seed + i) and of the audit draws."),
+    threads: Optional[int] = typer.Option(None, help="CPU threads for every runner (default: torch's)."),
+    chat: Optional[bool] = typer.Option(None, "--chat/--no-chat", help="Force the chat template (default: 'turns' lines use it)."),
+    audit_rate: float = typer.Option(0.0, help="Fraction of speculative runs audited against plain decoding."),
+    warmup: bool = typer.Option(True, "--warmup/--no-warmup", help="One short untimed run per runner first."),
+    target: str = typer.Option(DEFAULT_TARGET, help="Target model reference."),
+    draft: str = typer.Option(DEFAULT_DRAFT, help="Draft model reference, or 'none'."),
+    dtype: str = typer.Option("float32", help="float32 or bfloat16."),
+    out: Optional[Path] = typer.Option(None, help="Write results.json, report.md and PNG plots into this folder."),
+) -> None:
+    """Benchmark plain decoding, every speculative method and the peers, interleaved prompt by prompt."""
+    from verispec.bench.command import available_methods, load_pipeline, print_summary, run_and_report, split
+    from verispec.bench.run import BenchConfig
+    from verispec.bench.workload import load_workload
+
+    try:
+        items = load_workload(None if prompts else workload or "specbench", prompts, split(categories), limit)
+        pipe, rss = load_pipeline(target, None if draft.lower() == "none" else draft, dtype, err)
+        config = BenchConfig(
+            methods=tuple(split(methods) or available_methods(pipe)),
+            peers=tuple(p for p in split(peers) if p != "none"),
+            num_speculative_tokens=num_speculative_tokens,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            seed=seed,
+            threads=threads,
+            warmup=warmup,
+            chat=chat,
+            audit_rate=audit_rate,
+        )
+        results = run_and_report(pipe, items, config, out, workload=str(prompts or workload or "specbench"), dtype=dtype, rss=rss, console=err)
+    except VerispecError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(2) from None
+    print_summary(results, err)
+    if out is not None:
+        err.print(f"wrote {out / 'results.json'}, {out / 'report.md'} and {len(results.plots)} plots")
+
+
+@app.command()
+def advise(
+    workload: Optional[str] = typer.Option(None, help=_WORKLOAD_HELP),
+    prompts: Optional[Path] = typer.Option(None, help="JSONL file: 'prompt' or 'turns' per line, optional 'category'."),
+    categories: Optional[str] = typer.Option(None, help="Comma-separated categories to keep."),
+    limit: int = typer.Option(1, help="Prompts per category measured."),
+    methods: str = typer.Option("draft,ngram", help="Comma-separated drafters to assess."),
+    num_speculative_tokens: int = typer.Option(5, "--num-speculative-tokens", "-k", help="Draft length of the measurement."),
+    max_k: int = typer.Option(10, min=1, max=64, help="Largest draft length in the predictions."),
+    max_tokens: int = typer.Option(64, help="New tokens per measured prompt."),
+    context_length: int = typer.Option(4096, min=1, help="Context length for the KV-cache memory estimate (tokens)."),
+    memory_budget: Optional[float] = typer.Option(None, help="Memory available for weights + KV caches, GiB."),
+    gpu_cost_per_month: Optional[float] = typer.Option(None, help="Monthly cost of the machine, for the cost per million tokens."),
+    threads: Optional[int] = typer.Option(None, help="CPU threads (default: torch's)."),
+    chat: Optional[bool] = typer.Option(None, "--chat/--no-chat", help="Force the chat template (default: 'turns' lines use it)."),
+    target: str = typer.Option(DEFAULT_TARGET, help="Target model reference."),
+    draft: str = typer.Option(DEFAULT_DRAFT, help="Draft model reference, or 'none'."),
+    dtype: str = typer.Option("float32", help="float32 or bfloat16."),
+    as_json: bool = typer.Option(False, "--json", help="Also print the advice as one JSON object on stdout."),
+) -> None:
+    """Measure α and costs on a workload sample and say whether speculation pays, per category."""
+    from verispec.advise import advise as run_advice
+    from verispec.advise import render
+    from verispec.bench.command import load_pipeline, progress, runs_per_prompt, split
+    from verispec.bench.run import BenchConfig
+    from verispec.bench.workload import load_workload
+
+    try:
+        items = load_workload(None if prompts else workload or "specbench", prompts, split(categories), limit)
+        config = BenchConfig(
+            methods=tuple(split(methods)), peers=(), num_speculative_tokens=num_speculative_tokens,
+            max_tokens=max_tokens, threads=threads, chat=chat,
+        )
+        pipe, _ = load_pipeline(target, None if draft.lower() == "none" else draft, dtype, err)
+        with progress(err, len(items) * runs_per_prompt(config)) as on_run:
+            advice = run_advice(
+                pipe, items, config, max_k=max_k, context_length=context_length,
+                memory_budget_bytes=int(memory_budget * 2**30) if memory_budget is not None else None,
+                gpu_cost_per_month=gpu_cost_per_month, on_run=on_run,
+            )
+    except VerispecError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(2) from None
+    render(advice, err)
+    if as_json:
+        print(json.dumps(advice.to_dict()))
 
 
 def main() -> None:  # pragma: no cover - console script entry

@@ -13,6 +13,39 @@ from typing import Any
 OUTPUT_BUCKET_TOKENS = 64
 
 
+def acceptance_rate(num_accepted_tokens: int, num_draft_tokens: int) -> float | None:
+    """accepted / drafted; None when nothing was drafted."""
+    return num_accepted_tokens / num_draft_tokens if num_draft_tokens else None
+
+
+def mean_acceptance_length(num_accepted_tokens: int, num_drafts: int) -> float | None:
+    """1 + accepted / drafts (bonus or recovered token included); None without drafts."""
+    return 1.0 + num_accepted_tokens / num_drafts if num_drafts else None
+
+
+@dataclass
+class DrafterStats:
+    """Drafts, drafted and accepted tokens of one drafter, with the rates defined above."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return acceptance_rate(self.num_accepted_tokens, self.num_draft_tokens)
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        return mean_acceptance_length(self.num_accepted_tokens, self.num_drafts)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["acceptance_rate"] = self.acceptance_rate
+        data["mean_acceptance_length"] = self.mean_acceptance_length
+        return data
+
+
 @dataclass
 class SpecDecodeStats:
     """Counters of one request (or many, via :meth:`merge`).
@@ -27,6 +60,13 @@ class SpecDecodeStats:
     - accepted_length_histogram[n] = drafts with exactly n accepted tokens
     - accepted_by_output_bucket[b] / drafted_by_output_bucket[b]: the same counts for drafts
       that started at output position ``b * OUTPUT_BUCKET_TOKENS ...`` (long-text decay)
+    - per_drafter[name]: the same drafts / drafted / accepted counts for one drafter (``auto``
+      mixes drafters step by step)
+    - chosen_k: the draft length the controller chose at each verify step (0 = plain step)
+    - predicted_speedup = predicted_tokens / predicted_cost: the controller's expected tokens
+      per plain-step time over the steps it predicted; realised_speedup = realised_tokens /
+      realised_cost: tokens emitted per measured step time (draft + target pass), both in units
+      of the measured plain decoding step
     (vLLM v1/spec_decode/metrics.py; gpt-fast's accept-count histogram.)
     """
 
@@ -40,16 +80,30 @@ class SpecDecodeStats:
     accepted_length_histogram: list[int] = field(default_factory=list)
     accepted_by_output_bucket: list[int] = field(default_factory=list)
     drafted_by_output_bucket: list[int] = field(default_factory=list)
+    per_drafter: dict[str, DrafterStats] = field(default_factory=dict)
+    chosen_k: list[int] = field(default_factory=list)
+    predicted_tokens: float = 0.0
+    predicted_cost: float = 0.0
+    realised_tokens: float = 0.0
+    realised_cost: float = 0.0
 
-    def record(self, num_draft_tokens: int, num_accepted_tokens: int, output_position: int = 0) -> None:
+    def record(
+        self, num_draft_tokens: int, num_accepted_tokens: int, output_position: int = 0, drafter: str | None = None
+    ) -> None:
         """Record one verify step. A step with no drafted token is plain decoding: not a draft.
 
-        ``output_position`` is the number of output tokens before the draft's first token.
+        ``output_position`` is the number of output tokens before the draft's first token;
+        ``drafter`` names the drafter that proposed the draft.
         """
         if not 0 <= num_accepted_tokens <= num_draft_tokens:
             raise ValueError(f"accepted {num_accepted_tokens} not in [0, {num_draft_tokens}]")
         if num_draft_tokens == 0:
             return
+        if drafter is not None:
+            mine = self.per_drafter.setdefault(drafter, DrafterStats())
+            mine.num_drafts += 1
+            mine.num_draft_tokens += num_draft_tokens
+            mine.num_accepted_tokens += num_accepted_tokens
         self.num_drafts += 1
         self.num_draft_tokens += num_draft_tokens
         self.num_accepted_tokens += num_accepted_tokens
@@ -71,15 +125,50 @@ class SpecDecodeStats:
         self.accepted_by_output_bucket[bucket] += num_accepted_tokens
         self.drafted_by_output_bucket[bucket] += num_draft_tokens
 
+    def record_control(
+        self,
+        chosen_k: int,
+        predicted: tuple[float, float] | None = None,
+        realised: tuple[float, float] | None = None,
+    ) -> None:
+        """Record the controller's side of one verify step.
+
+        ``predicted`` and ``realised`` are ``(tokens, cost in plain steps)``; they are added
+        only when both are known, so the two speedups cover the same steps.
+        """
+        self.chosen_k.append(chosen_k)
+        if predicted is not None and realised is not None:
+            self.predicted_tokens += predicted[0]
+            self.predicted_cost += predicted[1]
+            self.realised_tokens += realised[0]
+            self.realised_cost += realised[1]
+
     @property
     def acceptance_rate(self) -> float | None:
         """accepted / drafted; None when nothing was drafted."""
-        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
+        return acceptance_rate(self.num_accepted_tokens, self.num_draft_tokens)
 
     @property
     def mean_acceptance_length(self) -> float | None:
         """1 + accepted / drafts (bonus or recovered token included); None without drafts."""
-        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else None
+        return mean_acceptance_length(self.num_accepted_tokens, self.num_drafts)
+
+    @property
+    def predicted_speedup(self) -> float | None:
+        return self.predicted_tokens / self.predicted_cost if self.predicted_cost > 0 else None
+
+    @property
+    def realised_speedup(self) -> float | None:
+        return self.realised_tokens / self.realised_cost if self.realised_cost > 0 else None
+
+    @property
+    def chosen_k_histogram(self) -> list[int]:
+        """chosen_k_histogram[k] = verify steps for which the controller chose k."""
+        histogram: list[int] = []
+        for k in self.chosen_k:
+            _grow(histogram, k + 1)
+            histogram[k] += 1
+        return histogram
 
     @property
     def acceptance_rate_per_position(self) -> list[float]:
@@ -103,12 +192,26 @@ class SpecDecodeStats:
             _grow(mine, len(theirs))
             for i, value in enumerate(theirs):
                 mine[i] += value
+        for name, theirs in other.per_drafter.items():
+            mine = self.per_drafter.setdefault(name, DrafterStats())
+            mine.num_drafts += theirs.num_drafts
+            mine.num_draft_tokens += theirs.num_draft_tokens
+            mine.num_accepted_tokens += theirs.num_accepted_tokens
+        self.chosen_k.extend(other.chosen_k)
+        self.predicted_tokens += other.predicted_tokens
+        self.predicted_cost += other.predicted_cost
+        self.realised_tokens += other.realised_tokens
+        self.realised_cost += other.realised_cost
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["acceptance_rate"] = self.acceptance_rate
         data["mean_acceptance_length"] = self.mean_acceptance_length
         data["acceptance_rate_per_position"] = self.acceptance_rate_per_position
+        data["per_drafter"] = {name: stats.to_dict() for name, stats in self.per_drafter.items()}
+        data["chosen_k_histogram"] = self.chosen_k_histogram
+        data["predicted_speedup"] = self.predicted_speedup
+        data["realised_speedup"] = self.realised_speedup
         return data
 
 

@@ -34,6 +34,7 @@ from verispec.sampling import SamplingParams
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
+DEFAULT_LAYER_SKIP_FRACTION = 4  # layer skip drafts with the first 1/4 of the target's layers
 
 
 @dataclass(frozen=True)
@@ -136,13 +137,9 @@ class SpeculativePipeline:
             proposers["tree"] = DraftTreeProposer(  # same weights, its own KV cache
                 TransformersRunner(draft.model, max_context_length=draft.context_length)
             )
-        num_layers = drafters.layer_skip_layers
-        if num_layers is None:
-            num_layers = max(1, int(target.model.config.num_hidden_layers) // 4)
-        if num_layers > 0:
-            proposers["layer-skip"] = LayerSkipProposer(
-                target.model, num_layers, max_context_length=target.context_length
-            )
+        layer_skip = _layer_skip_proposer(target, drafters.layer_skip_layers)
+        if layer_skip is not None:
+            proposers["layer-skip"] = layer_skip
         self.engine = SpeculativeEngine(
             TransformersRunner(target.model, max_context_length=target.context_length),
             self.tokenizer,
@@ -208,6 +205,22 @@ class SpeculativePipeline:
         if self.draft is not None:
             summaries.append(ModelSummary.of("draft", self.draft))
         return summaries
+
+
+def _layer_skip_proposer(target: LoadedModel, num_layers: int | None) -> LayerSkipProposer | None:
+    """The layer-skip drafter over ``target``; None when disabled (0) or, by default (None: a
+    quarter of the layers), when the target's layout does not support it. An explicit layer
+    count on an unsupported model raises InvalidParameterError."""
+    if num_layers == 0:
+        return None
+    try:
+        total = int(target.model.config.num_hidden_layers)
+        layers = max(1, total // DEFAULT_LAYER_SKIP_FRACTION) if num_layers is None else num_layers
+        return LayerSkipProposer(target.model, layers, max_context_length=target.context_length)
+    except (InvalidParameterError, AttributeError, TypeError):
+        if num_layers is None:
+            return None
+        raise
 
 
 def _tensor_bytes(model) -> int:

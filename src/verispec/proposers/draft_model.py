@@ -11,7 +11,7 @@ import torch
 
 from verispec.proposers import DraftOutput, DraftRequest, common_prefix_length
 from verispec.runners import Runner
-from verispec.sampling import process_logits, sample_from
+from verispec.sampling import ProcessedRows, process_logits, sample_from
 
 
 class DraftModelProposer:
@@ -54,8 +54,17 @@ class DraftModelProposer:
                 draft_rows.append(rows.probs[0])
             draft_token_ids.append(token)
             pending = [token]
+            if request.draft_stop_threshold > 0 and top_probability(logits[0], rows) < request.draft_stop_threshold:
+                break  # the draft is unsure: later tokens would rarely be accepted
         draft_probs = torch.stack(draft_rows) if draft_rows else None
         return DraftOutput(draft_token_ids=draft_token_ids, draft_probs=draft_probs)
 
     def observe(self, num_accepted_tokens: int) -> None:
         """Nothing to do: the next ``propose`` rolls the cache back to the shared prefix."""
+
+
+def top_probability(logits: torch.Tensor, rows: ProcessedRows) -> float:
+    """The draft's confidence in its last token: the top of its sampling distribution, or of
+    ``softmax(logits)`` (``[vocab]``) for greedy requests (transformers' assistant confidence)."""
+    probs = rows.probs[0] if rows.probs is not None else torch.softmax(logits.float(), dim=-1)
+    return float(probs.max())

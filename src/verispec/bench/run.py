@@ -1,0 +1,341 @@
+"""The interleaved benchmark runner: every runner on prompt 1, then every runner on prompt 2, ...
+
+Owns the benchmark settings, the list of runners (verispec methods and peers), the order of
+runs (rotated per prompt, so neither machine drift nor cache warmth favours one runner), the
+per-prompt records and the greedy exactness check against plain decoding of the same runner.
+Knows nothing about figures or file formats (see ``figures`` and ``report``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Protocol, Sequence
+
+import torch
+
+from verispec.audit import QualityAuditor
+from verispec.bench.peers import PEER_FAMILIES, TRANSFORMERS_METHODS, LlamaCppPeer, TransformersPeer
+from verispec.bench.workload import WorkloadItem
+from verispec.engine import METHODS, GenerationOutput, SpeculativeConfig, SpeculativeEngine
+from verispec.errors import InvalidParameterError
+from verispec.models.loading import load_model
+from verispec.pipeline import SpeculativePipeline, peak_rss_bytes
+from verispec.sampling import SamplingParams
+
+REFERENCE_RUNNER = "verispec:none"
+WARMUP_TOKENS = 4
+SPEC_COUNT_FIELDS = (
+    "num_drafts",
+    "num_draft_tokens",
+    "num_accepted_tokens",
+    "num_bonus_tokens",
+    "num_recovered_tokens",
+    "accepted_per_position",
+    "drafted_per_position",
+    "accepted_length_histogram",
+    "accepted_by_output_bucket",
+    "drafted_by_output_bucket",
+)
+
+
+def plain_method(family: str) -> str:
+    """The plain-decoding method of a runner family (verispec calls it ``none``)."""
+    return "none" if family == "verispec" else "plain"
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What to run. ``methods``: verispec methods (``none`` is added); ``peers``: families from
+    :data:`PEER_FAMILIES`; ``chat``: None = per prompt (``turns`` lines use the chat template),
+    True/False forces it; ``threads``: torch (and llama.cpp) threads, None = torch's current.
+
+    Raises:
+        InvalidParameterError: an unknown method or peer, or an out-of-range number.
+    """
+
+    methods: tuple[str, ...] = ("none", "draft")
+    peers: tuple[str, ...] = PEER_FAMILIES
+    num_speculative_tokens: int = 5
+    max_tokens: int = 128
+    temperature: float = 0.0
+    seed: int = 0
+    threads: int | None = None
+    warmup: bool = True
+    chat: bool | None = None
+    audit_rate: float = 0.0
+
+    def __post_init__(self) -> None:
+        unknown = [m for m in self.methods if m not in METHODS]
+        if unknown:
+            raise InvalidParameterError(f"unknown method {', '.join(unknown)}; choose from {', '.join(METHODS)}")
+        object.__setattr__(self, "methods", tuple(dict.fromkeys(("none",) + tuple(self.methods))))  # none first, no repeats
+        bad_peers = [p for p in self.peers if p not in PEER_FAMILIES]
+        if bad_peers:
+            raise InvalidParameterError(f"unknown peer {', '.join(bad_peers)}; choose from {', '.join(PEER_FAMILIES)} or none")
+        if self.threads is not None and self.threads < 1:
+            raise InvalidParameterError(f"threads must be >= 1, got {self.threads}")
+        SpeculativeConfig(num_speculative_tokens=self.num_speculative_tokens)  # validates k
+        SamplingParams(temperature=self.temperature, max_tokens=self.max_tokens)  # validates both
+        if not 0.0 <= self.audit_rate <= 1.0:
+            raise InvalidParameterError(f"audit rate must be in [0, 1], got {self.audit_rate}")
+
+    def params(self, prompt_index: int) -> SamplingParams:
+        """Sampling parameters of one prompt: the same for every runner (seed + index when sampling)."""
+        seed = self.seed + prompt_index if self.temperature > 0 else None
+        return SamplingParams(temperature=self.temperature, max_tokens=self.max_tokens, seed=seed)
+
+
+@dataclass
+class RunRecord:
+    """One runner on one prompt. Times in ms, rates in tokens/s (:class:`RequestMetrics`).
+
+    ``spec``: the speculative counters (:data:`SPEC_COUNT_FIELDS`), empty for peers.
+    ``matches_plain``: greedy tokens equal those of plain decoding of the same family (None for
+    the plain run itself and for sampling); ``matches_reference``: equal to verispec's plain.
+    """
+
+    prompt_id: str
+    category: str
+    runner: str
+    family: str
+    method: str
+    prompt_tokens: int
+    output_tokens: int
+    finish_reason: str
+    ttft_ms: float
+    tpot_ms: float | None
+    decode_tokens_per_s: float | None
+    total_tokens_per_s: float
+    e2e_ms: float
+    draft_ms: float
+    target_ms: float
+    num_target_forwards: int
+    spec: dict = field(default_factory=dict)
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    matches_plain: bool | None = None
+    matches_reference: bool | None = None
+
+    @classmethod
+    def of(cls, item: WorkloadItem, runner: BenchRunner, output: GenerationOutput) -> RunRecord:
+        m = output.metrics
+        spec = m.spec.to_dict()
+        return cls(
+            prompt_id=item.id,
+            category=item.category,
+            runner=runner.name,
+            family=runner.family,
+            method=runner.method,
+            prompt_tokens=m.prompt_tokens,
+            output_tokens=m.output_tokens,
+            finish_reason=output.finish_reason,
+            ttft_ms=m.ttft_ms,
+            tpot_ms=m.tpot_ms,
+            decode_tokens_per_s=m.decode_tokens_per_s,
+            total_tokens_per_s=m.total_tokens_per_s,
+            e2e_ms=m.e2e_ms,
+            draft_ms=m.draft_ms,
+            target_ms=m.target_ms,
+            num_target_forwards=m.num_target_forwards,
+            spec={k: spec[k] for k in SPEC_COUNT_FIELDS} if m.spec.num_drafts else {},
+            token_ids=list(output.token_ids),
+            text=output.text,
+        )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RunRecord:
+        return cls(**data)
+
+
+class BenchRunner(Protocol):
+    name: str  # "family:method", e.g. "verispec:draft"
+    family: str
+    method: str
+    settings: dict
+
+    def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> GenerationOutput: ...
+
+
+class VerispecRunner:
+    """verispec's engine with one method (``none`` = plain decoding)."""
+
+    family = "verispec"
+
+    def __init__(self, engine: SpeculativeEngine, method: str, num_speculative_tokens: int) -> None:
+        self.engine, self.method, self.name = engine, method, f"verispec:{method}"
+        self.spec = SpeculativeConfig(method=method, num_speculative_tokens=num_speculative_tokens)
+        self.settings = {} if method == "none" else {"num_speculative_tokens": num_speculative_tokens}
+
+    def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> GenerationOutput:
+        return self.engine.generate(prompt_token_ids, params, self.spec)
+
+
+@dataclass
+class RunnerInfo:
+    """A runner as results.json lists it: ``status`` is ``ok``, ``not installed`` or ``skipped: why``."""
+
+    name: str
+    family: str
+    method: str
+    status: str = "ok"
+    settings: dict = field(default_factory=dict)
+    load_time_s: float | None = None
+
+
+def build_runners(pipe: SpeculativePipeline, config: BenchConfig) -> tuple[list[BenchRunner], list[RunnerInfo]]:
+    """The runners ``config`` asks for over ``pipe``, and a description of each (skipped ones too).
+
+    Raises:
+        InvalidParameterError: a method whose drafter the pipeline did not load.
+    """
+    loaded = set(pipe.engine.proposers)
+    missing = [m for m in config.methods if m not in ("none", "auto") and m not in loaded]
+    if missing:
+        raise InvalidParameterError(f"method {', '.join(missing)} needs a drafter that is not loaded (loaded: {', '.join(sorted(loaded))})")
+    runners: list[BenchRunner] = [VerispecRunner(pipe.engine, m, config.num_speculative_tokens) for m in config.methods]
+    infos = [RunnerInfo(r.name, r.family, r.method, settings=r.settings) for r in runners]
+    if "transformers" in config.peers:
+        for method in TRANSFORMERS_METHODS:
+            if method == "assisted" and pipe.draft is None:
+                infos.append(RunnerInfo(f"transformers:{method}", "transformers", method, "skipped: no draft model loaded"))
+                continue
+            draft_model = pipe.draft.model if pipe.draft is not None else None
+            peer = TransformersPeer(method, pipe.target.model, pipe.tokenizer, pipe.target.eos_token_ids, draft_model, config.num_speculative_tokens)
+            runners.append(peer)
+            infos.append(RunnerInfo(peer.name, peer.family, method, settings=peer.settings))
+    if "llama.cpp" in config.peers:
+        runner, info = _llama_cpp(pipe, config)
+        infos.append(info)
+        if runner is not None:
+            runners.append(runner)
+    return runners, infos
+
+
+def _llama_cpp(pipe: SpeculativePipeline, config: BenchConfig) -> tuple[LlamaCppPeer | None, RunnerInfo]:
+    info = RunnerInfo("llama.cpp:plain", "llama.cpp", "plain")
+    path = pipe.target.path
+    if path is None or Path(path).suffix != ".gguf":
+        info.status = "skipped: the target is not a GGUF file"
+        return None, info
+    try:
+        peer = LlamaCppPeer(str(path), pipe.tokenizer, pipe.target.eos_token_ids, config.threads or torch.get_num_threads())
+    except ImportError:
+        info.status = "not installed"
+        return None, info
+    info.settings, info.load_time_s = peer.settings, peer.load_time_s
+    return peer, info
+
+
+def encode(pipe: SpeculativePipeline, item: WorkloadItem, chat: bool | None) -> list[int]:
+    """Token ids of one prompt: the chat template for ``turns`` items unless ``chat`` forces it."""
+    return pipe.encode(item.text, chat=item.chat if chat is None else chat)
+
+
+def run_bench(
+    pipe: SpeculativePipeline,
+    items: Sequence[WorkloadItem],
+    config: BenchConfig,
+    on_run: Callable[[str], None] | None = None,
+) -> tuple[list[RunRecord], list[RunnerInfo], QualityAuditor]:
+    """Run every runner on every item, interleaved prompt by prompt; returns the records (prompt
+    order, then runner order), the runner descriptions and the auditor with its counts.
+
+    ``on_run(description)`` is called after each run (a progress bar). Threads are set to
+    ``config.threads`` for the whole run. The audit (``config.audit_rate``) compares selected
+    speculative records with the plain record of the same prompt, after the prompt's timed runs.
+    """
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
+    runners, infos = build_runners(pipe, config)
+    auditor = QualityAuditor(config.audit_rate, seed=config.seed)
+    prompts = [encode(pipe, item, config.chat) for item in items]
+    if config.warmup and prompts:
+        warm = SamplingParams(max_tokens=min(WARMUP_TOKENS, config.max_tokens))
+        for runner in runners:
+            runner.generate(prompts[0], warm)
+    records: list[RunRecord] = []
+    for index, (item, prompt) in enumerate(zip(items, prompts)):
+        params = config.params(index)
+        shift = index % len(runners)
+        outputs: dict[str, GenerationOutput] = {}
+        for runner in runners[shift:] + runners[:shift]:
+            outputs[runner.name] = runner.generate(prompt, params)
+            if on_run:
+                on_run(f"{item.category} {item.id} {runner.name}")
+        batch = [RunRecord.of(item, runner, outputs[runner.name]) for runner in runners]
+        if params.is_greedy:
+            mark_exactness(batch)
+        _audit(auditor, pipe.engine, prompt, params, outputs, item.id)
+        records.extend(batch)
+    return records, infos, auditor
+
+
+def mark_exactness(batch: list[RunRecord]) -> None:
+    """Set ``matches_plain`` / ``matches_reference`` on the greedy records of one prompt."""
+    by_name = {r.runner: r for r in batch}
+    reference = by_name.get(REFERENCE_RUNNER)
+    for record in batch:
+        plain = by_name.get(f"{record.family}:{plain_method(record.family)}")
+        if plain is not None and plain is not record:
+            record.matches_plain = record.token_ids == plain.token_ids
+        if reference is not None and reference is not record:
+            record.matches_reference = record.token_ids == reference.token_ids
+
+
+def _audit(auditor: QualityAuditor, engine, prompt, params, outputs: dict[str, GenerationOutput], request_id: str) -> None:
+    plain = outputs.get(REFERENCE_RUNNER)
+    for name, output in outputs.items():
+        if name.startswith("verispec:") and name != REFERENCE_RUNNER and auditor.select():
+            auditor.audit(engine, prompt, params, output, plain=plain, request_id=f"{request_id} {name}")
+
+
+def current_rss_bytes() -> int | None:
+    """Resident set size of this process now, bytes (Linux /proc; None elsewhere)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def load_measured(target: str, draft: str | None, dtype: str) -> tuple[SpeculativePipeline, dict]:
+    """Load the pair like :meth:`SpeculativePipeline.load`, noting RSS before and after each model.
+
+    Returns the pipeline and ``{"rss_before_load_bytes", "rss_after_target_bytes",
+    "rss_after_draft_bytes"}`` (None where /proc is unavailable). Raises as ``load`` does.
+    """
+    before = current_rss_bytes()
+    target_model = load_model(target, dtype=dtype)
+    after_target = current_rss_bytes()
+    draft_model = load_model(draft, dtype=dtype) if draft else None
+    after_draft = current_rss_bytes()
+    pipe = SpeculativePipeline(target_model, draft_model)
+    return pipe, {"rss_before_load_bytes": before, "rss_after_target_bytes": after_target, "rss_after_draft_bytes": after_draft}
+
+
+def memory_facts(pipe: SpeculativePipeline, rss: dict | None = None) -> dict:
+    """Memory section of results.json: parameter bytes, RSS snapshots, peak RSS, draft overhead %."""
+    from verispec.bench.figures import percent
+
+    rss = rss or {}
+    target_bytes = pipe.target.param_bytes
+    draft_bytes = pipe.draft.param_bytes if pipe.draft is not None else 0
+    before, after_target, after_draft = (rss.get(k) for k in ("rss_before_load_bytes", "rss_after_target_bytes", "rss_after_draft_bytes"))
+    rss_overhead = None
+    if None not in (before, after_target, after_draft):
+        rss_overhead = percent(after_draft - after_target, after_target - before)
+    return {
+        "target_param_bytes": target_bytes,
+        "draft_param_bytes": draft_bytes,
+        "draft_overhead_pct": percent(draft_bytes, target_bytes),
+        "rss_before_load_bytes": before,
+        "rss_after_target_bytes": after_target,
+        "rss_after_draft_bytes": after_draft,
+        "draft_rss_overhead_pct": rss_overhead,
+        "peak_rss_bytes": peak_rss_bytes(),
+    }

@@ -1,0 +1,235 @@
+"""Draft-length control: how many tokens to draft in the next step.
+
+Owns the expected-speedup model of Leviathan et al. 2023 (§3.3, §3.4), the online estimates it
+feeds on (acceptance rate, draft cost per token, target cost of verifying k tokens) and the
+schedules users choose between (constant, heuristic, cost model). Knows nothing about models,
+drafters or tokens: it sees counts and seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+SCHEDULES = ("constant", "heuristic", "cost")
+
+
+def expected_tokens(alpha: float, num_speculative_tokens: int) -> float:
+    """Expected tokens emitted by one target pass over ``k`` drafted tokens.
+
+    Each drafted token is accepted independently with probability ``alpha`` (in [0, 1]) and the
+    pass always adds one target token: ``E = (1 - alpha^(k+1)) / (1 - alpha)``, ``k + 1`` at
+    ``alpha = 1``. (Leviathan et al. 2023, §3.3, Eq. 1.)
+    """
+    k = num_speculative_tokens
+    if alpha >= 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def best_draft_length(alpha: float, step_costs: Sequence[float]) -> tuple[int, float]:
+    """The k in ``0 .. len(step_costs) - 1`` maximising ``expected_tokens(alpha, k) / step_costs[k]``.
+
+    ``step_costs[k]`` is the time of one step that drafts k tokens and verifies them
+    (``cost_draft(k) + cost_verify(k)``) in units of one plain decoding step, so
+    ``step_costs[0]`` is 1 and the maximum is the expected speedup over plain decoding
+    (Leviathan et al. 2023, §3.4, Theorem 3.8 for ``cost(k) = k c + 1``). k = 0 wins when no
+    draft length beats plain decoding; ties go to the smaller k. Returns ``(k, speedup)``.
+    """
+    best_k, best = 0, expected_tokens(alpha, 0) / step_costs[0]
+    for k in range(1, len(step_costs)):
+        speedup = expected_tokens(alpha, k) / step_costs[k]
+        if speedup > best:
+            best_k, best = k, speedup
+    return best_k, best
+
+
+def interpolate(points: dict[int, float], k: int) -> float:
+    """Value at ``k`` of the piecewise-linear curve through ``points`` (at least one).
+
+    Below the first point: the first value. Past the last: the slope of the last two points,
+    never negative (verify cost does not fall with more tokens); flat with a single point.
+    """
+    xs = sorted(points)
+    if k <= xs[0]:
+        return points[xs[0]]
+    for lo, hi in zip(xs, xs[1:]):
+        if k <= hi:
+            return points[lo] + (points[hi] - points[lo]) * (k - lo) / (hi - lo)
+    last = xs[-1]
+    if len(xs) == 1:
+        return points[last]
+    before = xs[-2]
+    slope = max(0.0, (points[last] - points[before]) / (last - before))
+    return points[last] + slope * (k - last)
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    """Knobs of the online estimates and of switching speculation off.
+
+    Attributes:
+        alpha_prior: acceptance rate assumed before a drafter's first draft on an engine.
+        alpha_weight: weight of one tested draft token in the acceptance EWMA (0, 1].
+        cost_weight: weight of one timing in the cost EWMAs (0, 1].
+        probe_interval: after this many switched-off steps, draft ``probe_length`` tokens once.
+        probe_length: tokens drafted by a probe.
+    """
+
+    alpha_prior: float = 0.6
+    alpha_weight: float = 0.2
+    cost_weight: float = 0.3
+    probe_interval: int = 16
+    probe_length: int = 1
+
+
+class AcceptanceEstimate:
+    """Exponentially weighted per-token acceptance rate of one drafter in one request.
+
+    A draft of k tokens with n accepted tested ``n + 1`` tokens when ``n < k`` (n successes,
+    one failure) and k when all were accepted: later tokens were never judged, so counting them
+    as rejected would bias the estimate down for long drafts.
+    """
+
+    def __init__(self, prior: float, weight: float) -> None:
+        self.alpha = prior
+        self.weight = weight
+
+    def update(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        outcomes = [1.0] * num_accepted_tokens + ([0.0] if num_accepted_tokens < num_draft_tokens else [])
+        for outcome in outcomes:
+            self.alpha += self.weight * (outcome - self.alpha)
+
+
+@dataclass
+class CostModel:
+    """What one engine has measured, shared by its requests: step costs in seconds (EWMA).
+
+    ``verify_s[k]``: target pass over the pending token and k drafted ones (k = 0 is a plain
+    step). ``draft_token_s[name]``: one drafted token of drafter ``name``. Costs are properties
+    of the runners and the machine, so they carry across requests. ``last_alpha[name]``: the
+    drafter's acceptance estimate when it last drafted, the next request's starting point
+    (each request then keeps its own estimate: acceptance depends on the text).
+    """
+
+    weight: float = 0.3
+    verify_s: dict[int, float] = field(default_factory=dict)
+    draft_token_s: dict[str, float] = field(default_factory=dict)
+    last_alpha: dict[str, float] = field(default_factory=dict)
+
+    def record_verify(self, num_draft_tokens: int, seconds: float) -> None:
+        _ewma(self.verify_s, num_draft_tokens, seconds, self.weight)
+
+    def record_draft(self, drafter: str, num_draft_tokens: int, seconds: float) -> None:
+        if num_draft_tokens > 0:
+            _ewma(self.draft_token_s, drafter, seconds / num_draft_tokens, self.weight)
+
+    def plain_step_s(self) -> float | None:
+        """Estimated seconds of one plain decoding step; None before any target pass."""
+        return interpolate(self.verify_s, 0) if self.verify_s else None
+
+    def step_costs(self, drafter: str, max_k: int) -> list[float] | None:
+        """``[max_k + 1]`` step cost of drafting k tokens with ``drafter``, in plain steps.
+
+        ``(k * draft_token_s + verify_s(k)) / verify_s(0)``; unmeasured verify lengths are
+        interpolated. None until the drafter and the target have been timed at least once.
+        """
+        plain = self.plain_step_s()
+        if plain is None or drafter not in self.draft_token_s or plain <= 0:
+            return None
+        per_token = self.draft_token_s[drafter]
+        return [(k * per_token + interpolate(self.verify_s, k)) / plain for k in range(max_k + 1)]
+
+
+def _ewma(values: dict, key, sample: float, weight: float) -> None:
+    values[key] = sample if key not in values else values[key] + weight * (sample - values[key])
+
+
+class DraftLengthSchedule(Protocol):
+    def next_k(self) -> int:
+        """Draft length for the next step, ``0 .. max``; 0 means a plain decoding step."""
+        ...
+
+    def update(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        """Feedback after verification of a draft produced with this schedule."""
+        ...
+
+
+class ConstantSchedule:
+    """Always the same draft length (transformers ``num_assistant_tokens_schedule="constant"``)."""
+
+    def __init__(self, num_speculative_tokens: int) -> None:
+        self.k = num_speculative_tokens
+
+    def next_k(self) -> int:
+        return self.k
+
+    def update(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        pass
+
+
+class HeuristicSchedule:
+    """+2 after a fully accepted draft, -1 otherwise, within ``[1, max_k]``; starts at ``max_k``.
+
+    (transformers ``num_assistant_tokens_schedule="heuristic"``, capped here.)
+    """
+
+    def __init__(self, max_k: int) -> None:
+        self.max_k = max_k
+        self.k = max_k
+
+    def next_k(self) -> int:
+        return self.k
+
+    def update(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        if num_draft_tokens == 0:
+            return
+        step = 2 if num_accepted_tokens == num_draft_tokens else -1
+        self.k = min(self.max_k, max(1, self.k + step))
+
+
+class CostModelSchedule:
+    """Draft length maximising expected tokens per unit time (:func:`best_draft_length`).
+
+    Uses the request's acceptance estimate and the engine's measured costs. Until the drafter
+    and the target have been timed it drafts ``max_k`` tokens (which times them). When the best
+    k is 0 it drafts nothing, and after ``probe_interval`` such steps drafts ``probe_length``
+    tokens once, so the acceptance estimate can recover.
+    """
+
+    def __init__(
+        self, drafter: str, max_k: int, alpha: AcceptanceEstimate, costs: CostModel, config: ControllerConfig
+    ) -> None:
+        self.drafter, self.max_k, self.alpha, self.costs, self.config = drafter, max_k, alpha, costs, config
+        self.num_steps_off = 0
+        self.last_predicted_speedup: float | None = None
+
+    def next_k(self) -> int:
+        step_costs = self.costs.step_costs(self.drafter, self.max_k)
+        if step_costs is None:
+            return self.max_k
+        k, self.last_predicted_speedup = best_draft_length(self.alpha.alpha, step_costs)
+        if k > 0:
+            self.num_steps_off = 0
+            return k
+        self.num_steps_off += 1
+        if self.num_steps_off > self.config.probe_interval:
+            self.num_steps_off = 0
+            return min(self.config.probe_length, self.max_k)
+        return 0
+
+    def update(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        pass  # the acceptance estimate is shared with the policy, which updates it
+
+
+def make_schedule(
+    name: str, drafter: str, max_k: int, alpha: AcceptanceEstimate, costs: CostModel, config: ControllerConfig
+) -> DraftLengthSchedule:
+    """The schedule called ``name`` (one of :data:`SCHEDULES`); ValueError otherwise."""
+    if name == "constant":
+        return ConstantSchedule(max_k)
+    if name == "heuristic":
+        return HeuristicSchedule(max_k)
+    if name == "cost":
+        return CostModelSchedule(drafter, max_k, alpha, costs, config)
+    raise ValueError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULES)}")

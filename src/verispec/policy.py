@@ -1,0 +1,161 @@
+"""Per-step drafting policy of one request: which drafter drafts, and how many tokens.
+
+Owns the drafter order of each method (``auto``: n-gram lookup when it matches, else the draft
+model or layer skip), one acceptance estimate and draft-length schedule per drafter, the timing
+of proposals, and the controller's predictions. The engine's one loop asks it for a draft and
+reports back the outcome. Knows nothing about verification, caches or text.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+from verispec.control import AcceptanceEstimate, ControllerConfig, CostModel, expected_tokens, make_schedule
+from verispec.errors import InvalidParameterError
+from verispec.proposers import DraftOutput, DraftRequest, Proposer
+
+FALLBACK_DRAFTERS = ("draft", "layer-skip")  # auto: the first loaded one backs up n-gram lookup
+
+
+def drafter_order(method: str, loaded: Sequence[str]) -> list[str]:
+    """Drafters tried each step, in order, for ``method`` given the ``loaded`` drafter names.
+
+    Raises:
+        InvalidParameterError: the method needs a drafter that is not loaded.
+    """
+    if method == "none":
+        return []
+    if method == "auto":
+        fallback = [name for name in FALLBACK_DRAFTERS if name in loaded][:1]
+        return (["ngram"] if "ngram" in loaded else []) + fallback
+    if method not in loaded:
+        names = ", ".join(sorted(loaded)) or "none"
+        raise InvalidParameterError(f"method {method!r} needs its drafter loaded (loaded: {names})")
+    return [method]
+
+
+@dataclass
+class DraftStep:
+    """What the policy decided for one step.
+
+    Attributes:
+        drafter: name of the drafter whose tokens are in ``draft``; None for a plain step.
+        chosen_k: draft length the schedule chose for that drafter (0 for a plain step).
+        draft: the proposal (``draft_token_ids`` ``[num_draft_tokens]``, empty for a plain step).
+        draft_s: seconds spent in proposals this step (failed n-gram lookups included).
+        predicted: the controller's expectation for this step, ``(tokens, cost in plain
+            decoding steps)``; None before the costs were measured.
+    """
+
+    drafter: str | None = None
+    chosen_k: int = 0
+    draft: DraftOutput = field(default_factory=DraftOutput)
+    draft_s: float = 0.0
+    predicted: tuple[float, float] | None = None
+
+
+class DraftPolicy:
+    """Chooses drafter and draft length per step for one request.
+
+    Args:
+        proposers: the drafters to try each step, in order (name, proposer).
+        schedule: ``constant``, ``heuristic`` or ``cost`` (see :mod:`verispec.control`).
+        max_k: draft length of ``constant``; upper bound of the others.
+        costs: the engine's measured costs (updated here).
+        config: controller knobs.
+    """
+
+    def __init__(
+        self,
+        proposers: Sequence[tuple[str, Proposer]],
+        schedule: str,
+        max_k: int,
+        costs: CostModel,
+        config: ControllerConfig,
+    ) -> None:
+        self.costs = costs
+        self._proposers = dict(proposers)
+        self.alphas = {
+            name: AcceptanceEstimate(costs.last_alpha.get(name, config.alpha_prior), config.alpha_weight)
+            for name in self._proposers
+        }
+        self.schedules = {
+            name: make_schedule(schedule, name, max_k, self.alphas[name], costs, config) for name in self._proposers
+        }
+        self._previous: str | None = None  # drafter of the previous step
+
+    @property
+    def active(self) -> bool:
+        """False for plain decoding (no drafter)."""
+        return bool(self._proposers)
+
+    def draft(self, request: DraftRequest, limit: int) -> DraftStep:
+        """Ask the drafters in order; the first non-empty proposal of at most ``limit`` tokens wins."""
+        spent = 0.0
+        for name, proposer in self._proposers.items():
+            k = self.schedules[name].next_k()
+            num_tokens = min(k, limit)
+            if num_tokens <= 0:
+                continue
+            predicted = self._predicted(name, num_tokens)  # before this step's own timing
+            start = time.perf_counter()
+            draft = proposer.propose(request, num_tokens)
+            seconds = time.perf_counter() - start
+            spent += seconds
+            draft = _at_most(draft, num_tokens)
+            drafted = len(draft.draft_token_ids)
+            if drafted:
+                if self._previous == name:
+                    # Steady state only: a drafter's first proposal of a request (its prefill) or
+                    # its first after other steps (catching up on their tokens) costs more, once.
+                    self.costs.record_draft(name, drafted, seconds)
+                self._previous = name
+                return DraftStep(name, k, draft, spent, predicted)
+        self._previous = None
+        plain = (1.0, 1.0) if self.costs.plain_step_s() is not None else None
+        return DraftStep(None, 0, DraftOutput(), spent, plain)
+
+    def observe(self, step: DraftStep, num_accepted_tokens: int, verify_s: float) -> tuple[float, float] | None:
+        """Feed back a verified step: costs, acceptance, schedule, drafter.
+
+        Returns the realised ``(tokens, cost in plain decoding steps)`` of the step, None while
+        no plain step cost is known.
+        """
+        num_draft = len(step.draft.draft_token_ids)
+        self.costs.record_verify(num_draft, verify_s)
+        if step.drafter is not None:
+            self.alphas[step.drafter].update(num_draft, num_accepted_tokens)
+            self.costs.last_alpha[step.drafter] = self.alphas[step.drafter].alpha
+            self.schedules[step.drafter].update(num_draft, num_accepted_tokens)
+            self._proposers[step.drafter].observe(num_accepted_tokens)
+        plain = self.costs.plain_step_s()
+        return (num_accepted_tokens + 1, (step.draft_s + verify_s) / plain) if plain else None
+
+    def _predicted(self, name: str, num_draft_tokens: int) -> tuple[float, float] | None:
+        step_costs = self.costs.step_costs(name, num_draft_tokens)
+        if step_costs is None:
+            return None
+        return expected_tokens(self.alphas[name].alpha, num_draft_tokens), step_costs[num_draft_tokens]
+
+
+def make_policy(
+    method: str,
+    proposers: Mapping[str, Proposer],
+    schedule: str,
+    max_k: int,
+    costs: CostModel,
+    config: ControllerConfig,
+) -> DraftPolicy:
+    """The policy for one request with ``method`` over the engine's loaded ``proposers``."""
+    order = drafter_order(method, list(proposers))
+    return DraftPolicy([(name, proposers[name]) for name in order], schedule, max_k, costs, config)
+
+
+def _at_most(draft: DraftOutput, num_tokens: int) -> DraftOutput:
+    """``draft`` cut to ``num_tokens`` tokens (and probability rows), should a drafter exceed it."""
+    if len(draft.draft_token_ids) <= num_tokens:
+        return draft
+    probs = draft.draft_probs[:num_tokens] if draft.draft_probs is not None else None
+    return DraftOutput(draft.draft_token_ids[:num_tokens], probs)

@@ -1,0 +1,311 @@
+"""Fast batch-invariant CPU runner for the Llama/Qwen2 family: int8 weights, a lean forward.
+
+Owns the int8 copy of a decoder-only model's weights (:class:`Int8Weights`), a static KV cache
+for one sequence and a forward pass written for it (RMSNorm, RoPE, grouped-query attention,
+SwiGLU). Every row of every op depends on its own token only: the linear layers use per-row
+activation scales with exact int32 accumulation (:mod:`verispec.runners.int8_ops`), norms and
+activations are row-wise, and attention runs one query at a time over exactly the keys it sees,
+with the same shapes as a one-token decode step. So a k-token verify pass gives bit-identical
+logits and KV entries to k one-token steps, and speculative greedy output equals plain greedy
+output of this runner. Rollback moves a length. Knows nothing about drafting or sampling.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from verispec.errors import InvalidParameterError
+from verispec.runners.int8_ops import Int8Weight, quantize_weight_rows
+
+SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
+DEFAULT_MAX_CONTEXT = 4096
+
+
+@dataclass
+class Int8Layer:
+    input_norm: Tensor  # [hidden] float32
+    qkv: Int8Weight  # [hidden] -> [(heads + 2 kv_heads) * head_dim]
+    o: Int8Weight  # [heads * head_dim] -> [hidden]
+    post_norm: Tensor  # [hidden] float32
+    gate_up: Int8Weight  # [hidden] -> [2 * intermediate]
+    down: Int8Weight  # [intermediate] -> [hidden]
+
+
+@dataclass
+class Int8Weights:
+    """A Llama/Qwen2 decoder in int8 (linear layers, embedding rows) plus float32 norms and RoPE.
+
+    ``cos``/``sin``: ``[max_positions, head_dim]`` float32 rotary tables (any RoPE scaling the
+    source model applies is baked in). ``embed_int8`` ``[vocab, hidden]`` with ``embed_scales``
+    ``[vocab, 1]``: embedding rows in per-row int8.
+    """
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    embed_int8: Tensor
+    embed_scales: Tensor
+    layers: list[Int8Layer]
+    final_norm: Tensor
+    lm_head: Int8Weight
+    cos: Tensor
+    sin: Tensor
+    head_token_ids: Tensor | None = None  # [kept] int64: rows of a reduced LM head (FR-Spec)
+
+    @property
+    def vocab_size(self) -> int:
+        """Width of the logits rows: the full vocabulary, also with a reduced head."""
+        return self.embed_int8.shape[0] if self.head_token_ids is not None else self.lm_head.out_features
+
+    def nbytes(self) -> int:
+        """Bytes held by the weights (int8 matrices, scales, norms, RoPE tables)."""
+        total = self.embed_int8.numel() + self.embed_scales.numel() * 4 + self.lm_head.nbytes()
+        total += (self.final_norm.numel() + self.cos.numel() + self.sin.numel()) * 4
+        for layer in self.layers:
+            total += sum(w.nbytes() for w in (layer.qkv, layer.o, layer.gate_up, layer.down))
+            total += (layer.input_norm.numel() + layer.post_norm.numel()) * 4
+        return total
+
+    @classmethod
+    def from_module(
+        cls, model: torch.nn.Module, max_positions: int, *, kernel: str = "auto", head_token_ids: Tensor | None = None
+    ) -> Int8Weights:
+        """Quantize a transformers ``Qwen2ForCausalLM`` / ``LlamaForCausalLM`` (any float dtype).
+
+        Reads the model, never modifies it. Raises InvalidParameterError for other
+        architectures, sliding-window attention or a non-SiLU MLP.
+        """
+        return cls.from_state(quantized_state(model, max_positions), kernel=kernel, head_token_ids=head_token_ids)
+
+    @classmethod
+    def from_state(cls, state: dict, *, kernel: str = "auto", head_token_ids: Tensor | None = None) -> Int8Weights:
+        """Build from :func:`quantized_state`'s dict (prepacks the int8 matrices for the kernel).
+
+        ``head_token_ids`` ``[kept]``: keep only these rows of the LM head (a reduced-vocabulary
+        draft head, see :mod:`verispec.runners.reduced_vocab`); logits elsewhere are -inf.
+        """
+
+        def linear(prefix: str, rows: Tensor | None = None) -> Int8Weight:
+            int8, scales, bias = state[f"{prefix}.int8"], state[f"{prefix}.scales"], state.get(f"{prefix}.bias")
+            if rows is not None:
+                int8, scales = int8[rows].contiguous(), scales[rows].contiguous()
+                bias = None if bias is None else bias[rows].contiguous()
+            return Int8Weight.from_int8(int8, scales, bias, kernel=kernel)
+
+        config = state["config"]
+        layers = [
+            Int8Layer(
+                input_norm=state[f"layers.{i}.input_norm"],
+                qkv=linear(f"layers.{i}.qkv"),
+                o=linear(f"layers.{i}.o"),
+                post_norm=state[f"layers.{i}.post_norm"],
+                gate_up=linear(f"layers.{i}.gate_up"),
+                down=linear(f"layers.{i}.down"),
+            )
+            for i in range(config["num_layers"])
+        ]
+        return cls(
+            num_heads=config["num_heads"],
+            num_kv_heads=config["num_kv_heads"],
+            head_dim=config["head_dim"],
+            rms_norm_eps=config["rms_norm_eps"],
+            embed_int8=state["embed.int8"],
+            embed_scales=state["embed.scales"][:, None].contiguous(),
+            layers=layers,
+            final_norm=state["final_norm"],
+            lm_head=linear("lm_head" if "lm_head.int8" in state else "embed", head_token_ids),
+            cos=state["cos"],
+            sin=state["sin"],
+            head_token_ids=None if head_token_ids is None else head_token_ids.long(),
+        )
+
+
+@torch.inference_mode()
+def quantized_state(model: torch.nn.Module, max_positions: int) -> dict:
+    """The int8 state of a transformers Qwen2/Llama causal LM: plain tensors, ``torch.save``-able.
+
+    Keys: ``config`` (head counts, head_dim, eps, layer count), ``{name}.int8`` / ``.scales`` /
+    ``.bias`` per linear layer (q, k, v fused as ``qkv``; gate and up as ``gate_up``), norms,
+    ``embed.*`` (an untied ``lm_head.*`` only when the head is not the embedding), ``cos``/``sin``
+    ``[max_positions, head_dim]``. Raises InvalidParameterError for unsupported architectures.
+    """
+    config = model.config
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise InvalidParameterError(
+            f"the int8 runner supports {', '.join(SUPPORTED_MODEL_TYPES)} models, not {model_type!r}: use --runner torch"
+        )
+    if any(t != "full_attention" for t in (getattr(config, "layer_types", None) or [])):
+        raise InvalidParameterError("the int8 runner does not support sliding-window attention: use --runner torch")
+    if getattr(config, "hidden_act", "silu") != "silu":
+        raise InvalidParameterError(f"the int8 runner needs a SiLU MLP, not {config.hidden_act!r}")
+    decoder = model.model
+    num_heads = int(config.num_attention_heads)
+    state: dict = {
+        "config": {
+            "num_layers": len(decoder.layers),
+            "num_heads": num_heads,
+            "num_kv_heads": int(config.num_key_value_heads),
+            "head_dim": int(getattr(config, "head_dim", None) or config.hidden_size // num_heads),
+            "rms_norm_eps": float(config.rms_norm_eps),
+        }
+    }
+
+    def put(prefix: str, weight: Tensor, bias: Tensor | None = None) -> None:
+        state[f"{prefix}.int8"], state[f"{prefix}.scales"] = quantize_weight_rows(weight)
+        if bias is not None:
+            state[f"{prefix}.bias"] = bias.detach().float().clone()
+
+    for i, block in enumerate(decoder.layers):
+        attn, mlp = block.self_attn, block.mlp
+        qkv_bias = None
+        if attn.q_proj.bias is not None:
+            qkv_bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
+        put(f"layers.{i}.qkv", torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]), qkv_bias)
+        put(f"layers.{i}.o", attn.o_proj.weight, attn.o_proj.bias)
+        put(f"layers.{i}.gate_up", torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
+        put(f"layers.{i}.down", mlp.down_proj.weight)
+        state[f"layers.{i}.input_norm"] = block.input_layernorm.weight.detach().float().clone()
+        state[f"layers.{i}.post_norm"] = block.post_attention_layernorm.weight.detach().float().clone()
+    put("embed", decoder.embed_tokens.weight)
+    head = model.get_output_embeddings()
+    if head.weight is not decoder.embed_tokens.weight:  # tied heads reuse the embedding's int8 rows
+        put("lm_head", head.weight, getattr(head, "bias", None))
+    state["final_norm"] = decoder.norm.weight.detach().float().clone()
+    cos, sin = decoder.rotary_emb(torch.zeros(1), torch.arange(max_positions)[None, :])
+    state["cos"], state["sin"] = cos[0].float().contiguous(), sin[0].float().contiguous()
+    return state
+
+
+@contextmanager
+def single_thread():
+    """Run the enclosed torch ops on one intra-op thread, then restore the thread count."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """Row-wise RMSNorm of ``x`` ``[rows, hidden]`` float32 (Zhang & Sennrich 2019)."""
+    variance = x.pow(2).mean(-1, keepdim=True)
+    return x * torch.rsqrt(variance + eps) * weight
+
+
+def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """RoPE, half-split layout (Su et al. 2021): ``x`` ``[rows, heads, head_dim]``, ``cos``/``sin`` ``[rows, head_dim]``."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+class Int8Runner:
+    """:class:`verispec.runners.Runner` over :class:`Int8Weights` with a static KV cache.
+
+    Args:
+        weights: the quantized model.
+        max_context_length: KV cache capacity in tokens (at most the RoPE table's length).
+    """
+
+    def __init__(self, weights: Int8Weights, *, max_context_length: int | None = None) -> None:
+        capacity = int(max_context_length or weights.cos.shape[0])
+        if capacity > weights.cos.shape[0]:
+            raise ValueError(f"max_context_length {capacity} exceeds the {weights.cos.shape[0]} prepared positions")
+        self.weights = weights
+        self.vocab_size = weights.vocab_size
+        self.max_context_length = capacity
+        shape = (len(weights.layers), weights.num_kv_heads, capacity, weights.head_dim)
+        self._keys = torch.zeros(shape)
+        self._values = torch.zeros(shape)
+        self._num_cached = 0
+
+    @classmethod
+    def from_module(
+        cls,
+        model: torch.nn.Module,
+        *,
+        max_context_length: int | None = None,
+        kernel: str = "auto",
+        head_token_ids: Tensor | None = None,
+    ) -> Int8Runner:
+        """Quantize a transformers Qwen2/Llama model; capacity defaults to min(model's, 4096).
+
+        ``head_token_ids`` ``[kept]``: a reduced-vocabulary LM head (drafts only; see
+        :mod:`verispec.runners.reduced_vocab`).
+        """
+        capacity = int(max_context_length or min(int(model.config.max_position_embeddings), DEFAULT_MAX_CONTEXT))
+        weights = Int8Weights.from_module(model, capacity, kernel=kernel, head_token_ids=head_token_ids)
+        return cls(weights, max_context_length=capacity)
+
+    @property
+    def num_cached_tokens(self) -> int:
+        return self._num_cached
+
+    @torch.inference_mode()
+    def forward(self, token_ids: Sequence[int], num_logits: int | None = None) -> Tensor:
+        num_new = len(token_ids)
+        if num_new == 0:
+            raise ValueError("forward needs at least one token")
+        start = self._num_cached
+        if start + num_new > self.max_context_length:
+            raise ValueError(f"{start + num_new} positions exceed the context length {self.max_context_length}")
+        w = self.weights
+        ids = torch.tensor(list(token_ids), dtype=torch.long)
+        x = w.embed_int8[ids].float() * w.embed_scales[ids]  # [num_new, hidden]
+        cos, sin = w.cos[start : start + num_new], w.sin[start : start + num_new]
+        q_width, kv_width = w.num_heads * w.head_dim, w.num_kv_heads * w.head_dim
+        for index, layer in enumerate(w.layers):
+            qkv = layer.qkv(rms_norm(x, layer.input_norm, w.rms_norm_eps))
+            q = qkv[:, :q_width].view(num_new, w.num_heads, w.head_dim)
+            k = qkv[:, q_width : q_width + kv_width].view(num_new, w.num_kv_heads, w.head_dim)
+            v = qkv[:, q_width + kv_width :].view(num_new, w.num_kv_heads, w.head_dim)
+            keys, values = self._keys[index], self._values[index]  # [kv_heads, capacity, head_dim]
+            keys[:, start : start + num_new] = rotate(k, cos, sin).transpose(0, 1)
+            values[:, start : start + num_new] = v.transpose(0, 1)
+            attended = self._attend(rotate(q, cos, sin), keys, values, start)
+            x = x + layer.o(attended)
+            gate_up = layer.gate_up(rms_norm(x, layer.post_norm, w.rms_norm_eps))
+            gate, up = gate_up.chunk(2, dim=-1)
+            x = x + layer.down(torch.nn.functional.silu(gate) * up)
+        self._num_cached = start + num_new
+        last = x[-(num_logits or num_new) :]
+        logits = w.lm_head(rms_norm(last, w.final_norm, w.rms_norm_eps))
+        if w.head_token_ids is None:
+            return logits
+        full = torch.full((logits.shape[0], self.vocab_size), float("-inf"))
+        full[:, w.head_token_ids] = logits  # tokens outside the kept set get probability 0
+        return full
+
+    def _attend(self, q: Tensor, keys: Tensor, values: Tensor, start: int) -> Tensor:
+        """Causal GQA attention, one query at a time over exactly its visible keys.
+
+        ``q`` ``[rows, heads, head_dim]``; ``keys``/``values`` ``[kv_heads, capacity, head_dim]``
+        holding positions ``0 .. start + rows - 1``. Returns ``[rows, heads * head_dim]``. Query i
+        runs the same op with the same shapes as a one-token step at position ``start + i``,
+        which is what makes verify passes batch-invariant. Runs on one thread: these ops are
+        small, and a parallel region per op costs more than it saves (far more on a busy CPU).
+        """
+        w = self.weights
+        out = torch.empty(q.shape[0], w.num_heads * w.head_dim)
+        keys, values = keys[None], values[None]  # [1, kv_heads, capacity, head_dim]
+        with single_thread():
+            for i in range(q.shape[0]):
+                visible = start + i + 1
+                attended = torch.nn.functional.scaled_dot_product_attention(
+                    q[i, :, None, :][None], keys[:, :, :visible], values[:, :, :visible], scale=w.head_dim**-0.5, enable_gqa=True
+                )  # [1, heads, 1, head_dim]
+                out[i] = attended.view(-1)
+        return out
+
+    def truncate(self, num_tokens: int) -> None:
+        if not 0 <= num_tokens <= self._num_cached:
+            raise ValueError(f"cannot truncate a cache of {self._num_cached} tokens to {num_tokens}")
+        self._num_cached = num_tokens  # entries past the length are overwritten before they are read

@@ -1,0 +1,164 @@
+"""``--method auto`` and the schedules: exactness, drafter choice per step, sources, controller metrics."""
+
+import time
+
+import pytest
+
+from helpers import BigramRunner, CharTokenizer, chain_table, make_engine, single_thread  # noqa: F401 (autouse fixture)
+from verispec.control import ControllerConfig
+from verispec.engine import SpeculativeConfig, SpeculativeEngine
+from verispec.errors import InvalidParameterError
+from verispec.policy import drafter_order
+from verispec.proposers.draft_model import DraftModelProposer
+from verispec.proposers.layer_skip import LayerSkipProposer
+from verispec.sampling import SamplingParams
+
+SERVING = [ord(c) % 96 for c in "serving " * 48]  # "serving " x 48, one token id per character
+PROMPTS = {
+    "serving": SERVING,
+    "repeats": [5, 17, 33, 2, 9, 5, 17, 33, 2, 9, 5, 17],
+    "no-repeats": [11, 12, 13, 14, 15, 16, 17, 18, 19, 20],
+}
+GREEDY_32 = SamplingParams(max_tokens=32)
+
+
+@pytest.mark.parametrize(
+    "method, loaded, order",
+    [
+        ("none", ["ngram", "draft"], []),  # plain decoding
+        ("auto", ["ngram", "draft", "layer-skip"], ["ngram", "draft"]),  # the draft model backs up n-gram
+        ("auto", ["ngram", "layer-skip"], ["ngram", "layer-skip"]),  # ... else layer skip
+        ("auto", ["ngram"], ["ngram"]),  # n-gram alone
+        ("layer-skip", ["ngram", "layer-skip"], ["layer-skip"]),
+    ],
+)
+def test_drafter_order(method, loaded, order):
+    assert drafter_order(method, loaded) == order
+
+
+def test_missing_drafter_is_refused():
+    with pytest.raises(InvalidParameterError, match="needs its drafter"):
+        drafter_order("layer-skip", ["ngram", "draft"])
+
+
+@pytest.fixture(scope="module")
+def plain_outputs(target_model):
+    engine = make_engine(target_model, max_context_length=512)
+    return {name: engine.generate(p, GREEDY_32, SpeculativeConfig(method="none")).token_ids for name, p in PROMPTS.items()}
+
+
+@pytest.mark.parametrize("k", range(1, 9))
+def test_auto_greedy_equals_plain(k, target_model, partial_draft_model, plain_outputs):
+    engine = make_engine(target_model, partial_draft_model, max_context_length=512)
+    for name, prompt in PROMPTS.items():
+        out = engine.generate(prompt, GREEDY_32, SpeculativeConfig(method="auto", num_speculative_tokens=k))
+        assert out.token_ids == plain_outputs[name], name
+        used = out.metrics.spec.per_drafter
+        if name == "serving":
+            assert used["ngram"].num_drafts > 0  # lookups matched in the repeated text
+        assert sum(s.num_drafts for s in used.values()) == out.metrics.spec.num_drafts
+
+
+@pytest.mark.parametrize("schedule", ["constant", "heuristic", "cost"])
+@pytest.mark.parametrize("method", ["draft", "ngram", "auto"])
+def test_schedules_greedy_equal_plain(schedule, method, target_model, partial_draft_model, plain_outputs):
+    engine = make_engine(target_model, partial_draft_model, max_context_length=512)
+    for name, prompt in PROMPTS.items():
+        spec = SpeculativeConfig(method=method, num_speculative_tokens=8, schedule=schedule)
+        out = engine.generate(prompt, GREEDY_32, spec)
+        assert out.token_ids == plain_outputs[name], (name, schedule)
+        assert len(out.metrics.spec.chosen_k) > 0 and max(out.metrics.spec.chosen_k) <= 8
+
+
+def test_auto_falls_back_to_layer_skip(target_model, plain_outputs):
+    engine = make_engine(target_model, max_context_length=512, proposers={"layer-skip": LayerSkipProposer(target_model, 1)})
+    out = engine.generate(PROMPTS["no-repeats"], GREEDY_32, SpeculativeConfig(method="auto", num_speculative_tokens=4))
+    assert out.token_ids == plain_outputs["no-repeats"]
+    assert out.metrics.spec.per_drafter["layer-skip"].num_drafts > 0
+
+
+# Bigram target that cycles 1 -> 2 -> 3 -> 1 after a start 4 -> 5 -> 6 -> 1; the draft model
+# knows the whole chain. n-gram lookup can only match once the cycle is in the context.
+CYCLE = {4: 5, 5: 6, 6: 1, 1: 2, 2: 3, 3: 1}
+
+
+def cycle_engine(**kwargs):
+    return SpeculativeEngine(
+        BigramRunner(chain_table(CYCLE, 7)),
+        CharTokenizer("0123456"),
+        eos_token_ids=[0],
+        proposers={"draft": DraftModelProposer(BigramRunner(chain_table(CYCLE, 7)))},
+        **kwargs,
+    )
+
+
+def test_auto_records_which_drafter_produced_each_token():
+    out = cycle_engine().generate([4], SamplingParams(max_tokens=20), SpeculativeConfig(method="auto", num_speculative_tokens=3))
+    assert out.token_ids == [5, 6, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3]
+    sources = out.token_sources
+    assert len(sources) == len(out.token_ids) and sources[0] == "target"
+    # no 2-gram repeats at first: the draft model drafts; once "1 2 3 1" is there, n-gram takes over
+    assert sources[1:4] == ["draft"] * 3 and sources[4] == "target"
+    assert "ngram" in sources[5:]
+    per_drafter = out.metrics.spec.per_drafter
+    for name in ("draft", "ngram"):
+        assert sources.count(name) == per_drafter[name].num_accepted_tokens
+        assert per_drafter[name].acceptance_rate == 1.0
+
+
+def test_cost_schedule_switches_off_a_hopeless_drafter():
+    """A draft model that is always wrong and (per the measured costs) expensive: plain steps + probes."""
+    wrong = {a: (b % 6) + 1 for a, b in CYCLE.items()}  # never the target's token
+    engine = SpeculativeEngine(
+        BigramRunner(chain_table(CYCLE, 7)),
+        CharTokenizer("0123456"),
+        eos_token_ids=[0],
+        proposers={"draft": DraftModelProposer(BigramRunner(chain_table(wrong, 7)))},
+        controller=ControllerConfig(probe_interval=4),
+    )
+    for k in range(9):
+        engine.cost_model.record_verify(k, 0.010)  # measured before: any target pass 10 ms,
+    engine.cost_model.record_draft("draft", 1, 0.005)  # a drafted token 5 ms
+    engine.cost_model.weight = 0.0  # freeze the costs: the bigram doubles take microseconds
+    out = engine.generate([4], SamplingParams(max_tokens=30), SpeculativeConfig(method="draft", num_speculative_tokens=8, schedule="cost"))
+    chosen = out.metrics.spec.chosen_k
+    assert chosen[0] == 1  # the prior alpha (0.6) makes one drafted token look worthwhile (1.6 / 1.5) ...
+    assert chosen[1:] == ([0] * 4 + [1]) * 5 + [0] * 2  # ... then off, with a 1-token probe every 5th step
+    assert out.metrics.spec.acceptance_rate == 0.0
+    assert out.metrics.spec.predicted_speedup is not None and out.metrics.spec.predicted_speedup < 1.1
+
+
+def test_acceptance_estimate_carries_to_the_next_request():
+    engine = cycle_engine()
+    for k in range(4):
+        engine.cost_model.record_verify(k, 0.010)  # frozen costs: drafting is cheap (c = 0.05)
+    engine.cost_model.record_draft("draft", 1, 0.0005)
+    engine.cost_model.weight = 0.0
+    spec = SpeculativeConfig(method="draft", num_speculative_tokens=3, schedule="cost")
+    engine.generate([4], SamplingParams(max_tokens=12), spec)
+    first = engine.cost_model.last_alpha["draft"]
+    assert first > 0.6  # the draft model was always right: above the configured prior
+    # a new request starts from that estimate, not from the prior, and keeps rising
+    engine.generate([4], SamplingParams(max_tokens=12), spec)
+    assert engine.cost_model.last_alpha["draft"] > first
+
+
+class SlowFirstProposer(DraftModelProposer):
+    """A draft model whose first proposal of a request is slow, as a real draft's prefill is."""
+
+    def propose(self, request, num_speculative_tokens):
+        if not self._cached_token_ids:
+            time.sleep(0.2)
+        return super().propose(request, num_speculative_tokens)
+
+
+def test_draft_cost_is_measured_in_steady_state_only():
+    engine = SpeculativeEngine(
+        BigramRunner(chain_table(CYCLE, 7)),
+        CharTokenizer("0123456"),
+        eos_token_ids=[0],
+        proposers={"draft": SlowFirstProposer(BigramRunner(chain_table(CYCLE, 7)))},
+    )
+    out = engine.generate([4], SamplingParams(max_tokens=8), SpeculativeConfig(method="draft", num_speculative_tokens=2))
+    assert out.metrics.draft_ms > 200  # the slow first proposal did happen ...
+    assert engine.cost_model.draft_token_s["draft"] < 0.02  # ... but is not a per-token cost

@@ -1,0 +1,105 @@
+"""Workload JSONL parsing: both line formats, bad lines named by number, selection, shortcuts."""
+
+import json
+
+import pytest
+
+from verispec.bench.workload import (
+    BUILTIN_WORKLOADS,
+    WorkloadError,
+    WorkloadItem,
+    load_workload,
+    parse_jsonl,
+    read_jsonl,
+    regroup,
+    select,
+)
+
+
+def lines(*rows):
+    return [row if isinstance(row, str) else json.dumps(row) for row in rows]
+
+
+@pytest.mark.parametrize(
+    "row, expected",
+    [
+        ({"prompt": "def f():"}, WorkloadItem("1", "default", "def f():", chat=False)),  # raw text, no category
+        ({"turns": ["Hi", "Again"], "category": "qa"}, WorkloadItem("1", "qa", "Hi", chat=True)),  # first turn, chat
+        ({"question_id": 81, "turns": ["Hi"]}, WorkloadItem("81", "default", "Hi", chat=True)),  # Spec-Bench id
+        ({"task_id": "HumanEval/3", "prompt": "x"}, WorkloadItem("HumanEval/3", "default", "x", chat=False)),
+        ({"id": "a", "prompt": "x", "turns": ["y"]}, WorkloadItem("a", "default", "x", chat=False)),  # prompt wins
+    ],
+)
+def test_line_formats(row, expected):
+    assert parse_jsonl(lines(row)) == [expected]
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ("{not json", "line 2: not valid JSON"),
+        ('["a list"]', "line 2: expected a JSON object, got list"),
+        ('{"category": "x"}', "line 2: needs a 'prompt'"),
+        ('{"prompt": ""}', "line 2: 'prompt' must be a non-empty string"),
+        ('{"prompt": 3}', "line 2: 'prompt' must be a non-empty string"),
+        ('{"turns": []}', "line 2: 'turns' must be a non-empty list"),
+        ('{"turns": ["ok", 5]}', "line 2: 'turns' must be a non-empty list"),
+        ('{"prompt": "x", "category": 7}', "line 2: 'category' must be a non-empty string"),
+        ('{"id": "1", "prompt": "again"}', "line 2: id '1' already used on line 1"),  # duplicate id
+    ],
+)
+def test_bad_line_names_its_number(bad, message):
+    with pytest.raises(WorkloadError, match=message):
+        parse_jsonl(lines({"id": "1", "prompt": "fine"}, bad), "w.jsonl")
+
+
+def test_blank_lines_are_skipped_but_counted():
+    items = parse_jsonl(["", json.dumps({"prompt": "a"}), "   ", json.dumps({"prompt": "b"})])
+    assert [i.id for i in items] == ["2", "4"]  # ids default to the line number
+
+
+def test_empty_file_is_an_error(tmp_path):
+    (tmp_path / "w.jsonl").write_text("\n\n")
+    with pytest.raises(WorkloadError, match="no prompts"):
+        read_jsonl(tmp_path / "w.jsonl")
+
+
+def test_missing_file_is_a_clear_error(tmp_path):
+    with pytest.raises(WorkloadError, match="cannot read workload file"):
+        read_jsonl(tmp_path / "absent.jsonl")
+
+
+def test_select_limits_per_category_in_first_seen_order():
+    items = parse_jsonl(lines(*({"prompt": str(i), "category": c} for i, c in enumerate("abab a b".replace(" ", "")))))
+    assert [(i.category, i.text) for i in select(items, limit=2)] == [("a", "0"), ("a", "2"), ("b", "1"), ("b", "3")]
+    assert [i.text for i in select(items, categories=["b"], limit=1)] == ["1"]
+    with pytest.raises(WorkloadError, match="unknown category zz"):
+        select(items, categories=["zz"])
+    with pytest.raises(WorkloadError, match="--limit must be >= 1"):
+        select(items, limit=0)
+
+
+def test_specbench_tasks_merge_the_mt_bench_categories():
+    items = [WorkloadItem(str(i), c, "t", True) for i, c in enumerate(["writing", "coding", "qa", "rag"])]
+    assert [i.category for i in regroup(items, "specbench_task")] == ["mt_bench", "mt_bench", "qa", "rag"]
+    assert [i.category for i in regroup(items, "humaneval")] == ["humaneval"] * 4
+
+
+def test_builtin_shortcuts_read_the_shared_data():
+    try:
+        tasks = load_workload("specbench", limit=1)
+    except WorkloadError as exc:
+        pytest.skip(f"shared data not here: {exc}")
+    assert [i.category for i in tasks] == ["mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag"]
+    assert all(i.chat for i in tasks)
+    assert len(load_workload("specbench-categories", limit=1)) == 13
+    humaneval = load_workload("humaneval", limit=3)
+    assert [i.id for i in humaneval] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"] and not humaneval[0].chat
+    assert set(BUILTIN_WORKLOADS) == {"specbench", "specbench-categories", "humaneval"}
+
+
+def test_workload_needs_exactly_one_source(tmp_path):
+    with pytest.raises(WorkloadError, match="either"):
+        load_workload(None, None)
+    with pytest.raises(WorkloadError, match="unknown workload"):
+        load_workload("nope")

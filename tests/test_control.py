@@ -1,0 +1,142 @@
+"""Draft-length control: the expected-speedup formula on known values, estimates, schedules."""
+
+import pytest
+
+from verispec.control import (
+    AcceptanceEstimate,
+    ControllerConfig,
+    CostModel,
+    CostModelSchedule,
+    HeuristicSchedule,
+    best_draft_length,
+    expected_tokens,
+    interpolate,
+)
+
+
+@pytest.mark.parametrize(
+    "alpha, k, expected",
+    [
+        (0.8, 0, 1.0),  # no draft: the target's own token
+        (0.8, 1, 1.8),  # 1 + alpha
+        (0.5, 3, 1.875),  # 1 + 0.5 + 0.25 + 0.125
+        (0.0, 5, 1.0),  # nothing is ever accepted
+        (1.0, 5, 6.0),  # everything accepted: k + 1 (the limit of the formula)
+    ],
+)
+def test_expected_tokens(alpha, k, expected):
+    assert expected_tokens(alpha, k) == pytest.approx(expected)
+
+
+def linear_costs(c, max_k):
+    """cost(k) = k c + 1 in plain steps: draft cost c per token, verify cost flat in k."""
+    return [1 + k * c for k in range(max_k + 1)]
+
+
+@pytest.mark.parametrize(
+    "alpha, c, max_k, best_k, speedup",
+    [
+        (0.8, 0.05, 16, 8, 3.09),  # the issue's first known value
+        (0.8, 0.05, 64, 8, 3.09),  # a larger cap changes nothing: the optimum is interior
+        (0.6, 0.05, 16, 4, 1.92),  # the issue's second known value
+        (0.8, 0.05, 5, 5, 2.95),  # clamped to the cap
+        (0.9, 0.0, 8, 8, 6.13),  # free drafts: draft as much as allowed
+        (0.2, 0.5, 8, 0, 1.0),  # no k beats plain decoding: switch off
+        (0.0, 0.0, 8, 0, 1.0),  # nothing accepted, free drafts: a tie goes to plain decoding
+    ],
+)
+def test_best_draft_length_known_values(alpha, c, max_k, best_k, speedup):
+    k, value = best_draft_length(alpha, linear_costs(c, max_k))
+    assert k == best_k
+    assert value == pytest.approx(speedup, abs=0.005)
+
+
+def test_verify_cost_growing_with_k_shortens_the_draft():
+    flat = best_draft_length(0.8, [1.0 + 0.05 * k for k in range(17)])[0]
+    growing = best_draft_length(0.8, [1.0 + 0.05 * k + 0.2 * k for k in range(17)])[0]  # llama.cpp-like
+    assert growing < flat
+
+
+@pytest.mark.parametrize(
+    "points, k, expected",
+    [
+        ({4: 2.0}, 0, 2.0),  # one point: flat
+        ({4: 2.0}, 9, 2.0),
+        ({1: 1.0, 5: 3.0}, 3, 2.0),  # between points: linear
+        ({1: 1.0, 5: 3.0}, 0, 1.0),  # below the first point: its value
+        ({1: 1.0, 5: 3.0}, 7, 4.0),  # past the last: the last slope
+        ({1: 3.0, 5: 1.0}, 9, 1.0),  # a falling slope is not extrapolated
+    ],
+)
+def test_interpolate(points, k, expected):
+    assert interpolate(points, k) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    "drafted, accepted, alpha",
+    [
+        (4, 4, 0.5 + 0.5 * (1 - 0.5**4)),  # four tested tokens, all accepted
+        (4, 2, (0.5 + 0.5 * 0.75) * 0.5),  # two accepted, one rejected, one never judged
+        (4, 0, 0.25),  # first rejected: one tested token
+        (0, 0, 0.5),  # a plain step tells nothing
+    ],
+)
+def test_acceptance_estimate_counts_only_tested_tokens(drafted, accepted, alpha):
+    estimate = AcceptanceEstimate(prior=0.5, weight=0.5)
+    estimate.update(drafted, accepted)
+    assert estimate.alpha == pytest.approx(alpha)
+
+
+def test_heuristic_schedule():
+    schedule = HeuristicSchedule(max_k=8)
+    ks = []
+    for drafted, accepted in [(8, 3), (7, 0), (6, 6), (8, 8), (8, 1), (7, 1)] + [(1, 0)] * 8:
+        ks.append(schedule.next_k())
+        schedule.update(drafted, accepted)
+    # starts at the cap; -1 after a partial accept, +2 after a full one (capped at 8); never below 1
+    assert ks == [8, 7, 6, 8, 8, 7, 6, 5, 4, 3, 2, 1, 1, 1]
+
+
+def measured_costs(draft_token_s, verify_s):
+    costs = CostModel()
+    for k, seconds in verify_s.items():
+        costs.record_verify(k, seconds)
+    costs.record_draft("draft", 4, 4 * draft_token_s)
+    return costs
+
+
+def test_step_costs_in_plain_steps():
+    costs = measured_costs(0.01, {0: 0.1, 4: 0.2})
+    assert costs.step_costs("draft", 4) == pytest.approx([1.0, 1.35, 1.7, 2.05, 2.4])
+    assert costs.step_costs("ngram", 4) is None  # that drafter was never timed
+
+
+def cost_schedule(alpha, costs, max_k=16, **config):
+    return CostModelSchedule("draft", max_k, AcceptanceEstimate(alpha, 0.2), costs, ControllerConfig(**config))
+
+
+def test_cost_schedule_drafts_the_cap_until_timed_then_the_best_k():
+    assert cost_schedule(0.8, CostModel()).next_k() == 16  # nothing measured yet: explore
+    schedule = cost_schedule(0.8, measured_costs(0.005, {0: 0.1}))  # c = 0.05, flat verify
+    assert schedule.next_k() == 8
+    assert schedule.last_predicted_speedup == pytest.approx(3.09, abs=0.005)
+
+
+def test_cost_schedule_switches_off_and_probes_again():
+    schedule = cost_schedule(0.2, measured_costs(0.05, {0: 0.1}), probe_interval=4, probe_length=1)  # c = 0.5
+    ks = [schedule.next_k() for _ in range(10)]
+    # a hopeless drafter: 4 plain steps, one 1-token probe, 4 plain steps, a probe ...
+    assert ks == [0, 0, 0, 0, 1, 0, 0, 0, 0, 1]
+
+
+def test_probes_that_succeed_switch_speculation_back_on():
+    alpha = AcceptanceEstimate(prior=0.2, weight=0.2)
+    costs = measured_costs(0.02, {0: 0.1})  # c = 0.2
+    schedule = CostModelSchedule("draft", 8, alpha, costs, ControllerConfig(probe_interval=2))
+    ks = []
+    for _ in range(20):
+        k = schedule.next_k()
+        ks.append(k)
+        alpha.update(k, k)  # the drafter has become good: every probe is accepted
+    assert ks[:3] == [0, 0, 1]  # off, off, probe
+    assert ks[-1] > 1 and 0 not in ks[-5:]  # back on with longer drafts
