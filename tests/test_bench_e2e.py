@@ -121,9 +121,12 @@ def test_cli_bench_and_advise(model_dirs, tmp_path):
         (["--peers", "vllm"], "unknown peer"),
     ],
 )
-def test_cli_bench_user_errors_exit_2(model_dirs, args, message):
+def test_cli_bench_user_errors_exit_2(model_dirs, args, message, tmp_path):
     models = ["--target", str(model_dirs / "target"), "--draft", str(model_dirs / "draft")]
-    result = CliRunner().invoke(app, ["bench", *args, *models])
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "hello"}\n')
+    workload = [] if "--workload" in args else ["--prompts", str(prompts)]  # no dependence on ../shared
+    result = CliRunner().invoke(app, ["bench", *args, *workload, *models])
     assert result.exit_code == 2 and message in result.output
 
 
