@@ -15,23 +15,13 @@ from torch import Tensor
 
 from verispec.errors import InvalidParameterError
 
+from verispec.runners.int8_ops import quantize_weight_rows
+
 QUANTIZATIONS = ("none", "int8")
 
 
-def quantize_rows_int8(weight: Tensor) -> tuple[Tensor, Tensor]:
-    """Symmetric per-row int8: ``weight ≈ int8_weight * scales[:, None]``.
-
-    Args:
-        weight: ``[out_features, in_features]`` float.
-    Returns:
-        ``int8_weight`` ``[out_features, in_features]`` int8 and ``scales`` ``[out_features]``
-        float32 (``max |row| / 127``; 1 for an all-zero row).
-    """
-    w = weight.detach().float()
-    scales = w.abs().amax(dim=1) / 127.0
-    scales = torch.where(scales > 0, scales, torch.ones_like(scales))
-    int8_weight = torch.clamp(torch.round(w / scales[:, None]), -127, 127).to(torch.int8)
-    return int8_weight, scales
+# One definition of symmetric per-output-channel int8 weights, shared with the int8 runner.
+quantize_rows_int8 = quantize_weight_rows
 
 
 class Int8Linear(torch.nn.Module):
