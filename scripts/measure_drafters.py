@@ -60,6 +60,20 @@ def run_methods(args) -> list[tuple[str, str, SpeculativeConfig]]:
 
 
 @torch.inference_mode()
+def divergence(model, prompt_ids: list[int], plain_ids: list[int], other_ids: list[int]) -> dict:
+    """Where ``other_ids`` first leaves plain decoding's output, and the target's margin there.
+
+    The margin (top-1 minus top-2 logit of the target after the common prefix, from one
+    prefill) tells a numerical near-tie (bf16 rounding differs between a 1-token decode pass
+    and a k-token verify pass) from a real error.
+    """
+    first = next((i for i, (a, b) in enumerate(zip(plain_ids, other_ids)) if a != b), min(len(plain_ids), len(other_ids)))
+    logits = TransformersRunner(model).forward(prompt_ids + plain_ids[:first], num_logits=1)[0]
+    top = torch.topk(logits.float(), 2).values
+    return {"first_diff": first, "target_margin_at_diff": round(float(top[0] - top[1]), 4)}
+
+
+@torch.inference_mode()
 def teacher_forced_acceptance(model, depths: list[int], prompt_ids: list[int], output_ids: list[int]) -> dict[int, int]:
     """Matches per depth L: argmax of norm + LM head after layer L vs the target's next token.
 
@@ -126,6 +140,8 @@ def main() -> None:
                     "predicted": [s.predicted_tokens, s.predicted_cost], "realised": [s.realised_tokens, s.realised_cost],
                     "identical": out.token_ids == plain_ids,
                 }
+                if not row["identical"]:
+                    row.update(divergence(pipe.target.model, ids, plain_ids, out.token_ids))
                 rows.append(row)
                 print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
             for L, matches in teacher_forced_acceptance(pipe.target.model, sweep, ids, plain_ids).items():

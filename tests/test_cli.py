@@ -91,3 +91,10 @@ def test_prompt_over_context_length(checkpoints):
     prompt = "a" * 300  # one byte per token; tiny models have 256 positions
     result = runner.invoke(app, ["generate", prompt, "--target", str(checkpoints["target"]), "--method", "none"])
     assert result.exit_code == 2 and "context window" in result.output
+
+
+def test_tree_method_from_the_command_line_equals_plain(checkpoints):
+    plain = run_json(checkpoints, "--method", "none")
+    tree = run_json(checkpoints, "--method", "tree", "-k", "6", "--schedule", "constant")
+    assert tree["token_ids"] == plain["token_ids"]
+    assert tree["metrics"]["spec"]["num_drafts"] > 0

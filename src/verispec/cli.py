@@ -20,6 +20,7 @@ from verispec.engine import GenerationOutput, SpeculativeConfig
 from verispec.audit import QualityAuditor, describe_audit
 from verispec.errors import VerispecError
 from verispec.models.cli import models_app
+from verispec.runners.select import RunnerOptions
 from verispec.pipeline import DEFAULT_DRAFT, DEFAULT_TARGET, DrafterOptions, SpeculativePipeline, peak_rss_bytes
 from verispec.sampling import SamplingParams
 
@@ -49,6 +50,17 @@ def generate(
         None, help="Target layers the layer-skip drafter runs (default: a quarter; 0 = no layer skip)."
     ),
     draft_quantization: str = typer.Option("none", help="none or int8 (weight-only) for the draft model."),
+    runner: str = typer.Option(
+        "torch",
+        help="torch (transformers), int8 (fast batch-invariant CPU path, Llama/Qwen2), llamacpp (GGUF; needs "
+        "verispec[llamacpp]) or auto (fastest by cost curves measured on first use).",
+    ),
+    draft_vocab: Optional[int] = typer.Option(
+        None, help="Reduced draft LM head: keep this many most frequent tokens (FR-Spec; --runner int8)."
+    ),
+    draft_vocab_corpus: Optional[List[str]] = typer.Option(
+        None, help="Text file whose token counts pick the --draft-vocab tokens (repeatable; default: BPE rank)."
+    ),
     temperature: float = typer.Option(0.0, help="0 = greedy."),
     top_k: int = typer.Option(0, help="Keep the k most likely tokens (0 = off)."),
     top_p: float = typer.Option(1.0, help="Nucleus mass in (0, 1]."),
@@ -91,8 +103,9 @@ def generate(
             layer_skip_layers=layer_skip_layers,
             draft_quantization=draft_quantization,
         )
-        use_draft = method in ("draft", "auto") and draft.lower() != "none"
-        if dtype != "float32" and method != "none":
+        use_draft = method in ("draft", "auto", "tree") and draft.lower() != "none"
+        runners = RunnerOptions(kind=runner, draft_vocab_size=draft_vocab, draft_vocab_corpus=tuple(draft_vocab_corpus or ()))
+        if dtype != "float32" and method != "none" and runner == "torch":
             err.print(
                 f"[yellow]warning:[/yellow] {dtype} matmuls on this CPU round a k-token verify pass slightly "
                 "differently from a 1-token decode step, so at near-ties greedy speculative output can differ "
@@ -100,7 +113,9 @@ def generate(
                 highlight=False,
             )
         with err.status(f"loading {target}" + (f" + {draft}" if use_draft else "")):
-            pipe = SpeculativePipeline.load(target, draft if use_draft else None, dtype=dtype, drafters=drafters)
+            pipe = SpeculativePipeline.load(
+                target, draft if use_draft else None, dtype=dtype, drafters=drafters, runners=runners
+            )
         output = None
         for chunk in pipe.stream(prompt, params, spec, chat=chat):
             if not as_json:
@@ -265,6 +280,44 @@ def bench(
     print_summary(results, err)
     if out is not None:
         err.print(f"wrote {out / 'results.json'}, {out / 'report.md'} and {len(results.plots)} plots")
+
+
+@app.command("bench-runners")
+def bench_runners(
+    runners: str = typer.Option("int8,llamacpp", help="Comma-separated runners: int8, llamacpp, torch (slow)."),
+    methods: str = typer.Option("none,ngram,draft,draft-frspec", help="Comma-separated: none, ngram, draft, draft-frspec, auto."),
+    prompts: Path = typer.Option(Path("/work/shared/data/humaneval_dev.jsonl"), help="JSONL file with a 'prompt' per line."),
+    num_prompts: int = typer.Option(10, min=1, help="Prompts decoded by every method."),
+    max_tokens: int = typer.Option(128, min=1, help="New tokens per prompt at most (greedy, stop at EOS)."),
+    num_speculative_tokens: int = typer.Option(4, "--num-speculative-tokens", "-k", help="Draft tokens per target pass."),
+    schedule: str = typer.Option("constant", help="constant, heuristic or cost (seeded with the measured curve)."),
+    draft_vocab: int = typer.Option(32768, help="Rows of the reduced draft head (draft-frspec)."),
+    draft_vocab_corpus: Optional[List[str]] = typer.Option(None, help="Files/directories counted for draft-frspec (default: Python stdlib)."),
+    exactness_prompts: int = typer.Option(0, min=0, help="Also compare plain vs speculative output (32 tokens) on this many prompts."),
+    threads: int = typer.Option(0, min=0, help="CPU threads for every runner and the peer (0: torch's default)."),
+    peer: bool = typer.Option(True, "--peer/--no-peer", help="Time llama-cpp-python's own plain decoding of the target GGUF."),
+    target: str = typer.Option(DEFAULT_TARGET, help="Target model (a GGUF reference)."),
+    draft: str = typer.Option(DEFAULT_DRAFT, help="Draft model (a GGUF reference)."),
+    out: Path = typer.Option(Path("bench-runners.json"), help="Where to write the JSON report."),
+) -> None:
+    """Cost curves and end-to-end tokens/s of each runner and method, beside llama.cpp's plain decoding."""
+    from verispec.bench_runners import RunnersBenchConfig, format_table, run_runners_bench
+
+    try:
+        config = RunnersBenchConfig(
+            target=target, draft=draft, runners=tuple(r for r in runners.split(",") if r), methods=tuple(m for m in methods.split(",") if m),
+            prompts_file=str(prompts), num_prompts=num_prompts, max_tokens=max_tokens, num_speculative_tokens=num_speculative_tokens,
+            schedule=schedule, draft_vocab_size=draft_vocab, draft_vocab_corpus=tuple(draft_vocab_corpus or ()),
+            exactness_prompts=exactness_prompts, threads=threads, peer=peer,
+        )
+        report = run_runners_bench(config, log=lambda line: err.print(line, highlight=False))
+    except VerispecError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(2) from None
+    out.write_text(json.dumps(report, indent=1))
+    for table in format_table(report):
+        err.print(table)
+    err.print(f"wrote {out}")
 
 
 @app.command()

@@ -29,6 +29,8 @@ from verispec.proposers.draft_tree import DraftTreeProposer
 from verispec.proposers.layer_skip import LayerSkipProposer
 from verispec.proposers.ngram import NgramProposer
 from verispec.runners.quantize import QUANTIZATIONS, quantize_linear_layers
+from verispec.runners.costs import seed_cost_model
+from verispec.runners.select import RunnerOptions, build_runners, cached_auto_choice, cached_curve
 from verispec.runners.torch_runner import TransformersRunner
 from verispec.sampling import SamplingParams
 
@@ -109,8 +111,10 @@ class SpeculativePipeline:
         draft: LoadedModel | None = None,
         drafters: DrafterOptions | None = None,
         controller: ControllerConfig | None = None,
+        runners: RunnerOptions | None = None,
     ) -> None:
         drafters = drafters or DrafterOptions()
+        runners = runners or RunnerOptions()
         if draft is not None:
             check_draft_compatibility(
                 target.tokenizer,
@@ -120,7 +124,7 @@ class SpeculativePipeline:
                 target_eos_token_ids=target.eos_token_ids,
                 draft_eos_token_ids=draft.eos_token_ids,
             )
-        if draft is not None and drafters.draft_quantization != "none":
+        if draft is not None and drafters.draft_quantization != "none" and runners.kind == "torch":
             if draft.model is target.model:
                 raise InvalidParameterError("cannot quantize a draft that is the target model itself")
             quantize_linear_layers(draft.model, drafters.draft_quantization)
@@ -129,11 +133,12 @@ class SpeculativePipeline:
         self.draft = draft
         self.drafters = drafters
         self.tokenizer = target.tokenizer
+        built = build_runners(runners, target, draft)  # torch (default), int8, llama.cpp; auto resolved
+        self.runner_kind = built.kind
         proposers = {"ngram": NgramProposer(drafters.min_ngram, drafters.max_ngram)}
         if draft is not None:
-            proposers["draft"] = DraftModelProposer(
-                TransformersRunner(draft.model, max_context_length=draft.context_length)
-            )
+            proposers["draft"] = DraftModelProposer(built.draft)
+        if draft is not None and draft.model is not None:
             proposers["tree"] = DraftTreeProposer(  # same weights, its own KV cache
                 TransformersRunner(draft.model, max_context_length=draft.context_length)
             )
@@ -141,12 +146,15 @@ class SpeculativePipeline:
         if layer_skip is not None:
             proposers["layer-skip"] = layer_skip
         self.engine = SpeculativeEngine(
-            TransformersRunner(target.model, max_context_length=target.context_length),
+            built.target,
             self.tokenizer,
             eos_token_ids=target.eos_token_ids,
             proposers=proposers,
             controller=controller,
         )
+        curve = cached_curve(target.name, target.path, built.kind)
+        if curve is not None:  # the controller starts from this machine's measured verify costs
+            seed_cost_model(self.engine.cost_model, curve)
 
     @classmethod
     def load(
@@ -158,17 +166,30 @@ class SpeculativePipeline:
         device: str = "cpu",
         drafters: DrafterOptions | None = None,
         controller: ControllerConfig | None = None,
+        runners: RunnerOptions | None = None,
     ) -> SpeculativePipeline:
         """Load the target and (unless ``draft`` is None) the draft, then check they fit together.
+
+        With ``runners.kind == "llamacpp"`` (or ``auto`` choosing it from cached costs) only the
+        GGUF metadata and tokenizer are read in Python; llama.cpp maps the weights.
 
         Raises:
             ModelNotFoundError, ModelIntegrityError, ModelFetchError: from the model store.
             IncompatibleDraftError: the draft's tokenizer or EOS differs from the target's.
-            InvalidParameterError: unknown dtype.
+            InvalidParameterError: unknown dtype, or a runner that cannot run the models.
         """
-        target_model = load_model(target, dtype=dtype, device=device)
-        draft_model = load_model(draft, dtype=dtype, device=device) if draft else None
-        return cls(target_model, draft_model, drafters, controller)
+        runners = runners or RunnerOptions()
+        if runners.kind == "auto":
+            runners = dataclasses.replace(runners, kind=_cached_auto(target, draft, device) or "auto")
+        if runners.kind == "llamacpp":
+            from verispec.runners.llamacpp import load_gguf_info
+
+            target_model = load_gguf_info(target)
+            draft_model = load_gguf_info(draft) if draft else None
+        else:
+            target_model = load_model(target, dtype=dtype, device=device)
+            draft_model = load_model(draft, dtype=dtype, device=device) if draft else None
+        return cls(target_model, draft_model, drafters, controller, runners)
 
     def encode(self, prompt: str, *, chat: bool = False) -> list[int]:
         """Token ids of ``prompt``; with ``chat``, as one user turn through the model's template.
@@ -205,6 +226,19 @@ class SpeculativePipeline:
         if self.draft is not None:
             summaries.append(ModelSummary.of("draft", self.draft))
         return summaries
+
+
+def _cached_auto(target: str, draft: str | None, device: str) -> str | None:
+    """The runner ``auto`` picks from cached cost curves alone (None: something to measure)."""
+    from verispec.models.store import ModelStore
+
+    store = ModelStore()
+    target_source = store.resolve(target)
+    draft_source = store.resolve(draft) if draft else None
+    return cached_auto_choice(
+        target_source.name, target_source.path, speculative=draft is not None, device=device,
+        draft=(draft_source.name, draft_source.path) if draft_source else None,
+    )
 
 
 def _layer_skip_proposer(target: LoadedModel, num_layers: int | None) -> LayerSkipProposer | None:

@@ -1,0 +1,295 @@
+"""``verispec bench-runners``: each runner's cost curve and end-to-end speed, beside llama.cpp.
+
+Owns one benchmark run: for every runner asked (int8, llama.cpp, optionally torch) it measures
+the target's and the draft's cost curves (ms per forward of k = 1, 2, 4, 8, 16 tokens after a
+64-token context, median of >= 5), then decodes the same prompts greedily with each method
+(plain, n-gram, draft model, draft model with a reduced-vocabulary head), and llama-cpp-python's
+own plain decoding of the same GGUF file as the peer. Optionally checks that speculative output
+equals plain output token for token. Produces a dict (written as JSON) and a table. A benchmark,
+not a test: timings on a shared machine are noisy; compare ratios within one run.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import platform
+import sysconfig
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from verispec.engine import SpeculativeConfig, SpeculativeEngine
+from verispec.proposers.draft_model import DraftModelProposer
+from verispec.proposers.ngram import NgramProposer
+from verispec.runners.costs import measure_cost_curve, model_key, seed_cost_model
+from verispec.sampling import SamplingParams
+
+BENCH_RUNNERS = ("int8", "llamacpp", "torch")
+BENCH_METHODS = ("none", "ngram", "draft", "draft-frspec", "auto")
+DEFAULT_PROMPTS_FILE = "/work/shared/data/humaneval_dev.jsonl"
+CAPACITY = 1024  # KV positions: the longest HumanEval dev prompt + 128 new tokens fit
+
+
+@dataclass
+class RunnersBenchConfig:
+    """What one ``bench-runners`` run measures.
+
+    Attributes:
+        prompts_file: JSONL with a ``prompt`` per line (raw completion prompts).
+        num_prompts: first N prompts decoded by every method.
+        max_tokens: new tokens per prompt at most (greedy, stop at EOS).
+        num_speculative_tokens: draft length (constant schedule unless ``schedule`` says otherwise).
+        draft_vocab_size: rows of the reduced draft head (FR-Spec), chosen by token counts of
+            ``draft_vocab_corpus`` (files or directories of ``*.py``; default: Python's stdlib).
+        exactness_prompts: also compare plain vs draft output, 32 tokens each, on this many prompts.
+    """
+
+    target: str = "qwen2.5-coder-1.5b-instruct"
+    draft: str = "qwen2.5-coder-0.5b-instruct"
+    runners: tuple[str, ...] = ("int8", "llamacpp")
+    methods: tuple[str, ...] = ("none", "ngram", "draft", "draft-frspec")
+    prompts_file: str = DEFAULT_PROMPTS_FILE
+    num_prompts: int = 10
+    max_tokens: int = 128
+    num_speculative_tokens: int = 4
+    schedule: str = "constant"
+    draft_vocab_size: int = 32768
+    draft_vocab_corpus: tuple[str, ...] = ()
+    repeats: int = 7
+    threads: int = 0
+    exactness_prompts: int = 0
+    peer: bool = True
+
+
+@dataclass
+class MethodResult:
+    runner: str
+    method: str
+    tokens: int = 0
+    seconds: float = 0.0
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    draft_ms: float = 0.0
+    target_ms: float = 0.0
+    outputs: list[list[int]] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data.pop("outputs")
+        data["tokens_per_s"] = self.tokens_per_s
+        data["acceptance_rate"] = self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
+        data["mean_acceptance_length"] = 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else None
+        data["draft_ms_per_token"] = self.draft_ms / self.num_draft_tokens if self.num_draft_tokens else None
+        return data
+
+
+def load_prompts(path: str, limit: int) -> list[str]:
+    with open(path) as source:
+        rows = [json.loads(line) for line in source if line.strip()]
+    return [row["prompt"] for row in rows[:limit]]
+
+
+def decode_all(engine: SpeculativeEngine, prompts: list[list[int]], spec: SpeculativeConfig, params: SamplingParams, result: MethodResult) -> MethodResult:
+    """Greedy-decode every prompt with ``engine``; wall time per request end to end (prefill included)."""
+    for prompt in prompts:
+        start = time.perf_counter()
+        out = engine.generate(prompt, params, spec)
+        result.seconds += time.perf_counter() - start
+        result.tokens += len(out.token_ids)
+        s = out.metrics.spec
+        result.num_drafts += s.num_drafts
+        result.num_draft_tokens += s.num_draft_tokens
+        result.num_accepted_tokens += s.num_accepted_tokens
+        result.draft_ms += out.metrics.draft_ms
+        result.target_ms += out.metrics.target_ms
+        result.outputs.append(list(out.token_ids))
+    return result
+
+
+def run_runners_bench(config: RunnersBenchConfig, log: Callable[[str], None] = print) -> dict:
+    """Run the benchmark; returns the JSON-ready report (see :func:`format_table`)."""
+    from verispec.runners.llamacpp import default_num_threads, load_gguf_info
+
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    threads = torch.get_num_threads()
+    target_info, draft_info = load_gguf_info(config.target), load_gguf_info(config.draft)
+    tokenizer = target_info.tokenizer
+    eos = tuple(target_info.eos_token_ids)
+    prompts = [list(tokenizer.encode(p, add_special_tokens=False)) for p in load_prompts(config.prompts_file, max(config.num_prompts, config.exactness_prompts))]
+    report: dict = {
+        "config": asdict(config),
+        "machine": {"cpu": platform.processor() or platform.machine(), "threads": threads, "usable_cpus": default_num_threads(), "torch": torch.__version__},
+        "prompt_tokens": [len(p) for p in prompts[: config.num_prompts]],
+        "curves": {},
+        "methods": [],
+        "exactness": {},
+        "notes": "shared machine: timings are noisy; compare ratios within one run",
+    }
+    params = SamplingParams(max_tokens=config.max_tokens)
+    plain_outputs: dict[str, list[list[int]]] = {}
+    for kind in config.runners:
+        log(f"[{kind}] loading")
+        try:
+            target, drafts = _build(kind, config, target_info, draft_info, threads, log)
+        except Exception as exc:  # a missing extra or an unsupported model: report and go on
+            log(f"[{kind}] skipped: {exc}")
+            report["curves"][kind] = {"skipped": str(exc)}
+            continue
+        report["curves"][kind] = {}
+        for role, runner in [("target", target)] + [(f"draft:{name}", r) for name, r in drafts.items()]:
+            curve = measure_cost_curve(runner, runner_name=kind, model=role, repeats=config.repeats)
+            report["curves"][kind][role] = {"ms": curve.ms, "samples": curve.samples}
+            log(f"[{kind}] {role} cost ms " + " ".join(f"k={k}:{v:.1f}" for k, v in curve.ms.items()))
+            if role == "target":
+                target_curve = curve
+        for method in config.methods:
+            engine, spec = _engine(kind, method, target, drafts, tokenizer, eos, config)
+            if engine is None:
+                continue
+            seed_cost_model(engine.cost_model, target_curve)
+            result = decode_all(engine, prompts[: config.num_prompts], spec, params, MethodResult(kind, method))
+            if method == "none":
+                plain_outputs[kind] = result.outputs
+            elif kind in plain_outputs:
+                same = sum(a == b for a, b in zip(result.outputs, plain_outputs[kind]))
+                report["exactness"][f"{kind}:{method}:{config.max_tokens}"] = f"{same}/{len(result.outputs)}"
+            report["methods"].append(result.to_dict())
+            log(f"[{kind}] {method}: {result.tokens_per_s:.2f} tokens/s ({result.tokens} tokens, {result.seconds:.1f} s)")
+        if config.exactness_prompts:
+            report["exactness"].update(_check_exactness(kind, target, drafts, tokenizer, eos, prompts[: config.exactness_prompts], config, log))
+        del target, drafts
+        gc.collect()
+    if config.peer:
+        report["methods"].append(_peer(config, target_info, tokenizer, eos, prompts[: config.num_prompts], params, threads, log))
+    return report
+
+
+def _build(kind: str, config: RunnersBenchConfig, target_info, draft_info, threads: int, log) -> tuple:
+    """The target runner and the draft runners (``draft``, and ``draft-frspec`` for int8)."""
+    if kind == "llamacpp":
+        from verispec.runners.llamacpp import LlamaCppRunner
+
+        target = LlamaCppRunner(target_info.path, max_context_length=CAPACITY, num_threads=threads)
+        return target, {"draft": LlamaCppRunner(draft_info.path, max_context_length=CAPACITY, num_threads=threads)}
+    if kind == "int8":
+        from verispec.runners.int8 import Int8Runner, Int8Weights, cached_quantized_state, quantized_state
+        from verispec.runners.reduced_vocab import corpus_counts, coverage, select_vocabulary
+
+        def state(info):
+            def build():
+                from verispec.models.loading import load_model
+
+                log(f"[int8] quantizing {info.name} (first use; cached afterwards)")
+                return quantized_state(load_model(info.name).model, 4096)
+
+            return cached_quantized_state(f"{model_key(info.name, info.path)}-4096", build)
+
+        target = Int8Runner(Int8Weights.from_state(state(target_info)), max_context_length=CAPACITY)
+        draft_state = state(draft_info)
+        drafts = {"draft": Int8Runner(Int8Weights.from_state(draft_state), max_context_length=CAPACITY)}
+        if "draft-frspec" in config.methods:
+            corpus = config.draft_vocab_corpus or (sysconfig.get_paths()["stdlib"],)
+            files = _python_files(corpus)
+            counts = corpus_counts(draft_info.tokenizer, files, draft_info.vocab_size, max_bytes=4_000_000)
+            kept = select_vocabulary(counts, config.draft_vocab_size, [t for t in draft_info.eos_token_ids])
+            log(f"[int8] reduced draft head: {len(kept)} tokens, corpus coverage {coverage(counts, kept):.4f}")
+            weights = Int8Weights.from_state(draft_state, head_token_ids=kept)
+            drafts["draft-frspec"] = Int8Runner(weights, max_context_length=CAPACITY)
+        return target, drafts
+    if kind == "torch":
+        from verispec.models.loading import load_model
+        from verispec.runners.torch_runner import TransformersRunner
+
+        target = TransformersRunner(load_model(config.target, dtype="bfloat16").model, max_context_length=CAPACITY)
+        return target, {"draft": TransformersRunner(load_model(config.draft, dtype="bfloat16").model, max_context_length=CAPACITY)}
+    raise ValueError(f"unknown runner {kind!r}")
+
+
+def _python_files(paths) -> list[Path]:
+    files: list[Path] = []
+    for entry in paths:
+        entry = Path(entry)
+        files.extend(sorted(entry.rglob("*.py")) if entry.is_dir() else [entry])
+    return files
+
+
+def _engine(kind, method, target, drafts, tokenizer, eos, config):
+    """The engine and request config for one method; (None, None) when the runner lacks it."""
+    draft_key = "draft-frspec" if method == "draft-frspec" else "draft"
+    proposers = {"ngram": NgramProposer()}
+    if method in ("draft", "draft-frspec", "auto"):
+        if draft_key not in drafts:
+            return None, None
+        proposers["draft"] = DraftModelProposer(drafts[draft_key])
+    engine_method = {"draft-frspec": "draft"}.get(method, method)
+    spec = SpeculativeConfig(method=engine_method, num_speculative_tokens=config.num_speculative_tokens, schedule=config.schedule)
+    return SpeculativeEngine(target, tokenizer, eos_token_ids=eos, proposers=proposers), spec
+
+
+def _check_exactness(kind, target, drafts, tokenizer, eos, prompts, config, log) -> dict:
+    """Plain vs speculative greedy output, 32 tokens per prompt: how many prompts agree."""
+    params = SamplingParams(max_tokens=32)
+    plain_engine, plain_spec = _engine(kind, "none", target, drafts, tokenizer, eos, config)
+    plain = [plain_engine.generate(p, params, plain_spec).token_ids for p in prompts]
+    found = {}
+    for method in ("draft", "ngram"):
+        engine, spec = _engine(kind, method, target, drafts, tokenizer, eos, config)
+        outputs = [engine.generate(p, params, spec).token_ids for p in prompts]
+        same = sum(a == b for a, b in zip(outputs, plain))
+        found[f"{kind}:{method}:32"] = f"{same}/{len(prompts)}"
+        log(f"[{kind}] exactness {method}: {same}/{len(prompts)} prompts identical to plain (32 tokens)")
+    return found
+
+
+def _peer(config, target_info, tokenizer, eos, prompts, params, threads, log) -> dict:
+    try:
+        from verispec.bench.peers import LlamaCppPeer
+
+        peer = LlamaCppPeer(str(target_info.path), tokenizer, eos, threads, context_length=CAPACITY)
+    except ImportError as exc:
+        log(f"[peer] llama-cpp-python missing: {exc}")
+        return MethodResult("llama-cpp-python", "plain (peer)").to_dict() | {"skipped": str(exc)}
+    result = MethodResult("llama-cpp-python", "plain (peer)")
+    for prompt in prompts:
+        start = time.perf_counter()
+        out = peer.generate(prompt, params)
+        result.seconds += time.perf_counter() - start
+        result.tokens += len(out.token_ids)
+    log(f"[peer] llama-cpp-python plain: {result.tokens_per_s:.2f} tokens/s ({result.tokens} tokens, {result.seconds:.1f} s)")
+    return result.to_dict()
+
+
+def format_table(report: dict):
+    """Two rich tables: cost curves (ms and ratio to k=1) and methods (tokens/s, speedup vs the peer)."""
+    from rich.table import Table
+
+    curves = Table(title="cost of one forward of k new tokens after a 64-token context (median ms)")
+    ks = [1, 2, 4, 8, 16]
+    for column in ["runner", "model"] + [f"k={k}" for k in ks] + ["8/1"]:
+        curves.add_column(column, justify="right" if column.startswith("k") or column == "8/1" else "left")
+    for kind, roles in report["curves"].items():
+        for role, data in roles.items():
+            if not isinstance(data, dict) or "ms" not in data:
+                continue
+            ms = {int(k): v for k, v in data["ms"].items()}
+            curves.add_row(kind, role, *[f"{ms[k]:.1f}" for k in ks], f"{ms[8] / ms[1]:.2f}")
+    methods = Table(title="end to end, greedy, same prompts (tokens/s include prefill)")
+    for column in ("runner", "method", "tokens/s", "vs peer", "tokens", "accept", "mean len", "draft ms/tok"):
+        methods.add_column(column, justify="left" if column in ("runner", "method") else "right")
+    peer = next((m["tokens_per_s"] for m in report["methods"] if m["runner"] == "llama-cpp-python"), None)
+    for m in report["methods"]:
+        ratio = f"{m['tokens_per_s'] / peer:.2f}x" if peer else "—"
+        fmt = lambda v, p="{:.2f}": "—" if v is None else p.format(v)  # noqa: E731
+        methods.add_row(m["runner"], m["method"], f"{m['tokens_per_s']:.2f}", ratio, str(m["tokens"]),
+                        fmt(m.get("acceptance_rate"), "{:.3f}"), fmt(m.get("mean_acceptance_length")), fmt(m.get("draft_ms_per_token"), "{:.1f}"))
+    return curves, methods

@@ -1,0 +1,216 @@
+"""Which runner executes a loaded model: the ``--runner`` choice, ``auto`` included.
+
+Owns the names (torch, int8, llamacpp, auto), building a runner for a loaded model, and the
+``auto`` decision from cached cost curves (measured on first use, see
+:mod:`verispec.runners.costs`). Knows nothing about drafting or decoding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from verispec.errors import InvalidParameterError
+from verispec.runners import Runner
+from verispec.runners.costs import CostCache, CostCurve, choose_runner, measure_cost_curve, model_key
+
+RUNNERS = ("auto", "torch", "int8", "llamacpp")
+
+
+@dataclass(frozen=True)
+class RunnerOptions:
+    """How models are run.
+
+    Attributes:
+        kind: ``"torch"`` (transformers, any model, any device), ``"int8"`` (lean batch-invariant
+            int8 CPU path for Llama/Qwen2), ``"llamacpp"`` (GGUF through llama.cpp, needs the
+            ``llamacpp`` extra) or ``"auto"`` (fastest by measured cost curves).
+        max_context_length: KV capacity of the int8 / llama.cpp runners (default min(model's, 4096)).
+        draft_vocab_size: keep only this many draft LM-head rows (FR-Spec; int8 runner only);
+            None keeps the full head.
+        draft_vocab_corpus: text files whose token counts choose those rows; empty: the BPE
+            merge-rank proxy (lowest ids).
+    Raises:
+        InvalidParameterError: unknown kind or a non-positive size.
+    """
+
+    kind: str = "torch"
+    max_context_length: int | None = None
+    draft_vocab_size: int | None = None
+    draft_vocab_corpus: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in RUNNERS:
+            raise InvalidParameterError(f"unknown runner {self.kind!r}; choose one of {', '.join(RUNNERS)}")
+        if self.draft_vocab_size is not None and self.draft_vocab_size < 1:
+            raise InvalidParameterError(f"draft_vocab_size must be >= 1, got {self.draft_vocab_size}")
+
+
+def make_runner(kind: str, loaded, *, max_context_length: int | None = None, head_token_ids=None) -> Runner:
+    """A runner of kind ``kind`` (not ``auto``) over ``loaded`` (a ``LoadedModel``).
+
+    ``head_token_ids`` ``[kept]``: reduced LM head (int8 only). Raises InvalidParameterError when
+    the kind cannot run this model (no torch model, not a GGUF file, unsupported architecture).
+    """
+    if kind == "llamacpp":
+        from verispec.runners.llamacpp import LlamaCppRunner
+
+        if loaded.path is None or Path(loaded.path).suffix != ".gguf":
+            raise InvalidParameterError(f"the llama.cpp runner needs a .gguf model; {loaded.name} is not one")
+        return LlamaCppRunner(loaded.path, max_context_length=max_context_length)
+    if loaded.model is None:
+        raise InvalidParameterError(f"the {kind} runner needs the model's weights in torch; {loaded.name} was loaded without")
+    if kind == "int8":
+        from verispec.runners.int8 import Int8Runner
+
+        if next(loaded.model.parameters()).device.type != "cpu":
+            raise InvalidParameterError("the int8 runner runs on the CPU: use --runner torch on other devices")
+        capacity = max_context_length or min(loaded.context_length, 4096)
+        return Int8Runner.from_module(loaded.model, max_context_length=capacity, head_token_ids=head_token_ids)
+    if kind == "torch":
+        from verispec.runners.torch_runner import TransformersRunner
+
+        return TransformersRunner(loaded.model, max_context_length=max_context_length or loaded.context_length)
+    raise InvalidParameterError(f"unknown runner {kind!r}; choose one of {', '.join(RUNNERS[1:])}")
+
+
+def auto_candidates(path: Path | None, device: str = "cpu") -> list[str]:
+    """Runners ``auto`` weighs for a model file: int8 on CPU, llama.cpp for GGUF when installed.
+
+    The transformers runner is the fallback (other devices, other architectures); on this
+    kind of CPU it is several times slower than int8 (``../shared/MODELS.md``).
+    """
+    from verispec.runners.llamacpp import llama_cpp_available
+
+    if not str(device).startswith("cpu"):
+        return ["torch"]
+    candidates = ["int8"]
+    if path is not None and Path(path).suffix == ".gguf" and llama_cpp_available():
+        candidates.append("llamacpp")
+    return candidates
+
+
+def resolve_auto(
+    name: str,
+    path: Path | None,
+    build: Callable[[str], Runner],
+    *,
+    speculative: bool,
+    device: str = "cpu",
+    cache: CostCache | None = None,
+    draft: tuple[str, Path | None, Callable[[str], Runner]] | None = None,
+) -> str:
+    """The runner ``auto`` picks for model ``name``: the fastest by (cached) cost curves.
+
+    ``build(kind)`` makes a runner of that kind for the model (called only for curves not in
+    the cache, then measured and cached). ``draft``: the draft's (name, path, build), whose
+    cost(1) per token counts for speculative use. Runners that cannot load the model are
+    skipped; falls back to ``"torch"``.
+    """
+    cache = cache or CostCache()
+    targets: dict[str, CostCurve] = {}
+    drafts: dict[str, CostCurve] = {}
+    for kind in auto_candidates(path, device):
+        curve = _curve(cache, name, path, kind, build)
+        if curve is None:
+            continue
+        targets[kind] = curve
+        if speculative and draft is not None:
+            draft_curve = _curve(cache, draft[0], draft[1], kind, draft[2])
+            if draft_curve is not None:
+                drafts[kind] = draft_curve
+    if not targets:
+        return "torch"
+    return choose_runner(targets, drafts if speculative else None)
+
+
+def _curve(cache: CostCache, name: str, path: Path | None, kind: str, build: Callable[[str], Runner]) -> CostCurve | None:
+    key = model_key(name, path)
+    curve = cache.get(key, kind)
+    if curve is None:
+        try:
+            runner = build(kind)
+        except InvalidParameterError:
+            return None
+        with torch.inference_mode():
+            curve = measure_cost_curve(runner, runner_name=kind, model=key)
+        cache.put(key, curve)
+    return curve
+
+
+@dataclass
+class BuiltRunners:
+    """The runners a pipeline uses: ``kind`` is the resolved choice (never ``auto``)."""
+
+    kind: str
+    target: Runner
+    draft: Runner | None
+
+
+def build_runners(options: RunnerOptions, target, draft=None, *, cache: CostCache | None = None) -> BuiltRunners:
+    """Target and draft runners for loaded models (``LoadedModel``) as ``options`` asks.
+
+    ``auto`` is resolved by cost curves (measured and cached on first use). The draft gets the
+    reduced LM head when ``options.draft_vocab_size`` is set. Raises InvalidParameterError when
+    the kind cannot run the models or a reduced head is asked of a runner other than int8.
+    """
+    kind = options.kind
+    capacity = options.max_context_length
+    device = "cpu" if target.model is None else str(next(target.model.parameters()).device)
+    if kind == "auto":
+        draft_spec = None
+        if draft is not None:
+            draft_spec = (draft.name, draft.path, lambda k: make_runner(k, draft, max_context_length=256))
+        kind = resolve_auto(
+            target.name, target.path, lambda k: make_runner(k, target, max_context_length=256),
+            speculative=draft is not None, device=device, cache=cache, draft=draft_spec,
+        )
+    head_token_ids = None
+    if options.draft_vocab_size is not None and draft is not None:
+        if kind != "int8":
+            raise InvalidParameterError(f"a reduced draft vocabulary needs --runner int8, not {kind}")
+        head_token_ids = draft_head_token_ids(options, draft, always=tuple(target.eos_token_ids) + tuple(draft.eos_token_ids))
+    target_runner = make_runner(kind, target, max_context_length=capacity)
+    draft_runner = None
+    if draft is not None:
+        draft_runner = make_runner(kind, draft, max_context_length=capacity, head_token_ids=head_token_ids)
+    return BuiltRunners(kind, target_runner, draft_runner)
+
+
+def draft_head_token_ids(options: RunnerOptions, draft, always: tuple[int, ...] = ()):
+    """``[kept]`` token ids of the reduced draft head: top ``draft_vocab_size`` by corpus counts
+    (or by the BPE-rank proxy without a corpus), plus ``always`` (EOS ids)."""
+    from verispec.runners.reduced_vocab import corpus_counts, rank_counts, select_vocabulary
+
+    vocab = draft.vocab_size
+    if options.draft_vocab_corpus:
+        counts = corpus_counts(draft.tokenizer, options.draft_vocab_corpus, vocab)
+    else:
+        counts = rank_counts(vocab)
+    return select_vocabulary(counts, min(options.draft_vocab_size, vocab), [t for t in always if t < vocab])
+
+
+def cached_curve(name: str, path: Path | None, kind: str, cache: CostCache | None = None) -> CostCurve | None:
+    """The cached cost curve of ``kind`` for a model, if one was measured on this machine."""
+    return (cache or CostCache()).get(model_key(name, path), kind)
+
+
+def cached_auto_choice(name: str, path: Path | None, *, speculative: bool, device: str = "cpu",
+                       draft: tuple[str, Path | None] | None = None, cache: CostCache | None = None) -> str | None:
+    """What ``auto`` would pick from cached curves alone; None when a candidate's curve is missing."""
+    cache = cache or CostCache()
+    targets, drafts = {}, {}
+    for kind in auto_candidates(path, device):
+        curve = cached_curve(name, path, kind, cache)
+        if curve is None:
+            return None
+        targets[kind] = curve
+        if speculative and draft is not None:
+            draft_curve = cached_curve(draft[0], draft[1], kind, cache)
+            if draft_curve is None:
+                return None
+            drafts[kind] = draft_curve
+    return choose_runner(targets, drafts if speculative else None)
