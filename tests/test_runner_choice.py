@@ -1,0 +1,145 @@
+"""Cost curves (measure, cache, choose) and the pipeline's runner choice (torch, int8, auto)."""
+
+import json
+
+import pytest
+import torch
+
+from helpers import BigramRunner, default_pieces, perturbed_copy
+from verispec.control import CostModel
+from verispec.engine import SpeculativeConfig
+from verispec.errors import InvalidParameterError
+from verispec.models.loading import LoadedModel
+from verispec.pipeline import SpeculativePipeline
+from verispec.runners.costs import CostCache, CostCurve, choose_runner, measure_cost_curve, seed_cost_model
+from verispec.runners.int8 import Int8Runner, cached_quantized_state, quantized_state
+from verispec.runners.select import RunnerOptions, resolve_auto
+from verispec.runners.torch_runner import TransformersRunner
+from verispec.sampling import SamplingParams
+from test_quantize import VocabTokenizer
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def curve(name, ms):
+    return CostCurve(name, "m", dict(zip((1, 2, 4, 8, 16), ms)))
+
+
+def test_measure_cost_curve_times_each_k_and_leaves_the_cache_empty():
+    runner = BigramRunner(torch.zeros(50, 50), max_context_length=128)
+    measured = measure_cost_curve(runner, runner_name="bigram", model="x", repeats=5, warmup=1)
+    assert sorted(measured.ms) == [1, 2, 4, 8, 16] and all(len(v) == 5 for v in measured.samples.values())
+    assert runner.num_cached_tokens == 0
+    assert runner.num_forwards == 1 + 5 * 6  # the context, then (1 warmup + 5) forwards per k
+    with pytest.raises(ValueError):
+        measure_cost_curve(BigramRunner(torch.zeros(50, 50), max_context_length=70), runner_name="b", model="x")
+
+
+def test_cost_cache_round_trip_and_bad_file(tmp_path):
+    cache = CostCache(tmp_path, machine="m1")
+    assert cache.get("model", "int8") is None
+    cache.put("model", curve("int8", [36, 39, 45, 56, 81]))
+    again = CostCache(tmp_path, machine="m1").get("model", "int8")
+    assert again.ms == {1: 36, 2: 39, 4: 45, 8: 56, 16: 81} and again.ratio(8) == pytest.approx(56 / 36)
+    assert CostCache(tmp_path, machine="other").get("model", "int8") is None  # per machine
+    cache.path.write_text("{not json")
+    assert cache.get("model", "int8") is None  # unreadable: measured again
+
+
+@pytest.mark.parametrize(
+    "targets, drafts, expected",
+    [
+        # plain decoding: the cheapest single-token forward wins
+        ({"flat": curve("flat", [36, 39, 45, 56, 81]), "steep": curve("steep", [34, 59, 93, 221, 250])}, None, "steep"),
+        # speculation with a cheap drafter: the flat verify curve wins
+        ({"flat": curve("flat", [36, 39, 45, 56, 81]), "steep": curve("steep", [34, 59, 93, 221, 250])},
+         {"flat": curve("flat", [1, 1, 1, 1, 1]), "steep": curve("steep", [1, 1, 1, 1, 1])}, "flat"),
+    ],
+)
+def test_choose_runner(targets, drafts, expected):
+    assert choose_runner(targets, drafts) == expected
+
+
+def test_seed_cost_model_gives_the_controller_verify_costs():
+    model = CostModel()
+    seed_cost_model(model, curve("int8", [36, 39, 45, 56, 81]))
+    assert model.verify_s[0] == pytest.approx(0.036) and model.verify_s[7] == pytest.approx(0.056)
+
+
+def test_resolve_auto_measures_once_then_uses_the_cache(tmp_path, target_model):
+    built = []
+
+    def build(kind):
+        built.append(kind)
+        return Int8Runner.from_module(target_model, max_context_length=128)
+
+    cache = CostCache(tmp_path, machine="m")
+    assert resolve_auto("tiny", None, build, speculative=False, cache=cache) == "int8"  # no GGUF: int8 only
+    assert resolve_auto("tiny", None, build, speculative=False, cache=cache) == "int8"
+    assert built == ["int8"]
+    assert resolve_auto("tiny", None, build, speculative=False, device="cuda:0", cache=cache) == "torch"
+
+
+def test_cached_quantized_state_builds_once(tmp_path, target_model):
+    calls = []
+
+    def build():
+        calls.append(1)
+        return quantized_state(target_model, 64)
+
+    first = cached_quantized_state("tiny:1", build, tmp_path)
+    second = cached_quantized_state("tiny:1", build, tmp_path)
+    assert calls == [1] and torch.equal(first["layers.0.qkv.int8"], second["layers.0.qkv.int8"])
+
+
+def loaded(name, model):
+    tokenizer = VocabTokenizer(default_pieces(model.config.vocab_size))
+    return LoadedModel(name, model, tokenizer, None, 0.0, 0, (0,), 256, model.config.vocab_size)
+
+
+def test_pipeline_with_int8_runner_is_exact(target_model, tmp_path, monkeypatch):
+    monkeypatch.setenv("VERISPEC_HOME", str(tmp_path))
+    draft = loaded("draft", perturbed_copy(target_model, noise=0.1, seed=5))
+    pipe = SpeculativePipeline(loaded("target", target_model), draft, runners=RunnerOptions(kind="int8", draft_vocab_size=60))
+    assert pipe.runner_kind == "int8" and isinstance(pipe.engine.target, Int8Runner)
+    params = SamplingParams(max_tokens=16, ignore_eos=True)
+    plain = pipe.engine.generate([5, 17, 33, 5, 17], params, SpeculativeConfig(method="none")).token_ids
+    for method in ("draft", "ngram", "auto"):
+        out = pipe.engine.generate([5, 17, 33, 5, 17], params, SpeculativeConfig(method=method, num_speculative_tokens=4))
+        assert out.token_ids == plain, method
+
+
+def test_pipeline_auto_resolves_and_caches(target_model, tmp_path, monkeypatch):
+    monkeypatch.setenv("VERISPEC_HOME", str(tmp_path))
+    pipe = SpeculativePipeline(loaded("target", target_model), None, runners=RunnerOptions(kind="auto"))
+    assert pipe.runner_kind == "int8"  # CPU, no GGUF file: int8 is the only fast candidate
+    assert list((tmp_path / "costs").glob("*.json"))
+    assert "target" in json.loads(next((tmp_path / "costs").glob("*.json")).read_text())
+
+
+@pytest.mark.parametrize(
+    "options, error",
+    [
+        (RunnerOptions(kind="torch", draft_vocab_size=10), "needs --runner int8"),  # FR-Spec head is int8-only
+        (RunnerOptions(kind="llamacpp"), "needs a .gguf model"),  # a torch checkpoint, no GGUF file
+    ],
+)
+def test_pipeline_refuses_runner_that_cannot_run(target_model, options, error):
+    with pytest.raises(InvalidParameterError, match=error):
+        SpeculativePipeline(loaded("target", target_model), loaded("draft", target_model), runners=options)
+
+
+def test_unknown_runner_is_refused():
+    with pytest.raises(InvalidParameterError, match="unknown runner"):
+        RunnerOptions(kind="onnx")
+
+
+def test_default_runner_is_unchanged(target_model):
+    pipe = SpeculativePipeline(loaded("target", target_model))
+    assert pipe.runner_kind == "torch" and isinstance(pipe.engine.target, TransformersRunner)
