@@ -7,7 +7,9 @@ Usage (one real-model process at a time on a shared machine):
 
 HumanEval dev prompts are raw code prompts; SpecBench ``summarization`` prompts (first turn) go
 through the chat template. Methods run interleaved prompt by prompt, greedy, so every method's
-token ids must equal plain decoding's (checked). Layer skip is also swept over several depths
+token ids should equal plain decoding's (checked; where they differ, the row gives the first
+differing position and the target's top-2 logit margin there). The int8 draft runs in a second
+phase, after the draft's weights are quantized in place, with plain decoding measured again. Layer skip is also swept over several depths
 by teacher forcing: the early-exit argmax after each prefix of plain decoding's output, compared
 with the target's token, is exactly greedy per-token acceptance. Prints one JSON line per run and
 markdown tables at the end.
@@ -25,8 +27,7 @@ import torch
 
 from verispec.control import expected_tokens
 from verispec.engine import SpeculativeConfig, SpeculativeEngine
-from verispec.models.loading import load_model
-from verispec.pipeline import DEFAULT_DRAFT, DrafterOptions, SpeculativePipeline, peak_rss_bytes
+from verispec.pipeline import DrafterOptions, SpeculativePipeline, peak_rss_bytes
 from verispec.proposers.draft_model import DraftModelProposer
 from verispec.runners.quantize import quantize_linear_layers
 from verispec.runners.torch_runner import TransformersRunner
@@ -42,20 +43,27 @@ def load_prompts(num: int) -> dict[str, list[str]]:
     return {"humaneval": humaneval[:num], "summarization": summaries[:num]}
 
 
-def run_methods(args) -> list[tuple[str, str, SpeculativeConfig]]:
-    """(label, engine name, config) of each measured configuration."""
+def run_methods(args) -> list[tuple[str, SpeculativeConfig]]:
+    """(label, config) of each configuration measured with the unquantized draft."""
     k = args.k
     constant = []
     if args.constant_k:
-        constant = [(f"draft k={args.constant_k} const", "main", SpeculativeConfig(method="draft", num_speculative_tokens=args.constant_k))]
+        constant = [(f"draft k={args.constant_k} const", SpeculativeConfig(method="draft", num_speculative_tokens=args.constant_k))]
     return [
-        ("plain", "main", SpeculativeConfig(method="none")),
+        ("plain", SpeculativeConfig(method="none")),
         *constant,
-        (f"draft cost K={k}", "main", SpeculativeConfig(method="draft", num_speculative_tokens=k, schedule="cost")),
-        (f"draft-int8 cost K={k}", "int8", SpeculativeConfig(method="draft", num_speculative_tokens=k, schedule="cost")),
-        (f"ngram cost K={k}", "main", SpeculativeConfig(method="ngram", num_speculative_tokens=k, schedule="cost")),
-        (f"layer-skip L={args.layer_skip_layers} cost K={k}", "main", SpeculativeConfig(method="layer-skip", num_speculative_tokens=k, schedule="cost")),
-        (f"auto cost K={k}", "main", SpeculativeConfig(method="auto", num_speculative_tokens=k, schedule="cost")),
+        (f"draft cost K={k}", SpeculativeConfig(method="draft", num_speculative_tokens=k, schedule="cost")),
+        (f"ngram cost K={k}", SpeculativeConfig(method="ngram", num_speculative_tokens=k, schedule="cost")),
+        (f"layer-skip L={args.layer_skip_layers} cost K={k}", SpeculativeConfig(method="layer-skip", num_speculative_tokens=k, schedule="cost")),
+        (f"auto cost K={k}", SpeculativeConfig(method="auto", num_speculative_tokens=k, schedule="cost")),
+    ]
+
+
+def int8_methods(args) -> list[tuple[str, SpeculativeConfig]]:
+    """Phase 2, after the draft's weights were quantized in place: plain again, then int8 drafting."""
+    return [
+        ("plain (int8 phase)", SpeculativeConfig(method="none")),
+        (f"draft-int8 cost K={args.k}", SpeculativeConfig(method="draft", num_speculative_tokens=args.k, schedule="cost")),
     ]
 
 
@@ -105,30 +113,37 @@ def main() -> None:
     prompts = load_prompts(args.prompts)
     drafters = DrafterOptions(layer_skip_layers=args.layer_skip_layers)
     pipe = SpeculativePipeline.load(dtype=args.dtype, drafters=drafters)
-    int8 = load_model(DEFAULT_DRAFT, dtype=args.dtype)
-    quantize_linear_layers(int8.model, "int8")
-    engines = {
-        "main": pipe.engine,
-        "int8": SpeculativeEngine(
-            pipe.engine.target, pipe.tokenizer, eos_token_ids=pipe.target.eos_token_ids,
-            proposers={"draft": DraftModelProposer(TransformersRunner(int8.model, max_context_length=int8.context_length))},
-        ),
-    }
     print(json.dumps({"models": [vars(m) for m in pipe.model_summaries()], "load_s": round(time.perf_counter() - start_all, 1)}))
-    methods = run_methods(args)
     params = SamplingParams(max_tokens=args.max_tokens)
-    warm = pipe.encode("def warmup():")
-    for _, engine, spec in methods:
-        engines[engine].generate(warm, SamplingParams(max_tokens=8), spec)
     sweep = [int(x) for x in args.sweep.split(",") if x]
     rows: list[dict] = []
     tf = {L: Counter() for L in sweep}
+    methods = run_methods(args)
+    run_phase(pipe, pipe.engine, methods, prompts, params, rows, tf)
+    # Phase 2: the same draft weights, quantized in place (a second draft would not fit in memory
+    # next to the other engineers' processes), with plain decoding measured again alongside.
+    quantize_linear_layers(pipe.draft.model, "int8")
+    int8_engine = SpeculativeEngine(
+        pipe.engine.target, pipe.tokenizer, eos_token_ids=pipe.target.eos_token_ids,
+        proposers={"draft": DraftModelProposer(TransformersRunner(pipe.draft.model, max_context_length=pipe.draft.context_length))},
+    )
+    phase2 = int8_methods(args)
+    run_phase(pipe, int8_engine, phase2, prompts, params, rows, None)
+    print_tables(rows, tf, [m[0] for m in methods], [m[0] for m in phase2], args)
+    print(json.dumps({"wall_s": round(time.perf_counter() - start_all, 1), "peak_rss_mib": round(peak_rss_bytes() / 2**20)}))
+
+
+def run_phase(pipe, engine, methods, prompts, params, rows: list[dict], tf: dict | None) -> None:
+    """Every method on every prompt, interleaved prompt by prompt; appends one row per run."""
+    warm = pipe.encode("def warmup():")
+    for _, spec in methods:
+        engine.generate(warm, SamplingParams(max_tokens=8), spec)
     for set_name, texts in prompts.items():
         for i, text in enumerate(texts):
             ids = pipe.encode(text, chat=set_name == "summarization")
             plain_ids = None
-            for label, engine, spec in methods:
-                out = engines[engine].generate(ids, params, spec)
+            for label, spec in methods:
+                out = engine.generate(ids, params, spec)
                 m, s = out.metrics, out.metrics.spec
                 plain_ids = out.token_ids if spec.method == "none" else plain_ids
                 row = {
@@ -144,11 +159,10 @@ def main() -> None:
                     row.update(divergence(pipe.target.model, ids, plain_ids, out.token_ids))
                 rows.append(row)
                 print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
-            for L, matches in teacher_forced_acceptance(pipe.target.model, sweep, ids, plain_ids).items():
-                tf[L][set_name + "/matches"] += matches
-                tf[L][set_name + "/positions"] += len(plain_ids)
-    print_tables(rows, tf, [m[0] for m in methods], args)
-    print(json.dumps({"wall_s": round(time.perf_counter() - start_all, 1), "peak_rss_mib": round(peak_rss_bytes() / 2**20)}))
+            if tf is not None:
+                for L, matches in teacher_forced_acceptance(pipe.target.model, list(tf), ids, plain_ids).items():
+                    tf[L][set_name + "/matches"] += matches
+                    tf[L][set_name + "/positions"] += len(plain_ids)
 
 
 def pooled(rows: list[dict]) -> dict:
@@ -180,16 +194,22 @@ def fmt(value, pattern="{:.2f}") -> str:
     return "—" if value is None else pattern.format(value)
 
 
-def print_tables(rows: list[dict], tf: dict, labels: list[str], args) -> None:
+def print_tables(rows: list[dict], tf: dict, labels: list[str], int8_labels: list[str], args) -> None:
+    """Speedups are against the plain decoding row of the same phase (``int8_labels[0]`` for int8)."""
     print(f"\n## Real pair, {args.dtype}, greedy, max_tokens {args.max_tokens}, {args.prompts} prompts per set\n")
     for set_name in ("humaneval", "summarization", "all"):
         selected = [r for r in rows if set_name == "all" or r["set"] == set_name]
-        base = pooled([r for r in selected if r["method"] == "plain"])["tokens_per_s"]
+        bases = {
+            label: pooled([r for r in selected if r["method"] == phase[0]])["tokens_per_s"]
+            for phase in (labels, int8_labels)
+            for label in phase
+        }
         print(f"### {set_name}\n")
         print("| method | tokens/s | speedup | acceptance rate | mean acceptance length | chosen k (k: steps) | predicted / realised speedup | per drafter (drafts/drafted/accepted) | == plain |")
         print("|---|---|---|---|---|---|---|---|---|")
-        for label in labels:
+        for label in labels + int8_labels:
             p = pooled([r for r in selected if r["method"] == label])
+            base = bases[label]
             per = "; ".join(f"{n} {c['drafts']}/{c['drafted']}/{c['accepted']}" for n, c in sorted(p["per_drafter"].items()))
             ks = " ".join(f"{k}:{v}" for k, v in p["chosen_k"].items()) or "—"
             speedup = p["tokens_per_s"] / base if p["tokens_per_s"] and base else None
