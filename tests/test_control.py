@@ -140,3 +140,37 @@ def test_probes_that_succeed_switch_speculation_back_on():
         alpha.update(k, k)  # the drafter has become good: every probe is accepted
     assert ks[:3] == [0, 0, 1]  # off, off, probe
     assert ks[-1] > 1 and 0 not in ks[-5:]  # back on with longer drafts
+
+
+def test_an_accepted_probe_is_followed_by_another():
+    """Back-to-back probes re-measure the drafter's steady-state cost; a rejected one stops them."""
+    schedule = cost_schedule(0.2, measured_costs(0.05, {0: 0.1}), probe_interval=2, probe_length=1)  # c = 0.5
+    ks = []
+    for outcome in [None, None, "accept", "accept", "reject", None, None, "reject", None]:
+        k = schedule.next_k()
+        ks.append(k)
+        if outcome is not None:
+            schedule.update(k, k if outcome == "accept" else 0)
+    # off, off, probe (accepted) -> probe (accepted) -> probe (rejected) -> off, off, probe, off
+    assert ks == [0, 0, 1, 1, 1, 0, 0, 1, 0]
+
+
+@pytest.mark.parametrize(
+    "verify_s, expected",
+    [
+        ({0: 0.1, 4: 0.2}, [1.0, 1.25, 1.5, 1.75, 2.0]),  # grows with k: interpolated
+        ({0: 0.2, 2: 0.1}, [1.0, 1.0, 1.0, 1.0, 1.0]),  # timings taken under different load: clamped
+        ({0: 0.1, 1: 0.15, 2: 0.12, 4: 0.2}, [1.0, 1.5, 1.5, 1.6, 2.0]),  # a dip is not believed
+    ],
+)
+def test_verify_ratios_never_fall_below_plain_or_with_k(verify_s, expected):
+    costs = CostModel(verify_s=dict(verify_s))
+    assert costs.verify_ratios(4) == pytest.approx(expected)
+
+
+def test_draft_cost_relative_to_the_same_steps_target_pass_survives_a_slowdown():
+    costs = measured_costs(0.01, {0: 0.1})  # calm: draft token 10 ms, plain step 100 ms
+    costs.verify_s[0] = 0.5  # the plain step was last timed during a 5x slowdown ...
+    assert costs.step_costs("draft", 1)[1] == pytest.approx(1.02)  # ... absolute times mislead (c = 0.02)
+    costs.record_draft_ratio("draft", 2, 0.02, 0.1)  # a step timed as a whole: 10 ms per token / 100 ms pass
+    assert costs.step_costs("draft", 1)[1] == pytest.approx(1.1)  # c = 0.1 whatever the slowdown

@@ -156,3 +156,48 @@ def test_unsupported_model_is_refused():
     model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=32, n_positions=32))
     with pytest.raises(InvalidParameterError, match="int8 runner"):
         Int8Runner.from_module(model)
+
+
+TREE_PARENTS = [-1, 0, 0, 1, 1, 3]  # root; two children; the first has two; a grandchild below
+
+
+@pytest.mark.parametrize(
+    "model_factory",
+    [
+        lambda: tiny_qwen2(seed=0),
+        lambda: one_layer(Qwen2Config, Qwen2ForCausalLM, 1536, 12, 2),  # Qwen2.5-1.5B attention shape
+    ],
+)
+def test_tree_nodes_get_the_logits_of_their_path(model_factory):
+    from verispec.tree import TokenTree, tree_attention_mask, tree_position_ids
+
+    model = model_factory()
+    context = [t % model.config.vocab_size for t in CONTEXT]
+    tree = TokenTree(token_ids=(7, 8, 9, 10, 11, 12), parents=tuple(TREE_PARENTS))
+    runner = Int8Runner.from_module(model, max_context_length=128)
+    runner.forward(context)
+    rows = runner.forward_tree(list(tree.token_ids), tree_position_ids(tree, len(context)), tree_attention_mask(tree, len(context)))
+    for node in range(tree.num_nodes):
+        path = [tree.token_ids[0]] + [tree.token_ids[j] for j in tree.path_to(node)]
+        chain = Int8Runner.from_module(model, max_context_length=128).forward(context + path)
+        assert torch.equal(rows[node], chain[-1]), node  # bit-identical to decoding the path
+    runner.keep_tree_path(len(context), [0, 1, 3, 5])  # accept root -> 8 -> 10 -> 12
+    after = runner.forward([13])
+    expected = Int8Runner.from_module(model, max_context_length=128).forward(context + [7, 8, 10, 12, 13], num_logits=1)
+    assert torch.equal(after, expected) and runner.num_cached_tokens == len(context) + 5
+
+
+@pytest.mark.parametrize("draft_kind", ["target", "random", "partial"])
+@pytest.mark.parametrize("num_nodes", [3, 8])
+def test_greedy_tree_speculation_equals_plain(draft_kind, num_nodes, target_model, random_draft_model, partial_draft_model, int8_target):
+    from verispec.proposers.draft_tree import DraftTreeProposer
+
+    draft = {"target": target_model, "random": random_draft_model, "partial": partial_draft_model}[draft_kind]
+    pieces = CharTokenizer(default_pieces(target_model.config.vocab_size))
+    plain = SpeculativeEngine(int8_target, pieces, eos_token_ids=())
+    drafter = DraftTreeProposer(Int8Runner.from_module(draft, max_context_length=256), branching=2, max_depth=4)
+    engine = SpeculativeEngine(int8_target, pieces, eos_token_ids=(), proposers={"tree": drafter})
+    for prompt in PROMPTS:
+        expected = plain.generate(prompt, GREEDY_40, SpeculativeConfig(method="none")).token_ids
+        out = engine.generate(prompt, GREEDY_40, SpeculativeConfig(method="tree", num_speculative_tokens=num_nodes))
+        assert out.token_ids == expected

@@ -11,7 +11,6 @@ not a test: timings on a shared machine are noisy; compare ratios within one run
 
 from __future__ import annotations
 
-import gc
 import json
 import platform
 import sysconfig
@@ -116,7 +115,11 @@ def decode_all(engine: SpeculativeEngine, prompts: list[list[int]], spec: Specul
 
 
 def run_runners_bench(config: RunnersBenchConfig, log: Callable[[str], None] = print) -> dict:
-    """Run the benchmark; returns the JSON-ready report (see :func:`format_table`)."""
+    """Run the benchmark; returns the JSON-ready report (see :func:`format_table`).
+
+    All runners stay loaded and the (runner, method) pairs take turns prompt by prompt, in an
+    order rotated per prompt, so a load change on a shared machine hits every pair alike.
+    """
     from verispec.runners.llamacpp import default_num_threads, load_gguf_info
 
     if config.threads:
@@ -125,7 +128,8 @@ def run_runners_bench(config: RunnersBenchConfig, log: Callable[[str], None] = p
     target_info, draft_info = load_gguf_info(config.target), load_gguf_info(config.draft)
     tokenizer = target_info.tokenizer
     eos = tuple(target_info.eos_token_ids)
-    prompts = [list(tokenizer.encode(p, add_special_tokens=False)) for p in load_prompts(config.prompts_file, max(config.num_prompts, config.exactness_prompts))]
+    texts = load_prompts(config.prompts_file, max(config.num_prompts, config.exactness_prompts))
+    prompts = [list(tokenizer.encode(p, add_special_tokens=False)) for p in texts]
     report: dict = {
         "config": asdict(config),
         "machine": {"cpu": platform.processor() or platform.machine(), "threads": threads, "usable_cpus": default_num_threads(), "torch": torch.__version__},
@@ -135,42 +139,59 @@ def run_runners_bench(config: RunnersBenchConfig, log: Callable[[str], None] = p
         "exactness": {},
         "notes": "shared machine: timings are noisy; compare ratios within one run",
     }
-    params = SamplingParams(max_tokens=config.max_tokens)
-    plain_outputs: dict[str, list[list[int]]] = {}
+    built = {}
     for kind in config.runners:
         log(f"[{kind}] loading")
         try:
-            target, drafts = _build(kind, config, target_info, draft_info, threads, log)
+            built[kind] = _build(kind, config, target_info, draft_info, threads, log)
         except Exception as exc:  # a missing extra or an unsupported model: report and go on
             log(f"[{kind}] skipped: {exc}")
             report["curves"][kind] = {"skipped": str(exc)}
-            continue
+    target_curves = {}
+    for kind, (target, drafts) in built.items():
         report["curves"][kind] = {}
         for role, runner in [("target", target)] + [(f"draft:{name}", r) for name, r in drafts.items()]:
             curve = measure_cost_curve(runner, runner_name=kind, model=role, repeats=config.repeats)
             report["curves"][kind][role] = {"ms": curve.ms, "samples": curve.samples}
             log(f"[{kind}] {role} cost ms " + " ".join(f"k={k}:{v:.1f}" for k, v in curve.ms.items()))
-            if role == "target":
-                target_curve = curve
+            target_curves.setdefault(kind, curve)
+    pairs = []
+    for kind, (target, drafts) in built.items():
         for method in config.methods:
             engine, spec = _engine(kind, method, target, drafts, tokenizer, eos, config)
-            if engine is None:
-                continue
-            seed_cost_model(engine.cost_model, target_curve)
-            result = decode_all(engine, prompts[: config.num_prompts], spec, params, MethodResult(kind, method))
-            if method == "none":
-                plain_outputs[kind] = result.outputs
-            elif kind in plain_outputs:
-                same = sum(a == b for a, b in zip(result.outputs, plain_outputs[kind]))
-                report["exactness"][f"{kind}:{method}:{config.max_tokens}"] = f"{same}/{len(result.outputs)}"
-            report["methods"].append(result.to_dict())
-            log(f"[{kind}] {method}: {result.tokens_per_s:.2f} tokens/s ({result.tokens} tokens, {result.seconds:.1f} s)")
-        if config.exactness_prompts:
+            if engine is not None:
+                seed_cost_model(engine.cost_model, target_curves[kind])
+                pairs.append((engine, spec, MethodResult(kind, method)))
+    peer = _peer_runner(config, target_info, tokenizer, eos, threads, log) if config.peer else None
+    peer_result = MethodResult("llama-cpp-python", "plain (peer)")
+    params = SamplingParams(max_tokens=config.max_tokens)
+    for index, prompt in enumerate(prompts[: config.num_prompts]):
+        turn = pairs[index % len(pairs):] + pairs[: index % len(pairs)] if pairs else []
+        for engine, spec, result in turn:
+            decode_all(engine, [prompt], spec, params, result)
+        if peer is not None:
+            start = time.perf_counter()
+            out = peer.generate(prompt, params)
+            peer_result.seconds += time.perf_counter() - start
+            peer_result.tokens += len(out.token_ids)
+            peer_result.outputs.append(list(out.token_ids))
+        log(f"prompt {index + 1}/{config.num_prompts} done")
+    plain = {r.runner: r.outputs for _, _, r in pairs if r.method == "none"}
+    for _, _, result in pairs:
+        report["methods"].append(result.to_dict())
+        if result.method != "none" and result.runner in plain:
+            same = sum(a == b for a, b in zip(result.outputs, plain[result.runner]))
+            report["exactness"][f"{result.runner}:{result.method}:{config.max_tokens}"] = f"{same}/{len(result.outputs)}"
+        log(f"[{result.runner}] {result.method}: {result.tokens_per_s:.2f} tokens/s ({result.tokens} tokens, {result.seconds:.1f} s)")
+    if peer is not None:
+        report["methods"].append(peer_result.to_dict())
+        if "llamacpp" in plain:
+            same = sum(a == b for a, b in zip(peer_result.outputs, plain["llamacpp"]))
+            report["exactness"][f"llama-cpp-python:plain vs llamacpp:none:{config.max_tokens}"] = f"{same}/{len(peer_result.outputs)}"
+        log(f"[peer] llama-cpp-python plain: {peer_result.tokens_per_s:.2f} tokens/s")
+    if config.exactness_prompts:
+        for kind, (target, drafts) in built.items():
             report["exactness"].update(_check_exactness(kind, target, drafts, tokenizer, eos, prompts[: config.exactness_prompts], config, log))
-        del target, drafts
-        gc.collect()
-    if config.peer:
-        report["methods"].append(_peer(config, target_info, tokenizer, eos, prompts[: config.num_prompts], params, threads, log))
     return report
 
 
@@ -251,22 +272,15 @@ def _check_exactness(kind, target, drafts, tokenizer, eos, prompts, config, log)
     return found
 
 
-def _peer(config, target_info, tokenizer, eos, prompts, params, threads, log) -> dict:
+def _peer_runner(config, target_info, tokenizer, eos, threads, log):
+    """llama-cpp-python's own plain decoding of the target GGUF (None when not installed)."""
     try:
         from verispec.bench.peers import LlamaCppPeer
 
-        peer = LlamaCppPeer(str(target_info.path), tokenizer, eos, threads, context_length=CAPACITY)
+        return LlamaCppPeer(str(target_info.path), tokenizer, eos, threads, context_length=CAPACITY)
     except ImportError as exc:
         log(f"[peer] llama-cpp-python missing: {exc}")
-        return MethodResult("llama-cpp-python", "plain (peer)").to_dict() | {"skipped": str(exc)}
-    result = MethodResult("llama-cpp-python", "plain (peer)")
-    for prompt in prompts:
-        start = time.perf_counter()
-        out = peer.generate(prompt, params)
-        result.seconds += time.perf_counter() - start
-        result.tokens += len(out.token_ids)
-    log(f"[peer] llama-cpp-python plain: {result.tokens_per_s:.2f} tokens/s ({result.tokens} tokens, {result.seconds:.1f} s)")
-    return result.to_dict()
+        return None
 
 
 def format_table(report: dict):

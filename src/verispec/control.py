@@ -106,7 +106,9 @@ class CostModel:
     """What one engine has measured, shared by its requests: step costs in seconds (EWMA).
 
     ``verify_s[k]``: target pass over the pending token and k drafted ones (k = 0 is a plain
-    step). ``draft_token_s[name]``: one drafted token of drafter ``name``. Costs are properties
+    step). ``draft_token_s[name]``: one drafted token of drafter ``name``; ``draft_ratio[name]``:
+    the same relative to the target pass of the same step (what :meth:`step_costs` prefers, as
+    load on a shared machine changes). Costs are properties
     of the runners and the machine, so they carry across requests. ``last_alpha[name]``: the
     drafter's acceptance estimate when it last drafted, the next request's starting point
     (each request then keeps its own estimate: acceptance depends on the text).
@@ -116,6 +118,7 @@ class CostModel:
     verify_s: dict[int, float] = field(default_factory=dict)
     draft_token_s: dict[str, float] = field(default_factory=dict)
     last_alpha: dict[str, float] = field(default_factory=dict)
+    draft_ratio: dict[str, float] = field(default_factory=dict)
 
     def record_verify(self, num_draft_tokens: int, seconds: float) -> None:
         _ewma(self.verify_s, num_draft_tokens, seconds, self.weight)
@@ -124,21 +127,46 @@ class CostModel:
         if num_draft_tokens > 0:
             _ewma(self.draft_token_s, drafter, seconds / num_draft_tokens, self.weight)
 
+    def record_draft_ratio(self, drafter: str, num_draft_tokens: int, draft_s: float, verify_s: float) -> None:
+        """One step's seconds per drafted token over the seconds of the target pass of the *same*
+        step: a ratio that a machine-wide slowdown (other processes, a longer context) leaves
+        alone, unlike absolute times measured at different moments."""
+        if num_draft_tokens > 0 and verify_s > 0:
+            _ewma(self.draft_ratio, drafter, draft_s / num_draft_tokens / verify_s, self.weight)
+
     def plain_step_s(self) -> float | None:
         """Estimated seconds of one plain decoding step; None before any target pass."""
         return interpolate(self.verify_s, 0) if self.verify_s else None
 
+    def verify_ratios(self, max_k: int) -> list[float]:
+        """``[max_k + 1]`` verify cost of k drafted tokens over a plain step's, never below 1 and
+        never falling with k (a pass over more tokens does not cost less; noisy timings taken at
+        different moments can say otherwise)."""
+        plain = interpolate(self.verify_s, 0)
+        ratios, highest = [], 1.0
+        for k in range(max_k + 1):
+            highest = max(highest, interpolate(self.verify_s, k) / plain)
+            ratios.append(highest)
+        return ratios
+
     def step_costs(self, drafter: str, max_k: int) -> list[float] | None:
         """``[max_k + 1]`` step cost of drafting k tokens with ``drafter``, in plain steps.
 
-        ``(k * draft_token_s + verify_s(k)) / verify_s(0)``; unmeasured verify lengths are
-        interpolated. None until the drafter and the target have been timed at least once.
+        ``verify_ratios[k] + k * c`` with ``c`` the drafter's per-token cost relative to a
+        target pass (:meth:`record_draft_ratio`; else ``draft_token_s / verify_s(0)``).
+        Unmeasured verify lengths are interpolated. None until the drafter and the target have
+        been timed at least once.
         """
         plain = self.plain_step_s()
-        if plain is None or drafter not in self.draft_token_s or plain <= 0:
+        if plain is None or plain <= 0:
             return None
-        per_token = self.draft_token_s[drafter]
-        return [(k * per_token + interpolate(self.verify_s, k)) / plain for k in range(max_k + 1)]
+        if drafter in self.draft_ratio:
+            per_token = self.draft_ratio[drafter]
+        elif drafter in self.draft_token_s:
+            per_token = self.draft_token_s[drafter] / plain
+        else:
+            return None
+        return [ratio + k * per_token for k, ratio in enumerate(self.verify_ratios(max_k))]
 
 
 def _ewma(values: dict, key, sample: float, weight: float) -> None:
@@ -194,7 +222,9 @@ class CostModelSchedule:
     Uses the request's acceptance estimate and the engine's measured costs. Until the drafter
     and the target have been timed it drafts ``max_k`` tokens (which times them). When the best
     k is 0 it drafts nothing, and after ``probe_interval`` such steps drafts ``probe_length``
-    tokens once, so the acceptance estimate can recover.
+    tokens once, so the acceptance estimate can recover. A fully accepted probe is followed by
+    another one in the next step: back-to-back drafting is what re-measures the drafter's
+    steady-state cost (an isolated probe also pays for catching up on the skipped tokens).
     """
 
     def __init__(
@@ -203,23 +233,28 @@ class CostModelSchedule:
         self.drafter, self.max_k, self.alpha, self.costs, self.config = drafter, max_k, alpha, costs, config
         self.num_steps_off = 0
         self.last_predicted_speedup: float | None = None
+        self._probing = False  # the last k handed out was a probe
+        self._follow_up = False  # the last probe was fully accepted: probe again next step
 
     def next_k(self) -> int:
         step_costs = self.costs.step_costs(self.drafter, self.max_k)
         if step_costs is None:
             return self.max_k
         k, self.last_predicted_speedup = best_draft_length(self.alpha.alpha, step_costs)
+        self._probing = False
         if k > 0:
             self.num_steps_off = 0
             return k
-        self.num_steps_off += 1
-        if self.num_steps_off > self.config.probe_interval:
-            self.num_steps_off = 0
+        if not self._follow_up:
+            self.num_steps_off += 1
+        if self._follow_up or self.num_steps_off > self.config.probe_interval:
+            self.num_steps_off, self._follow_up, self._probing = 0, False, True
             return min(self.config.probe_length, self.max_k)
         return 0
 
     def update(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
-        pass  # the acceptance estimate is shared with the policy, which updates it
+        """Only probes matter here; the acceptance estimate is updated by the policy."""
+        self._follow_up = self._probing and 0 < num_draft_tokens == num_accepted_tokens
 
 
 def make_schedule(

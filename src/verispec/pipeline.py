@@ -138,10 +138,8 @@ class SpeculativePipeline:
         proposers = {"ngram": NgramProposer(drafters.min_ngram, drafters.max_ngram)}
         if draft is not None:
             proposers["draft"] = DraftModelProposer(built.draft)
-        if draft is not None and draft.model is not None:
-            proposers["tree"] = DraftTreeProposer(  # same weights, its own KV cache
-                TransformersRunner(draft.model, max_context_length=draft.context_length)
-            )
+        if built.draft_tree is not None:
+            proposers["tree"] = DraftTreeProposer(built.draft_tree)  # same weights, its own KV cache
         layer_skip = _layer_skip_proposer(target, drafters.layer_skip_layers)
         if layer_skip is not None:
             proposers["layer-skip"] = layer_skip

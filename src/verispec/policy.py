@@ -47,6 +47,8 @@ class DraftStep:
         draft_s: seconds spent in proposals this step (failed n-gram lookups included).
         predicted: the controller's expectation for this step, ``(tokens, cost in plain
             decoding steps)``; None before the costs were measured.
+        steady: the same drafter drafted the previous step too, so ``drafter_s`` (its own
+            proposal's seconds) is a steady-state cost worth measuring.
     """
 
     drafter: str | None = None
@@ -54,6 +56,8 @@ class DraftStep:
     draft: DraftOutput = field(default_factory=DraftOutput)
     draft_s: float = 0.0
     predicted: tuple[float, float] | None = None
+    steady: bool = False
+    drafter_s: float = 0.0
 
 
 class DraftPolicy:
@@ -107,12 +111,13 @@ class DraftPolicy:
             draft = _at_most(draft, num_tokens)
             drafted = len(draft.draft_token_ids)
             if drafted:
-                if self._previous == name:
-                    # Steady state only: a drafter's first proposal of a request (its prefill) or
-                    # its first after other steps (catching up on their tokens) costs more, once.
+                # Steady state only: a drafter's first proposal of a request (its prefill) or
+                # its first after other steps (catching up on their tokens) costs more, once.
+                steady = self._previous == name
+                if steady:
                     self.costs.record_draft(name, drafted, seconds)
                 self._previous = name
-                return DraftStep(name, k, draft, spent, predicted)
+                return DraftStep(name, k, draft, spent, predicted, steady, seconds)
         self._previous = None
         plain = (1.0, 1.0) if self.costs.plain_step_s() is not None else None
         return DraftStep(None, 0, DraftOutput(), spent, plain)
@@ -125,6 +130,8 @@ class DraftPolicy:
         """
         num_draft = len(step.draft.draft_token_ids)
         self.costs.record_verify(num_draft, verify_s)
+        if step.steady:
+            self.costs.record_draft_ratio(step.drafter, num_draft, step.drafter_s, verify_s)
         if step.drafter is not None:
             self.alphas[step.drafter].update(num_draft, num_accepted_tokens)
             self.costs.last_alpha[step.drafter] = self.alphas[step.drafter].alpha

@@ -73,8 +73,9 @@ def measure_cost_curve(
 ) -> CostCurve:
     """Time ``runner.forward`` of k tokens after a ``context_tokens`` context (median of ``repeats``).
 
-    The context and the new tokens are fixed pseudo-random ids below the vocabulary size. The
-    runner's cache is left empty. Raises ValueError if the context does not fit the runner.
+    The context and the new tokens are fixed pseudo-random ids below the vocabulary size; the
+    k values are timed in turn within each repeat. The runner's cache is left empty. Raises
+    ValueError if the context does not fit the runner.
     """
     generator = torch.Generator().manual_seed(0)
     vocab = min(runner.vocab_size, 32000)
@@ -83,19 +84,16 @@ def measure_cost_curve(
         raise ValueError(f"a {context_tokens}-token context and {max(ks)} new tokens do not fit the runner")
     runner.truncate(0)
     runner.forward(context, num_logits=1)
-    ms: dict[int, float] = {}
-    samples: dict[int, list[float]] = {}
-    for k in ks:
-        tokens = torch.randint(10, vocab, (k,), generator=generator).tolist()
-        timings = []
-        for i in range(warmup + repeats):
+    new_tokens = {k: torch.randint(10, vocab, (k,), generator=generator).tolist() for k in ks}
+    samples: dict[int, list[float]] = {k: [] for k in ks}
+    for i in range(warmup + repeats):
+        for k in ks:  # k round-robin: a load change on a shared machine hits every k alike
             runner.truncate(context_tokens)
             start = time.perf_counter()
-            runner.forward(tokens)
+            runner.forward(new_tokens[k])
             if i >= warmup:
-                timings.append((time.perf_counter() - start) * 1000)
-        samples[k] = [round(t, 3) for t in timings]
-        ms[k] = statistics.median(timings)
+                samples[k].append(round((time.perf_counter() - start) * 1000, 3))
+    ms = {k: statistics.median(v) for k, v in samples.items()}
     runner.truncate(0)
     return CostCurve(runner_name, model, ms, context_tokens, torch.get_num_threads(), time.time(), samples)
 

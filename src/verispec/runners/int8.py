@@ -258,10 +258,52 @@ class Int8Runner:
         start = self._num_cached
         if start + num_new > self.max_context_length:
             raise ValueError(f"{start + num_new} positions exceed the context length {self.max_context_length}")
+        return self._run(token_ids, torch.arange(start, start + num_new), None, num_logits)
+
+    @torch.inference_mode()
+    def forward_tree(self, token_ids: Sequence[int], position_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """Score a token tree in one pass (layout: :mod:`verispec.tree`).
+
+        Args:
+            token_ids: ``[num_nodes]`` in topological order; node i goes to cache slot
+                ``num_cached_tokens + i``.
+            position_ids: ``[num_nodes]`` int64 RoPE positions (cached length + depth).
+            attention_mask: ``[num_nodes, num_cached_tokens + num_nodes]`` bool.
+        Returns:
+            float32 ``[num_nodes, vocab_size]``. Node i attends exactly the slots its mask row
+            allows, gathered in order, with the same op as a one-token step: a node on the
+            accepted path gets the logits plain decoding would. Follow with
+            :meth:`keep_tree_path`.
+        """
+        num_new, start = len(token_ids), self._num_cached
+        if num_new == 0:
+            raise ValueError("forward_tree needs at least one node")
+        if attention_mask.shape != (num_new, start + num_new):
+            raise ValueError(f"mask shape {tuple(attention_mask.shape)} != ({num_new}, {start + num_new})")
+        if start + num_new > self.max_context_length or int(position_ids.max()) >= self.max_context_length:
+            raise ValueError(f"the tree does not fit the context length {self.max_context_length}")
+        visible = [row.nonzero().flatten() for row in attention_mask]
+        return self._run(token_ids, position_ids.long(), visible, None)
+
+    def keep_tree_path(self, num_prefix_tokens: int, node_indices: Sequence[int]) -> None:
+        """Keep ``num_prefix_tokens`` cache entries plus tree nodes ``node_indices`` (offsets after
+        the prefix, in order), moved to contiguous slots. No recompute."""
+        keep = torch.tensor(list(node_indices), dtype=torch.long) + num_prefix_tokens
+        if keep.numel() and (int(keep.min()) < num_prefix_tokens or int(keep.max()) >= self._num_cached):
+            raise ValueError(f"node indices {list(node_indices)} outside the cached tree")
+        end = num_prefix_tokens + keep.numel()
+        self._keys[:, :, num_prefix_tokens:end] = self._keys[:, :, keep]  # advanced indexing copies first
+        self._values[:, :, num_prefix_tokens:end] = self._values[:, :, keep]
+        self._num_cached = end
+
+    def _run(self, token_ids: Sequence[int], positions: Tensor, visible: list[Tensor] | None, num_logits: int | None) -> Tensor:
+        """The decoder over new tokens at cache slots ``num_cached ..``; ``positions`` ``[rows]`` for
+        RoPE; ``visible``: per-row slot indices for tree attention (None: causal chain)."""
         w = self.weights
+        num_new, start = len(token_ids), self._num_cached
         ids = torch.tensor(list(token_ids), dtype=torch.long)
         x = w.embed_int8[ids].float() * w.embed_scales[ids]  # [num_new, hidden]
-        cos, sin = w.cos[start : start + num_new], w.sin[start : start + num_new]
+        cos, sin = w.cos[positions], w.sin[positions]
         q_width, kv_width = w.num_heads * w.head_dim, w.num_kv_heads * w.head_dim
         for index, layer in enumerate(w.layers):
             qkv = layer.qkv(rms_norm(x, layer.input_norm, w.rms_norm_eps))
@@ -270,7 +312,7 @@ class Int8Runner:
             keys, values = self._keys[index], self._values[index]  # [kv_heads, capacity, head_dim]
             keys[:, start : start + num_new] = qk[:, w.num_heads :].transpose(0, 1)
             values[:, start : start + num_new] = v.transpose(0, 1)
-            attended = self._attend(qk[:, : w.num_heads], keys, values, start)
+            attended = self._attend(qk[:, : w.num_heads], keys, values, start, visible)
             x = x + layer.o(attended)
             gate_up = layer.gate_up(rms_norm(x, layer.post_norm, w.rms_norm_eps))
             gate, up = gate_up.chunk(2, dim=-1)
@@ -284,23 +326,27 @@ class Int8Runner:
         full[:, w.head_token_ids] = logits  # tokens outside the kept set get probability 0
         return full
 
-    def _attend(self, q: Tensor, keys: Tensor, values: Tensor, start: int) -> Tensor:
-        """Causal GQA attention, one query at a time over exactly its visible keys.
+    def _attend(self, q: Tensor, keys: Tensor, values: Tensor, start: int, visible: list[Tensor] | None = None) -> Tensor:
+        """GQA attention, one query at a time over exactly its visible keys.
 
         ``q`` ``[rows, heads, head_dim]``; ``keys``/``values`` ``[kv_heads, capacity, head_dim]``
-        holding positions ``0 .. start + rows - 1``. Returns ``[rows, heads * head_dim]``. Query i
-        runs the same op with the same shapes as a one-token step at position ``start + i``,
-        which is what makes verify passes batch-invariant. Runs on one thread: these ops are
-        small, and a parallel region per op costs more than it saves (far more on a busy CPU).
+        holding slots ``0 .. start + rows - 1``. Row i sees slots ``0 .. start + i`` (causal) or
+        ``visible[i]`` (tree). Returns ``[rows, heads * head_dim]``. Query i runs the same op with
+        the same shapes as a one-token step at its position would, which is what makes verify
+        passes batch-invariant. Runs on one thread: these ops are small, and a parallel region
+        per op costs more than it saves (far more on a busy CPU).
         """
         w = self.weights
         out = torch.empty(q.shape[0], w.num_heads * w.head_dim)
         keys, values = keys[None], values[None]  # [1, kv_heads, capacity, head_dim]
         with single_thread():
             for i in range(q.shape[0]):
-                visible = start + i + 1
+                if visible is None:
+                    seen_keys, seen_values = keys[:, :, : start + i + 1], values[:, :, : start + i + 1]
+                else:
+                    seen_keys, seen_values = keys[:, :, visible[i]], values[:, :, visible[i]]
                 attended = torch.nn.functional.scaled_dot_product_attention(
-                    q[i, :, None, :][None], keys[:, :, :visible], values[:, :, :visible], scale=w.head_dim**-0.5, enable_gqa=True
+                    q[i, :, None, :][None], seen_keys, seen_values, scale=w.head_dim**-0.5, enable_gqa=True
                 )  # [1, heads, 1, head_dim]
                 out[i] = attended.view(-1)
         return out

@@ -148,6 +148,7 @@ class BuiltRunners:
     kind: str
     target: Runner
     draft: Runner | None
+    draft_tree: Runner | None = None  # a second draft runner (own cache) for tree drafting; None: no tree
 
 
 def build_runners(options: RunnerOptions, target, draft=None, *, cache: CostCache | None = None) -> BuiltRunners:
@@ -174,10 +175,14 @@ def build_runners(options: RunnerOptions, target, draft=None, *, cache: CostCach
             raise InvalidParameterError(f"a reduced draft vocabulary needs --runner int8, not {kind}")
         head_token_ids = draft_head_token_ids(options, draft, always=tuple(target.eos_token_ids) + tuple(draft.eos_token_ids))
     target_runner = make_runner(kind, target, max_context_length=capacity)
-    draft_runner = None
+    draft_runner = draft_tree = None
     if draft is not None:
         draft_runner = make_runner(kind, draft, max_context_length=capacity, head_token_ids=head_token_ids)
-    return BuiltRunners(kind, target_runner, draft_runner)
+        if kind == "int8":  # same int8 weights, its own KV cache
+            draft_tree = type(draft_runner)(draft_runner.weights, max_context_length=draft_runner.max_context_length)
+        elif kind == "torch":
+            draft_tree = make_runner(kind, draft, max_context_length=capacity)
+    return BuiltRunners(kind, target_runner, draft_runner, draft_tree)
 
 
 def draft_head_token_ids(options: RunnerOptions, draft, always: tuple[int, ...] = ()):
