@@ -199,9 +199,9 @@ def metric_value(url: str, name: str, **labels: str) -> float:
 class GatedEngine:
     """Wraps an engine so a test controls its pace: each chunk waits for one ``permits`` release.
 
-    ``fail`` makes the next stream raise (a server fault); ``entered``, ``num_chunks`` and
-    ``closed`` let the test see what the worker did. ``generate`` (the warm-up) waits for
-    ``warmup_gate`` only.
+    ``fail`` makes the next stream raise (a server fault); ``entered``, ``num_chunks``, ``closed``
+    and ``calls`` (``"generate"``: warm-up or audit, ``"stream"``: a request; in call order) let
+    the test see what the worker did. ``generate`` waits for ``warmup_gate`` only.
     """
 
     def __init__(self, engine) -> None:
@@ -213,15 +213,18 @@ class GatedEngine:
         self.closed = threading.Event()
         self.num_chunks = 0
         self.fail = False
+        self.calls: list[str] = []
         self.warmup_gate = threading.Event()
         self.warmup_gate.set()
 
     def generate(self, *args, **kwargs):
         assert self.warmup_gate.wait(timeout=30), "the test never opened the warm-up gate"
+        self.calls.append("generate")
         return self.inner.generate(*args, **kwargs)
 
     def stream(self, *args, **kwargs):
         self.entered.set()
+        self.calls.append("stream")
         if self.fail:
             self.fail = False
             raise RuntimeError("injected fault")

@@ -11,6 +11,7 @@ slow it; a full queue drops the audit rather than wait. Knows nothing about HTTP
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import threading
 from collections import deque
@@ -158,6 +159,11 @@ class QualityAuditor:
     @property
     def num_pending(self) -> int:
         return len(self._pending)
+
+    def snapshot(self) -> AuditCounts:
+        """A consistent copy of :attr:`counts` (safe while another thread runs audits)."""
+        with self._lock:
+            return dataclasses.replace(self.counts, disagreements=[dict(d) for d in self.counts.disagreements])
 
     def select(self) -> bool:
         """Count one request and draw whether to audit it (probability ``rate``)."""

@@ -200,6 +200,9 @@ def serve(
     max_tokens_cap: int = typer.Option(2048, min=1, help="Largest max_tokens a request may ask for."),
     max_body_bytes: int = typer.Option(4 * 1024 * 1024, min=1024, help="Largest request body (bytes)."),
     log_level: str = typer.Option("info", help="debug, info, warning or error."),
+    audit_rate: float = typer.Option(
+        0.0, help="Fraction of responses re-decoded plainly when the engine is idle, to count agreement (0 = off)."
+    ),
 ) -> None:
     """Serve the models over an OpenAI-compatible HTTP API (completions, chat, streaming, /metrics)."""
     import logging
@@ -214,6 +217,9 @@ def serve(
     if log_level.lower() not in ("debug", "info", "warning", "error"):
         err.print(f"[red]error:[/red] --log-level must be debug, info, warning or error, got {log_level!r}", highlight=False)
         raise typer.Exit(2)
+    if not 0.0 <= audit_rate <= 1.0:
+        err.print(f"[red]error:[/red] --audit-rate must be in [0, 1], got {audit_rate}", highlight=False)
+        raise typer.Exit(2)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     use_draft = draft.lower() != "none"
     try:
@@ -225,7 +231,10 @@ def serve(
         raise typer.Exit(2) from None
     if host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
         err.print(f"[yellow]warning:[/yellow] serving on {host} without --api-key: anyone who can reach it can use it")
-    config = ServerConfig(api_key=api_key, max_tokens_cap=max_tokens_cap, max_queue=max_queue, max_body_bytes=max_body_bytes, default_spec=spec)
+    config = ServerConfig(
+        api_key=api_key, max_tokens_cap=max_tokens_cap, max_queue=max_queue, max_body_bytes=max_body_bytes,
+        default_spec=spec, audit_rate=audit_rate,
+    )
     uvicorn.run(create_app(pipe, config), host=host, port=port, log_level=log_level.lower())
 
 

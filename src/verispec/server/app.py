@@ -25,6 +25,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from verispec.audit import QualityAuditor
 from verispec.engine import SpeculativeConfig, StreamChunk
 from verispec.pipeline import peak_rss_bytes
 from verispec.server import protocol
@@ -59,6 +60,8 @@ class ServerConfig:
         max_body_bytes: request bodies above this are refused with 413.
         default_spec: speculation of requests that send no ``speculative`` field.
         model_name: the name clients send as ``model`` (default: the target's name).
+        audit_rate: fraction of delivered responses re-decoded plainly in idle time, in [0, 1]
+            (:mod:`verispec.audit`); counts in ``/metrics`` and ``/health``.
     """
 
     api_key: str | None = None
@@ -67,6 +70,7 @@ class ServerConfig:
     max_body_bytes: int = 4 * 1024 * 1024
     default_spec: SpeculativeConfig | None = None
     model_name: str | None = None
+    audit_rate: float = 0.0
 
 
 class ClientGone(Exception):
@@ -80,6 +84,8 @@ class _State:
         self.model_name = config.model_name or pipeline.target.name
         self.created = int(time.time())
         self.metrics = ServerMetrics()
+        self.auditor = QualityAuditor(config.audit_rate)
+        self.metrics.track_audits(self.auditor)
         self.default_spec = config.default_spec or SpeculativeConfig(
             method="draft" if "draft" in pipeline.engine.proposers else "none"
         )
@@ -89,6 +95,7 @@ class _State:
             metrics=self.metrics,
             warmup_prompt_token_ids=pipeline.encode("Hello"),
             warmup_spec=self.default_spec,
+            auditor=self.auditor,
         )
 
 
@@ -97,7 +104,7 @@ def create_app(pipeline, config: ServerConfig | None = None, **options) -> FastA
 
     ``options`` override fields of ``config`` (e.g. ``create_app(pipe, api_key="k", max_queue=4)``).
     The engine worker starts, warms up and stops with the app's lifespan; ``/health`` answers
-    503 until the warm-up is done.
+    503 until the warm-up is done. Raises InvalidParameterError for an audit rate outside [0, 1].
     """
     config = dataclasses.replace(config or ServerConfig(), **options)
     state = _State(pipeline, config)
@@ -136,10 +143,11 @@ def create_app(pipeline, config: ServerConfig | None = None, **options) -> FastA
 
     @app.get("/health", responses={503: {"model": dict}})
     async def health() -> JSONResponse:
-        """200 once the models are loaded and warmed up; 503 before."""
+        """200 once the models are loaded and warmed up (with the audit counters); 503 before."""
         if not state.worker.ready.is_set():
             return JSONResponse({"status": "loading"}, status_code=503)
-        return JSONResponse({"status": "ok", "model": state.model_name})
+        audit = {"rate": state.auditor.rate, "pending": state.auditor.num_pending, **state.auditor.snapshot().to_dict()}
+        return JSONResponse({"status": "ok", "model": state.model_name, "audit": audit})
 
     @app.get("/metrics", response_class=Response)
     async def metrics() -> Response:
@@ -206,7 +214,7 @@ async def _serve(state: _State, request: Request, body, prompt_ids: list[int], h
     params = protocol.sampling_params(body, max_tokens=protocol.max_tokens_of(body, cap=state.config.max_tokens_cap))
     spec = protocol.speculative_config(body.speculative, state.default_spec)
     protocol.check_context(prompt_ids, state.pipeline.target.context_length, "messages" if header.chat else "prompt")
-    job = Job(prompt_ids, params, spec, loop=asyncio.get_running_loop())
+    job = Job(prompt_ids, params, spec, loop=asyncio.get_running_loop(), request_id=header.id)
     try:
         state.worker.submit(job)
     except QueueFullError as exc:

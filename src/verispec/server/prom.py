@@ -8,9 +8,15 @@ several apps can live in one process (tests). The figures themselves are defined
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Iterator
+
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from verispec.metrics import RequestMetrics
+
+if TYPE_CHECKING:
+    from verispec.audit import QualityAuditor
 
 LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
 TOKEN_TIME_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -31,6 +37,7 @@ class ServerMetrics:
     token), verispec_time_per_output_token_seconds, verispec_e2e_request_latency_seconds
     (arrival to last token, queue included), verispec_request_queue_time_seconds.
     Gauges: verispec_requests_in_flight (accepted, not yet answered), verispec_num_requests_waiting.
+    Quality audits, once :meth:`track_audits` is called: see :class:`AuditCollector`.
     """
 
     def __init__(self) -> None:
@@ -100,6 +107,48 @@ class ServerMetrics:
         """Count a request that ended without an output: ``abort`` or ``error``."""
         self.requests.labels(finish_reason=finish_reason).inc()
 
+    def track_audits(self, auditor: QualityAuditor) -> None:
+        """Export ``auditor``'s counters (read at each scrape)."""
+        self.registry.register(AuditCollector(auditor))
+
     def exposition(self) -> tuple[bytes, str]:
         """The text exposition format and its content type."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class AuditCollector:
+    """:class:`verispec.audit.AuditCounts` as Prometheus metrics, read from the auditor at each scrape.
+
+    Counters: verispec_audits{result}: audits run, by result: agree / disagree (greedy, token
+    by token), sampled (sampling: log-probabilities recorded), failed (raised).
+    verispec_audit_requests: delivered requests offered to the auditor; verispec_audit_selected:
+    drawn for an audit; verispec_audit_dropped: drawn while the queue was full.
+    verispec_audit_logprob_tokens{decoding}: tokens scored by sampling audits, of the
+    speculative output and of its plain re-decode.
+    Gauges: verispec_audit_logprob_sum{decoding}: their summed target log-probability (nats;
+    divide by the tokens for the mean per token); verispec_audits_pending: audits queued.
+    """
+
+    def __init__(self, auditor: QualityAuditor) -> None:
+        self.auditor = auditor
+
+    def collect(self) -> Iterator[Metric]:
+        c = self.auditor.snapshot()
+        audits = CounterMetricFamily("verispec_audits", "Quality audits by result.", labels=["result"])
+        for result, value in (("agree", c.agreed), ("disagree", c.disagreed), ("sampled", c.sampled), ("failed", c.failed)):
+            audits.add_metric([result], value)
+        yield audits
+        yield CounterMetricFamily("verispec_audit_requests", "Delivered requests offered to the auditor.", value=c.requests)
+        yield CounterMetricFamily("verispec_audit_selected", "Requests drawn for an audit.", value=c.selected)
+        yield CounterMetricFamily("verispec_audit_dropped", "Audits dropped: queue full.", value=c.dropped)
+        tokens = CounterMetricFamily("verispec_audit_logprob_tokens", "Tokens scored by sampling audits.", labels=["decoding"])
+        logprob = GaugeMetricFamily("verispec_audit_logprob_sum", "Summed target log-prob (nats).", labels=["decoding"])
+        for decoding, total, count in (
+            ("speculative", c.output_logprob_sum, c.output_logprob_tokens),
+            ("plain", c.plain_logprob_sum, c.plain_logprob_tokens),
+        ):
+            tokens.add_metric([decoding], count)
+            logprob.add_metric([decoding], total)
+        yield tokens
+        yield logprob
+        yield GaugeMetricFamily("verispec_audits_pending", "Audits queued for idle time.", value=self.auditor.num_pending)

@@ -4,7 +4,10 @@ The engine has one KV cache per runner, so generation is serialized here: HTTP h
 :class:`Job` in a bounded FIFO queue (full -> :class:`QueueFullError`, a 429) and read the
 job's events from an asyncio queue that this thread fills through the event loop. A job whose
 client went away is skipped if still queued, or its ``engine.stream`` generator is closed
-between verify steps and the target's KV cache emptied. Knows nothing about HTTP or JSON.
+between verify steps and the target's KV cache emptied. Quality audits (plain re-decodes of
+delivered responses, :mod:`verispec.audit`) run here too, one at a time and only while no job
+waits, so they never delay the response they audit and a new request waits at most for the one
+audit already running. Knows nothing about HTTP or JSON.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from verispec.audit import QualityAuditor
 from verispec.engine import SpeculativeConfig, SpeculativeEngine, StreamChunk
 from verispec.errors import VerispecError
 from verispec.sampling import SamplingParams
@@ -46,12 +50,14 @@ class Job:
 
     Events put on ``events``: :class:`StreamChunk` (the last one carries ``output``) or one
     :class:`JobFailed`. ``arrival_s`` and ``queue_s`` are ``time.perf_counter`` seconds.
+    ``request_id``: the response's id, recorded with an audit disagreement.
     """
 
     prompt_token_ids: Sequence[int]
     params: SamplingParams
     spec: SpeculativeConfig
     loop: asyncio.AbstractEventLoop
+    request_id: str = ""
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     arrival_s: float = field(default_factory=time.perf_counter)
     queue_s: float = 0.0
@@ -74,6 +80,8 @@ class EngineWorker:
         max_queue: jobs that may wait (the running one not counted) before submit refuses.
         metrics: where finished, aborted and failed requests are counted.
         warmup_prompt_token_ids, warmup_spec: one short greedy generation run before ready.
+        auditor: offered every delivered output (it draws which to audit); its pending audits
+            run on ``engine`` while the job queue is empty, one per idle turn. None: no audits.
     """
 
     def __init__(
@@ -84,8 +92,10 @@ class EngineWorker:
         metrics: ServerMetrics,
         warmup_prompt_token_ids: Sequence[int],
         warmup_spec: SpeculativeConfig,
+        auditor: QualityAuditor | None = None,
     ) -> None:
         self.engine = engine
+        self.auditor = auditor
         self.metrics = metrics
         self.ready = threading.Event()
         self._jobs: queue.Queue[Job] = queue.Queue(maxsize=max_queue)
@@ -121,9 +131,8 @@ class EngineWorker:
     def _run(self) -> None:
         self._warm_up()
         while not self._stopping.is_set():
-            try:
-                job = self._jobs.get(timeout=0.1)
-            except queue.Empty:
+            job = self._next_job()
+            if job is None:
                 continue
             self.metrics.waiting.dec()
             if job.cancelled:
@@ -135,6 +144,25 @@ class EngineWorker:
             finally:
                 self._current = None
                 self.engine.target.truncate(0)  # free the KV cache between requests
+
+    def _next_job(self) -> Job | None:
+        """A waiting job if there is one; else run one pending audit (None), else wait 0.1 s for a job."""
+        try:
+            return self._jobs.get_nowait()
+        except queue.Empty:
+            pass
+        if self.auditor is not None and self.auditor.num_pending:
+            try:
+                self.auditor.run_pending(self.engine, max_audits=1)
+            except Exception:  # counted as failed by the auditor; serving goes on
+                log.exception("quality audit failed")
+            finally:
+                self.engine.target.truncate(0)
+            return None
+        try:
+            return self._jobs.get(timeout=0.1)
+        except queue.Empty:
+            return None
 
     def _warm_up(self) -> None:
         prompt, spec = self._warmup
@@ -164,6 +192,8 @@ class EngineWorker:
                         e2e_s=time.perf_counter() - job.arrival_s,
                     )
                 _emit(job, chunk)
+                if chunk.output is not None and self.auditor is not None:  # delivered: audit later
+                    self.auditor.submit(job.prompt_token_ids, job.params, chunk.output, request_id=job.request_id)
         except VerispecError as exc:
             _emit(job, JobFailed(str(exc), client_error=True))
         except Exception:
