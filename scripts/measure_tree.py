@@ -1,19 +1,26 @@
 """Issue-4 measurement: chain vs tree drafting at equal target-pass size, one run.
 
-Usage: python scripts/measure_tree.py --dtype bfloat16 --prompts 10 --max-tokens 48 --nodes 5
-Chain drafts `nodes` tokens, the tree verifies `nodes` nodes: both run `nodes + 1` tokens per
-target pass. Prompts from HumanEval dev, interleaved method by method. Prints JSON lines.
+Usage (one real-model process at a time on a shared machine):
+
+    flock /tmp/verispec-real-model.lock .venv/bin/python scripts/measure_tree.py \
+        --runner int8 --prompts 10 --max-tokens 64 --nodes 4,8
+
+For each budget N a chain drafts N tokens and the tree verifies N nodes: both send N + 1 tokens
+through each target pass. Prompts from HumanEval dev; every configuration runs on a prompt
+before the next prompt starts (interleaved), greedy, and its tokens are compared with plain
+decoding's. Prints one JSON line per run, then a markdown table.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
+import time
 from pathlib import Path
 
 from verispec.engine import SpeculativeConfig
 from verispec.pipeline import SpeculativePipeline
+from verispec.runners.select import RunnerOptions
 from verispec.sampling import SamplingParams
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "humaneval_dev.jsonl"
@@ -21,36 +28,53 @@ DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "humanev
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--runner", default="int8", help="torch, int8 or llamacpp")
+    parser.add_argument("--dtype", default="float32", help="torch runner only")
     parser.add_argument("--prompts", type=int, default=10)
-    parser.add_argument("--max-tokens", type=int, default=48)
-    parser.add_argument("--nodes", type=int, default=5)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--nodes", default="4,8", help="comma-separated node budgets N")
     args = parser.parse_args()
+    budgets = [int(n) for n in args.nodes.split(",")]
     prompts = [json.loads(line)["prompt"] for line in DATA.read_text().splitlines()[: args.prompts]]
-    pipe = SpeculativePipeline.load(dtype=args.dtype)
+    start = time.perf_counter()
+    pipe = SpeculativePipeline.load(dtype=args.dtype, runners=RunnerOptions(kind=args.runner))
+    print(json.dumps({"runner": pipe.runner_kind, "load_s": round(time.perf_counter() - start, 1)}), flush=True)
     params = SamplingParams(max_tokens=args.max_tokens)
-    methods = ("none", "draft", "tree")
-    pipe.generate("def warmup():", SamplingParams(max_tokens=4), SpeculativeConfig(method="tree", num_speculative_tokens=args.nodes))
-    rows: dict[str, list] = {m: [] for m in methods}
+    configs = [("plain", SpeculativeConfig(method="none"))]
+    for n in budgets:
+        configs += [(f"chain N={n}", SpeculativeConfig(method="draft", num_speculative_tokens=n)),
+                    (f"tree N={n}", SpeculativeConfig(method="tree", num_speculative_tokens=n))]
+    for _, spec in configs:
+        pipe.generate("def warmup():", SamplingParams(max_tokens=4), spec)
+    rows: dict[str, list] = {label: [] for label, _ in configs}
     for i, prompt in enumerate(prompts):
-        for method in methods:
-            out = pipe.generate(prompt, params, SpeculativeConfig(method=method, num_speculative_tokens=args.nodes))
+        plain_ids = None
+        for label, spec in configs:
+            out = pipe.generate(prompt, params, spec)
             m = out.metrics
-            rows[method].append(m)
-            print(json.dumps({"prompt": i, "method": method, "tokens": m.output_tokens, "decode_tokens_per_s": round(m.decode_tokens_per_s or 0, 3),
-                              "mean_acceptance_length": m.spec.mean_acceptance_length, "target_forwards": m.num_target_forwards,
-                              "target_ms": round(m.target_ms), "draft_ms": round(m.draft_ms)}), flush=True)
-    for method in methods:
-        ms = rows[method]
-        accepted = sum(m.spec.num_accepted_tokens for m in ms)
-        drafts = sum(m.spec.num_drafts for m in ms)
-        print(json.dumps({
-            "summary": method, "nodes_per_pass": args.nodes + 1 if method != "none" else 1,
-            "mean_decode_tokens_per_s": round(statistics.mean(m.decode_tokens_per_s or 0 for m in ms), 3),
-            "mean_acceptance_length": round(1 + accepted / drafts, 3) if drafts else None,
-            "target_ms_per_pass": round(sum(m.target_ms for m in ms) / sum(m.num_target_forwards for m in ms), 1),
-            "draft_ms_total": round(sum(m.draft_ms for m in ms)),
-        }))
+            plain_ids = out.token_ids if spec.method == "none" else plain_ids
+            row = {"prompt": i, "config": label, "tokens": m.output_tokens, "decode_s": (m.tpot_ms or 0) * max(m.output_tokens - 1, 0) / 1e3,
+                   "drafts": m.spec.num_drafts, "accepted": m.spec.num_accepted_tokens, "target_forwards": m.num_target_forwards,
+                   "target_ms": round(m.target_ms, 1), "draft_ms": round(m.draft_ms, 1), "identical": out.token_ids == plain_ids}
+            rows[label].append(row)
+            print(json.dumps(row), flush=True)
+    print(f"\n## chain vs tree, runner {pipe.runner_kind}, {len(prompts)} HumanEval dev prompts, greedy, max_tokens {args.max_tokens}\n")
+    print("| config | tokens/pass (target) | decode tokens/s | speedup | mean acceptance length | target ms/pass | draft ms per output token | == plain |")
+    print("|---|---|---|---|---|---|---|---|")
+    base = None
+    for label, spec in configs:
+        r = rows[label]
+        tokens = sum(x["tokens"] - 1 for x in r)
+        seconds = sum(x["decode_s"] for x in r)
+        rate = tokens / seconds if seconds else 0.0
+        base = rate if base is None else base
+        drafts = sum(x["drafts"] for x in r)
+        mal = f"{1 + sum(x['accepted'] for x in r) / drafts:.2f}" if drafts else "—"
+        width = 1 if spec.method == "none" else spec.num_speculative_tokens + 1
+        forwards = sum(x["target_forwards"] for x in r)
+        print(f"| {label} | {width} | {rate:.2f} | {rate / base:.2f}x | {mal} | {sum(x['target_ms'] for x in r) / forwards:.1f} | "
+              f"{sum(x['draft_ms'] for x in r) / max(1, sum(x['tokens'] for x in r)):.1f} | {sum(x['identical'] for x in r)}/{len(r)} |")
+    print(json.dumps({"wall_s": round(time.perf_counter() - start, 1)}))
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from rich.table import Table
 
 from verispec.engine import GenerationOutput, SpeculativeConfig
 from verispec.audit import QualityAuditor, describe_audit
-from verispec.errors import VerispecError
+from verispec.errors import InvalidParameterError, VerispecError
 from verispec.models.cli import models_app
 from verispec.runners.select import RunnerOptions
 from verispec.pipeline import DEFAULT_DRAFT, DEFAULT_TARGET, DrafterOptions, SpeculativePipeline, peak_rss_bytes
@@ -37,7 +37,7 @@ def generate(
     method: str = typer.Option(
         "auto",
         help="auto (n-gram lookup when it matches, else the draft model, else layer skip; per step), "
-        "draft, ngram, layer-skip, or none (plain decoding).",
+        "draft, ngram, layer-skip, tree (token trees: n-gram branches, else the draft's tree), or none (plain decoding).",
     ),
     num_speculative_tokens: int = typer.Option(
         8, "--num-speculative-tokens", "-k", help="Draft tokens per target pass: fixed (constant) or at most."
@@ -46,6 +46,11 @@ def generate(
     draft_stop_threshold: float = typer.Option(0.0, help="Stop drafting below this draft confidence (0 = off)."),
     min_ngram: int = typer.Option(2, help="Shortest context suffix n-gram lookup matches."),
     max_ngram: int = typer.Option(4, help="Longest context suffix n-gram lookup matches."),
+    tree_choices: Optional[str] = typer.Option(
+        None,
+        help="Static draft tree shape for --method tree, as JSON paths of child ranks, e.g. "
+        "'[[0],[1],[0,0],[0,1],[0,0,0]]' (default: dynamic tree).",
+    ),
     layer_skip_layers: Optional[int] = typer.Option(
         None, help="Target layers the layer-skip drafter runs (default: a quarter; 0 = no layer skip)."
     ),
@@ -102,6 +107,7 @@ def generate(
             max_ngram=max_ngram,
             layer_skip_layers=layer_skip_layers,
             draft_quantization=draft_quantization,
+            tree_choices=parse_tree_choices(tree_choices, method),
         )
         use_draft = method in ("draft", "auto", "tree") and draft.lower() != "none"
         runners = RunnerOptions(kind=runner, draft_vocab_size=draft_vocab, draft_vocab_corpus=tuple(draft_vocab_corpus or ()))
@@ -137,6 +143,22 @@ def generate(
         with err.status("audit: plain decoding of the same request"):
             result = auditor.run_pending(pipe.engine)[0]
         err.print(f"audit: {describe_audit(result)}", highlight=False)
+
+
+def parse_tree_choices(text: Optional[str], method: str):
+    """``--tree-choices`` as a list of rank paths (validated by DrafterOptions), or None.
+
+    Raises:
+        InvalidParameterError: malformed JSON, or the option given without ``--method tree``.
+    """
+    if text is None:
+        return None
+    if method != "tree":
+        raise InvalidParameterError(f"--tree-choices needs --method tree, got --method {method}")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidParameterError(f"--tree-choices is not valid JSON ({exc.msg}): {text!r}") from None
 
 
 def stats_table(output: GenerationOutput, method: str, models: list[dict]) -> Table:

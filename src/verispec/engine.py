@@ -24,7 +24,7 @@ from verispec.metrics import RequestMetrics, RequestTimes, SpecDecodeStats
 from verispec.output import Detokenizer, OutputBuilder
 from verispec.policy import DraftPolicy, make_policy
 from verispec.proposers import DraftOutput, DraftRequest, Proposer
-from verispec.proposers.ngram import NgramProposer
+from verispec.proposers.ngram import NgramProposer, NgramTreeProposer
 from verispec.runners import Runner, prefill
 from verispec.sampling import ProcessedRows, SamplingParams, process_logits, sample_from
 from verispec.tree import (
@@ -48,14 +48,17 @@ class SpeculativeConfig:
 
     Attributes:
         method: ``"none"`` (plain decoding), the name of a loaded drafter (``"draft"``,
-            ``"ngram"``, ``"layer-skip"``, ``"tree"``) or ``"auto"`` (n-gram lookup when it
-            matches, else the draft model, else layer skip; decided per step).
+            ``"ngram"``, ``"layer-skip"``) or ``"auto"`` (n-gram lookup when it matches, else
+            the draft model, else layer skip; decided per step) or ``"tree"`` (token trees:
+            n-gram branches when the lookup matches, else the draft model's tree; per step).
         num_speculative_tokens: tokens drafted per target pass, 1..64 (ignored for ``none``):
             the draft length of the ``constant`` schedule, the upper bound of the others; for
             ``tree``, the number of tree nodes verified per target pass.
         schedule: ``"constant"``, ``"heuristic"`` (+2 after a full accept, -1 otherwise) or
             ``"cost"`` (the k maximising expected tokens per unit of measured time; may switch
-            speculation off); see :mod:`verispec.control`.
+            speculation off; for ``tree``, the node budget maximising the realised accepted
+            length per unit time, never off: :class:`verispec.control.TreeBudgetSchedule`);
+            see :mod:`verispec.control`.
         draft_stop_threshold: a model drafter stops drafting once its own top probability for
             the token it just drafted is below this, in [0, 1); 0 disables.
     Raises:
@@ -139,6 +142,8 @@ class SpeculativeEngine:
         self.eos_token_ids = tuple(eos_token_ids)
         self.proposers = dict(proposers or {})
         self.proposers.setdefault("ngram", NgramProposer())
+        if isinstance(self.proposers["ngram"], NgramProposer):  # method "tree": its branches first
+            self.proposers.setdefault("ngram-tree", NgramTreeProposer(self.proposers["ngram"]))
         self.controller = controller or ControllerConfig()
         self.cost_model = CostModel(weight=self.controller.cost_weight)  # machine facts: kept across requests
 
@@ -213,7 +218,8 @@ class SpeculativeEngine:
             else:
                 result = self._verify_tree(step.draft.tree, times, params, prompt, out.token_ids, generator)
             verify_s = time.perf_counter() - start
-            realised = policy.observe(step, result.num_accepted_tokens, verify_s)
+            accepted_nodes = result.accepted_nodes if step.draft.tree is not None else None
+            realised = policy.observe(step, result.num_accepted_tokens, verify_s, accepted_nodes)
             stats.record(len(draft_token_ids), result.num_accepted_tokens, len(out.token_ids), step.drafter)
             if policy.active and limit > 0:  # a step with no room to draft says nothing about control
                 stats.record_control(step.chosen_k, step.predicted, realised)

@@ -25,7 +25,7 @@ from verispec.errors import InvalidParameterError
 from verispec.models.compat import check_draft_compatibility
 from verispec.models.loading import LoadedModel, load_model
 from verispec.proposers.draft_model import DraftModelProposer
-from verispec.proposers.draft_tree import DraftTreeProposer
+from verispec.proposers.draft_tree import DraftTreeProposer, validate_tree_choices
 from verispec.proposers.layer_skip import LayerSkipProposer
 from verispec.proposers.ngram import NgramProposer
 from verispec.runners.quantize import QUANTIZATIONS, quantize_linear_layers
@@ -49,16 +49,22 @@ class DrafterOptions:
             target's layers; 0 = no layer-skip drafter.
         draft_quantization: ``"none"`` or ``"int8"`` (weight-only, per output channel) for the
             draft model.
+        tree_choices: a static shape for the draft model's token trees (Medusa-style paths of
+            child ranks, :func:`verispec.proposers.draft_tree.validate_tree_choices`); None =
+            the dynamic EAGLE-2-style tree.
     Raises:
-        InvalidParameterError: an unknown quantization or a negative layer count.
+        InvalidParameterError: an unknown quantization, a negative layer count or bad tree choices.
     """
 
     min_ngram: int = 2
     max_ngram: int = 4
     layer_skip_layers: int | None = None
     draft_quantization: str = "none"
+    tree_choices: tuple[tuple[int, ...], ...] | None = None
 
     def __post_init__(self) -> None:
+        if self.tree_choices is not None:
+            object.__setattr__(self, "tree_choices", validate_tree_choices(self.tree_choices))
         if self.draft_quantization not in QUANTIZATIONS:
             raise InvalidParameterError(
                 f"unknown draft quantization {self.draft_quantization!r}; choose one of {', '.join(QUANTIZATIONS)}"
@@ -139,7 +145,8 @@ class SpeculativePipeline:
         if draft is not None:
             proposers["draft"] = DraftModelProposer(built.draft)
         if built.draft_tree is not None:
-            proposers["tree"] = DraftTreeProposer(built.draft_tree)  # same weights, its own KV cache
+            # same weights, its own KV cache
+            proposers["tree"] = DraftTreeProposer(built.draft_tree, choices=drafters.tree_choices)
         layer_skip = _layer_skip_proposer(target, drafters.layer_skip_layers)
         if layer_skip is not None:
             proposers["layer-skip"] = layer_skip

@@ -12,11 +12,19 @@ import time
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from verispec.control import AcceptanceEstimate, ControllerConfig, CostModel, expected_tokens, make_schedule
+from verispec.control import (
+    AcceptanceEstimate,
+    ControllerConfig,
+    CostModel,
+    TreeBudgetSchedule,
+    expected_tokens,
+    make_schedule,
+)
 from verispec.errors import InvalidParameterError
 from verispec.proposers import DraftOutput, DraftRequest, Proposer
 
 FALLBACK_DRAFTERS = ("draft", "layer-skip")  # auto: the first loaded one backs up n-gram lookup
+TREE_DRAFTERS = ("ngram-tree", "tree")  # tree: n-gram branches when the lookup matches, else the draft tree
 
 
 def drafter_order(method: str, loaded: Sequence[str]) -> list[str]:
@@ -30,6 +38,8 @@ def drafter_order(method: str, loaded: Sequence[str]) -> list[str]:
     if method == "auto":
         fallback = [name for name in FALLBACK_DRAFTERS if name in loaded][:1]
         return (["ngram"] if "ngram" in loaded else []) + fallback
+    if method == "tree" and any(name in loaded for name in TREE_DRAFTERS):
+        return [name for name in TREE_DRAFTERS if name in loaded]
     if method not in loaded:
         names = ", ".join(sorted(loaded)) or "none"
         raise InvalidParameterError(f"method {method!r} needs its drafter loaded (loaded: {names})")
@@ -86,7 +96,8 @@ class DraftPolicy:
             for name in self._proposers
         }
         self.schedules = {
-            name: make_schedule(schedule, name, max_k, self.alphas[name], costs, config) for name in self._proposers
+            name: make_schedule(schedule, name, max_k, self.alphas[name], costs, config, tree=name in TREE_DRAFTERS)
+            for name in self._proposers
         }
         self._previous: str | None = None  # drafter of the previous step
 
@@ -122,9 +133,13 @@ class DraftPolicy:
         plain = (1.0, 1.0) if self.costs.plain_step_s() is not None else None
         return DraftStep(None, 0, DraftOutput(), spent, plain)
 
-    def observe(self, step: DraftStep, num_accepted_tokens: int, verify_s: float) -> tuple[float, float] | None:
+    def observe(
+        self, step: DraftStep, num_accepted_tokens: int, verify_s: float, accepted_nodes: Sequence[int] | None = None
+    ) -> tuple[float, float] | None:
         """Feed back a verified step: costs, acceptance, schedule, drafter.
 
+        ``accepted_nodes``: for a tree draft, the accepted path's node indices (a tree
+        drafter's ``cost`` schedule learns the accepted length of every smaller budget from it).
         Returns the realised ``(tokens, cost in plain decoding steps)`` of the step, None while
         no plain step cost is known.
         """
@@ -136,6 +151,9 @@ class DraftPolicy:
             self.alphas[step.drafter].update(num_draft, num_accepted_tokens)
             self.costs.last_alpha[step.drafter] = self.alphas[step.drafter].alpha
             self.schedules[step.drafter].update(num_draft, num_accepted_tokens)
+            schedule = self.schedules[step.drafter]
+            if accepted_nodes is not None and isinstance(schedule, TreeBudgetSchedule):
+                schedule.observe_tree(num_draft, accepted_nodes)
             self._proposers[step.drafter].observe(num_accepted_tokens)
         plain = self.costs.plain_step_s()
         return (num_accepted_tokens + 1, (step.draft_s + verify_s) / plain) if plain else None
@@ -144,6 +162,9 @@ class DraftPolicy:
         step_costs = self.costs.step_costs(name, num_draft_tokens)
         if step_costs is None:
             return None
+        schedule = self.schedules[name]
+        if isinstance(schedule, TreeBudgetSchedule):
+            return schedule.expected_tokens(num_draft_tokens), step_costs[num_draft_tokens]
         return expected_tokens(self.alphas[name].alpha, num_draft_tokens), step_costs[num_draft_tokens]
 
 

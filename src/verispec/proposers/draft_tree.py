@@ -14,6 +14,7 @@ from typing import Sequence
 
 import torch
 
+from verispec.errors import InvalidParameterError
 from verispec.proposers import DraftOutput, DraftRequest, common_prefix_length
 from verispec.sampling import process_logits
 from verispec.tree import TokenTree, tree_attention_mask, tree_position_ids
@@ -36,6 +37,39 @@ def select_candidates(candidates: Sequence[Candidate], budget: int) -> list[Cand
     return [c for _, c in sorted(best, key=lambda item: (item[1].parent, -item[1].log_prob, item[0]))]
 
 
+def validate_tree_choices(choices) -> tuple[tuple[int, ...], ...]:
+    """A static tree shape (Medusa-style ``choices``, Cai et al. 2024, §2.1.2) in tree order.
+
+    Args:
+        choices: paths of child ranks, e.g. ``[[0], [1], [0, 0], [0, 1], [0, 0, 0]]``: ``[0, 1]``
+            is the second most probable child of the most probable child of the root. Every
+            path's prefix must be a path too; no duplicates; ranks are ints >= 0.
+    Returns:
+        The paths sorted by (length, ranks), so the first m always form a tree (a prefix comes
+        before its extensions) and siblings are in rank order.
+    Raises:
+        InvalidParameterError: empty, not a list of lists of non-negative ints, a duplicate, or
+            a path whose prefix is missing.
+    """
+    if not isinstance(choices, (list, tuple)) or not choices:
+        raise InvalidParameterError("tree choices must be a non-empty list of paths such as [[0], [1], [0, 0]]")
+    paths = set()
+    for path in choices:
+        if (
+            not isinstance(path, (list, tuple))
+            or not path
+            or any(isinstance(r, bool) or not isinstance(r, int) or r < 0 for r in path)
+        ):
+            raise InvalidParameterError(f"each tree choice must be a non-empty list of ranks >= 0, got {path!r}")
+        if tuple(path) in paths:
+            raise InvalidParameterError(f"tree choice {list(path)} is repeated")
+        paths.add(tuple(path))
+    for path in paths:
+        if len(path) > 1 and path[:-1] not in paths:
+            raise InvalidParameterError(f"tree choice {list(path)} needs its prefix {list(path[:-1])} too")
+    return tuple(sorted(paths, key=lambda p: (len(p), p)))
+
+
 class DraftTreeProposer:
     """Dynamic-tree drafting (EAGLE-2 style): expand the top ``branching`` children of each
     frontier node, keep the best nodes by path probability, level by level.
@@ -47,14 +81,20 @@ class DraftTreeProposer:
         runner: the draft runner; it must offer ``forward_tree`` (e.g. TransformersRunner).
         branching: children expanded per node, >= 1.
         max_depth: tree depth limit, >= 1.
+        choices: a static tree shape instead (:func:`validate_tree_choices`): rank r at a node
+            is the r-th most probable draft token there. A budget smaller than the shape keeps
+            its first paths in (length, ranks) order. ``branching`` and ``max_depth`` are then
+            unused. Nodes the processed draft distribution gives probability 0 (top-k/top-p)
+            are left out, with their subtrees.
     """
 
-    def __init__(self, runner, *, branching: int = 2, max_depth: int = 6) -> None:
+    def __init__(self, runner, *, branching: int = 2, max_depth: int = 6, choices=None) -> None:
         if branching < 1 or max_depth < 1:
             raise ValueError("branching and max_depth must be >= 1")
         self.runner = runner
         self.branching = branching
         self.max_depth = max_depth
+        self.choices = validate_tree_choices(choices) if choices is not None else None
         self._cached_token_ids: list[int] = []
 
     def propose_tree(self, request: DraftRequest, num_nodes: int) -> TokenTree:
@@ -69,6 +109,63 @@ class DraftTreeProposer:
         self.runner.truncate(keep)
         root_logits = self.runner.forward(context[keep:], num_logits=1)
         self._cached_token_ids = list(context)
+        if self.choices is not None:
+            tree = self._static_tree(request, num_nodes, root_logits)
+        else:
+            tree = self._dynamic_tree(request, num_nodes, root_logits)
+        self.runner.truncate(len(context))  # drop the drafted nodes; the context stays cached
+        return tree
+
+    @staticmethod
+    def _top_children(request: DraftRequest, tree: TokenTree, node: int, logits, count: int) -> tuple[list[float], list[int]]:
+        """The ``count`` most probable draft tokens after ``node`` (``logits``: ``[1, vocab]``
+        float32, the draft's row for the node): their log-probabilities and ids, best first."""
+        path = [tree.token_ids[i] for i in tree.path_to(node)]
+        rows = process_logits(logits, request.params, request.prompt_token_ids, list(request.output_token_ids) + path)
+        dist = torch.log_softmax(logits, -1)[0] if rows.probs is None else rows.probs[0].log()
+        top = torch.topk(dist, min(count, dist.shape[-1]))
+        return top.values.tolist(), top.indices.tolist()
+
+    def _forward_level(self, token_ids: list[int], parents: list[int], first_new: int, num_prefix: int):
+        """Draft logits ``[num_new, vocab]`` of the nodes from ``first_new`` on (one tree-masked pass)."""
+        tree = TokenTree(tuple(token_ids), tuple(parents))
+        mask = tree_attention_mask(tree, num_prefix)[first_new:]
+        positions = tree_position_ids(tree, num_prefix)[first_new:]
+        return self.runner.forward_tree(token_ids[first_new:], positions, mask)
+
+    def _static_tree(self, request: DraftRequest, num_nodes: int, root_logits) -> TokenTree:
+        """Expand exactly the first ``num_nodes`` paths of :attr:`choices`, one level per pass."""
+        num_prefix = len(request.context) - 1
+        choices = self.choices[:num_nodes]
+        token_ids, parents, node_of = [request.context[-1]], [-1], {(): 0}
+        logits_of = {0: root_logits}  # node -> its draft logits [1, vocab]
+        for depth in range(1, max((len(p) for p in choices), default=0) + 1):
+            tree = TokenTree(tuple(token_ids), tuple(parents))
+            level = [p for p in choices if len(p) == depth and p[:-1] in node_of]
+            needed: dict[int, int] = {}
+            for path in level:
+                parent = node_of[path[:-1]]
+                needed[parent] = max(needed.get(parent, 0), path[-1] + 1)
+            top = {parent: self._top_children(request, tree, parent, logits_of[parent], count) for parent, count in needed.items()}
+            first_new = len(token_ids)
+            for path in level:
+                parent = node_of[path[:-1]]
+                log_probs, ids = top[parent]
+                if path[-1] < len(ids) and log_probs[path[-1]] > float("-inf"):
+                    node_of[path] = len(token_ids)
+                    token_ids.append(int(ids[path[-1]]))
+                    parents.append(parent)
+            new_nodes = range(first_new, len(token_ids))
+            deeper = any(len(p) == depth + 1 for p in choices)
+            if not new_nodes or not deeper:
+                break
+            logits = self._forward_level(token_ids, parents, first_new, num_prefix)
+            logits_of.update({node: logits[row : row + 1] for row, node in enumerate(new_nodes)})
+        return TokenTree(tuple(token_ids), tuple(parents))
+
+    def _dynamic_tree(self, request: DraftRequest, num_nodes: int, root_logits) -> TokenTree:
+        """EAGLE-2 expansion: top ``branching`` children per frontier node, best nodes kept."""
+        context = request.context
         num_prefix = len(context) - 1  # the root sits at cache slot num_prefix
         token_ids, parents, log_probs = [context[-1]], [-1], [0.0]
         frontier, frontier_logits = [0], root_logits
@@ -76,17 +173,9 @@ class DraftTreeProposer:
             candidates = []
             tree = TokenTree(tuple(token_ids), tuple(parents))
             for row, node in enumerate(frontier):
-                path = [token_ids[i] for i in tree.path_to(node)]
-                rows = process_logits(
-                    frontier_logits[row : row + 1], request.params, request.prompt_token_ids,
-                    list(request.output_token_ids) + path,
-                )
-                dist = torch.log_softmax(frontier_logits[row : row + 1], -1)[0] if rows.probs is None else rows.probs[0].log()
-                top = torch.topk(dist, self.branching)
+                values, ids = self._top_children(request, tree, node, frontier_logits[row : row + 1], self.branching)
                 candidates += [
-                    Candidate(log_probs[node] + float(lp), node, int(t))
-                    for lp, t in zip(top.values.tolist(), top.indices.tolist())
-                    if lp > float("-inf")
+                    Candidate(log_probs[node] + float(lp), node, int(t)) for lp, t in zip(values, ids) if lp > float("-inf")
                 ]
             chosen = select_candidates(candidates, num_nodes + 1 - len(token_ids))
             if not chosen:
@@ -99,11 +188,7 @@ class DraftTreeProposer:
             frontier = list(range(first_new, len(token_ids)))
             if len(token_ids) > num_nodes:
                 break
-            tree = TokenTree(tuple(token_ids), tuple(parents))
-            mask = tree_attention_mask(tree, num_prefix)[first_new:]
-            positions = tree_position_ids(tree, num_prefix)[first_new:]
-            frontier_logits = self.runner.forward_tree(token_ids[first_new:], positions, mask)
-        self.runner.truncate(len(context))  # drop the drafted nodes; the context stays cached
+            frontier_logits = self._forward_level(token_ids, parents, first_new, num_prefix)
         return TokenTree(tuple(token_ids), tuple(parents))
 
     def propose(self, request: DraftRequest, num_speculative_tokens: int) -> DraftOutput:
