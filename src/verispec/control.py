@@ -179,6 +179,8 @@ class CostModel:
     of the runners and the machine, so they carry across requests. ``last_alpha[name]``: the
     drafter's acceptance estimate when it last drafted, the next request's starting point
     (each request then keeps its own estimate: acceptance depends on the text).
+    ``drafter_rate[name]``: realised tokens per plain-step cost of the drafter's steady steps
+    (``auto`` compares the draft model's chain and tree with it).
     """
 
     weight: float = 0.3
@@ -186,6 +188,11 @@ class CostModel:
     draft_token_s: dict[str, float] = field(default_factory=dict)
     last_alpha: dict[str, float] = field(default_factory=dict)
     draft_ratio: dict[str, float] = field(default_factory=dict)
+    drafter_rate: dict[str, float] = field(default_factory=dict)
+
+    def record_rate(self, drafter: str, tokens_per_plain_step: float) -> None:
+        """One step's realised tokens over its cost in plain decoding steps (its speedup)."""
+        _ewma(self.drafter_rate, drafter, tokens_per_plain_step, self.weight)
 
     def record_verify(self, num_draft_tokens: int, seconds: float) -> None:
         _ewma(self.verify_s, num_draft_tokens, seconds, self.weight)

@@ -247,7 +247,8 @@ class SpeculativeEngine:
                 f"{self.target.max_context_length}: shorten the prompt"
             )
         return make_policy(
-            spec.method, self.proposers, spec.schedule, spec.num_speculative_tokens, self.cost_model, self.controller
+            spec.method, self.proposers, spec.schedule, spec.num_speculative_tokens, self.cost_model, self.controller,
+            trees=hasattr(self.target, "forward_tree"),
         )
 
     def _timed_target(self, times: RequestTimes, call):

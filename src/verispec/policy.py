@@ -1,9 +1,10 @@
 """Per-step drafting policy of one request: which drafter drafts, and how many tokens.
 
 Owns the drafter order of each method (``auto``: n-gram lookup when it matches, else the draft
-model or layer skip), one acceptance estimate and draft-length schedule per drafter, the timing
-of proposals, and the controller's predictions. The engine's one loop asks it for a draft and
-reports back the outcome. Knows nothing about verification, caches or text.
+model -- as a chain, or as a token tree where the target can verify trees and trees realise more
+tokens per unit time -- or layer skip), one acceptance estimate and draft-length schedule per
+drafter, the timing of proposals, and the controller's predictions. The engine's one loop asks
+it for a draft and reports back the outcome. Knows nothing about verification, caches or text.
 """
 
 from __future__ import annotations
@@ -24,11 +25,15 @@ from verispec.errors import InvalidParameterError
 from verispec.proposers import DraftOutput, DraftRequest, Proposer
 
 FALLBACK_DRAFTERS = ("draft", "layer-skip")  # auto: the first loaded one backs up n-gram lookup
+ALTERNATIVE_DRAFTERS = ("draft", "tree")  # auto with a tree-capable target: per step, the better of the two
 TREE_DRAFTERS = ("ngram-tree", "tree")  # tree: n-gram branches when the lookup matches, else the draft tree
 
 
-def drafter_order(method: str, loaded: Sequence[str]) -> list[str]:
+def drafter_order(method: str, loaded: Sequence[str], trees: bool = False) -> list[str]:
     """Drafters tried each step, in order, for ``method`` given the ``loaded`` drafter names.
+
+    ``trees``: the target runner can verify token trees; ``auto`` then also offers the draft
+    model's tree beside its chain (:meth:`DraftPolicy.draft` picks one of the two per step).
 
     Raises:
         InvalidParameterError: the method needs a drafter that is not loaded.
@@ -37,6 +42,8 @@ def drafter_order(method: str, loaded: Sequence[str]) -> list[str]:
         return []
     if method == "auto":
         fallback = [name for name in FALLBACK_DRAFTERS if name in loaded][:1]
+        if trees and fallback == ["draft"] and "tree" in loaded:
+            fallback = list(ALTERNATIVE_DRAFTERS)
         return (["ngram"] if "ngram" in loaded else []) + fallback
     if method == "tree" and any(name in loaded for name in TREE_DRAFTERS):
         return [name for name in TREE_DRAFTERS if name in loaded]
@@ -90,6 +97,7 @@ class DraftPolicy:
         config: ControllerConfig,
     ) -> None:
         self.costs = costs
+        self._probe_interval = config.probe_interval
         self._proposers = dict(proposers)
         self.alphas = {
             name: AcceptanceEstimate(costs.last_alpha.get(name, config.alpha_prior), config.alpha_weight)
@@ -100,6 +108,10 @@ class DraftPolicy:
             for name in self._proposers
         }
         self._previous: str | None = None  # drafter of the previous step
+        alternatives = [name for name in ALTERNATIVE_DRAFTERS if name in self._proposers]
+        self._alternatives = tuple(alternatives) if len(alternatives) > 1 else ()
+        self._explore_steps = 0  # > 0: steps left trying the alternative that is not the best
+        self._num_choices = 0
 
     @property
     def active(self) -> bool:
@@ -109,7 +121,12 @@ class DraftPolicy:
     def draft(self, request: DraftRequest, limit: int) -> DraftStep:
         """Ask the drafters in order; the first non-empty proposal of at most ``limit`` tokens wins."""
         spent = 0.0
+        chosen = None  # chain or tree, decided once the drafters before them drafted nothing
         for name, proposer in self._proposers.items():
+            if name in self._alternatives:
+                chosen = chosen or self._choose_alternative()
+                if name != chosen:
+                    continue
             k = self.schedules[name].next_k()
             num_tokens = min(k, limit)
             if num_tokens <= 0:
@@ -156,7 +173,31 @@ class DraftPolicy:
                 schedule.observe_tree(num_draft, accepted_nodes)
             self._proposers[step.drafter].observe(num_accepted_tokens)
         plain = self.costs.plain_step_s()
-        return (num_accepted_tokens + 1, (step.draft_s + verify_s) / plain) if plain else None
+        realised = (num_accepted_tokens + 1, (step.draft_s + verify_s) / plain) if plain else None
+        if realised is not None and step.steady and step.drafter in self._alternatives:
+            self.costs.record_rate(step.drafter, realised[0] / realised[1])
+        return realised
+
+    def _choose_alternative(self) -> str:
+        """Chain or tree from the draft model for this step (``auto`` with a tree-capable target).
+
+        An alternative with no realised rate yet is tried first; then the one with the higher
+        realised tokens per plain-step cost (:meth:`CostModel.record_rate`, steady steps only,
+        kept across requests), except that every ``probe_interval`` choices the other one drafts
+        for two steps (the first pays for catching up on skipped tokens and is not recorded), so a
+        change in the text or the machine can flip the choice.
+        """
+        rates = self.costs.drafter_rate
+        untried = [name for name in self._alternatives if name not in rates]
+        best = untried[0] if untried else max(self._alternatives, key=rates.__getitem__)
+        other = next(name for name in self._alternatives if name != best)
+        self._num_choices += 1
+        if self._explore_steps == 0 and not untried and self._num_choices % self._probe_interval == 0:
+            self._explore_steps = 2
+        if self._explore_steps > 0:
+            self._explore_steps -= 1
+            return other
+        return best
 
     def _predicted(self, name: str, num_draft_tokens: int) -> tuple[float, float] | None:
         step_costs = self.costs.step_costs(name, num_draft_tokens)
@@ -175,9 +216,11 @@ def make_policy(
     max_k: int,
     costs: CostModel,
     config: ControllerConfig,
+    trees: bool = False,
 ) -> DraftPolicy:
-    """The policy for one request with ``method`` over the engine's loaded ``proposers``."""
-    order = drafter_order(method, list(proposers))
+    """The policy for one request with ``method`` over the engine's loaded ``proposers``;
+    ``trees``: the target runner verifies token trees (see :func:`drafter_order`)."""
+    order = drafter_order(method, list(proposers), trees)
     return DraftPolicy([(name, proposers[name]) for name in order], schedule, max_k, costs, config)
 
 

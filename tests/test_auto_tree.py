@@ -1,0 +1,77 @@
+"""``auto`` with a tree-capable target: the draft model's chain or tree, chosen per step by realised rate."""
+
+import pytest
+
+from helpers import make_engine, single_thread  # noqa: F401 (autouse fixture)
+from verispec.control import ControllerConfig, CostModel
+from verispec.engine import SpeculativeConfig
+from verispec.policy import DraftPolicy, drafter_order
+from verispec.proposers import DraftOutput
+from verispec.proposers.draft_tree import DraftTreeProposer
+from verispec.runners.torch_runner import TransformersRunner
+from verispec.sampling import SamplingParams
+
+
+@pytest.mark.parametrize(
+    "loaded, trees, order",
+    [
+        (["ngram", "draft", "tree"], True, ["ngram", "draft", "tree"]),  # both offered
+        (["ngram", "draft", "tree"], False, ["ngram", "draft"]),  # the target cannot verify trees
+        (["ngram", "draft"], True, ["ngram", "draft"]),  # no tree drafter loaded
+        (["ngram", "layer-skip", "tree"], True, ["ngram", "layer-skip"]),  # trees come from the draft model only
+    ],
+)
+def test_auto_offers_the_tree_only_beside_the_draft_chain(loaded, trees, order):
+    assert drafter_order("auto", loaded, trees) == order
+
+
+class Fixed:
+    """A proposer that always drafts ``[7, 7]``."""
+
+    def propose(self, request, num_speculative_tokens):
+        return DraftOutput([7] * num_speculative_tokens)
+
+    def observe(self, num_accepted_tokens):
+        pass
+
+
+def choices(rates, steps, probe_interval=4):
+    costs = CostModel(verify_s={0: 1.0}, drafter_rate=dict(rates))
+    config = ControllerConfig(probe_interval=probe_interval)
+    policy = DraftPolicy([("draft", Fixed()), ("tree", Fixed())], "constant", 2, costs, config)
+    return [policy.draft(None, 2).drafter for _ in range(steps)]
+
+
+def test_the_better_realised_rate_wins_and_the_other_is_probed_for_two_steps():
+    assert choices({"draft": 1.2, "tree": 1.5}, 9) == ["tree"] * 3 + ["draft"] * 2 + ["tree"] * 2 + ["draft"] * 2
+    assert choices({"draft": 1.6, "tree": 1.5}, 5) == ["draft"] * 3 + ["tree"] * 2
+
+
+def test_an_unrated_alternative_is_tried_first():
+    assert choices({"draft": 1.6}, 3) == ["tree"] * 3
+
+
+def test_steady_steps_record_the_rate():
+    costs = CostModel(verify_s={0: 1.0})
+    policy = DraftPolicy([("draft", Fixed()), ("tree", Fixed())], "constant", 2, costs, ControllerConfig())
+    first = policy.draft(None, 2)
+    policy.observe(first, 2, 1.0)  # first step of the drafter: its catch-up cost, not recorded
+    assert "draft" not in costs.drafter_rate
+    second = policy.draft(None, 2)
+    policy.observe(second, 2, 1.0)
+    assert second.drafter == "draft" and costs.drafter_rate["draft"] == pytest.approx(3 / (1.0 + second.draft_s))
+
+
+@pytest.mark.parametrize("k", [2, 5, 8])
+def test_auto_with_trees_equals_plain(k, target_model, partial_draft_model):
+    tree = DraftTreeProposer(TransformersRunner(partial_draft_model, max_context_length=512), branching=2, max_depth=4)
+    engine = make_engine(target_model, partial_draft_model, max_context_length=512, proposers={"tree": tree})
+    plain = make_engine(target_model, max_context_length=512)
+    params = SamplingParams(max_tokens=40)
+    used = set()
+    for prompt in ([11, 12, 13, 14, 15, 16, 17, 18, 19, 20], [3, 9, 27, 81 % 64, 5, 25]):
+        expected = plain.generate(prompt, params, SpeculativeConfig(method="none")).token_ids
+        out = engine.generate(prompt, params, SpeculativeConfig(method="auto", num_speculative_tokens=k))
+        assert out.token_ids == expected
+        used |= {name for name, s in out.metrics.spec.per_drafter.items() if s.num_drafts}
+    assert {"draft", "tree"} <= used  # both were tried
