@@ -8,7 +8,9 @@ Usage (one real-model process at a time on a shared machine):
 For each budget N a chain drafts N tokens and the tree verifies N nodes: both send N + 1 tokens
 through each target pass. Prompts from HumanEval dev; every configuration runs on a prompt
 before the next prompt starts (interleaved), greedy, and its tokens are compared with plain
-decoding's. Prints one JSON line per run, then a markdown table.
+decoding's. ``auto`` at the largest budget runs too: its "drafts by drafter" column shows how
+often it chose the draft model's chain (``draft``), its tree (``tree``) or n-gram lookup. Prints
+one JSON line per run, then a markdown table.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ def main() -> None:
     for n in budgets:
         configs += [(f"chain N={n}", SpeculativeConfig(method="draft", num_speculative_tokens=n)),
                     (f"tree N={n}", SpeculativeConfig(method="tree", num_speculative_tokens=n))]
+    configs.append((f"auto K={max(budgets)}", SpeculativeConfig(method="auto", num_speculative_tokens=max(budgets))))
     for _, spec in configs:
         pipe.generate("def warmup():", SamplingParams(max_tokens=4), spec)
     rows: dict[str, list] = {label: [] for label, _ in configs}
@@ -55,12 +58,13 @@ def main() -> None:
             plain_ids = out.token_ids if spec.method == "none" else plain_ids
             row = {"prompt": i, "config": label, "tokens": m.output_tokens, "decode_s": (m.tpot_ms or 0) * max(m.output_tokens - 1, 0) / 1e3,
                    "drafts": m.spec.num_drafts, "accepted": m.spec.num_accepted_tokens, "target_forwards": m.num_target_forwards,
-                   "target_ms": round(m.target_ms, 1), "draft_ms": round(m.draft_ms, 1), "identical": out.token_ids == plain_ids}
+                   "target_ms": round(m.target_ms, 1), "draft_ms": round(m.draft_ms, 1), "identical": out.token_ids == plain_ids,
+                   "drafts_by_drafter": {n: d.num_drafts for n, d in m.spec.per_drafter.items() if d.num_drafts}}
             rows[label].append(row)
             print(json.dumps(row), flush=True)
     print(f"\n## chain vs tree, runner {pipe.runner_kind}, {len(prompts)} HumanEval dev prompts, greedy, max_tokens {args.max_tokens}\n")
-    print("| config | tokens/pass (target) | decode tokens/s | speedup | mean acceptance length | target ms/pass | draft ms per output token | == plain |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| config | tokens/pass (target) | decode tokens/s | speedup | mean acceptance length | target ms/pass | draft ms per output token | drafts by drafter | == plain |")
+    print("|---|---|---|---|---|---|---|---|---|")
     base = None
     for label, spec in configs:
         r = rows[label]
@@ -73,8 +77,16 @@ def main() -> None:
         width = 1 if spec.method == "none" else spec.num_speculative_tokens + 1
         forwards = sum(x["target_forwards"] for x in r)
         print(f"| {label} | {width} | {rate:.2f} | {rate / base:.2f}x | {mal} | {sum(x['target_ms'] for x in r) / forwards:.1f} | "
-              f"{sum(x['draft_ms'] for x in r) / max(1, sum(x['tokens'] for x in r)):.1f} | {sum(x['identical'] for x in r)}/{len(r)} |")
+              f"{sum(x['draft_ms'] for x in r) / max(1, sum(x['tokens'] for x in r)):.1f} | {by_drafter(r)} | {sum(x['identical'] for x in r)}/{len(r)} |")
     print(json.dumps({"wall_s": round(time.perf_counter() - start, 1)}))
+
+
+def by_drafter(rows: list[dict]) -> str:
+    counts: dict[str, int] = {}
+    for row in rows:
+        for name, n in row["drafts_by_drafter"].items():
+            counts[name] = counts.get(name, 0) + n
+    return " ".join(f"{name}:{n}" for name, n in sorted(counts.items())) or "—"
 
 
 if __name__ == "__main__":
