@@ -122,6 +122,13 @@ def generate(
             pipe = SpeculativePipeline.load(
                 target, draft if use_draft else None, dtype=dtype, drafters=drafters, runners=runners
             )
+        if pipe.runner_kind == "llamacpp" and method != "none":
+            err.print(
+                "[yellow]warning:[/yellow] llama.cpp computes a k-token batch differently from a 1-token step, so "
+                "greedy speculative output can differ from plain llama.cpp decoding at near-ties; use --runner int8 "
+                "for token-identical output",
+                highlight=False,
+            )
         output = None
         for chunk in pipe.stream(prompt, params, spec, chat=chat):
             if not as_json:
