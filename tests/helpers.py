@@ -99,6 +99,18 @@ class BigramRunner:
         del self.token_ids[num_tokens:]
 
 
+class BigramTreeRunner(BigramRunner):
+    """A :class:`BigramRunner` that also verifies token trees (each node's row from its own token)."""
+
+    def forward_tree(self, token_ids, position_ids, attention_mask):
+        return self.forward(token_ids)
+
+    def keep_tree_path(self, num_prefix, nodes):
+        kept = [self.token_ids[num_prefix + i] for i in nodes]
+        del self.token_ids[num_prefix:]
+        self.token_ids.extend(kept)
+
+
 def chain_table(next_of: dict[int, int], vocab_size: int, strength: float = 20.0) -> torch.Tensor:
     """Bigram logits where token a is followed by ``next_of[a]`` (others stay at 0)."""
     table = torch.zeros(vocab_size, vocab_size)

@@ -1,8 +1,8 @@
 """``auto`` with a tree-capable target: the draft model's chain or tree, chosen per step by realised rate."""
 
 import pytest
-
 from helpers import make_engine, single_thread  # noqa: F401 (autouse fixture)
+
 from verispec.control import ControllerConfig, CostModel
 from verispec.engine import SpeculativeConfig
 from verispec.policy import DraftPolicy, drafter_order

@@ -2,11 +2,15 @@
 
 import pytest
 import torch
-
 from helpers import make_engine
+
 from verispec.engine import SpeculativeConfig
 from verispec.proposers import DraftRequest
-from verispec.proposers.draft_tree import Candidate, DraftTreeProposer, select_candidates
+from verispec.proposers.draft_tree import (
+    Candidate,
+    DraftTreeProposer,
+    select_candidates,
+)
 from verispec.runners.torch_runner import TransformersRunner
 from verispec.sampling import SamplingParams
 
@@ -40,6 +44,7 @@ PROMPTS = [[5, 17, 33, 2, 9], [70, 3], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20]]
 
 def tree_engine(target_model, draft_model, branching=2):
     from helpers import CharTokenizer, default_pieces
+
     from verispec.engine import SpeculativeEngine
 
     return SpeculativeEngine(
@@ -77,22 +82,14 @@ def test_tree_beats_chain_in_acceptance_length_with_a_partial_draft(target_model
 
 def test_tree_sampling_follows_target_distribution():
     """20,000 three-token samples with bigram models and a branching tree draft."""
-    from helpers import BigramRunner
+    from helpers import BigramTreeRunner
     from test_engine import sequence_distribution
 
     target_table = torch.tensor([[0.0, 1.0, 2.0, 0.5], [2.0, 0.0, 1.0, 1.5], [1.0, 1.0, 0.0, 2.0], [0.0, 2.0, 1.0, 0.0]])
     draft_table = torch.tensor([[2.0, 0.0, 0.0, 1.0], [0.0, 2.0, 1.0, 0.0], [1.0, 0.0, 2.0, 0.0], [2.0, 1.0, 0.0, 1.0]])
 
-    class BigramTreeRunner(BigramRunner):
-        def forward_tree(self, token_ids, position_ids, attention_mask):
-            return self.forward(token_ids)
-
-        def keep_tree_path(self, num_prefix, nodes):
-            kept = [self.token_ids[num_prefix + i] for i in nodes]
-            del self.token_ids[num_prefix:]
-            self.token_ids.extend(kept)
-
     from helpers import CharTokenizer
+
     from verispec.engine import SpeculativeEngine
 
     engine = SpeculativeEngine(

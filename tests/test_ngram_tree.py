@@ -4,7 +4,7 @@ import random
 
 import pytest
 import torch
-from helpers import BigramRunner, CharTokenizer, make_engine, single_thread  # noqa: F401 (autouse fixture)
+from helpers import BigramTreeRunner, CharTokenizer, make_engine, single_thread  # noqa: F401 (autouse fixture)
 from test_engine import sequence_distribution
 
 from verispec.engine import SpeculativeConfig, SpeculativeEngine
@@ -155,16 +155,6 @@ def test_greedy_ngram_tree_equals_plain(num_nodes, target_model, partial_draft_m
             assert out.token_ids == plain[name], (name, num_nodes)
             if name == "serving" and num_nodes > 1:
                 assert "ngram-tree" in out.metrics.spec.per_drafter
-
-
-class BigramTreeRunner(BigramRunner):
-    def forward_tree(self, token_ids, position_ids, attention_mask):
-        return self.forward(token_ids)
-
-    def keep_tree_path(self, num_prefix, nodes):
-        kept = [self.token_ids[num_prefix + i] for i in nodes]
-        del self.token_ids[num_prefix:]
-        self.token_ids.extend(kept)
 
 
 def total_variation(counts, probs):

@@ -84,9 +84,16 @@ def test_tree_budget_schedule_drafts_the_cap_until_timed_then_the_best_budget():
 
 
 def test_a_small_budget_is_refreshed_by_a_full_tree_every_probe_interval():
-    costs = measured({0: 1.0, 8: 9.0}, draft_ratio=0.0)  # verification expensive: one node is best
+    costs = measured({0: 1.0, 8: 5.0}, draft_ratio=0.0)  # verification expensive: one node is best
     schedule = TreeBudgetSchedule("tree", 8, costs, ControllerConfig(probe_interval=3))
     assert [schedule.next_k() for _ in range(9)] == [1, 1, 1, 8, 1, 1, 1, 8, 1]
+    assert schedule.last_predicted_speedup == pytest.approx(1.6 / 1.5)  # prior alpha 0.6, cost 1.5
+
+
+def test_a_tree_that_cannot_beat_plain_decoding_is_switched_off_and_probed():
+    costs = measured({0: 1.0, 8: 9.0}, draft_ratio=0.0)  # one node: (1 + 0.6) / 2 = 0.8 plain steps
+    schedule = TreeBudgetSchedule("tree", 8, costs, ControllerConfig(probe_interval=3, probe_length=1))
+    assert [schedule.next_k() for _ in range(9)] == [0, 0, 0, 1, 0, 0, 0, 1, 0]
 
 
 def test_only_tree_drafters_get_the_tree_budget_schedule():
@@ -115,4 +122,4 @@ def test_greedy_tree_with_budget_schedules_equals_plain(schedule, target_model, 
             out = engine.generate(prompt, SamplingParams(max_tokens=32), spec)
             assert out.token_ids == expected
             chosen = out.metrics.spec.chosen_k
-            assert chosen and 1 <= min(chosen) and max(chosen) <= 12
+            assert chosen and 0 <= min(chosen) and max(chosen) <= 12  # 0: switched off (cost)

@@ -338,7 +338,9 @@ class TreeBudgetSchedule:
     Until the drafter and the target have been timed it drafts ``max_k`` nodes (which also gives
     every budget a first acceptance sample). A smaller tree only teaches the budgets up to its
     size, so after ``probe_interval`` steps below ``max_k`` one step drafts ``max_k`` nodes
-    again to refresh the larger budgets. Never switches speculation off.
+    again to refresh the larger budgets. When no budget beats plain decoding (predicted speedup
+    <= 1) it drafts nothing, and after ``probe_interval`` such steps drafts a ``probe_length``-node
+    tree once, as :class:`CostModelSchedule` does for chains.
     """
 
     def __init__(self, drafter: str, max_k: int, costs: CostModel, config: ControllerConfig) -> None:
@@ -346,12 +348,20 @@ class TreeBudgetSchedule:
         self.acceptance = TreeAcceptance(max_k, config.alpha_prior, config.alpha_weight)
         self.last_predicted_speedup: float | None = None
         self.num_steps_small = 0  # steps since the last full-size tree
+        self.num_steps_off = 0  # switched-off steps since the last probe
 
     def next_k(self) -> int:
         step_costs = self.costs.step_costs(self.drafter, self.max_k)
         if step_costs is None:
             return self.max_k
         n, self.last_predicted_speedup = best_tree_budget(self.acceptance.expected(), step_costs)
+        if self.last_predicted_speedup <= 1.0:
+            self.num_steps_off += 1
+            if self.num_steps_off > self.config.probe_interval:
+                self.num_steps_off = 0
+                return min(self.config.probe_length, self.max_k)
+            return 0
+        self.num_steps_off = 0
         self.num_steps_small = 0 if n == self.max_k else self.num_steps_small + 1
         if self.num_steps_small > self.config.probe_interval:
             self.num_steps_small = 0
