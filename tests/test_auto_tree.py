@@ -75,3 +75,13 @@ def test_auto_with_trees_equals_plain(k, target_model, partial_draft_model):
         assert out.token_ids == expected
         used |= {name for name, s in out.metrics.spec.per_drafter.items() if s.num_drafts}
     assert {"draft", "tree"} <= used  # both were tried
+
+
+def test_tree_on_a_runner_without_tree_verification_is_refused_before_any_token(target_model):
+    from helpers import BigramRunner, CharTokenizer, chain_table
+    from verispec.engine import SpeculativeEngine
+    from verispec.errors import InvalidParameterError
+
+    engine = SpeculativeEngine(BigramRunner(chain_table({1: 2, 2: 1}, 4)), CharTokenizer("abcd"), eos_token_ids=[])
+    with pytest.raises(InvalidParameterError, match="cannot verify token trees"):
+        next(engine.stream([1, 2, 1, 2, 1], SamplingParams(max_tokens=8), SpeculativeConfig(method="tree")))

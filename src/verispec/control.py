@@ -297,8 +297,9 @@ class CostModelSchedule:
     and the target have been timed it drafts ``max_k`` tokens (which times them). When the best
     k is 0 it drafts nothing, and after ``probe_interval`` such steps drafts ``probe_length``
     tokens once, so the acceptance estimate can recover. A fully accepted probe is followed by
-    another one in the next step: back-to-back drafting is what re-measures the drafter's
-    steady-state cost (an isolated probe also pays for catching up on the skipped tokens).
+    one more in the next step (never more: then the cost model decides again): back-to-back
+    drafting is what re-measures the drafter's steady-state cost (an isolated probe also pays
+    for catching up on the skipped tokens).
     """
 
     def __init__(
@@ -307,7 +308,7 @@ class CostModelSchedule:
         self.drafter, self.max_k, self.alpha, self.costs, self.config = drafter, max_k, alpha, costs, config
         self.num_steps_off = 0
         self.last_predicted_speedup: float | None = None
-        self._probing = False  # the last k handed out was a probe
+        self._probing: str | None = None  # the last k handed out: "probe", "follow-up" or None
         self._follow_up = False  # the last probe was fully accepted: probe again next step
 
     def next_k(self) -> int:
@@ -315,20 +316,21 @@ class CostModelSchedule:
         if step_costs is None:
             return self.max_k
         k, self.last_predicted_speedup = best_draft_length(self.alpha.alpha, step_costs)
-        self._probing = False
+        self._probing = None
         if k > 0:
             self.num_steps_off = 0
             return k
         if not self._follow_up:
             self.num_steps_off += 1
         if self._follow_up or self.num_steps_off > self.config.probe_interval:
-            self.num_steps_off, self._follow_up, self._probing = 0, False, True
+            self._probing = "follow-up" if self._follow_up else "probe"
+            self.num_steps_off, self._follow_up = 0, False
             return min(self.config.probe_length, self.max_k)
         return 0
 
     def update(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
         """Only probes matter here; the acceptance estimate is updated by the policy."""
-        self._follow_up = self._probing and 0 < num_draft_tokens == num_accepted_tokens
+        self._follow_up = self._probing == "probe" and 0 < num_draft_tokens == num_accepted_tokens
 
 
 class TreeBudgetSchedule:
