@@ -270,3 +270,12 @@ def client(served) -> openai.OpenAI:
 def http(served):
     with httpx.Client(base_url=served.url, timeout=60) as c:
         yield c
+
+
+def save_checkpoint(directory, model, tokenizer):
+    """Save ``model`` + ``tokenizer`` as a transformers checkpoint in ``directory`` (EOS set); returns it."""
+    model.config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory

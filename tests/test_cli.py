@@ -1,24 +1,15 @@
 """The command line on tiny local checkpoints: JSON output, exactness, and clear user errors."""
 
 import json
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from helpers import perturbed_copy, tiny_qwen2
-from server_support import build_tokenizer
+from server_support import build_tokenizer, save_checkpoint
 from verispec.cli import app
 
 runner = CliRunner()
-
-
-def save_checkpoint(directory: Path, model, tokenizer) -> Path:
-    model.config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
 
 
 @pytest.fixture(scope="module")

@@ -1,25 +1,16 @@
 """`verispec generate --method ngram|layer-skip|draft|auto` on tiny local checkpoints."""
 
 import json
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from helpers import perturbed_copy, single_thread, tiny_qwen2  # noqa: F401 (autouse fixture)
-from server_support import build_tokenizer
+from server_support import build_tokenizer, save_checkpoint
 from verispec.cli import app
 
 runner = CliRunner()
 PROMPT = "def f(x): return x\ndef f(x): return x\ndef f(x):"  # repeats: n-gram lookup matches
-
-
-def save_checkpoint(directory: Path, model, tokenizer) -> Path:
-    model.config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
 
 
 @pytest.fixture(scope="module")
