@@ -7,13 +7,10 @@ from verispec.control import (
     ControllerConfig,
     CostModel,
     CostModelSchedule,
-    TreeAcceptance,
-    TreeBudgetSchedule,
-    accepted_within,
-    best_tree_budget,
     expected_tokens,
     make_schedule,
 )
+from verispec.control_tree import TreeAcceptance, TreeBudgetSchedule, accepted_within, best_tree_budget
 from verispec.engine import SpeculativeConfig
 from verispec.policy import make_policy
 from verispec.proposers.draft_tree import DraftTreeProposer

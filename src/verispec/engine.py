@@ -57,7 +57,7 @@ class SpeculativeConfig:
         schedule: ``"constant"``, ``"heuristic"`` (+2 after a full accept, -1 otherwise) or
             ``"cost"`` (the k maximising expected tokens per unit of measured time; may switch
             speculation off; for ``tree``, the node budget maximising the realised accepted
-            length per unit time, never off: :class:`verispec.control.TreeBudgetSchedule`);
+            length per unit time, also switching off: :class:`verispec.control_tree.TreeBudgetSchedule`);
             see :mod:`verispec.control`.
         draft_stop_threshold: a model drafter stops drafting once its own top probability for
             the token it just drafted is below this, in [0, 1); 0 disables.

@@ -17,10 +17,10 @@ from verispec.control import (
     AcceptanceEstimate,
     ControllerConfig,
     CostModel,
-    TreeBudgetSchedule,
     expected_tokens,
     make_schedule,
 )
+from verispec.control_tree import TreeBudgetSchedule
 from verispec.errors import InvalidParameterError
 from verispec.proposers import DraftOutput, DraftRequest, Proposer
 
