@@ -162,3 +162,18 @@ def test_bench_runners_decodes_and_formats(target_model):
               "methods": [r.to_dict() for r in results] + [MethodResult("llama-cpp-python", "plain (peer)", 20, 1.0).to_dict()]}
     curves, methods = format_table(report)
     assert curves.row_count == 1 and methods.row_count == 3
+
+
+def test_bench_runners_prompts_file_errors_are_clear(tmp_path):
+    from verispec.bench.workload import WorkloadError
+    from verispec.bench_runners import load_prompts
+
+    good = tmp_path / "p.jsonl"
+    good.write_text('{"prompt": "def a():"}\n\n{"prompt": "def b():"}\n{"prompt": "def c():"}\n')
+    assert load_prompts(str(good), 2) == ["def a():", "def b():"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "x"}\n{"text": "y"}\n')
+    with pytest.raises(WorkloadError, match="line 2"):
+        load_prompts(str(bad), 5)
+    with pytest.raises(WorkloadError, match="not found"):
+        load_prompts(str(tmp_path / "missing.jsonl"), 5)

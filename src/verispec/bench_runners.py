@@ -29,7 +29,7 @@ from verispec.sampling import SamplingParams
 
 BENCH_RUNNERS = ("int8", "llamacpp", "torch")
 BENCH_METHODS = ("none", "ngram", "draft", "draft-frspec", "auto")
-DEFAULT_PROMPTS_FILE = "/work/shared/data/humaneval_dev.jsonl"
+DEFAULT_PROMPTS_FILE = ""  # empty: humaneval_dev.jsonl in the shared data folder (verispec.bench.workload.data_dir)
 CAPACITY = 1024  # KV positions: the longest HumanEval dev prompt + 128 new tokens fit
 
 
@@ -38,7 +38,8 @@ class RunnersBenchConfig:
     """What one ``bench-runners`` run measures.
 
     Attributes:
-        prompts_file: JSONL with a ``prompt`` per line (raw completion prompts).
+        prompts_file: JSONL with a ``prompt`` per line (raw completion prompts); empty: HumanEval
+            dev from the shared data folder.
         num_prompts: first N prompts decoded by every method.
         max_tokens: new tokens per prompt at most (greedy, stop at EOS).
         num_speculative_tokens: draft length (constant schedule unless ``schedule`` says otherwise).
@@ -92,9 +93,27 @@ class MethodResult:
 
 
 def load_prompts(path: str, limit: int) -> list[str]:
-    with open(path) as source:
-        rows = [json.loads(line) for line in source if line.strip()]
-    return [row["prompt"] for row in rows[:limit]]
+    """The first ``limit`` prompts of a JSONL file (``prompt`` per line; empty path: HumanEval dev).
+
+    Raises:
+        WorkloadError: a missing file, a line that is not JSON, or a line without ``prompt``.
+    """
+    from verispec.bench.workload import WorkloadError, data_dir
+
+    file = Path(path) if path else data_dir() / "humaneval_dev.jsonl"
+    if not file.is_file():
+        raise WorkloadError(f"prompts file {file} not found")
+    prompts = []
+    for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            prompts.append(json.loads(line)["prompt"])
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise WorkloadError(f"{file} line {number}: expected a JSON object with a 'prompt'") from None
+        if len(prompts) == limit:
+            break
+    return prompts
 
 
 def decode_all(engine: SpeculativeEngine, prompts: list[list[int]], spec: SpeculativeConfig, params: SamplingParams, result: MethodResult) -> MethodResult:

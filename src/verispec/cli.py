@@ -324,7 +324,7 @@ def bench(
 def bench_runners(
     runners: str = typer.Option("int8,llamacpp", help="Comma-separated runners: int8, llamacpp, torch (slow)."),
     methods: str = typer.Option("none,ngram,draft,draft-frspec", help="Comma-separated: none, ngram, draft, draft-frspec, auto."),
-    prompts: Path = typer.Option(Path("/work/shared/data/humaneval_dev.jsonl"), help="JSONL file with a 'prompt' per line."),
+    prompts: Optional[Path] = typer.Option(None, help="JSONL file with a 'prompt' per line (default: HumanEval dev from the shared data)."),
     num_prompts: int = typer.Option(10, min=1, help="Prompts decoded by every method."),
     max_tokens: int = typer.Option(128, min=1, help="New tokens per prompt at most (greedy, stop at EOS)."),
     num_speculative_tokens: int = typer.Option(4, "--num-speculative-tokens", "-k", help="Draft tokens per target pass."),
@@ -344,7 +344,7 @@ def bench_runners(
     try:
         config = RunnersBenchConfig(
             target=target, draft=draft, runners=tuple(r for r in runners.split(",") if r), methods=tuple(m for m in methods.split(",") if m),
-            prompts_file=str(prompts), num_prompts=num_prompts, max_tokens=max_tokens, num_speculative_tokens=num_speculative_tokens,
+            prompts_file=str(prompts or ""), num_prompts=num_prompts, max_tokens=max_tokens, num_speculative_tokens=num_speculative_tokens,
             schedule=schedule, draft_vocab_size=draft_vocab, draft_vocab_corpus=tuple(draft_vocab_corpus or ()),
             exactness_prompts=exactness_prompts, threads=threads, peer=peer,
         )
