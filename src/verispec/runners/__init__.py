@@ -46,6 +46,18 @@ class Runner(Protocol):
         ...
 
 
+def check_new_tokens(num_cached_tokens: int, num_new_tokens: int, max_context_length: int) -> None:
+    """The argument checks every runner's ``forward`` shares.
+
+    Raises:
+        ValueError: no new token, or the cache would exceed ``max_context_length`` positions.
+    """
+    if num_new_tokens == 0:
+        raise ValueError("forward needs at least one token")
+    if num_cached_tokens + num_new_tokens > max_context_length:
+        raise ValueError(f"{num_cached_tokens + num_new_tokens} positions exceed the context length {max_context_length}")
+
+
 def prefill(runner: Runner, token_ids: Sequence[int]) -> Tensor:
     """Empty the runner's cache and run the prompt; returns the last row ``[vocab_size]``."""
     runner.truncate(0)

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from verispec.errors import InvalidParameterError
+from verispec.runners import check_new_tokens
 from verispec.runners.int8_ops import Int8Weight, quantize_weight_rows
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
@@ -252,12 +253,8 @@ class Int8Runner:
 
     @torch.inference_mode()
     def forward(self, token_ids: Sequence[int], num_logits: int | None = None) -> Tensor:
-        num_new = len(token_ids)
-        if num_new == 0:
-            raise ValueError("forward needs at least one token")
-        start = self._num_cached
-        if start + num_new > self.max_context_length:
-            raise ValueError(f"{start + num_new} positions exceed the context length {self.max_context_length}")
+        num_new, start = len(token_ids), self._num_cached
+        check_new_tokens(start, num_new, self.max_context_length)
         return self._run(token_ids, torch.arange(start, start + num_new), None, num_logits)
 
     @torch.inference_mode()

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from verispec.errors import InvalidParameterError, ModelIntegrityError
+from verispec.runners import check_new_tokens
 
 INSTALL_HINT = "the llama.cpp runner needs its extra: pip install 'verispec[llamacpp]' (compiles llama.cpp, ~5 minutes)"
 DEFAULT_MAX_CONTEXT = 4096
@@ -119,12 +120,7 @@ class LlamaCppRunner:
 
     def forward(self, token_ids: Sequence[int], num_logits: int | None = None) -> Tensor:
         num_new = len(token_ids)
-        if num_new == 0:
-            raise ValueError("forward needs at least one token")
-        if self._num_cached + num_new > self.max_context_length:
-            raise ValueError(
-                f"{self._num_cached + num_new} positions exceed the context length {self.max_context_length}"
-            )
+        check_new_tokens(self._num_cached, num_new, self.max_context_length)
         first_output = num_new - (num_logits or num_new)
         rows = []
         for chunk_start in range(0, num_new, self.batch_size):

@@ -12,6 +12,8 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache
 
+from verispec.runners import check_new_tokens
+
 
 class TransformersRunner:
     """:class:`verispec.runners.Runner` over a transformers causal LM.
@@ -38,12 +40,7 @@ class TransformersRunner:
     @torch.inference_mode()
     def forward(self, token_ids: Sequence[int], num_logits: int | None = None) -> Tensor:
         num_new = len(token_ids)
-        if num_new == 0:
-            raise ValueError("forward needs at least one token")
-        if self._num_cached + num_new > self.max_context_length:
-            raise ValueError(
-                f"{self._num_cached + num_new} positions exceed the context length {self.max_context_length}"
-            )
+        check_new_tokens(self._num_cached, num_new, self.max_context_length)
         input_ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
         positions = torch.arange(self._num_cached, self._num_cached + num_new, device=self.device)
         out = self.model(
