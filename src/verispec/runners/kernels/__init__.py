@@ -1,0 +1,78 @@
+"""Our C++ CPU kernels: built once on first use, cached under ``$VERISPEC_HOME/kernels``.
+
+Owns compiling and loading ``gguf_kernels.cpp`` (``torch.utils.cpp_extension`` with ninja; the
+build is keyed by the source, torch and Python versions, so a change rebuilds and a cache shared
+across them never mixes) and turning a missing compiler into a clear error. The kernels choose
+between their AVX-512 VNNI and portable paths at run time, so one build works on any x86-64 CPU.
+Knows nothing about models.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sys
+import threading
+from pathlib import Path
+
+import torch
+
+from verispec.errors import InvalidParameterError
+
+SOURCE = Path(__file__).with_name("gguf_kernels.cpp")
+CFLAGS = ["-O3", "-ffp-contract=off", "-fno-math-errno", "-std=c++17", "-fopenmp"]
+_LOCK = threading.Lock()
+_MODULE = None
+
+
+def kernel_build_dir() -> Path:
+    """Where the compiled extension lives: ``$VERISPEC_HOME/kernels/<key>``."""
+    from verispec.models.store import verispec_home
+
+    return verispec_home() / "kernels" / build_key()
+
+
+def build_key() -> str:
+    """Hash of what the binary depends on: the source, the flags, torch and Python."""
+    digest = hashlib.sha256(SOURCE.read_bytes())
+    digest.update(" ".join(CFLAGS).encode())
+    digest.update(torch.__version__.encode())
+    digest.update(sys.version.encode())
+    return digest.hexdigest()[:16]
+
+
+def gguf_kernels():
+    """The compiled kernel module (``repack``, ``linear``, ``attention``, ``has_avx512_vnni``).
+
+    Raises:
+        InvalidParameterError: no C++ compiler, or the build failed (with the compiler's reason).
+    """
+    global _MODULE
+    with _LOCK:
+        if _MODULE is None:
+            _MODULE = _build()
+        return _MODULE
+
+
+def _build():
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        raise InvalidParameterError(
+            f"the gguf runner compiles its kernels once, and no C++ compiler ({compiler!r}) was found: "
+            "install g++ (Debian: apt install g++), or use --runner int8"
+        )
+    from torch.utils import cpp_extension
+
+    directory = kernel_build_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        return cpp_extension.load(
+            name=f"verispec_gguf_{build_key()}",
+            sources=[str(SOURCE)],
+            extra_cflags=CFLAGS,
+            build_directory=str(directory),
+            verbose=False,
+        )
+    except (RuntimeError, OSError, ImportError, Exception) as exc:  # cpp_extension raises RuntimeError/others
+        raise InvalidParameterError(f"building the gguf kernels failed ({type(exc).__name__}: {exc}); use --runner int8") from exc

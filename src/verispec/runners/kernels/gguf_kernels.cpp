@@ -1,0 +1,662 @@
+// Batch-invariant products of float activations with GGUF block-quantized weights, on the CPU.
+//
+// Owns: the repacked weight layout (16 output columns interleaved per block, same bits as the
+// GGUF file), per-row activation quantization (int8 per block, row-local), the integer block
+// products (AVX-512 VNNI, and a portable C++ path with the same arithmetic) and causal / tree
+// attention over a static KV cache. Knows nothing about models or decoding.
+//
+// Exactness: for output element (row, col) the kernel computes, block after block in increasing
+// k, an exact int32 dot product of the row's int8 activations with the column's integer weights,
+// converts it to float and adds `isum * (x_scale * w_scale)` (and, for Q4_K, subtracts the mins
+// term) to a float accumulator that starts at 0. No other rows, no other columns and no tile or
+// thread choice enter that sequence, and the compiler may not contract it (-ffp-contract=off and
+// separate mul/add intrinsics), so every row of a k-row call is bit-identical to a 1-row call,
+// and the AVX-512 path equals the portable path bit for bit.
+//
+// Block formats: ggml's Q4_K, Q6_K, Q5_0 and Q8_0 (ggml-common.h, ggml-quants.c). Activation
+// quantization follows llama.cpp's Q8_K (256 values per scale, K-quants) and Q8_0 (32 values).
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+constexpr int TILE = 16;  // output columns per interleaved tile
+
+enum QType : int64_t { Q4_0 = 2, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q6_K = 14 };
+
+struct Format {
+    int block_k;      // weights per block along the input dimension
+    int raw_bytes;    // bytes of one block in the GGUF file
+    int tile_bytes;   // bytes of one block of a 16-column tile after repacking
+    bool k_quant;     // activations in 256-value blocks (else 32)
+};
+
+Format format_of(int64_t qtype) {
+    switch (qtype) {
+        case Q4_K: return {256, 144, 2368, true};
+        case Q6_K: return {256, 210, 3360, true};
+        case Q5_0: return {32, 22, 352, false};
+        case Q8_0: return {32, 34, 544, false};
+        default: TORCH_CHECK(false, "unsupported GGUF block type ", qtype);
+    }
+    return {};
+}
+
+inline float half_to_float(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff, bits;
+    if (exponent == 0) {
+        if (mantissa == 0) {
+            bits = sign;
+        } else {  // subnormal half: normalise
+            int e = -1;
+            do { ++e; mantissa <<= 1; } while ((mantissa & 0x400) == 0);
+            bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((mantissa & 0x3ff) << 13);
+        }
+    } else if (exponent == 31) {
+        bits = sign | 0x7f800000u | (mantissa << 13);
+    } else {
+        bits = sign | ((exponent + 127 - 15) << 23) | (mantissa << 13);
+    }
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
+inline uint16_t load_u16(const uint8_t* p) { uint16_t v; std::memcpy(&v, p, 2); return v; }
+inline int32_t load_i32(const void* p) { int32_t v; std::memcpy(&v, p, 4); return v; }
+
+// ---------------------------------------------------------------------------------------------
+// Decoding one GGUF block into integer weights (the repack step and nothing else uses these).
+
+struct Decoded {
+    uint8_t q[256];     // unsigned integer weights (Q8_0: int8 bits)
+    uint8_t scale[16];  // Q4_K: 8 sub-block scales; Q6_K: 16 int8 scales (bits)
+    uint8_t min[8];     // Q4_K: 8 sub-block mins
+    uint16_t d, dmin;   // fp16 bits
+};
+
+void decode_block(int64_t qtype, const uint8_t* raw, Decoded& out) {
+    switch (qtype) {
+        case Q4_K: {
+            out.d = load_u16(raw);
+            out.dmin = load_u16(raw + 2);
+            const uint8_t* s = raw + 4;
+            for (int j = 0; j < 8; ++j) {
+                if (j < 4) {
+                    out.scale[j] = s[j] & 63;
+                    out.min[j] = s[j + 4] & 63;
+                } else {
+                    out.scale[j] = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+                    out.min[j] = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+                }
+            }
+            const uint8_t* qs = raw + 16;
+            for (int p = 0; p < 4; ++p)
+                for (int i = 0; i < 32; ++i) {
+                    out.q[64 * p + i] = qs[32 * p + i] & 0xF;
+                    out.q[64 * p + 32 + i] = qs[32 * p + i] >> 4;
+                }
+            break;
+        }
+        case Q6_K: {
+            const uint8_t* ql = raw;
+            const uint8_t* qh = raw + 128;
+            std::memcpy(out.scale, raw + 192, 16);
+            out.d = load_u16(raw + 208);
+            for (int k = 0; k < 256; ++k) {
+                const int half = k / 128, r = k % 128;
+                const int lo = (ql[64 * half + r % 64] >> (4 * (r / 64))) & 0xF;
+                const int hi = (qh[32 * half + r % 32] >> (2 * (r / 32))) & 3;
+                out.q[k] = (uint8_t)(lo | (hi << 4));
+            }
+            break;
+        }
+        case Q5_0: {
+            out.d = load_u16(raw);
+            uint32_t qh;
+            std::memcpy(&qh, raw + 2, 4);
+            const uint8_t* qs = raw + 6;
+            for (int i = 0; i < 32; ++i) {
+                const int lo = i < 16 ? (qs[i] & 0xF) : (qs[i - 16] >> 4);
+                out.q[i] = (uint8_t)(lo | (((qh >> i) & 1) << 4));
+            }
+            break;
+        }
+        case Q8_0: {
+            out.d = load_u16(raw);
+            std::memcpy(out.q, raw + 2, 32);
+            break;
+        }
+        default: TORCH_CHECK(false, "unsupported GGUF block type ", qtype);
+    }
+}
+
+// Writes column c (0..15) of one tile block. Layouts (bytes; [a][b] is row-major):
+//  Q4_K: d u16[16] | dmin u16[16] | scale[8][16] | min[4][16][2] | qs[p<4][g<8][c][t<4] nibbles:
+//        low = q(64p+4g+t), high = q(64p+32+4g+t)
+//  Q6_K: d u16[16] | scale[8][16][2] int8 | per pair p<8: N[h<4][c][t] (low nibble q(32p+4h+t),
+//        high nibble q(32p+16+4h+t)), H[e<2][c][t] (bits 2h..2h+1 = q(32p+16e+4h+t) >> 4)
+//  Q5_0: d u16[16] | N[h<4][c][t] (low q(4h+t), high q(16+4h+t)) | H[c][t] (bit g = q(4g+t) >> 4)
+//  Q8_0: d u16[16] | W[g<8][c][t] int8 = q(4g+t)
+void write_column(int64_t qtype, const Decoded& b, uint8_t* tile, int c) {
+    switch (qtype) {
+        case Q4_K: {
+            std::memcpy(tile + 2 * c, &b.d, 2);
+            std::memcpy(tile + 32 + 2 * c, &b.dmin, 2);
+            for (int j = 0; j < 8; ++j) tile[64 + 16 * j + c] = b.scale[j];
+            for (int p = 0; p < 4; ++p) {
+                tile[192 + 32 * p + 2 * c] = b.min[2 * p];
+                tile[192 + 32 * p + 2 * c + 1] = b.min[2 * p + 1];
+            }
+            for (int p = 0; p < 4; ++p)
+                for (int g = 0; g < 8; ++g)
+                    for (int t = 0; t < 4; ++t)
+                        tile[320 + (p * 8 + g) * 64 + 4 * c + t] =
+                            (uint8_t)(b.q[64 * p + 4 * g + t] | (b.q[64 * p + 32 + 4 * g + t] << 4));
+            break;
+        }
+        case Q6_K: {
+            std::memcpy(tile + 2 * c, &b.d, 2);
+            for (int p = 0; p < 8; ++p) {
+                tile[32 + 32 * p + 2 * c] = b.scale[2 * p];
+                tile[32 + 32 * p + 2 * c + 1] = b.scale[2 * p + 1];
+                uint8_t* n = tile + 288 + 384 * p;
+                for (int h = 0; h < 4; ++h)
+                    for (int t = 0; t < 4; ++t)
+                        n[64 * h + 4 * c + t] =
+                            (uint8_t)((b.q[32 * p + 4 * h + t] & 0xF) | ((b.q[32 * p + 16 + 4 * h + t] & 0xF) << 4));
+                for (int e = 0; e < 2; ++e)
+                    for (int t = 0; t < 4; ++t) {
+                        uint8_t bits = 0;
+                        for (int h = 0; h < 4; ++h) bits |= (uint8_t)(((b.q[32 * p + 16 * e + 4 * h + t] >> 4) & 3) << (2 * h));
+                        n[256 + 64 * e + 4 * c + t] = bits;
+                    }
+            }
+            break;
+        }
+        case Q5_0: {
+            std::memcpy(tile + 2 * c, &b.d, 2);
+            for (int h = 0; h < 4; ++h)
+                for (int t = 0; t < 4; ++t)
+                    tile[32 + 64 * h + 4 * c + t] = (uint8_t)((b.q[4 * h + t] & 0xF) | ((b.q[16 + 4 * h + t] & 0xF) << 4));
+            for (int t = 0; t < 4; ++t) {
+                uint8_t bits = 0;
+                for (int g = 0; g < 8; ++g) bits |= (uint8_t)(((b.q[4 * g + t] >> 4) & 1) << g);
+                tile[288 + 4 * c + t] = bits;
+            }
+            break;
+        }
+        case Q8_0: {
+            std::memcpy(tile + 2 * c, &b.d, 2);
+            for (int g = 0; g < 8; ++g)
+                for (int t = 0; t < 4; ++t) tile[32 + 64 * g + 4 * c + t] = b.q[4 * g + t];
+            break;
+        }
+        default: break;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Activations, quantized per row and per block (row-local: no value depends on another row).
+
+struct Activations {
+    int64_t rows = 0, in = 0;
+    int block_k = 256;
+    std::vector<int8_t> q;     // [rows][in]; Q8_0 weights: the bits of q + 128 (as uint8)
+    std::vector<float> d;      // [rows][in / block_k]
+    std::vector<int16_t> s16;  // [rows][in / 16] sums of q over 16 values
+    std::vector<int16_t> s32;  // [rows][in / 32] sums of q over 32 values
+};
+
+void quantize_rows(const float* x, int64_t rows, int64_t in, int block_k, bool offset, Activations& a) {
+    a.rows = rows;
+    a.in = in;
+    a.block_k = block_k;
+    a.q.resize(rows * in);
+    a.d.resize(rows * (in / block_k));
+    a.s16.resize(rows * (in / 16));
+    a.s32.resize(rows * (in / 32));
+    at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+            const float* xr = x + r * in;
+            int8_t* qr = a.q.data() + r * in;
+            for (int64_t b = 0; b < in / block_k; ++b) {
+                const float* xb = xr + b * block_k;
+                float amax = 0.0f;
+                for (int i = 0; i < block_k; ++i) amax = std::max(amax, std::fabs(xb[i]));
+                const float d = amax / 127.0f;
+                const float id = d > 0.0f ? 1.0f / d : 0.0f;
+                for (int i = 0; i < block_k; ++i) {
+                    float v = std::nearbyint(xb[i] * id);
+                    v = std::min(127.0f, std::max(-127.0f, v));
+                    qr[b * block_k + i] = (int8_t)v;
+                }
+                a.d[r * (in / block_k) + b] = d;
+            }
+            for (int64_t j = 0; j < in / 16; ++j) {
+                int s = 0;
+                for (int i = 0; i < 16; ++i) s += qr[16 * j + i];
+                a.s16[r * (in / 16) + j] = (int16_t)s;
+            }
+            for (int64_t j = 0; j < in / 32; ++j)
+                a.s32[r * (in / 32) + j] = (int16_t)(a.s16[r * (in / 16) + 2 * j] + a.s16[r * (in / 16) + 2 * j + 1]);
+            if (offset)
+                for (int64_t i = 0; i < in; ++i) qr[i] = (int8_t)((uint8_t)qr[i] ^ 0x80);
+        }
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Portable path: the reference arithmetic, one (row, column) at a time, from the tile layout.
+
+struct TileArgs {
+    const uint8_t* tile;  // the tile's first block; blocks follow at stride tile_bytes
+    int64_t nblocks;
+    const Activations* act;
+    int64_t row0;
+    int rows;
+    float* out;  // out[row * ldo + c] for the tile's 16 columns
+    int64_t ldo;
+};
+
+void tile_portable(int64_t qtype, const TileArgs& a) {
+    const Format f = format_of(qtype);
+    const Activations& x = *a.act;
+    for (int r = 0; r < a.rows; ++r) {
+        const int64_t row = a.row0 + r;
+        const int8_t* xq = x.q.data() + row * x.in;
+        for (int c = 0; c < TILE; ++c) {
+            float acc = 0.0f;
+            for (int64_t b = 0; b < a.nblocks; ++b) {
+                const uint8_t* t = a.tile + b * f.tile_bytes;
+                const int8_t* xb = xq + b * f.block_k;
+                const float dx = x.d[row * (x.in / f.block_k) + b];
+                switch (qtype) {
+                    case Q4_K: {
+                        int32_t isum = 0, imin = 0;
+                        for (int p = 0; p < 4; ++p) {
+                            int32_t lo = 0, hi = 0;
+                            for (int g = 0; g < 8; ++g)
+                                for (int u = 0; u < 4; ++u) {
+                                    const uint8_t v = t[320 + (p * 8 + g) * 64 + 4 * c + u];
+                                    lo += (v & 0xF) * xb[64 * p + 4 * g + u];
+                                    hi += (v >> 4) * xb[64 * p + 32 + 4 * g + u];
+                                }
+                            isum += lo * t[64 + 16 * (2 * p) + c] + hi * t[64 + 16 * (2 * p + 1) + c];
+                            const int16_t* s32 = x.s32.data() + row * (x.in / 32) + b * 8;
+                            imin += t[192 + 32 * p + 2 * c] * s32[2 * p] + t[192 + 32 * p + 2 * c + 1] * s32[2 * p + 1];
+                        }
+                        const float d = half_to_float(load_u16(t + 2 * c)), dmin = half_to_float(load_u16(t + 32 + 2 * c));
+                        const float dd = dx * d, dm = dx * dmin;
+                        const float fi = (float)isum, fm = (float)imin;
+                        const float pd = fi * dd;
+                        acc = acc + pd;
+                        const float pm = fm * dm;
+                        acc = acc - pm;
+                        break;
+                    }
+                    case Q6_K: {
+                        int32_t isum = 0, ioff = 0;
+                        const int16_t* s16 = x.s16.data() + row * (x.in / 16) + b * 16;
+                        for (int p = 0; p < 8; ++p) {
+                            const uint8_t* n = t + 288 + 384 * p;
+                            int32_t lo = 0, hi = 0;
+                            for (int h = 0; h < 4; ++h)
+                                for (int u = 0; u < 4; ++u) {
+                                    const uint8_t nib = n[64 * h + 4 * c + u];
+                                    const int q0 = (nib & 0xF) | (((n[256 + 4 * c + u] >> (2 * h)) & 3) << 4);
+                                    const int q1 = (nib >> 4) | (((n[256 + 64 + 4 * c + u] >> (2 * h)) & 3) << 4);
+                                    lo += q0 * xb[32 * p + 4 * h + u];
+                                    hi += q1 * xb[32 * p + 16 + 4 * h + u];
+                                }
+                            const int s0 = (int8_t)t[32 + 32 * p + 2 * c], s1 = (int8_t)t[32 + 32 * p + 2 * c + 1];
+                            isum += lo * s0 + hi * s1;
+                            ioff += s0 * s16[2 * p] + s1 * s16[2 * p + 1];
+                        }
+                        const int32_t total = isum - ioff * 32;
+                        const float dd = dx * half_to_float(load_u16(t + 2 * c));
+                        const float pd = (float)total * dd;
+                        acc = acc + pd;
+                        break;
+                    }
+                    case Q5_0: {
+                        int32_t dot = 0;
+                        for (int h = 0; h < 4; ++h)
+                            for (int u = 0; u < 4; ++u) {
+                                const uint8_t nib = t[32 + 64 * h + 4 * c + u], bits = t[288 + 4 * c + u];
+                                const int q0 = (nib & 0xF) | (((bits >> h) & 1) << 4);
+                                const int q1 = (nib >> 4) | (((bits >> (h + 4)) & 1) << 4);
+                                dot += q0 * xb[4 * h + u] + q1 * xb[16 + 4 * h + u];
+                            }
+                        const int32_t total = dot - 16 * x.s32[row * (x.in / 32) + b];
+                        const float dd = dx * half_to_float(load_u16(t + 2 * c));
+                        const float pd = (float)total * dd;
+                        acc = acc + pd;
+                        break;
+                    }
+                    case Q8_0: {
+                        int32_t dot = 0, wsum = 0;
+                        for (int g = 0; g < 8; ++g)
+                            for (int u = 0; u < 4; ++u) {
+                                const int w = (int8_t)t[32 + 64 * g + 4 * c + u];
+                                dot += (int)(uint8_t)xb[4 * g + u] * w;  // activations stored as q + 128
+                                wsum += w;
+                            }
+                        const int32_t total = dot - 128 * wsum;
+                        const float dd = dx * half_to_float(load_u16(t + 2 * c));
+                        const float pd = (float)total * dd;
+                        acc = acc + pd;
+                        break;
+                    }
+                    default: break;
+                }
+            }
+            a.out[r * a.ldo + c] = acc;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// AVX-512 VNNI path: 16 columns in the lanes of a register, R rows share each unpacked weight.
+
+#define VS_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c,fma")))
+
+VS_AVX512 inline __m512i bcast4(const int8_t* p) { return _mm512_set1_epi32(load_i32(p)); }
+
+// Prefetch distance: this many blocks ahead of the one being multiplied.
+constexpr int PREFETCH_BLOCKS = 2;
+
+VS_AVX512 inline void prefetch_block(const uint8_t* next, int bytes) {
+    for (int l = 0; l < bytes; l += 64) _mm_prefetch((const char*)(next + l), _MM_HINT_T0);
+}
+
+// Each kernel walks one sub-block at a time: R int32 accumulators (one per row) take the
+// sub-block's dot products, are multiplied by the sub-block scale and added to R int32 sums;
+// the float accumulators live in the output rows.
+template <int R>
+VS_AVX512 void tile_q4k(const TileArgs& a) {
+    const Activations& x = *a.act;
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(a.out + r * a.ldo, _mm512_setzero_ps());
+    const int64_t nb = x.in / 256;
+    for (int64_t b = 0; b < a.nblocks; ++b) {
+        const uint8_t* t = a.tile + b * 2368;
+        prefetch_block(t + PREFETCH_BLOCKS * 2368, 2368);
+        const int8_t* xb = x.q.data() + a.row0 * x.in + b * 256;
+        __m512i isum[R];
+        for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
+        for (int j = 0; j < 8; ++j) {
+            __m512i dot[R];
+            for (int r = 0; r < R; ++r) dot[r] = _mm512_setzero_si512();
+            const uint8_t* qp = t + 320 + (j / 2) * 512;
+            for (int g = 0; g < 8; ++g) {
+                const __m512i v = _mm512_loadu_si512(qp + 64 * g);
+                const __m512i w = (j & 1) ? _mm512_and_si512(_mm512_srli_epi16(v, 4), m4) : _mm512_and_si512(v, m4);
+                for (int r = 0; r < R; ++r) dot[r] = _mm512_dpbusd_epi32(dot[r], w, bcast4(xb + r * x.in + 32 * j + 4 * g));
+            }
+            const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(t + 64 + 16 * j)));
+            for (int r = 0; r < R; ++r) isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(dot[r], sc));
+        }
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)t));
+        const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(t + 32)));
+        const __m512i m01 = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(t + 192)));
+        const __m512i m23 = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(t + 224)));
+        const __m512i m45 = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(t + 256)));
+        const __m512i m67 = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(t + 288)));
+        for (int r = 0; r < R; ++r) {
+            const int16_t* s32 = x.s32.data() + (a.row0 + r) * (x.in / 32) + b * 8;
+            __m512i imin = _mm512_dpwssd_epi32(_mm512_setzero_si512(), m01, _mm512_set1_epi32(load_i32(s32)));
+            imin = _mm512_dpwssd_epi32(imin, m23, _mm512_set1_epi32(load_i32(s32 + 2)));
+            imin = _mm512_dpwssd_epi32(imin, m45, _mm512_set1_epi32(load_i32(s32 + 4)));
+            imin = _mm512_dpwssd_epi32(imin, m67, _mm512_set1_epi32(load_i32(s32 + 6)));
+            const __m512 dx = _mm512_set1_ps(x.d[(a.row0 + r) * nb + b]);
+            __m512 acc = _mm512_loadu_ps(a.out + r * a.ldo);
+            acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(dx, d)));
+            acc = _mm512_sub_ps(acc, _mm512_mul_ps(_mm512_cvtepi32_ps(imin), _mm512_mul_ps(dx, dmin)));
+            _mm512_storeu_ps(a.out + r * a.ldo, acc);
+        }
+    }
+}
+
+template <int R>
+VS_AVX512 void tile_q6k(const TileArgs& a) {
+    const Activations& x = *a.act;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(a.out + r * a.ldo, _mm512_setzero_ps());
+    const int64_t nb = x.in / 256;
+    for (int64_t b = 0; b < a.nblocks; ++b) {
+        const uint8_t* t = a.tile + b * 3360;
+        prefetch_block(t + PREFETCH_BLOCKS * 3360, 3360);
+        const int8_t* xb = x.q.data() + a.row0 * x.in + b * 256;
+        __m512i isum[R];
+        for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
+        for (int j = 0; j < 16; ++j) {
+            const int p = j / 2, e = j & 1;
+            const uint8_t* n = t + 288 + 384 * p;
+            const __m512i hb = _mm512_loadu_si512(n + 256 + 64 * e);
+            __m512i dot[R];
+            for (int r = 0; r < R; ++r) dot[r] = _mm512_setzero_si512();
+            for (int h = 0; h < 4; ++h) {
+                const __m512i v = _mm512_loadu_si512(n + 64 * h);
+                const __m512i lo = e ? _mm512_and_si512(_mm512_srli_epi16(v, 4), m4) : _mm512_and_si512(v, m4);
+                __m512i bits;  // bits 2h..2h+1 moved to bits 4..5
+                switch (h) {
+                    case 0: bits = _mm512_slli_epi16(hb, 4); break;
+                    case 1: bits = _mm512_slli_epi16(hb, 2); break;
+                    case 2: bits = hb; break;
+                    default: bits = _mm512_srli_epi16(hb, 2); break;
+                }
+                const __m512i w = _mm512_or_si512(lo, _mm512_and_si512(bits, m30));
+                for (int r = 0; r < R; ++r) dot[r] = _mm512_dpbusd_epi32(dot[r], w, bcast4(xb + r * x.in + 16 * j + 4 * h));
+            }
+            const __m512i pairs = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(t + 32 + 32 * p)));
+            const __m512i sc = e ? _mm512_srai_epi32(pairs, 16) : _mm512_srai_epi32(_mm512_slli_epi32(pairs, 16), 16);
+            for (int r = 0; r < R; ++r) isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(dot[r], sc));
+        }
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)t));
+        for (int r = 0; r < R; ++r) {
+            const int16_t* s16 = x.s16.data() + (a.row0 + r) * (x.in / 16) + b * 16;
+            __m512i ioff = _mm512_setzero_si512();
+            for (int p = 0; p < 8; ++p) {
+                const __m512i pairs = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(t + 32 + 32 * p)));
+                ioff = _mm512_dpwssd_epi32(ioff, pairs, _mm512_set1_epi32(load_i32(s16 + 2 * p)));
+            }
+            const __m512i total = _mm512_sub_epi32(isum[r], _mm512_slli_epi32(ioff, 5));
+            const __m512 dx = _mm512_set1_ps(x.d[(a.row0 + r) * nb + b]);
+            __m512 acc = _mm512_loadu_ps(a.out + r * a.ldo);
+            acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(dx, d)));
+            _mm512_storeu_ps(a.out + r * a.ldo, acc);
+        }
+    }
+}
+
+template <int R>
+VS_AVX512 void tile_q5_0(const TileArgs& a) {
+    const Activations& x = *a.act;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m10 = _mm512_set1_epi8(0x10);
+    __m512 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    const int64_t nb = x.in / 32;
+    for (int64_t b = 0; b < a.nblocks; ++b) {
+        const uint8_t* t = a.tile + b * 352;
+        prefetch_block(t + 8 * 352, 352);
+        const __m512i hb = _mm512_loadu_si512(t + 288);
+        __m512i dot[R];
+        for (int r = 0; r < R; ++r) dot[r] = _mm512_setzero_si512();
+        for (int h = 0; h < 4; ++h) {
+            const __m512i v = _mm512_loadu_si512(t + 32 + 64 * h);
+            __m512i b0, b1;  // bit h (group h) and bit h + 4 (group h + 4) moved to bit 4
+            switch (h) {
+                case 0: b0 = _mm512_slli_epi16(hb, 4); b1 = hb; break;
+                case 1: b0 = _mm512_slli_epi16(hb, 3); b1 = _mm512_srli_epi16(hb, 1); break;
+                case 2: b0 = _mm512_slli_epi16(hb, 2); b1 = _mm512_srli_epi16(hb, 2); break;
+                default: b0 = _mm512_slli_epi16(hb, 1); b1 = _mm512_srli_epi16(hb, 3); break;
+            }
+            const __m512i w0 = _mm512_or_si512(_mm512_and_si512(v, m4), _mm512_and_si512(b0, m10));
+            const __m512i w1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4), _mm512_and_si512(b1, m10));
+            for (int r = 0; r < R; ++r) {
+                const int8_t* xr = x.q.data() + (a.row0 + r) * x.in + b * 32 + 4 * h;
+                dot[r] = _mm512_dpbusd_epi32(dot[r], w0, bcast4(xr));
+                dot[r] = _mm512_dpbusd_epi32(dot[r], w1, bcast4(xr + 16));
+            }
+        }
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)t));
+        for (int r = 0; r < R; ++r) {
+            const int32_t s = x.s32[(a.row0 + r) * nb + b];
+            const __m512i total = _mm512_sub_epi32(dot[r], _mm512_set1_epi32(16 * s));
+            const __m512 dx = _mm512_set1_ps(x.d[(a.row0 + r) * nb + b]);
+            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(dx, d)));
+        }
+    }
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(a.out + r * a.ldo, acc[r]);
+}
+
+template <int R>
+VS_AVX512 void tile_q8_0(const TileArgs& a) {
+    const Activations& x = *a.act;
+    const __m512i ones = _mm512_set1_epi8(1);
+    __m512 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    const int64_t nb = x.in / 32;
+    for (int64_t b = 0; b < a.nblocks; ++b) {
+        const uint8_t* t = a.tile + b * 544;
+        prefetch_block(t + 6 * 544, 544);
+        __m512i dot[R];
+        __m512i wsum = _mm512_setzero_si512();
+        for (int r = 0; r < R; ++r) dot[r] = _mm512_setzero_si512();
+        for (int g = 0; g < 8; ++g) {
+            const __m512i w = _mm512_loadu_si512(t + 32 + 64 * g);
+            wsum = _mm512_dpbusd_epi32(wsum, ones, w);
+            for (int r = 0; r < R; ++r) {
+                const int8_t* xr = x.q.data() + (a.row0 + r) * x.in + b * 32 + 4 * g;
+                dot[r] = _mm512_dpbusd_epi32(dot[r], bcast4(xr), w);  // activations are q + 128
+            }
+        }
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)t));
+        const __m512i offset = _mm512_slli_epi32(wsum, 7);
+        for (int r = 0; r < R; ++r) {
+            const __m512i total = _mm512_sub_epi32(dot[r], offset);
+            const __m512 dx = _mm512_set1_ps(x.d[(a.row0 + r) * nb + b]);
+            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(dx, d)));
+        }
+    }
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(a.out + r * a.ldo, acc[r]);
+}
+
+constexpr int MAX_ROWS = 8;  // rows per register tile
+
+template <int R>
+void tile_avx512_rows(int64_t qtype, const TileArgs& a) {
+    switch (qtype) {
+        case Q4_K: tile_q4k<R>(a); break;
+        case Q6_K: tile_q6k<R>(a); break;
+        case Q5_0: tile_q5_0<R>(a); break;
+        case Q8_0: tile_q8_0<R>(a); break;
+        default: break;
+    }
+}
+
+void tile_avx512(int64_t qtype, const TileArgs& a) {
+    switch (a.rows) {
+        case 1: tile_avx512_rows<1>(qtype, a); break;
+        case 2: tile_avx512_rows<2>(qtype, a); break;
+        case 3: tile_avx512_rows<3>(qtype, a); break;
+        case 4: tile_avx512_rows<4>(qtype, a); break;
+        case 5: tile_avx512_rows<5>(qtype, a); break;
+        case 6: tile_avx512_rows<6>(qtype, a); break;
+        case 7: tile_avx512_rows<7>(qtype, a); break;
+        default: tile_avx512_rows<8>(qtype, a); break;
+    }
+}
+
+bool cpu_has_avx512_vnni() {
+    static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                            __builtin_cpu_supports("avx512vnni");
+    return has;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Entry points.
+
+torch::Tensor repack(torch::Tensor raw, int64_t qtype, int64_t out_features, int64_t in_features) {
+    TORCH_CHECK(raw.dtype() == torch::kUInt8 && raw.is_contiguous(), "raw blocks must be contiguous uint8");
+    const Format f = format_of(qtype);
+    TORCH_CHECK(in_features % f.block_k == 0, "in_features ", in_features, " is not a multiple of ", f.block_k);
+    const int64_t nblocks = in_features / f.block_k;
+    TORCH_CHECK(raw.numel() == out_features * nblocks * f.raw_bytes, "raw size ", raw.numel(), " != ",
+                out_features * nblocks * f.raw_bytes);
+    const int64_t ntiles = (out_features + TILE - 1) / TILE;
+    auto packed = torch::zeros({ntiles * nblocks * f.tile_bytes}, torch::kUInt8);
+    const uint8_t* src = raw.data_ptr<uint8_t>();
+    uint8_t* dst = packed.data_ptr<uint8_t>();
+    at::parallel_for(0, ntiles, 1, [&](int64_t t0, int64_t t1) {
+        Decoded block;
+        for (int64_t t = t0; t < t1; ++t)
+            for (int c = 0; c < TILE; ++c) {
+                const int64_t col = t * TILE + c;
+                if (col >= out_features) continue;  // padding columns stay zero (d = 0)
+                for (int64_t b = 0; b < nblocks; ++b) {
+                    std::memset(&block, 0, sizeof block);
+                    decode_block(qtype, src + (col * nblocks + b) * f.raw_bytes, block);
+                    write_column(qtype, block, dst + (t * nblocks + b) * f.tile_bytes, c);
+                }
+            }
+    });
+    return packed;
+}
+
+// x [rows, in] float32, packed from repack() -> [rows, ceil(out / 16) * 16] float32.
+// impl: 0 = best for this CPU, 1 = portable, 2 = AVX-512 (error when the CPU lacks it).
+torch::Tensor linear(torch::Tensor x, torch::Tensor packed, int64_t qtype, int64_t out_features, int64_t impl) {
+    TORCH_CHECK(x.dim() == 2 && x.dtype() == torch::kFloat32, "x must be [rows, in] float32");
+    x = x.contiguous();
+    const Format f = format_of(qtype);
+    const int64_t rows = x.size(0), in = x.size(1);
+    TORCH_CHECK(in % f.block_k == 0, "in_features ", in, " is not a multiple of ", f.block_k);
+    const int64_t nblocks = in / f.block_k, ntiles = (out_features + TILE - 1) / TILE;
+    TORCH_CHECK(packed.numel() == ntiles * nblocks * f.tile_bytes, "packed weight does not match the shapes");
+    const bool vector = impl == 2 || (impl == 0 && cpu_has_avx512_vnni());
+    TORCH_CHECK(!(impl == 2 && !cpu_has_avx512_vnni()), "this CPU has no AVX-512 VNNI");
+    auto out = torch::empty({rows, ntiles * TILE}, torch::kFloat32);
+    Activations act;
+    quantize_rows(x.data_ptr<float>(), rows, in, f.k_quant ? 256 : 32, qtype == Q8_0, act);
+    const uint8_t* w = packed.data_ptr<uint8_t>();
+    float* o = out.data_ptr<float>();
+    const int64_t ldo = ntiles * TILE;
+    constexpr int64_t ROW_BLOCK = 64;  // rows whose activations stay in cache while a tile is reused
+    for (int64_t rb = 0; rb < rows; rb += ROW_BLOCK) {
+        const int64_t rend = std::min(rows, rb + ROW_BLOCK);
+        at::parallel_for(0, ntiles, 1, [&](int64_t t0, int64_t t1) {
+            for (int64_t t = t0; t < t1; ++t)
+                for (int64_t r = rb; r < rend; r += MAX_ROWS) {
+                    TileArgs args{w + t * nblocks * f.tile_bytes, nblocks, &act, r,
+                                  (int)std::min<int64_t>(MAX_ROWS, rend - r), o + r * ldo + t * TILE, ldo};
+                    if (vector) tile_avx512(qtype, args);
+                    else tile_portable(qtype, args);
+                }
+        });
+    }
+    return out;
+}
+
+bool has_avx512_vnni() { return cpu_has_avx512_vnni(); }
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+    m.def("repack", &repack, "GGUF blocks [out, in / block] -> 16-column interleaved tiles");
+    m.def("linear", &linear, "x [rows, in] float32 times repacked GGUF weights -> [rows, padded out]");
+    m.def("has_avx512_vnni", &has_avx512_vnni, "whether this CPU runs the AVX-512 VNNI path");
+}
