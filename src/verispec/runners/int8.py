@@ -66,6 +66,10 @@ class Int8Weights:
         """Width of the logits rows: the full vocabulary, also with a reduced head."""
         return self.embed_int8.shape[0] if self.head_token_ids is not None else self.lm_head.out_features
 
+    def embed(self, ids: Tensor) -> Tensor:
+        """float32 ``[len(ids), hidden]`` embedding rows of token ids ``ids`` ``[n]`` int64."""
+        return self.embed_int8[ids].float() * self.embed_scales[ids]
+
     def nbytes(self) -> int:
         """Bytes held by the weights (int8 matrices, scales, norms, RoPE tables)."""
         total = self.embed_int8.numel() + self.embed_scales.numel() * 4 + self.lm_head.nbytes()
@@ -299,7 +303,7 @@ class Int8Runner:
         w = self.weights
         num_new, start = len(token_ids), self._num_cached
         ids = torch.tensor(list(token_ids), dtype=torch.long)
-        x = w.embed_int8[ids].float() * w.embed_scales[ids]  # [num_new, hidden]
+        x = w.embed(ids)  # [num_new, hidden]
         cos, sin = w.cos[positions], w.sin[positions]
         q_width, kv_width = w.num_heads * w.head_dim, w.num_kv_heads * w.head_dim
         for index, layer in enumerate(w.layers):

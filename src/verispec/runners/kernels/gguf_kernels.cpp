@@ -651,6 +651,95 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, int64_t qtype, int64
     return out;
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// Attention over a static KV cache, one (query row, head) at a time.
+//
+// Row i attends slots 0 .. start + i (causal) or the slots listed in visible[i] (a token tree),
+// in increasing order; both cases run the same loop over a list of slots, so a tree node's
+// result equals the chain position's with the same keys. Dot products and weighted sums keep 16
+// partial lanes and reduce them in one fixed order; the softmax is computed in double-free float
+// with std::exp. Nothing depends on the other rows, the thread or the number of rows.
+
+constexpr int LANES = 16;
+
+__attribute__((target_clones("avx512f", "avx2", "default")))
+void attend_one(const float* q, const float* keys, const float* values, int64_t head_dim, const int64_t* slots,
+                int64_t count, float scale, float* scores, float* out) {
+    float best = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < count; ++j) {
+        const float* k = keys + (slots ? slots[j] : j) * head_dim;
+        float lanes[LANES] = {0};
+        for (int64_t c = 0; c < head_dim; c += LANES)
+            for (int l = 0; l < LANES; ++l) lanes[l] = lanes[l] + q[c + l] * k[c + l];
+        for (int width = LANES / 2; width >= 1; width /= 2)
+            for (int l = 0; l < width; ++l) lanes[l] = lanes[l] + lanes[l + width];
+        const float s = lanes[0] * scale;
+        scores[j] = s;
+        best = std::max(best, s);
+    }
+    float total = 0.0f;
+    for (int64_t j = 0; j < count; ++j) {
+        scores[j] = std::exp(scores[j] - best);
+        total = total + scores[j];
+    }
+    for (int64_t c = 0; c < head_dim; ++c) out[c] = 0.0f;
+    for (int64_t j = 0; j < count; ++j) {
+        const float* v = values + (slots ? slots[j] : j) * head_dim;
+        const float p = scores[j];
+        for (int64_t c = 0; c < head_dim; ++c) out[c] = out[c] + p * v[c];
+    }
+    const float inv = 1.0f / total;
+    for (int64_t c = 0; c < head_dim; ++c) out[c] = out[c] * inv;
+}
+
+// q [rows, heads, head_dim], keys / values [kv_heads, capacity, head_dim] (float32, contiguous);
+// visible: empty (causal from `start`) or int64 [rows, width] with lengths [rows].
+torch::Tensor attention(torch::Tensor q, torch::Tensor keys, torch::Tensor values, int64_t start,
+                        torch::Tensor visible, torch::Tensor lengths, double scale) {
+    TORCH_CHECK(q.dim() == 3 && keys.dim() == 3 && values.dim() == 3, "attention expects 3-D q, keys, values");
+    TORCH_CHECK(q.dtype() == torch::kFloat32 && keys.dtype() == torch::kFloat32 && values.dtype() == torch::kFloat32,
+                "attention expects float32");
+    TORCH_CHECK(keys.is_contiguous() && values.is_contiguous(), "keys and values must be contiguous");
+    q = q.contiguous();
+    const int64_t rows = q.size(0), heads = q.size(1), head_dim = q.size(2);
+    const int64_t kv_heads = keys.size(0), capacity = keys.size(1);
+    TORCH_CHECK(head_dim % LANES == 0, "head_dim must be a multiple of 16, got ", head_dim);
+    TORCH_CHECK(heads % kv_heads == 0 && keys.size(2) == head_dim, "query and key heads do not match");
+    const bool tree = visible.numel() > 0;
+    if (tree) {
+        TORCH_CHECK(visible.dtype() == torch::kInt64 && lengths.dtype() == torch::kInt64 && visible.size(0) == rows,
+                    "visible must be int64 [rows, width] with int64 lengths [rows]");
+        visible = visible.contiguous();
+        lengths = lengths.contiguous();
+    } else {
+        TORCH_CHECK(start + rows <= capacity, "the rows do not fit the cache");
+    }
+    auto out = torch::empty({rows, heads * head_dim}, torch::kFloat32);
+    const float* qp = q.data_ptr<float>();
+    const float* kp = keys.data_ptr<float>();
+    const float* vp = values.data_ptr<float>();
+    float* op = out.data_ptr<float>();
+    const int64_t* vis = tree ? visible.data_ptr<int64_t>() : nullptr;
+    const int64_t* len = tree ? lengths.data_ptr<int64_t>() : nullptr;
+    const int64_t width = tree ? visible.size(1) : 0, group = heads / kv_heads;
+    for (int64_t i = 0; tree && i < rows; ++i)
+        for (int64_t j = 0; j < len[i]; ++j)
+            TORCH_CHECK(vis[i * width + j] >= 0 && vis[i * width + j] < capacity, "a visible slot is outside the cache");
+    at::parallel_for(0, rows * heads, 1, [&](int64_t begin, int64_t end) {
+        std::vector<float> scores;
+        for (int64_t index = begin; index < end; ++index) {
+            const int64_t i = index / heads, h = index % heads, kvh = h / group;
+            const int64_t count = tree ? len[i] : start + i + 1;
+            scores.resize(std::max<int64_t>(count, 1));
+            attend_one(qp + (i * heads + h) * head_dim, kp + kvh * capacity * head_dim, vp + kvh * capacity * head_dim,
+                       head_dim, tree ? vis + i * width : nullptr, count, (float)scale, scores.data(),
+                       op + (i * heads + h) * head_dim);
+        }
+    });
+    return out;
+}
+
 bool has_avx512_vnni() { return cpu_has_avx512_vnni(); }
 
 }  // namespace
@@ -658,5 +747,6 @@ bool has_avx512_vnni() { return cpu_has_avx512_vnni(); }
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("repack", &repack, "GGUF blocks [out, in / block] -> 16-column interleaved tiles");
     m.def("linear", &linear, "x [rows, in] float32 times repacked GGUF weights -> [rows, padded out]");
+    m.def("attention", &attention, "causal or tree attention over a static KV cache, one (row, head) at a time");
     m.def("has_avx512_vnni", &has_avx512_vnni, "whether this CPU runs the AVX-512 VNNI path");
 }

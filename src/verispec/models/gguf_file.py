@@ -1,0 +1,225 @@
+"""A GGUF file's header without the weights: metadata scalars, tensor table, tokenizer digest.
+
+Owns parsing the GGUF header (spec: ggml-org/ggml ``docs/gguf.md``) fast enough for a cold start:
+scalars are decoded, arrays are skipped (the tokenizer's 150k strings included) and only their
+byte ranges kept, which also gives a digest of the tokenizer so two files sharing one tokenizer
+are known to without building either. Also owns the tokenizer cache: transformers builds a GGUF
+file's tokenizer once (~15 s for Qwen2.5's), ``$VERISPEC_HOME/tokenizers/<digest>`` keeps it.
+Knows nothing about running models.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from verispec.errors import ModelIntegrityError
+
+GGUF_MAGIC = b"GGUF"
+DEFAULT_ALIGNMENT = 32
+# GGUF value types -> struct format of the scalar (8 = string, 9 = array)
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_MAX_COUNT = 1 << 24
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor: ``qtype`` (ggml type id), ``shape`` in ggml order (ne0 = row length first),
+    ``offset`` (absolute, bytes) and ``n_bytes``."""
+
+    name: str
+    qtype: int
+    shape: tuple[int, ...]
+    offset: int
+    n_bytes: int
+
+    @property
+    def type_name(self) -> str:
+        from gguf import GGMLQuantizationType
+
+        try:
+            return GGMLQuantizationType(self.qtype).name
+        except ValueError:
+            return f"type {self.qtype}"
+
+
+@dataclass
+class GGUFHeader:
+    """Parsed header: ``metadata`` holds scalars and strings; arrays appear as their element count.
+
+    ``tokenizer_digest``: sha256 over the raw bytes of every ``tokenizer.*`` entry (equal digests:
+    the same tokenizer).
+    """
+
+    path: Path
+    metadata: dict[str, Any]
+    tensors: dict[str, TensorInfo]
+    tokenizer_digest: str
+    file_size: int
+    parse_time_s: float = 0.0
+    arrays: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # name -> (type, count, offset)
+
+    @property
+    def architecture(self) -> str:
+        return str(self.metadata.get("general.architecture", ""))
+
+    def arch_value(self, key: str, default: Any = None) -> Any:
+        """``{architecture}.{key}`` from the metadata, or ``default``."""
+        return self.metadata.get(f"{self.architecture}.{key}", default)
+
+    def read_array(self, name: str) -> list:
+        """Decode one array entry (e.g. ``tokenizer.ggml.token_type``); strings as str."""
+        value_type, count, offset = self.arrays[name]
+        with open(self.path, "rb") as source:
+            source.seek(offset)
+            reader = _Reader(source, self.path)
+            return [reader.value(value_type) for _ in range(count)]
+
+
+class _Reader:
+    def __init__(self, source, path: Path) -> None:
+        self.source, self.path = source, path
+
+    def take(self, size: int) -> bytes:
+        data = self.source.read(size)
+        if len(data) != size:
+            raise ModelIntegrityError(f"{self.path} is truncated: the GGUF header ends early")
+        return data
+
+    def unpack(self, fmt: str):
+        return struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
+
+    def string(self) -> str:
+        length = self.unpack("<Q")
+        if length > 1 << 30:
+            raise ModelIntegrityError(f"{self.path} is not a valid GGUF file: a {length}-byte string")
+        return self.take(length).decode("utf-8", errors="replace")
+
+    def value(self, value_type: int):
+        if value_type in _SCALARS:
+            return self.unpack(_SCALARS[value_type])
+        if value_type == 8:
+            return self.string()
+        raise ModelIntegrityError(f"{self.path} is not a valid GGUF file: value type {value_type}")
+
+    def skip_array(self, value_type: int, count: int) -> None:
+        if value_type in _SCALARS:
+            self.source.seek(struct.calcsize(_SCALARS[value_type]) * count, os.SEEK_CUR)
+        elif value_type == 8:  # length-prefixed strings: walk the lengths in chunks
+            for _ in range(count):
+                (length,) = struct.unpack("<Q", self.take(8))
+                self.source.seek(length, os.SEEK_CUR)
+        else:
+            raise ModelIntegrityError(f"{self.path} is not a valid GGUF file: nested array of type {value_type}")
+
+
+def read_gguf_header(path: Path) -> GGUFHeader:
+    """Parse ``path``'s GGUF header (no tensor data is read).
+
+    Raises:
+        ModelIntegrityError: not a GGUF file, a truncated header, implausible counts, or a tensor
+            table that points past the end of the file.
+    """
+    from gguf import GGML_QUANT_SIZES
+
+    start = time.perf_counter()
+    path = Path(path)
+    file_size = path.stat().st_size
+    metadata: dict[str, Any] = {}
+    arrays: dict[str, tuple[int, int, int]] = {}
+    digest = hashlib.sha256()
+    with open(path, "rb", buffering=1 << 20) as source:
+        reader = _Reader(source, path)
+        if reader.take(4) != GGUF_MAGIC:
+            raise ModelIntegrityError(f"{path} is not a valid GGUF file: it does not start with the GGUF magic bytes")
+        version = reader.unpack("<I")
+        if version not in (2, 3):
+            raise ModelIntegrityError(f"{path} is not a valid GGUF file: version {version} is not 2 or 3")
+        tensor_count, kv_count = reader.unpack("<Q"), reader.unpack("<Q")
+        if tensor_count > _MAX_COUNT or kv_count > _MAX_COUNT:
+            raise ModelIntegrityError(f"{path} is not a valid GGUF file: implausible header")
+        for _ in range(kv_count):
+            key = reader.string()
+            value_type = reader.unpack("<I")
+            begin = source.tell()
+            if value_type == 9:
+                item_type, count = reader.unpack("<I"), reader.unpack("<Q")
+                if count > 1 << 28:
+                    raise ModelIntegrityError(f"{path} is not a valid GGUF file: array {key} of {count} items")
+                arrays[key] = (item_type, count, source.tell())
+                reader.skip_array(item_type, count)
+                metadata[key] = count
+            else:
+                metadata[key] = reader.value(value_type)
+            if key.startswith("tokenizer."):
+                end = source.tell()
+                source.seek(begin)
+                digest.update(key.encode())
+                digest.update(reader.take(end - begin))
+        raw_tensors = []
+        for _ in range(tensor_count):
+            name = reader.string()
+            n_dims = reader.unpack("<I")
+            if n_dims > 8:
+                raise ModelIntegrityError(f"{path} is not a valid GGUF file: tensor {name} has {n_dims} dimensions")
+            shape = tuple(reader.unpack("<Q") for _ in range(n_dims))
+            qtype, offset = reader.unpack("<I"), reader.unpack("<Q")
+            raw_tensors.append((name, qtype, shape, offset))
+        alignment = int(metadata.get("general.alignment", DEFAULT_ALIGNMENT))
+        data_start = -(-source.tell() // alignment) * alignment
+    tensors = {}
+    for name, qtype, shape, offset in raw_tensors:
+        if qtype not in GGML_QUANT_SIZES:
+            raise ModelIntegrityError(f"{path}: tensor {name} has unknown type {qtype}")
+        block, type_size = GGML_QUANT_SIZES[qtype]
+        elements = 1
+        for dim in shape:
+            elements *= dim
+        n_bytes = elements // block * type_size
+        if data_start + offset + n_bytes > file_size:
+            raise ModelIntegrityError(f"{path} is truncated: tensor {name} ends past the end of the file")
+        tensors[name] = TensorInfo(name, qtype, shape, data_start + offset, n_bytes)
+    return GGUFHeader(path, metadata, tensors, digest.hexdigest(), file_size, time.perf_counter() - start, arrays)
+
+
+def cached_tokenizer(header: GGUFHeader, directory: Path | None = None):
+    """The transformers tokenizer of a GGUF file, built once and kept by tokenizer digest.
+
+    The first call converts the GGUF vocabulary with transformers (seconds); later calls, for
+    this file or any file with the same tokenizer, load the saved fast tokenizer. Raises
+    ModelIntegrityError when transformers cannot build it.
+    """
+    from transformers import AutoTokenizer
+
+    if directory is None:
+        from verispec.models.store import verispec_home
+
+        directory = verispec_home() / "tokenizers"
+    target = Path(directory) / header.tokenizer_digest[:24]
+    if (target / "tokenizer_config.json").exists():
+        try:
+            return AutoTokenizer.from_pretrained(target, local_files_only=True)
+        except Exception:  # a damaged cache entry: rebuild it below
+            pass
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(header.path.parent, gguf_file=header.path.name, local_files_only=True)
+    except Exception as exc:  # transformers raises anything from OSError to bare Exception
+        raise ModelIntegrityError(f"could not read the tokenizer of {header.path}: {type(exc).__name__}: {exc}") from exc
+    temporary = target.with_name(target.name + f".tmp{os.getpid()}")
+    try:
+        tokenizer.save_pretrained(temporary)
+        (temporary / "verispec.json").write_text(json.dumps({"source": str(header.path)}))
+        if target.exists():
+            import shutil
+
+            shutil.rmtree(target, ignore_errors=True)
+        temporary.replace(target)
+    except OSError:
+        pass  # a read-only cache only costs the next start its time
+    return tokenizer

@@ -1,0 +1,327 @@
+"""The batch-invariant 4-bit CPU runner: a GGUF file's own quantized blocks, read straight from disk.
+
+Owns turning a Qwen2 / Llama GGUF file into :class:`GGUFWeights`: each weight matrix's blocks
+(Q4_K, Q6_K, Q5_0, Q8_0: the same bits llama.cpp runs) are read with plain file reads (no fp32
+model, no mmap left resident) and repacked into the kernels' 16-column tiles; norms, biases and
+RoPE tables stay float32; embedding rows are de-quantized on lookup. The forward pass, KV cache,
+tree verification and rollback are :class:`verispec.runners.int8.Int8Runner`'s: every op is
+row-local and the block products (:mod:`verispec.runners.kernels`) accumulate in one fixed order,
+so a k-token verify pass gives bit-identical logits to k one-token steps. Knows nothing about
+drafting or sampling.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from verispec.errors import InvalidParameterError, ModelIntegrityError
+from verispec.models.gguf_file import GGUFHeader, TensorInfo, read_gguf_header
+from verispec.runners.int8 import DEFAULT_MAX_CONTEXT, Int8Layer, Int8Runner
+
+# ggml type ids the kernels multiply (ggml.h: enum ggml_type)
+SUPPORTED_TYPES = {12: "Q4_K", 14: "Q6_K", 6: "Q5_0", 8: "Q8_0"}
+FLOAT_TYPES = {0: np.float32, 1: np.float16}
+SUPPORTED_ARCHITECTURES = ("qwen2", "llama")
+IMPLEMENTATIONS = {"auto": 0, "portable": 1, "avx512": 2}
+_IMPL = ["auto"]
+
+
+def set_kernel_implementation(name: str) -> None:
+    """``"auto"`` (AVX-512 VNNI when the CPU has it), ``"portable"`` or ``"avx512"``: both give the
+    same bits; tests use this to check it. Raises InvalidParameterError for another name."""
+    if name not in IMPLEMENTATIONS:
+        raise InvalidParameterError(f"unknown kernel implementation {name!r}; choose one of {', '.join(IMPLEMENTATIONS)}")
+    _IMPL[0] = name
+
+
+@dataclass
+class GGUFLinear:
+    """``y = x @ W.T + bias`` with W in GGUF blocks: ``parts`` are row ranges of W, each one block type.
+
+    ``parts``: ``(packed tiles uint8, ggml type id, rows)``; ``bias`` ``[out_features]`` float32.
+    """
+
+    parts: list[tuple[Tensor, int, int]]
+    in_features: int
+    bias: Tensor | None = None
+
+    @property
+    def out_features(self) -> int:
+        return sum(rows for _, _, rows in self.parts)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        """``x`` ``[rows, in_features]`` float32 -> ``[rows, out_features]`` float32, row-local."""
+        from verispec.runners.kernels import gguf_kernels
+
+        kernels, impl = gguf_kernels(), IMPLEMENTATIONS[_IMPL[0]]
+        outs = [kernels.linear(x, packed, qtype, rows, impl)[:, :rows] for packed, qtype, rows in self.parts]
+        y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+        if self.bias is not None:
+            y = y + self.bias
+        return y
+
+    def nbytes(self) -> int:
+        return sum(p.numel() for p, _, _ in self.parts) + (0 if self.bias is None else self.bias.numel() * 4)
+
+
+@dataclass
+class GGUFEmbedding:
+    """Token embedding rows in the file's own format, de-quantized per lookup (``gguf.quants``)."""
+
+    raw: Tensor  # [vocab, row_bytes] uint8
+    qtype: int
+    hidden: int
+
+    def __call__(self, ids: Tensor) -> Tensor:
+        from gguf import GGMLQuantizationType, quants
+
+        rows = self.raw[ids].numpy()
+        if self.qtype in FLOAT_TYPES:
+            values = rows.view(FLOAT_TYPES[self.qtype]).astype(np.float32)
+        else:
+            values = quants.dequantize(rows, GGMLQuantizationType(self.qtype))
+        return torch.from_numpy(np.ascontiguousarray(values.reshape(len(ids), self.hidden), dtype=np.float32))
+
+
+@dataclass
+class GGUFWeights:
+    """A Llama/Qwen2 decoder as :class:`Int8Runner` runs it, with GGUF-block linear layers.
+
+    ``cos``/``sin``: ``[max_positions, head_dim]`` float32 RoPE tables. ``head_token_ids``
+    ``[kept]`` int64: the rows a reduced draft head keeps (FR-Spec), None for the full head.
+    """
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    embedding: GGUFEmbedding
+    layers: list[Int8Layer]
+    final_norm: Tensor
+    lm_head: GGUFLinear
+    cos: Tensor
+    sin: Tensor
+    head_token_ids: Tensor | None = None
+    load_time_s: float = 0.0
+
+    @property
+    def vocab_size(self) -> int:
+        return self.embedding.raw.shape[0] if self.head_token_ids is not None else self.lm_head.out_features
+
+    def embed(self, ids: Tensor) -> Tensor:
+        return self.embedding(ids)
+
+    def nbytes(self) -> int:
+        """Bytes held: packed blocks, the raw embedding, norms, biases and RoPE tables."""
+        total = self.embedding.raw.numel() + self.lm_head.nbytes()
+        total += (self.final_norm.numel() + self.cos.numel() + self.sin.numel()) * 4
+        for layer in self.layers:
+            total += sum(w.nbytes() for w in (layer.qkv, layer.o, layer.gate_up, layer.down))
+            total += (layer.input_norm.numel() + layer.post_norm.numel()) * 4
+        return total
+
+    @classmethod
+    def from_file(cls, path: Path, max_positions: int, *, head_token_ids: Tensor | None = None) -> GGUFWeights:
+        """Read and repack ``path`` (see the module docstring).
+
+        Raises:
+            InvalidParameterError: an architecture other than qwen2/llama, RoPE scaling or partial
+                rotary, or a weight in a block type the kernels do not multiply (named).
+            ModelIntegrityError: a missing tensor, a truncated file, or a tensor of the wrong shape.
+        """
+        start = time.perf_counter()
+        header = read_gguf_header(Path(path))
+        loader = _Loader(header)
+        weights = loader.weights(max_positions, head_token_ids)
+        weights.load_time_s = time.perf_counter() - start
+        return weights
+
+
+class _Loader:
+    def __init__(self, header: GGUFHeader) -> None:
+        self.header = header
+        self.path = header.path
+        arch = header.architecture
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise InvalidParameterError(
+                f"the gguf runner supports {', '.join(SUPPORTED_ARCHITECTURES)} models, not {arch!r}: use --runner llamacpp or torch"
+            )
+        scaling = header.arch_value("rope.scaling.type")
+        if scaling not in (None, "none"):
+            raise InvalidParameterError(f"the gguf runner does not support RoPE scaling ({scaling!r}): use --runner torch")
+        self.hidden = int(header.arch_value("embedding_length"))
+        self.num_heads = int(header.arch_value("attention.head_count"))
+        self.num_kv_heads = int(header.arch_value("attention.head_count_kv", self.num_heads))
+        self.head_dim = int(header.arch_value("attention.key_length", self.hidden // self.num_heads))
+        rope_dims = header.arch_value("rope.dimension_count")
+        if rope_dims is not None and int(rope_dims) != self.head_dim:
+            raise InvalidParameterError("the gguf runner does not support partial rotary embeddings: use --runner torch")
+        self.num_layers = int(header.arch_value("block_count"))
+        self.eps = float(header.arch_value("attention.layer_norm_rms_epsilon", 1e-6))
+        self.rope_base = float(header.arch_value("rope.freq_base", 10000.0))
+        self.file = open(self.path, "rb", buffering=0)
+
+    def tensor(self, name: str) -> TensorInfo:
+        info = self.header.tensors.get(name)
+        if info is None:
+            raise ModelIntegrityError(f"{self.path} has no tensor {name!r}")
+        return info
+
+    def raw(self, info: TensorInfo) -> Tensor:
+        buffer = torch.empty(info.n_bytes, dtype=torch.uint8)
+        self.file.seek(info.offset)
+        view, done = memoryview(buffer.numpy()), 0
+        while done < info.n_bytes:
+            count = self.file.readinto(view[done:])
+            if not count:
+                raise ModelIntegrityError(f"{self.path} is truncated inside tensor {info.name}")
+            done += count
+        return buffer
+
+    def floats(self, name: str) -> Tensor:
+        info = self.tensor(name)
+        if info.qtype not in FLOAT_TYPES:
+            raise InvalidParameterError(f"{name} in {self.path} is {info.type_name}; the gguf runner expects F32/F16 there")
+        return torch.from_numpy(self.raw(info).numpy().view(FLOAT_TYPES[info.qtype]).astype(np.float32))
+
+    def rows(self, name: str, expected_in: int) -> tuple[Tensor, TensorInfo]:
+        """Raw blocks ``[out, row_bytes]`` uint8 of a 2-D weight with rows of ``expected_in`` values."""
+        info = self.tensor(name)
+        if len(info.shape) != 2 or info.shape[0] != expected_in:
+            raise ModelIntegrityError(f"{name} in {self.path} has shape {list(info.shape)}, expected rows of {expected_in}")
+        if info.qtype not in SUPPORTED_TYPES:
+            supported = ", ".join(SUPPORTED_TYPES.values())
+            raise InvalidParameterError(
+                f"{name} in {self.path} is stored as {info.type_name}, which the gguf runner does not multiply "
+                f"(it supports {supported}): use --runner int8 or llamacpp"
+            )
+        return self.raw(info).view(int(info.shape[1]), -1), info
+
+    def linear(self, names: Sequence[str], in_features: int, *, permute_heads: Sequence[int | None] = (),
+               bias_names: Sequence[str] = (), row_ids: Tensor | None = None) -> GGUFLinear:
+        """One linear layer from tensors ``names`` stacked along the output (e.g. q, k, v)."""
+        from verispec.runners.kernels import gguf_kernels
+
+        kernels = gguf_kernels()
+        groups: list[tuple[int, list[Tensor]]] = []
+        for index, name in enumerate(names):
+            raw, info = self.rows(name, in_features)
+            heads = permute_heads[index] if index < len(permute_heads) else None
+            if heads is not None:
+                raw = raw[_unpermute_rows(raw.shape[0], heads)]
+            if row_ids is not None:
+                raw = raw[row_ids]
+            if groups and groups[-1][0] == info.qtype:
+                groups[-1][1].append(raw)
+            else:
+                groups.append((info.qtype, [raw]))
+        parts = []
+        for qtype, raws in groups:
+            block = torch.cat(raws) if len(raws) > 1 else raws[0]
+            packed = kernels.repack(block.contiguous().view(-1), qtype, block.shape[0], in_features)
+            parts.append((packed, qtype, block.shape[0]))
+        bias = None
+        present = [b for b in bias_names if b in self.header.tensors]
+        if present:
+            if len(present) != len(bias_names):
+                raise ModelIntegrityError(f"{self.path} has only some of the biases {list(bias_names)}")
+            values = []
+            for index, bias_name in enumerate(bias_names):
+                value = self.floats(bias_name)
+                heads = permute_heads[index] if index < len(permute_heads) else None
+                values.append(value[_unpermute_rows(value.shape[0], heads)] if heads is not None else value)
+            bias = torch.cat(values)
+        return GGUFLinear(parts, in_features, bias)
+
+    def weights(self, max_positions: int, head_token_ids: Tensor | None) -> GGUFWeights:
+        permute = self.header.architecture == "llama"  # llama.cpp's converter interleaves q/k rows
+        q_heads = (self.num_heads, self.num_kv_heads, None) if permute else ()
+        hidden = self.hidden
+        try:
+            layers = []
+            for i in range(self.num_layers):
+                p = f"blk.{i}."
+                ffn = int(self.tensor(p + "ffn_down.weight").shape[0])
+                layers.append(Int8Layer(
+                    input_norm=self.floats(p + "attn_norm.weight"),
+                    qkv=self.linear([p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], hidden,
+                                    permute_heads=q_heads, bias_names=[p + "attn_q.bias", p + "attn_k.bias", p + "attn_v.bias"]),
+                    o=self.linear([p + "attn_output.weight"], self.num_heads * self.head_dim),
+                    post_norm=self.floats(p + "ffn_norm.weight"),
+                    gate_up=self.linear([p + "ffn_gate.weight", p + "ffn_up.weight"], hidden),
+                    down=self.linear([p + "ffn_down.weight"], ffn),
+                ))
+            embed_info = self.tensor("token_embd.weight")
+            embedding = GGUFEmbedding(self.raw(embed_info).view(int(embed_info.shape[1]), -1), embed_info.qtype, hidden)
+            head_name = "output.weight" if "output.weight" in self.header.tensors else "token_embd.weight"
+            row_ids = None if head_token_ids is None else head_token_ids.long()
+            lm_head = self.linear([head_name], hidden, row_ids=row_ids)
+            final_norm = self.floats("output_norm.weight")
+        finally:
+            self.file.close()
+        cos, sin = rope_tables(self.head_dim, self.rope_base, max_positions)
+        return GGUFWeights(
+            num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim, rms_norm_eps=self.eps,
+            embedding=embedding, layers=layers, final_norm=final_norm, lm_head=lm_head, cos=cos, sin=sin,
+            head_token_ids=row_ids,
+        )
+
+
+def _unpermute_rows(rows: int, heads: int) -> Tensor:
+    """Row order that undoes llama.cpp's q/k permutation (``convert_hf_to_gguf.py``'s ``permute``),
+    so the half-split RoPE of :func:`verispec.runners.int8.rotate` applies."""
+    half = rows // heads // 2
+    return torch.arange(rows).view(heads, half, 2).transpose(1, 2).reshape(-1)
+
+
+def rope_tables(head_dim: int, base: float, max_positions: int) -> tuple[Tensor, Tensor]:
+    """``cos``, ``sin`` ``[max_positions, head_dim]`` float32, half-split layout (Su et al. 2021),
+    computed as transformers' default RoPE does."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    positions = torch.arange(max_positions, dtype=torch.float32)
+    freqs = positions[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().contiguous(), emb.sin().contiguous()
+
+
+class GGUFRunner(Int8Runner):
+    """:class:`verispec.runners.Runner` over a GGUF file's own blocks (``--runner gguf``).
+
+    Args:
+        weights: from :meth:`GGUFWeights.from_file` (shared by runners with their own caches).
+        max_context_length: KV capacity in tokens (at most the RoPE table's length).
+    """
+
+    @classmethod
+    def from_file(cls, path: Path, *, context_length: int | None = None, max_context_length: int | None = None,
+                  head_token_ids: Tensor | None = None) -> GGUFRunner:
+        """Load ``path``; capacity defaults to min(the model's context length, 4096)."""
+        if max_context_length is None:
+            header_length = context_length or int(read_gguf_header(Path(path)).arch_value("context_length", DEFAULT_MAX_CONTEXT))
+            max_context_length = min(header_length, DEFAULT_MAX_CONTEXT)
+        weights = GGUFWeights.from_file(Path(path), int(max_context_length), head_token_ids=head_token_ids)
+        return cls(weights, max_context_length=int(max_context_length))
+
+    def _attend(self, q: Tensor, keys: Tensor, values: Tensor, start: int, visible: list[Tensor] | None = None) -> Tensor:
+        """The C++ kernel's attention: same contract as :meth:`Int8Runner._attend` (row i over
+        slots ``0 .. start + i`` or ``visible[i]``, in order), parallel over (row, head)."""
+        from verispec.runners.kernels import gguf_kernels
+
+        if visible is None:
+            slots = lengths = _EMPTY
+        else:
+            lengths = torch.tensor([len(v) for v in visible], dtype=torch.int64)
+            slots = torch.zeros(len(visible), int(lengths.max()), dtype=torch.int64)
+            for i, v in enumerate(visible):
+                slots[i, : len(v)] = v
+        return gguf_kernels().attention(q, keys, values, start, slots, lengths, self.weights.head_dim**-0.5)
+
+
+_EMPTY = torch.empty(0, dtype=torch.int64)
