@@ -21,6 +21,13 @@ from verispec.audit import QualityAuditor, describe_audit
 from verispec.errors import InvalidParameterError, VerispecError
 from verispec.models.cli import models_app
 from verispec.runners.select import RunnerOptions
+
+RUNNER_HELP = (
+    "auto (default: gguf on a CPU when it can run the files, else the fastest by measured cost curves), "
+    "gguf (the GGUF file's own 4-bit blocks, batch-invariant C++ kernels: exact and fast on a CPU), "
+    "int8 (batch-invariant int8 re-quantization, Llama/Qwen2), llamacpp (GGUF through llama.cpp, needs the "
+    "llamacpp extra; not exact under speculation) or torch (transformers, any device: the fp32 reference)."
+)
 from verispec.pipeline import DEFAULT_DRAFT, DEFAULT_TARGET, DrafterOptions, SpeculativePipeline, peak_rss_bytes
 from verispec.sampling import SamplingParams
 
@@ -55,13 +62,9 @@ def generate(
         None, help="Target layers the layer-skip drafter runs (default: a quarter; 0 = no layer skip)."
     ),
     draft_quantization: str = typer.Option("none", help="none or int8 (weight-only) for the draft model."),
-    runner: str = typer.Option(
-        "torch",
-        help="torch (transformers), int8 (fast batch-invariant CPU path, Llama/Qwen2), llamacpp (GGUF; needs "
-        "verispec[llamacpp]) or auto (fastest by cost curves measured on first use).",
-    ),
+    runner: str = typer.Option("auto", help=RUNNER_HELP),
     draft_vocab: Optional[int] = typer.Option(
-        None, help="Reduced draft LM head: keep this many most frequent tokens (FR-Spec; --runner int8)."
+        None, help="Reduced draft LM head: keep this many most frequent tokens (FR-Spec; --runner gguf or int8)."
     ),
     draft_vocab_corpus: Optional[List[str]] = typer.Option(
         None, help="Text file whose token counts pick the --draft-vocab tokens (repeatable; default: BPE rank)."
@@ -125,7 +128,7 @@ def generate(
         if pipe.runner_kind == "llamacpp" and method != "none":
             err.print(
                 "[yellow]warning:[/yellow] llama.cpp computes a k-token batch differently from a 1-token step, so "
-                "greedy speculative output can differ from plain llama.cpp decoding at near-ties; use --runner int8 "
+                "greedy speculative output can differ from plain llama.cpp decoding at near-ties; use --runner gguf "
                 "for token-identical output",
                 highlight=False,
             )
@@ -225,6 +228,7 @@ def serve(
     port: int = typer.Option(8000, help="TCP port."),
     api_key: Optional[str] = typer.Option(None, envvar="VERISPEC_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1."),
     dtype: str = typer.Option("float32", help="float32 or bfloat16."),
+    runner: str = typer.Option("auto", help=RUNNER_HELP),
     max_queue: int = typer.Option(64, min=1, help="Requests that may wait for the engine before 429."),
     max_tokens_cap: int = typer.Option(2048, min=1, help="Largest max_tokens a request may ask for."),
     max_body_bytes: int = typer.Option(4 * 1024 * 1024, min=1024, help="Largest request body (bytes)."),
@@ -254,7 +258,7 @@ def serve(
     try:
         spec = SpeculativeConfig(method=method or ("draft" if use_draft else "none"), num_speculative_tokens=num_speculative_tokens)
         with err.status(f"loading {target}" + (f" + {draft}" if use_draft else "")):
-            pipe = SpeculativePipeline.load(target, draft if use_draft else None, dtype=dtype)
+            pipe = SpeculativePipeline.load(target, draft if use_draft else None, dtype=dtype, runners=RunnerOptions(kind=runner))
     except VerispecError as exc:
         err.print(f"[red]error:[/red] {exc}", highlight=False)
         raise typer.Exit(2) from None

@@ -30,7 +30,7 @@ from verispec.proposers.layer_skip import LayerSkipProposer
 from verispec.proposers.ngram import NgramProposer
 from verispec.runners.quantize import QUANTIZATIONS, quantize_linear_layers
 from verispec.runners.costs import seed_cost_model
-from verispec.runners.select import RunnerOptions, build_runners, cached_auto_choice, cached_curve
+from verispec.runners.select import RunnerOptions, auto_picks_gguf, build_runners, cached_auto_choice, cached_curve
 from verispec.runners.torch_runner import TransformersRunner
 from verispec.sampling import SamplingParams
 
@@ -182,15 +182,18 @@ class SpeculativePipeline:
             ModelNotFoundError, ModelIntegrityError, ModelFetchError: from the model store.
             IncompatibleDraftError: the draft's tokenizer or EOS differs from the target's.
             InvalidParameterError: unknown dtype, or a runner that cannot run the models.
+
+        ``runners`` defaults to ``auto``: on a CPU the gguf runner for GGUF files it can run.
         """
-        runners = runners or RunnerOptions()
+        runners = runners or RunnerOptions(kind="auto")
         if runners.kind == "auto":
             runners = dataclasses.replace(runners, kind=_cached_auto(target, draft, device) or "auto")
-        if runners.kind == "llamacpp":
+        if runners.kind in ("llamacpp", "gguf"):
             from verispec.runners.llamacpp import load_gguf_info
 
-            target_model = load_gguf_info(target)
-            draft_model = load_gguf_info(draft) if draft else None
+            name = "llama.cpp" if runners.kind == "llamacpp" else "gguf"
+            target_model = load_gguf_info(target, runner=name)
+            draft_model = load_gguf_info(draft, runner=name) if draft else None
         else:
             target_model = load_model(target, dtype=dtype, device=device)
             draft_model = load_model(draft, dtype=dtype, device=device) if draft else None
@@ -240,6 +243,8 @@ def _cached_auto(target: str, draft: str | None, device: str) -> str | None:
     store = ModelStore()
     target_source = store.resolve(target)
     draft_source = store.resolve(draft) if draft else None
+    if auto_picks_gguf(target_source.path, draft_source.path if draft_source else None, device):
+        return "gguf"
     return cached_auto_choice(
         target_source.name, target_source.path, speculative=draft is not None, device=device,
         draft=(draft_source.name, draft_source.path) if draft_source else None,

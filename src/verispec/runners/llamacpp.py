@@ -181,35 +181,31 @@ class LlamaCppRunner:
             pass
 
 
-def load_gguf_info(ref: str, *, store=None):
+def load_gguf_info(ref: str, *, store=None, runner: str = "llama.cpp"):
     """A :class:`verispec.models.loading.LoadedModel` for a GGUF reference, without a torch model.
 
-    ``model`` is None; the tokenizer, EOS ids, context length and logits width come from the
-    GGUF metadata through transformers (no tensors are dequantized). ``param_bytes`` is the
-    file size. Raises InvalidParameterError when ``ref`` is not a GGUF file, and the model
-    store's errors (ModelNotFoundError, ModelIntegrityError, ModelFetchError).
+    ``model`` is None; the tokenizer (built once, then cached by tokenizer digest: see
+    :func:`verispec.models.gguf_file.cached_tokenizer`), EOS ids, context length and logits width
+    come from the GGUF header; no tensor is read. ``param_bytes`` is the file size. Raises
+    InvalidParameterError when ``ref`` is not a GGUF file, and the model store's errors
+    (ModelNotFoundError, ModelIntegrityError, ModelFetchError).
     """
-    from transformers import AutoConfig, AutoTokenizer
-
-    from verispec.models.loading import LoadedModel, check_gguf_header
+    from verispec.models.gguf_file import cached_tokenizer, read_gguf_header
+    from verispec.models.loading import LoadedModel
     from verispec.models.store import ModelStore
 
     source = (store or ModelStore()).resolve(ref)
     if source.kind != "gguf":
-        raise InvalidParameterError(f"the llama.cpp runner needs a .gguf model, and {ref!r} is a {source.kind}")
-    check_gguf_header(source.path)
+        raise InvalidParameterError(f"the {runner} runner needs a .gguf model, and {ref!r} is a {source.kind}")
     start = time.perf_counter()
-    options = {"gguf_file": source.path.name, "local_files_only": True}
-    try:
-        config = AutoConfig.from_pretrained(source.path.parent, **options)
-        tokenizer = AutoTokenizer.from_pretrained(source.path.parent, **options)
-    except Exception as exc:  # transformers raises anything from OSError to bare Exception
-        raise ModelIntegrityError(f"could not read {source.path}: {type(exc).__name__}: {exc}") from exc
+    header = read_gguf_header(source.path)
+    tokenizer = cached_tokenizer(header)
     eos: list[int] = []
-    for candidate in (getattr(config, "eos_token_id", None), tokenizer.eos_token_id):
-        for token_id in candidate if isinstance(candidate, (list, tuple)) else [candidate]:
-            if token_id is not None and int(token_id) not in eos:
-                eos.append(int(token_id))
+    for candidate in (header.metadata.get("tokenizer.ggml.eos_token_id"), tokenizer.eos_token_id):
+        if candidate is not None and int(candidate) not in eos:
+            eos.append(int(candidate))
+    embedding = header.tensors.get("output.weight") or header.tensors.get("token_embd.weight")
+    vocab_size = int(embedding.shape[1]) if embedding is not None and len(embedding.shape) == 2 else len(tokenizer)
     return LoadedModel(
         name=source.name,
         model=None,
@@ -218,6 +214,6 @@ def load_gguf_info(ref: str, *, store=None):
         load_time_s=time.perf_counter() - start,
         param_bytes=source.path.stat().st_size,
         eos_token_ids=tuple(eos),
-        context_length=int(config.max_position_embeddings),
-        vocab_size=int(config.vocab_size),
+        context_length=int(header.arch_value("context_length", 2048)),
+        vocab_size=vocab_size,
     )

@@ -1,8 +1,10 @@
 """Which runner executes a loaded model: the ``--runner`` choice, ``auto`` included.
 
-Owns the names (torch, int8, llamacpp, auto), building a runner for a loaded model, and the
-``auto`` decision from cached cost curves (measured on first use, see
-:mod:`verispec.runners.costs`). Knows nothing about drafting or decoding.
+Owns the names (gguf, int8, llamacpp, torch, auto), building a runner for a loaded model, and the
+``auto`` decision: on a CPU, the batch-invariant gguf runner for every GGUF file it can run
+(exact under speculation, and the fastest we measured), else the fastest of the others by cached
+cost curves (measured on first use, see :mod:`verispec.runners.costs`). Knows nothing about
+drafting or decoding.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from verispec.errors import InvalidParameterError
 from verispec.runners import Runner
 from verispec.runners.costs import CostCache, CostCurve, choose_runner, measure_cost_curve, model_key
 
-RUNNERS = ("auto", "torch", "int8", "llamacpp")
+RUNNERS = ("auto", "gguf", "int8", "llamacpp", "torch")
+BATCH_INVARIANT = ("gguf", "int8")  # runners whose verify rows equal their decode rows, bit for bit
 
 
 @dataclass(frozen=True)
@@ -25,11 +28,14 @@ class RunnerOptions:
     """How models are run.
 
     Attributes:
-        kind: ``"torch"`` (transformers, any model, any device), ``"int8"`` (lean batch-invariant
-            int8 CPU path for Llama/Qwen2), ``"llamacpp"`` (GGUF through llama.cpp, needs the
-            ``llamacpp`` extra) or ``"auto"`` (fastest by measured cost curves).
-        max_context_length: KV capacity of the int8 / llama.cpp runners (default min(model's, 4096)).
-        draft_vocab_size: keep only this many draft LM-head rows (FR-Spec; int8 runner only);
+        kind: ``"gguf"`` (the GGUF file's own 4-bit blocks, batch-invariant C++ kernels, CPU),
+            ``"int8"`` (batch-invariant int8 re-quantization of a torch model, CPU),
+            ``"llamacpp"`` (GGUF through llama.cpp, needs the ``llamacpp`` extra; not exact under
+            speculation), ``"torch"`` (transformers, any model, any device) or ``"auto"``
+            (gguf where it can run the files, else the fastest by measured cost curves).
+        max_context_length: KV capacity of the gguf / int8 / llama.cpp runners (default
+            min(model's, 4096)).
+        draft_vocab_size: keep only this many draft LM-head rows (FR-Spec; gguf and int8 runners);
             None keeps the full head.
         draft_vocab_corpus: text files whose token counts choose those rows; empty: the BPE
             merge-rank proxy (lowest ids).
@@ -52,9 +58,17 @@ class RunnerOptions:
 def make_runner(kind: str, loaded, *, max_context_length: int | None = None, head_token_ids=None) -> Runner:
     """A runner of kind ``kind`` (not ``auto``) over ``loaded`` (a ``LoadedModel``).
 
-    ``head_token_ids`` ``[kept]``: reduced LM head (int8 only). Raises InvalidParameterError when
-    the kind cannot run this model (no torch model, not a GGUF file, unsupported architecture).
+    ``head_token_ids`` ``[kept]``: reduced LM head (gguf, int8). Raises InvalidParameterError when
+    the kind cannot run this model (no torch model, not a GGUF file, unsupported architecture or
+    block type).
     """
+    if kind == "gguf":
+        from verispec.runners.gguf_runner import GGUFRunner
+
+        if loaded.path is None or Path(loaded.path).suffix != ".gguf":
+            raise InvalidParameterError(f"the gguf runner needs a .gguf model; {loaded.name} is not one")
+        capacity = max_context_length or min(loaded.context_length, 4096)
+        return GGUFRunner.from_file(loaded.path, max_context_length=capacity, head_token_ids=head_token_ids)
     if kind == "llamacpp":
         from verispec.runners.llamacpp import LlamaCppRunner
 
@@ -75,6 +89,38 @@ def make_runner(kind: str, loaded, *, max_context_length: int | None = None, hea
 
         return TransformersRunner(loaded.model, max_context_length=max_context_length or loaded.context_length)
     raise InvalidParameterError(f"unknown runner {kind!r}; choose one of {', '.join(RUNNERS[1:])}")
+
+
+def gguf_runner_supports(path: Path | None) -> str | None:
+    """Why the gguf runner cannot run the file at ``path`` (None: it can).
+
+    Reads the GGUF header only: architecture, RoPE, and the block type of every weight matrix.
+    """
+    from verispec.errors import ModelIntegrityError
+    from verispec.models.gguf_file import read_gguf_header
+    from verispec.runners.gguf_runner import SUPPORTED_ARCHITECTURES, SUPPORTED_TYPES
+
+    if path is None or Path(path).suffix != ".gguf":
+        return "not a GGUF file"
+    try:
+        header = read_gguf_header(Path(path))
+    except ModelIntegrityError as exc:
+        return str(exc)
+    if header.architecture not in SUPPORTED_ARCHITECTURES:
+        return f"architecture {header.architecture!r}"
+    if header.arch_value("rope.scaling.type") not in (None, "none"):
+        return "RoPE scaling"
+    for name, info in header.tensors.items():
+        if name.endswith(".weight") and len(info.shape) == 2 and name != "token_embd.weight" and info.qtype not in SUPPORTED_TYPES:
+            return f"{name} is {info.type_name}"
+    return None
+
+
+def auto_picks_gguf(target_path: Path | None, draft_path: Path | None = None, device: str = "cpu") -> bool:
+    """Whether ``auto`` runs these files on the gguf runner: on a CPU, when it supports both."""
+    if not str(device).startswith("cpu"):
+        return False
+    return gguf_runner_supports(target_path) is None and (draft_path is None or gguf_runner_supports(draft_path) is None)
 
 
 def auto_candidates(path: Path | None, device: str = "cpu") -> list[str]:
@@ -161,6 +207,8 @@ def build_runners(options: RunnerOptions, target, draft=None, *, cache: CostCach
     kind = options.kind
     capacity = options.max_context_length
     device = "cpu" if target.model is None else str(next(target.model.parameters()).device)
+    if kind == "auto" and auto_picks_gguf(target.path, None if draft is None else draft.path, device):
+        kind = "gguf"
     if kind == "auto":
         draft_spec = None
         if draft is not None:
@@ -171,18 +219,29 @@ def build_runners(options: RunnerOptions, target, draft=None, *, cache: CostCach
         )
     head_token_ids = None
     if options.draft_vocab_size is not None and draft is not None:
-        if kind != "int8":
-            raise InvalidParameterError(f"a reduced draft vocabulary needs --runner int8, not {kind}")
+        if kind not in BATCH_INVARIANT:
+            raise InvalidParameterError(f"a reduced draft vocabulary needs --runner gguf or int8, not {kind}")
         head_token_ids = draft_head_token_ids(options, draft, always=tuple(target.eos_token_ids) + tuple(draft.eos_token_ids))
     target_runner = make_runner(kind, target, max_context_length=capacity)
     draft_runner = draft_tree = None
     if draft is not None:
         draft_runner = make_runner(kind, draft, max_context_length=capacity, head_token_ids=head_token_ids)
-        if kind == "int8":  # same int8 weights, its own KV cache
+        if kind in BATCH_INVARIANT:  # same weights, its own KV cache
             draft_tree = type(draft_runner)(draft_runner.weights, max_context_length=draft_runner.max_context_length)
         elif kind == "torch":
             draft_tree = make_runner(kind, draft, max_context_length=capacity)
+    if kind == "gguf":  # seconds to measure: the controller then starts from this machine's costs
+        _ensure_curve(cache or CostCache(), target, target_runner, kind)
+        if draft_runner is not None and options.draft_vocab_size is None:
+            _ensure_curve(cache or CostCache(), draft, draft_runner, kind)
     return BuiltRunners(kind, target_runner, draft_runner, draft_tree)
+
+
+def _ensure_curve(cache: CostCache, loaded, runner: Runner, kind: str) -> None:
+    key = model_key(loaded.name, loaded.path)
+    if cache.get(key, kind) is None and runner.max_context_length >= 96:
+        with torch.inference_mode():
+            cache.put(key, measure_cost_curve(runner, runner_name=kind, model=key))
 
 
 def draft_head_token_ids(options: RunnerOptions, draft, always: tuple[int, ...] = ()):
