@@ -16,20 +16,38 @@ BLOCK = {T.Q4_K: (256, 144), T.Q6_K: (256, 210), T.Q5_0: (32, 22), T.Q8_0: (32, 
 TYPES = tuple(BLOCK)
 
 
-def random_blocks(qtype: T, out_features: int, in_features: int, rng: np.random.Generator) -> np.ndarray:
-    """``[out_features, in_features / block * bytes]`` uint8: valid raw blocks with random bits."""
+def random_blocks(qtype: T, out_features: int, in_features: int, rng: np.random.Generator, scale: float = 1e-3,
+                  centred: bool = False) -> np.ndarray:
+    """``[out_features, in_features / block * bytes]`` uint8: valid raw blocks with random bits
+    (K-quants: super-block scales ``d``, ``dmin`` uniform in [0.2, 1] * ``scale``). ``centred``:
+    Q4_K mins equal to 7.5 scale steps, so weights have mean ~0 like a real model's."""
     block_k, nbytes = BLOCK[qtype]
     if qtype in (T.Q5_0, T.Q8_0):  # gguf quantizes these from floats
-        weights = rng.standard_normal((out_features, in_features)).astype(np.float32) * 0.05
+        weights = rng.standard_normal((out_features, in_features)).astype(np.float32) * (50 * scale)
         return np.asarray(gguf_quantize(weights, qtype)).reshape(out_features, -1)
     raw = rng.integers(0, 256, (out_features, in_features // block_k, nbytes), dtype=np.uint8)
-    d = (rng.uniform(0.2, 1.0, raw.shape[:2]) * 1e-3).astype(np.float16).view(np.uint8).reshape(*raw.shape[:2], 2)
+    d = (rng.uniform(0.2, 1.0, raw.shape[:2]) * scale).astype(np.float16).view(np.uint8).reshape(*raw.shape[:2], 2)
     if qtype == T.Q4_K:
         raw[..., 0:2] = d
-        raw[..., 2:4] = (rng.uniform(0.2, 1.0, raw.shape[:2]) * 1e-3).astype(np.float16).view(np.uint8).reshape(*raw.shape[:2], 2)
+        dmin = rng.uniform(0.2, 1.0, raw.shape[:2]) * scale
+        if centred:
+            dmin = d.copy().view(np.float16)[..., 0].astype(np.float32) * 7.5
+            sc = raw[..., 4:12].astype(np.int32) & 63  # random 6-bit scales; mins = scales
+            raw[..., 4:16] = encode_q4k_scales(sc, sc)
+        raw[..., 2:4] = dmin.astype(np.float16).view(np.uint8).reshape(*raw.shape[:2], 2)
     else:
-        raw[..., 208:210] = d * 4
+        raw[..., 208:210] = (rng.uniform(0.2, 1.0, raw.shape[:2]) * scale / 16).astype(np.float16).view(np.uint8).reshape(*raw.shape[:2], 2)
     return raw.reshape(out_features, -1)
+
+
+def encode_q4k_scales(sc: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """The 12 packed bytes of Q4_K's eight 6-bit scales and mins (``[..., 8]`` each)."""
+    out = np.zeros(sc.shape[:-1] + (12,), np.uint8)
+    for j in range(4):
+        out[..., j] = (sc[..., j] | ((sc[..., j + 4] >> 4) << 6)).astype(np.uint8)
+        out[..., j + 4] = (m[..., j] | ((m[..., j + 4] >> 4) << 6)).astype(np.uint8)
+        out[..., j + 8] = ((sc[..., j + 4] & 0xF) | ((m[..., j + 4] & 0xF) << 4)).astype(np.uint8)
+    return out
 
 
 def _half(raw: np.ndarray) -> np.ndarray:

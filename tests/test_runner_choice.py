@@ -126,7 +126,7 @@ def test_pipeline_auto_resolves_and_caches(target_model, tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     "options, error",
     [
-        (RunnerOptions(kind="torch", draft_vocab_size=10), "needs --runner int8"),  # FR-Spec head is int8-only
+        (RunnerOptions(kind="torch", draft_vocab_size=10), "needs --runner gguf or int8"),  # FR-Spec head: batch-invariant runners only
         (RunnerOptions(kind="llamacpp"), "needs a .gguf model"),  # a torch checkpoint, no GGUF file
     ],
 )

@@ -1,0 +1,129 @@
+"""The gguf kernels: repacked GGUF blocks times int8 activations, bit-exact against a numpy oracle.
+
+Each block type the runner uses (Q4_K, Q6_K, Q5_0, Q8_0): the oracle's integer decoding equals
+gguf's own de-quantization; the kernel equals the oracle's arithmetic bit for bit on both the
+AVX-512 and the portable path; every row of a k-row product equals the 1-row product; the
+result is close to the float product; attention rows equal their one-query computation.
+"""
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+from gguf import quants
+
+from gguf_reference import TYPES, dequantize, random_blocks, reference_linear
+from helpers import single_thread  # noqa: F401  (fixture)
+from verispec.runners.kernels import gguf_kernels
+
+IMPLS = [1] + ([2] if gguf_kernels().has_avx512_vnni() else [])  # portable, AVX-512 VNNI
+
+
+def packed(qtype, raw, out_features, in_features):
+    return gguf_kernels().repack(torch.from_numpy(np.ascontiguousarray(raw)).reshape(-1), int(qtype), out_features, in_features)
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_oracle_decoding_equals_gguf_dequantize(qtype):
+    raw = random_blocks(qtype, 24, 512, np.random.default_rng(1))
+    expected = quants.dequantize(raw, qtype).reshape(24, 512)
+    assert np.array_equal(dequantize(qtype, raw, 512), expected)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize(
+    "qtype, out_features, in_features",
+    [
+        (T.Q4_K, 48, 512),  # two super-blocks, three tiles
+        (T.Q6_K, 40, 768),  # 40 columns: the last tile is half padding
+        (T.Q5_0, 16, 96),  # three 32-blocks, one tile
+        (T.Q8_0, 33, 64),  # 33 columns: one real column in the last tile
+    ],
+)
+def test_kernel_equals_oracle_bit_for_bit(qtype, out_features, in_features, impl):
+    rng = np.random.default_rng(2)
+    raw = random_blocks(qtype, out_features, in_features, rng)
+    x = rng.standard_normal((11, in_features)).astype(np.float32)
+    x[3] = 0.0  # an all-zero row: scale 0, output 0
+    x[4, :32] *= 1000.0  # one large block
+    y = gguf_kernels().linear(torch.from_numpy(x), packed(qtype, raw, out_features, in_features), int(qtype), out_features, impl)
+    assert y.shape == (11, -(-out_features // 16) * 16)
+    assert np.array_equal(y[:, :out_features].numpy(), reference_linear(qtype, raw, x))
+    assert torch.all(y[:, out_features:] == 0)  # padding columns
+    assert torch.all(y[3] == 0)
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_every_row_of_a_k_row_product_equals_the_one_row_product(qtype):
+    rng = np.random.default_rng(3)
+    raw = random_blocks(qtype, 64, 512, rng)
+    weight = packed(qtype, raw, 64, 512)
+    x = torch.from_numpy(rng.standard_normal((17, 512)).astype(np.float32))
+    singles = torch.cat([gguf_kernels().linear(x[i : i + 1], weight, int(qtype), 64, 0) for i in range(17)])
+    for k in range(1, 18):  # every register-tile remainder, up to 17 rows
+        assert torch.equal(gguf_kernels().linear(x[:k], weight, int(qtype), 64, 0), singles[:k]), k
+
+
+def test_rows_do_not_depend_on_the_thread_count():
+    rng = np.random.default_rng(4)
+    raw = random_blocks(T.Q4_K, 256, 512, rng)
+    weight = packed(T.Q4_K, raw, 256, 512)
+    x = torch.from_numpy(rng.standard_normal((9, 512)).astype(np.float32))
+    one = gguf_kernels().linear(x, weight, int(T.Q4_K), 256, 0)
+    torch.set_num_threads(2)
+    try:
+        assert torch.equal(gguf_kernels().linear(x, weight, int(T.Q4_K), 256, 0), one)
+    finally:
+        torch.set_num_threads(1)
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_product_is_close_to_the_float_product(qtype):
+    rng = np.random.default_rng(5)
+    raw = random_blocks(qtype, 32, 512, rng)
+    x = rng.standard_normal((4, 512)).astype(np.float32)
+    exact = x @ quants.dequantize(raw, qtype).reshape(32, 512).T
+    y = gguf_kernels().linear(torch.from_numpy(x), packed(qtype, raw, 32, 512), int(qtype), 32, 0)[:, :32].numpy()
+    assert np.abs(y - exact).max() <= 0.02 * np.abs(exact).max()  # int8 activations: ~0.5 % per value
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda k: k.repack(torch.zeros(10, dtype=torch.uint8), int(T.Q4_K), 1, 256), "raw size"),  # wrong byte count
+        (lambda k: k.repack(torch.zeros(144, dtype=torch.uint8), int(T.Q4_K), 1, 100), "multiple of 256"),  # ragged row
+        (lambda k: k.repack(torch.zeros(18, dtype=torch.uint8), int(T.Q4_1), 1, 32), "unsupported GGUF block type"),
+        (lambda k: k.linear(torch.zeros(1, 64), torch.zeros(544, dtype=torch.uint8), int(T.Q8_0), 16, 0), "does not match"),
+    ],
+)
+def test_bad_shapes_and_types_are_refused(call, message):
+    with pytest.raises(RuntimeError, match=message):
+        call(gguf_kernels())
+
+
+def attention_by_hand(q, keys, values, slots):
+    """One query ``q`` [heads, head_dim] over ``slots`` of keys/values [kv_heads, capacity, head_dim]."""
+    group = q.shape[0] // keys.shape[0]
+    k = keys[:, slots].repeat_interleave(group, 0)
+    v = values[:, slots].repeat_interleave(group, 0)
+    weights = torch.softmax((q[:, None, :] * k).sum(-1) * q.shape[-1] ** -0.5, dim=-1)
+    return (weights[..., None] * v).sum(1).reshape(-1)
+
+
+def test_attention_rows_are_their_one_query_results():
+    generator = torch.Generator().manual_seed(6)
+    keys, values = torch.randn(2, 64, 32, generator=generator), torch.randn(2, 64, 32, generator=generator)
+    q = torch.randn(9, 6, 32, generator=generator)
+    empty = torch.empty(0, dtype=torch.int64)
+    causal = gguf_kernels().attention(q, keys, values, 20, empty, empty, 32**-0.5)
+    for i in range(9):
+        one = gguf_kernels().attention(q[i : i + 1], keys, values, 20 + i, empty, empty, 32**-0.5)
+        assert torch.equal(causal[i], one[0])  # same op, same keys: bit-identical
+        torch.testing.assert_close(causal[i], attention_by_hand(q[i], keys, values, list(range(21 + i))))
+    # a tree row seeing slots [0..19, 22, 25] equals the causal row at the same keys, moved together
+    slots = torch.tensor([list(range(20)) + [22, 25]])
+    tree = gguf_kernels().attention(q[:1], keys, values, 0, slots, torch.tensor([22]), 32**-0.5)
+    moved_k, moved_v = keys.clone(), values.clone()
+    moved_k[:, 20:22], moved_v[:, 20:22] = keys[:, [22, 25]], values[:, [22, 25]]
+    chain = gguf_kernels().attention(q[:1], moved_k, moved_v, 21, empty, empty, 32**-0.5)
+    assert torch.equal(tree, chain)
