@@ -4,10 +4,11 @@ PYTHON ?= python3
 TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.verispec-installed
+LLAMACPP_STAMP := $(VENV)/.verispec-llamacpp
 PROMPT ?= def fibonacci(n):
 LLAMACPP ?= 1
 
-.PHONY: install demo test clean
+.PHONY: install install-llamacpp demo test clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -15,18 +16,24 @@ $(STAMP): pyproject.toml Makefile
 	# The pinned CPU torch first, so no dependency can pull a multi-GB CUDA build.
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[test]"
-	# Optional llama.cpp runner: compiles llama.cpp (~5 min; pip caches the wheel). If the build
-	# fails (no compiler/cmake) its tests skip with the reason. LLAMACPP=0 skips it.
+	touch $@
+
+# Optional llama.cpp runner and peer: compiles llama.cpp (~5 min; pip caches the wheel). If the
+# build fails (no compiler/cmake) its tests skip with the reason. LLAMACPP=0 skips it.
+$(LLAMACPP_STAMP): $(STAMP)
 	if [ "$(LLAMACPP)" = "1" ]; then CMAKE_ARGS="-DGGML_NATIVE=ON" $(PY) -m pip install -q -e ".[llamacpp]" \
 		|| echo "warning: the llamacpp extra did not build; tests of the llama.cpp runner will be skipped"; fi
 	touch $@
 
 install: $(STAMP)
 
-demo: install
-	$(VENV)/bin/verispec generate "$(PROMPT)"
+install-llamacpp: $(LLAMACPP_STAMP)
 
-test: install
+# The demo needs neither llama.cpp nor a GPU: the gguf runner's kernels compile on first use (~20 s).
+demo: install
+	$(VENV)/bin/verispec generate "$(PROMPT)" --compare-plain
+
+test: install install-llamacpp
 	$(PY) -m pytest -q
 
 clean:

@@ -28,10 +28,12 @@ TOKENS = ["<|endoftext|>", "<|im_end|>", "ab"] + [chr(ord("!") + i) for i in ran
 
 
 def write_gguf_model(path: Path, types: dict = MIXED, *, arch: str = "qwen2", num_layers: int = 2, heads: int = 4,
-                     kv_heads: int = 2, seed: int = 0, layer_types: list[dict] | None = None) -> Path:
+                     kv_heads: int = 2, seed: int = 0, layer_types: list[dict] | None = None,
+                     tokens: list[str] = TOKENS) -> Path:
     """Write a random ``arch`` (qwen2 with q/k/v biases, or llama) model to ``path``.
 
-    ``types`` maps a weight role to its block type; ``layer_types`` overrides it per layer.
+    ``types`` maps a weight role to its block type; ``layer_types`` overrides it per layer;
+    ``tokens``: the vocabulary (``VOCAB`` strings).
     """
     rng = np.random.default_rng(seed)
     writer = gguf.GGUFWriter(str(path), arch)
@@ -42,7 +44,7 @@ def write_gguf_model(path: Path, types: dict = MIXED, *, arch: str = "qwen2", nu
         (writer.add_rope_freq_base, 10000.0), (writer.add_layer_norm_rms_eps, 1e-6),
         (writer.add_rope_dimension_count, head_dim),
         (writer.add_tokenizer_model, "gpt2"), (writer.add_tokenizer_pre, "qwen2"),
-        (writer.add_token_list, TOKENS), (writer.add_token_types, [3, 3] + [1] * (VOCAB - 2)),
+        (writer.add_token_list, tokens), (writer.add_token_types, [3, 3] + [1] * (VOCAB - 2)),
         (writer.add_token_merges, ["a b"]), (writer.add_eos_token_id, 1), (writer.add_bos_token_id, 0),
         (writer.add_pad_token_id, 0),
     ]:

@@ -172,7 +172,7 @@ def cached_smollm2():
     return path if path.exists() else None
 
 
-@pytest.mark.skipif(cached_smollm2() is None, reason="SmolLM2-135M is not in the model cache (verispec models pull)")
+@pytest.mark.skipif(cached_smollm2() is None, reason="SmolLM2-135M is not in the model cache (verispec models fetch smollm2-135m-instruct)")
 def test_real_quantized_gguf_speculative_equals_plain():
     """SmolLM2-135M Q4_1 drafting for itself: every draft accepted and the output unchanged."""
     target = llama_runner(cached_smollm2(), max_context_length=256)

@@ -27,10 +27,11 @@ from verispec.proposers.ngram import NgramProposer
 from verispec.runners.costs import measure_cost_curve, model_key, seed_cost_model
 from verispec.sampling import SamplingParams
 
-BENCH_RUNNERS = ("int8", "llamacpp", "torch")
-BENCH_METHODS = ("none", "ngram", "draft", "draft-frspec", "auto")
+BENCH_RUNNERS = ("gguf", "int8", "llamacpp", "torch")
+BENCH_METHODS = ("none", "ngram", "draft", "draft-frspec", "tree", "auto")
 DEFAULT_PROMPTS_FILE = ""  # empty: humaneval_dev.jsonl in the shared data folder (verispec.bench.workload.data_dir)
 CAPACITY = 1024  # KV positions: the longest HumanEval dev prompt + 128 new tokens fit
+PREFILL_TEXT = "def f(x):\n    return x * 2 + 1  # a line of code\n"  # repeated to make long prompts
 
 
 @dataclass
@@ -45,13 +46,17 @@ class RunnersBenchConfig:
         num_speculative_tokens: draft length (constant schedule unless ``schedule`` says otherwise).
         draft_vocab_size: rows of the reduced draft head (FR-Spec), chosen by token counts of
             ``draft_vocab_corpus`` (files or directories of ``*.py``; default: Python's stdlib).
-        exactness_prompts: also compare plain vs draft output, 32 tokens each, on this many prompts.
+        exactness_prompts: also compare plain vs every speculative method's output, 32 tokens
+            each, on this many prompts.
+        prefill_tokens: also time one prefill of this many prompt tokens per runner (tokens/s).
+        quality_prompts: also score each runner against the float32 model, teacher-forced on its
+            greedy output (``max_tokens`` capped at 32) on this many prompts (:mod:`verispec.bench.quality`).
     """
 
     target: str = "qwen2.5-coder-1.5b-instruct"
     draft: str = "qwen2.5-coder-0.5b-instruct"
-    runners: tuple[str, ...] = ("int8", "llamacpp")
-    methods: tuple[str, ...] = ("none", "ngram", "draft", "draft-frspec")
+    runners: tuple[str, ...] = ("gguf", "llamacpp")
+    methods: tuple[str, ...] = ("none", "ngram", "draft", "draft-frspec", "tree", "auto")
     prompts_file: str = DEFAULT_PROMPTS_FILE
     num_prompts: int = 10
     max_tokens: int = 128
@@ -63,6 +68,8 @@ class RunnersBenchConfig:
     threads: int = 0
     exactness_prompts: int = 0
     peer: bool = True
+    prefill_tokens: tuple[int, ...] = ()
+    quality_prompts: int = 0
 
 
 @dataclass
@@ -156,13 +163,17 @@ def run_runners_bench(config: RunnersBenchConfig, log: Callable[[str], None] = p
         "curves": {},
         "methods": [],
         "exactness": {},
+        "prefill": {},
+        "quality": {},
         "notes": "shared machine: timings are noisy; compare ratios within one run",
     }
     built = {}
     for kind in config.runners:
         log(f"[{kind}] loading")
         try:
+            start = time.perf_counter()
             built[kind] = _build(kind, config, target_info, draft_info, threads, log)
+            log(f"[{kind}] loaded target + drafts in {time.perf_counter() - start:.1f} s")
         except Exception as exc:  # a missing extra or an unsupported model: report and go on
             log(f"[{kind}] skipped: {exc}")
             report["curves"][kind] = {"skipped": str(exc)}
@@ -208,6 +219,17 @@ def run_runners_bench(config: RunnersBenchConfig, log: Callable[[str], None] = p
             same = sum(a == b for a, b in zip(peer_result.outputs, plain["llamacpp"]))
             report["exactness"][f"llama-cpp-python:plain vs llamacpp:none:{config.max_tokens}"] = f"{same}/{len(peer_result.outputs)}"
         log(f"[peer] llama-cpp-python plain: {peer_result.tokens_per_s:.2f} tokens/s")
+    if config.quality_prompts:
+        from verispec.bench.quality import measure_quality
+        from verispec.models.loading import load_model
+
+        log("[quality] loading the float32 reference (transformers)")
+        reference = load_model(config.target, dtype="float32").model
+        targets = {kind: target for kind, (target, _) in built.items()}
+        report["quality"] = measure_quality(reference, targets, prompts[: config.quality_prompts], min(32, config.max_tokens), eos, log)
+        del reference
+    if config.prefill_tokens:
+        report["prefill"] = _measure_prefill(built, tokenizer, config, target_info, threads, log)
     if config.exactness_prompts:
         for kind, (target, drafts) in built.items():
             report["exactness"].update(_check_exactness(kind, target, drafts, tokenizer, eos, prompts[: config.exactness_prompts], config, log))
@@ -215,34 +237,41 @@ def run_runners_bench(config: RunnersBenchConfig, log: Callable[[str], None] = p
 
 
 def _build(kind: str, config: RunnersBenchConfig, target_info, draft_info, threads: int, log) -> tuple:
-    """The target runner and the draft runners (``draft``, and ``draft-frspec`` for int8)."""
+    """The target runner and the draft runners (``draft``, ``tree`` (own cache) and ``draft-frspec``
+    for the batch-invariant runners)."""
+    if kind == "gguf":
+        from verispec.runners.gguf_runner import GGUFRunner
+
+        from verispec.runners.gguf_runner import GGUFWeights
+
+        def load(info, **options):  # RoPE tables for 4096 positions: the prefill lengths fit
+            return GGUFRunner(GGUFWeights.from_file(info.path, 4096, **options), max_context_length=CAPACITY)
+
+        target, draft = load(target_info), load(draft_info)
+        drafts = {"draft": draft, "tree": GGUFRunner(draft.weights, max_context_length=CAPACITY)}
+        if "draft-frspec" in config.methods:
+            drafts["draft-frspec"] = load(draft_info, head_token_ids=_frspec_rows(config, draft_info, log, kind))
+        return target, drafts
     if kind == "llamacpp":
         from verispec.runners.llamacpp import LlamaCppRunner
 
         target = LlamaCppRunner(target_info.path, max_context_length=CAPACITY, num_threads=threads)
         return target, {"draft": LlamaCppRunner(draft_info.path, max_context_length=CAPACITY, num_threads=threads)}
     if kind == "int8":
-        from verispec.runners.int8 import Int8Runner, Int8Weights, cached_quantized_state, quantized_state
-        from verispec.runners.reduced_vocab import corpus_counts, coverage, select_vocabulary
+        from verispec.runners.int8 import Int8Runner, Int8Weights
 
         def state(info):
-            def build():
-                from verispec.models.loading import load_model
+            from verispec.runners.gguf_runner import int8_state_from_gguf
 
-                log(f"[int8] quantizing {info.name} (first use; cached afterwards)")
-                return quantized_state(load_model(info.name).model, 4096)
-
-            return cached_quantized_state(f"{model_key(info.name, info.path)}-4096", build)
+            return int8_state_from_gguf(info.path, 4096)  # straight from the GGUF blocks, seconds
 
         target = Int8Runner(Int8Weights.from_state(state(target_info)), max_context_length=CAPACITY)
         draft_state = state(draft_info)
-        drafts = {"draft": Int8Runner(Int8Weights.from_state(draft_state), max_context_length=CAPACITY)}
+        draft_weights = Int8Weights.from_state(draft_state)
+        drafts = {"draft": Int8Runner(draft_weights, max_context_length=CAPACITY),
+                  "tree": Int8Runner(draft_weights, max_context_length=CAPACITY)}
         if "draft-frspec" in config.methods:
-            corpus = config.draft_vocab_corpus or (sysconfig.get_paths()["stdlib"],)
-            files = _python_files(corpus)
-            counts = corpus_counts(draft_info.tokenizer, files, draft_info.vocab_size, max_bytes=4_000_000)
-            kept = select_vocabulary(counts, config.draft_vocab_size, [t for t in draft_info.eos_token_ids])
-            log(f"[int8] reduced draft head: {len(kept)} tokens, corpus coverage {coverage(counts, kept):.4f}")
+            kept = _frspec_rows(config, draft_info, log, kind)
             weights = Int8Weights.from_state(draft_state, head_token_ids=kept)
             drafts["draft-frspec"] = Int8Runner(weights, max_context_length=CAPACITY)
         return target, drafts
@@ -255,6 +284,55 @@ def _build(kind: str, config: RunnersBenchConfig, target_info, draft_info, threa
     raise ValueError(f"unknown runner {kind!r}")
 
 
+def _frspec_rows(config: RunnersBenchConfig, draft_info, log, kind: str):
+    """``[kept]`` token ids of the reduced draft head, counted over Python files (FR-Spec)."""
+    from verispec.runners.reduced_vocab import corpus_counts, coverage, select_vocabulary
+
+    corpus = config.draft_vocab_corpus or (sysconfig.get_paths()["stdlib"],)
+    counts = corpus_counts(draft_info.tokenizer, _python_files(corpus), draft_info.vocab_size, max_bytes=4_000_000)
+    kept = select_vocabulary(counts, config.draft_vocab_size, [t for t in draft_info.eos_token_ids])
+    log(f"[{kind}] reduced draft head: {len(kept)} tokens, corpus coverage {coverage(counts, kept):.4f}")
+    return kept
+
+
+def _measure_prefill(built: dict, tokenizer, config: RunnersBenchConfig, target_info, threads: int, log) -> dict:
+    """Prefill tokens/s of each target runner (and the llama.cpp peer) for prompts of each length."""
+    found: dict = {}
+    text_ids = list(tokenizer.encode(PREFILL_TEXT, add_special_tokens=False))
+    for length in config.prefill_tokens:
+        prompt = (text_ids * (length // len(text_ids) + 1))[:length]
+        runners = {kind: target for kind, (target, _) in built.items()}
+        if config.peer and "llamacpp" not in runners:
+            try:
+                from verispec.runners.llamacpp import LlamaCppRunner
+
+                runners["llamacpp"] = LlamaCppRunner(target_info.path, max_context_length=length + 8, num_threads=threads)
+            except Exception as exc:  # llama-cpp-python missing
+                log(f"[prefill] no llama.cpp peer: {exc}")
+        for kind, runner in runners.items():
+            if runner.max_context_length < length:
+                runner = _with_capacity(kind, runner, target_info, length + 8, threads)
+            runner.truncate(0)
+            start = time.perf_counter()
+            runner.forward(prompt, num_logits=1)
+            seconds = time.perf_counter() - start
+            runner.truncate(0)
+            found.setdefault(kind, {})[length] = {"seconds": seconds, "tokens_per_s": length / seconds}
+            log(f"[{kind}] prefill {length} tokens: {seconds:.2f} s ({length / seconds:.1f} tokens/s)")
+    return found
+
+
+def _with_capacity(kind: str, runner, target_info, capacity: int, threads: int):
+    """The same model with a KV cache of ``capacity`` positions (weights shared where possible)."""
+    if kind == "llamacpp":
+        from verispec.runners.llamacpp import LlamaCppRunner
+
+        return LlamaCppRunner(target_info.path, max_context_length=capacity, num_threads=threads)
+    if hasattr(runner, "weights"):
+        return type(runner)(runner.weights, max_context_length=min(capacity, runner.weights.cos.shape[0]))
+    return runner
+
+
 def _python_files(paths) -> list[Path]:
     files: list[Path] = []
     for entry in paths:
@@ -265,12 +343,18 @@ def _python_files(paths) -> list[Path]:
 
 def _engine(kind, method, target, drafts, tokenizer, eos, config):
     """The engine and request config for one method; (None, None) when the runner lacks it."""
+    from verispec.proposers.draft_tree import DraftTreeProposer
+
     draft_key = "draft-frspec" if method == "draft-frspec" else "draft"
     proposers = {"ngram": NgramProposer()}
     if method in ("draft", "draft-frspec", "auto"):
         if draft_key not in drafts:
             return None, None
         proposers["draft"] = DraftModelProposer(drafts[draft_key])
+    if method in ("tree", "auto") and "tree" in drafts and hasattr(target, "forward_tree"):
+        proposers["tree"] = DraftTreeProposer(drafts["tree"])
+    elif method == "tree":
+        return None, None
     engine_method = {"draft-frspec": "draft"}.get(method, method)
     spec = SpeculativeConfig(method=engine_method, num_speculative_tokens=config.num_speculative_tokens, schedule=config.schedule)
     return SpeculativeEngine(target, tokenizer, eos_token_ids=eos, proposers=proposers), spec
@@ -282,8 +366,10 @@ def _check_exactness(kind, target, drafts, tokenizer, eos, prompts, config, log)
     plain_engine, plain_spec = _engine(kind, "none", target, drafts, tokenizer, eos, config)
     plain = [plain_engine.generate(p, params, plain_spec).token_ids for p in prompts]
     found = {}
-    for method in ("draft", "ngram"):
+    for method in [m for m in config.methods if m != "none"]:
         engine, spec = _engine(kind, method, target, drafts, tokenizer, eos, config)
+        if engine is None:
+            continue
         outputs = [engine.generate(p, params, spec).token_ids for p in prompts]
         same = sum(a == b for a, b in zip(outputs, plain))
         found[f"{kind}:{method}:32"] = f"{same}/{len(prompts)}"
@@ -325,4 +411,28 @@ def format_table(report: dict):
         fmt = lambda v, p="{:.2f}": "—" if v is None else p.format(v)  # noqa: E731
         methods.add_row(m["runner"], m["method"], f"{m['tokens_per_s']:.2f}", ratio, str(m["tokens"]),
                         fmt(m.get("acceptance_rate"), "{:.3f}"), fmt(m.get("mean_acceptance_length")), fmt(m.get("draft_ms_per_token"), "{:.1f}"))
-    return curves, methods
+    tables = [curves, methods]
+    if report.get("quality"):
+        quality = Table(title="against float32 (teacher-forced on its greedy output)")
+        for column in ("runner", "top-1 agreement", "mean KL (nats)", "positions"):
+            quality.add_column(column, justify="left" if column == "runner" else "right")
+        for name, row in report["quality"].items():
+            quality.add_row(name, f"{row['top1_agreement']:.4f}", f"{row['mean_kl_nats']:.5f}", str(row["positions"]))
+        tables.append(quality)
+    if report.get("exactness"):
+        exact = Table(title="speculative output identical to the same runner's plain output (prompts)")
+        for column in ("runner:method:tokens", "identical"):
+            exact.add_column(column)
+        for key, value in report["exactness"].items():
+            exact.add_row(key, value)
+        tables.append(exact)
+    if report.get("prefill"):
+        prefill = Table(title="prefill: one forward of the whole prompt (tokens/s)")
+        lengths = sorted({int(n) for runs in report["prefill"].values() for n in runs})
+        for column in ["runner"] + [f"{n} tokens" for n in lengths]:
+            prefill.add_column(column, justify="left" if column == "runner" else "right")
+        for kind, runs in report["prefill"].items():
+            runs = {int(n): v for n, v in runs.items()}
+            prefill.add_row(kind, *[f"{runs[n]['tokens_per_s']:.1f}" if n in runs else "—" for n in lengths])
+        tables.append(prefill)
+    return tables

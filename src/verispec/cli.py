@@ -63,6 +63,9 @@ def generate(
     ),
     draft_quantization: str = typer.Option("none", help="none or int8 (weight-only) for the draft model."),
     runner: str = typer.Option("auto", help=RUNNER_HELP),
+    compare_plain: bool = typer.Option(
+        False, "--compare-plain", help="Also decode the prompt plainly and print both rates, the measured speedup and whether the tokens match."
+    ),
     draft_vocab: Optional[int] = typer.Option(
         None, help="Reduced draft LM head: keep this many most frequent tokens (FR-Spec; --runner gguf or int8)."
     ),
@@ -125,6 +128,9 @@ def generate(
             pipe = SpeculativePipeline.load(
                 target, draft if use_draft else None, dtype=dtype, drafters=drafters, runners=runners
             )
+        for summary in pipe.model_summaries():
+            err.print(f"loaded {summary.role} {summary.name} ({pipe.runner_kind} runner, {summary.param_bytes / 2**30:.2f} GiB) "
+                      f"in {summary.load_time_s:.1f} s", highlight=False, markup=False)
         if pipe.runner_kind == "llamacpp" and method != "none":
             err.print(
                 "[yellow]warning:[/yellow] llama.cpp computes a k-token batch differently from a 1-token step, so "
@@ -142,13 +148,24 @@ def generate(
         err.print(f"[red]error:[/red] {exc}", highlight=False)
         raise typer.Exit(2) from None
     models = [vars(m) for m in pipe.model_summaries()]
+    comparison = None
+    if compare_plain:
+        try:
+            with err.status("plain decoding of the same prompt (--compare-plain)"):
+                plain = pipe.generate(prompt, params, SpeculativeConfig(method="none"), chat=chat)
+        except VerispecError as exc:
+            err.print(f"[red]error:[/red] {exc}", highlight=False)
+            raise typer.Exit(2) from None
+        comparison = plain_comparison(output, plain, greedy=params.temperature == 0)
     if as_json:
         data = output.to_dict()
-        data.update(method=method, models=models, peak_rss_bytes=peak_rss_bytes())
+        data.update(method=method, runner=pipe.runner_kind, models=models, peak_rss_bytes=peak_rss_bytes())
+        if comparison is not None:
+            data["compare_plain"] = comparison
         print(json.dumps(data))
     else:
         sys.stdout.write("\n")
-        err.print(stats_table(output, method, models))
+        err.print(stats_table(output, method, models, comparison))
     if auditor.submit(pipe.encode(prompt, chat=chat), params, output):  # after the response is out
         with err.status("audit: plain decoding of the same request"):
             result = auditor.run_pending(pipe.engine)[0]
@@ -171,7 +188,24 @@ def parse_tree_choices(text: Optional[str], method: str):
         raise InvalidParameterError(f"--tree-choices is not valid JSON ({exc.msg}): {text!r}") from None
 
 
-def stats_table(output: GenerationOutput, method: str, models: list[dict]) -> Table:
+def plain_comparison(output: GenerationOutput, plain: GenerationOutput, *, greedy: bool) -> dict:
+    """Speculative vs plain decoding of the same prompt, measured in this process (tokens/s).
+
+    ``identical`` is None when sampling: the two runs draw different samples from the same
+    distribution, so a token comparison says nothing.
+    """
+    spec_rate, plain_rate = output.metrics.decode_tokens_per_s, plain.metrics.decode_tokens_per_s
+    return {
+        "speculative_decode_tokens_per_s": spec_rate,
+        "plain_decode_tokens_per_s": plain_rate,
+        "speculative_total_tokens_per_s": output.metrics.total_tokens_per_s,
+        "plain_total_tokens_per_s": plain.metrics.total_tokens_per_s,
+        "measured_speedup": spec_rate / plain_rate if spec_rate and plain_rate else None,
+        "identical": list(output.token_ids) == list(plain.token_ids) if greedy else None,
+    }
+
+
+def stats_table(output: GenerationOutput, method: str, models: list[dict], comparison: dict | None = None) -> Table:
     """The stats a user reads after a generation (ms, tokens/s, MiB)."""
     m, spec = output.metrics, output.metrics.spec
     table = Table(title=f"verispec · method={method} · finish={output.finish_reason}", show_header=False)
@@ -198,7 +232,8 @@ def stats_table(output: GenerationOutput, method: str, models: list[dict]) -> Ta
             ("acceptance per position", " ".join(f"{r:.2f}" for r in spec.acceptance_rate_per_position)),
             ("accepted-length histogram", " ".join(str(c) for c in spec.accepted_length_histogram)),
             ("chosen k histogram (k = 0, 1, ...)", " ".join(str(c) for c in spec.chosen_k_histogram)),
-            ("predicted / realised speedup", f"{fmt(spec.predicted_speedup, '{:.2f}')} / {fmt(spec.realised_speedup, '{:.2f}')}"),
+            # estimates: in units of the controller's plain-step cost, not a plain run (--compare-plain measures one)
+            ("speedup estimate: predicted / from step times", f"{fmt(spec.predicted_speedup, '{:.2f}')} / {fmt(spec.realised_speedup, '{:.2f}')}"),
         ]
         for name, drafter in sorted(spec.per_drafter.items()):
             rows.append(
@@ -212,6 +247,13 @@ def stats_table(output: GenerationOutput, method: str, models: list[dict]) -> Ta
         rows.append(
             (f"{model['role']}: {model['name']}", f"load {model['load_time_s']:.1f} s · {model['param_bytes'] / 2**20:.0f} MiB")
         )
+    if comparison is not None:
+        identical = {True: "yes", False: "NO", None: "not compared (sampling)"}[comparison["identical"]]
+        rows += [
+            ("plain decoding, same prompt: decode tokens/s", fmt(comparison["plain_decode_tokens_per_s"], "{:.2f}")),
+            ("measured speedup vs plain (decode)", fmt(comparison["measured_speedup"], "{:.2f}x")),
+            ("tokens identical to plain", identical),
+        ]
     rows.append(("peak RSS (MiB)", f"{peak_rss_bytes() / 2**20:.0f}"))
     for name, value in rows:
         table.add_row(name, value)
@@ -245,7 +287,7 @@ def serve(
 
         from verispec.server import ServerConfig, create_app
     except ImportError as exc:
-        err.print(f"[red]error:[/red] the server needs its extra: pip install 'verispec[server]' ({exc})", highlight=False)
+        err.print(f"[red]error:[/red] the server's dependencies are missing ({exc}): pip install -e .", highlight=False, markup=True)
         raise typer.Exit(2) from None
     if log_level.lower() not in ("debug", "info", "warning", "error"):
         err.print(f"[red]error:[/red] --log-level must be debug, info, warning or error, got {log_level!r}", highlight=False)
@@ -324,10 +366,21 @@ def bench(
         err.print(f"wrote {out / 'results.json'}, {out / 'report.md'} and {len(results.plots)} plots")
 
 
+def _int_list(text: str, option: str) -> tuple[int, ...]:
+    """``"512,2048"`` -> (512, 2048); raises InvalidParameterError on anything but positive ints."""
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise InvalidParameterError(f"{option} takes comma-separated positive integers, got {text!r}") from None
+    if any(v < 1 for v in values):
+        raise InvalidParameterError(f"{option} takes positive integers, got {text!r}")
+    return values
+
+
 @app.command("bench-runners")
 def bench_runners(
-    runners: str = typer.Option("int8,llamacpp", help="Comma-separated runners: int8, llamacpp, torch (slow)."),
-    methods: str = typer.Option("none,ngram,draft,draft-frspec", help="Comma-separated: none, ngram, draft, draft-frspec, auto."),
+    runners: str = typer.Option("gguf,llamacpp", help="Comma-separated runners: gguf, int8, llamacpp, torch (slow)."),
+    methods: str = typer.Option("none,ngram,draft,draft-frspec,tree,auto", help="Comma-separated: none, ngram, draft, draft-frspec, tree, auto."),
     prompts: Optional[Path] = typer.Option(None, help="JSONL file with a 'prompt' per line (default: HumanEval dev from the shared data)."),
     num_prompts: int = typer.Option(10, min=1, help="Prompts decoded by every method."),
     max_tokens: int = typer.Option(128, min=1, help="New tokens per prompt at most (greedy, stop at EOS)."),
@@ -336,6 +389,8 @@ def bench_runners(
     draft_vocab: int = typer.Option(32768, help="Rows of the reduced draft head (draft-frspec)."),
     draft_vocab_corpus: Optional[List[str]] = typer.Option(None, help="Files/directories counted for draft-frspec (default: Python stdlib)."),
     exactness_prompts: int = typer.Option(0, min=0, help="Also compare plain vs speculative output (32 tokens) on this many prompts."),
+    quality_prompts: int = typer.Option(0, min=0, help="Also score each runner against the float32 model (teacher-forced, 32 tokens) on this many prompts."),
+    prefill_tokens: str = typer.Option("", help="Also time one prefill of each of these prompt lengths, e.g. 512,2048 (llama.cpp beside)."),
     threads: int = typer.Option(0, min=0, help="CPU threads for every runner and the peer (0: torch's default)."),
     peer: bool = typer.Option(True, "--peer/--no-peer", help="Time llama-cpp-python's own plain decoding of the target GGUF."),
     target: str = typer.Option(DEFAULT_TARGET, help="Target model (a GGUF reference)."),
@@ -351,8 +406,9 @@ def bench_runners(
             prompts_file=str(prompts or ""), num_prompts=num_prompts, max_tokens=max_tokens, num_speculative_tokens=num_speculative_tokens,
             schedule=schedule, draft_vocab_size=draft_vocab, draft_vocab_corpus=tuple(draft_vocab_corpus or ()),
             exactness_prompts=exactness_prompts, threads=threads, peer=peer,
+            prefill_tokens=_int_list(prefill_tokens, "--prefill-tokens"), quality_prompts=quality_prompts,
         )
-        report = run_runners_bench(config, log=lambda line: err.print(line, highlight=False))
+        report = run_runners_bench(config, log=lambda line: err.print(line, highlight=False, markup=False))
     except VerispecError as exc:
         err.print(f"[red]error:[/red] {exc}", highlight=False)
         raise typer.Exit(2) from None

@@ -135,12 +135,16 @@ class SpeculativePipeline:
                 raise InvalidParameterError("cannot quantize a draft that is the target model itself")
             quantize_linear_layers(draft.model, drafters.draft_quantization)
             draft = dataclasses.replace(draft, param_bytes=_tensor_bytes(draft.model))
-        self.target = target
-        self.draft = draft
         self.drafters = drafters
         self.tokenizer = target.tokenizer
-        built = build_runners(runners, target, draft)  # torch (default), int8, llama.cpp; auto resolved
+        built = build_runners(runners, target, draft)  # gguf, int8, llama.cpp, torch; auto resolved
         self.runner_kind = built.kind
+        # what the user is told: the load time including the runner's own weight loading, and the
+        # bytes the runner really holds (packed blocks, int8 matrices) where it knows them
+        target = _with_runner_facts(target, built, "target")
+        draft = None if draft is None else _with_runner_facts(draft, built, "draft")
+        self.target = target
+        self.draft = draft
         proposers = {"ngram": NgramProposer(drafters.min_ngram, drafters.max_ngram)}
         if draft is not None:
             proposers["draft"] = DraftModelProposer(built.draft)
@@ -188,10 +192,10 @@ class SpeculativePipeline:
         runners = runners or RunnerOptions(kind="auto")
         if runners.kind == "auto":
             runners = dataclasses.replace(runners, kind=_cached_auto(target, draft, device) or "auto")
-        if runners.kind in ("llamacpp", "gguf"):
-            from verispec.runners.llamacpp import load_gguf_info
+        if runners.kind in ("llamacpp", "gguf") or (runners.kind == "int8" and _is_gguf(target, draft)):
+            from verispec.runners.llamacpp import load_gguf_info  # weights are read by the runner itself
 
-            name = "llama.cpp" if runners.kind == "llamacpp" else "gguf"
+            name = {"llamacpp": "llama.cpp"}.get(runners.kind, runners.kind)
             target_model = load_gguf_info(target, runner=name)
             draft_model = load_gguf_info(draft, runner=name) if draft else None
         else:
@@ -249,6 +253,22 @@ def _cached_auto(target: str, draft: str | None, device: str) -> str | None:
         target_source.name, target_source.path, speculative=draft is not None, device=device,
         draft=(draft_source.name, draft_source.path) if draft_source else None,
     )
+
+
+def _with_runner_facts(loaded: LoadedModel, built, role: str) -> LoadedModel:
+    return dataclasses.replace(
+        loaded,
+        load_time_s=loaded.load_time_s + built.load_s.get(role, 0.0),
+        param_bytes=built.weight_bytes.get(role, loaded.param_bytes),
+    )
+
+
+def _is_gguf(*refs: str | None) -> bool:
+    """Whether every given reference resolves to a GGUF file (the int8 runner then reads it directly)."""
+    from verispec.models.store import ModelStore
+
+    store = ModelStore()
+    return all(store.resolve(ref).kind == "gguf" for ref in refs if ref)
 
 
 def _layer_skip_proposer(target: LoadedModel, num_layers: int | None) -> LayerSkipProposer | None:

@@ -82,6 +82,8 @@ class GGUFEmbedding:
     def __call__(self, ids: Tensor) -> Tensor:
         from gguf import GGMLQuantizationType, quants
 
+        if self.qtype in SUPPORTED_TYPES:  # the kernels' de-quantization: ggml's formulas, one call
+            return _kernels().dequantize(self.raw[ids].contiguous().view(-1), self.qtype, len(ids), self.hidden)
         rows = self.raw[ids].numpy()
         if self.qtype in FLOAT_TYPES:
             values = rows.view(FLOAT_TYPES[self.qtype]).astype(np.float32)
@@ -166,7 +168,6 @@ class _Loader:
         self.num_layers = int(header.arch_value("block_count"))
         self.eps = float(header.arch_value("attention.layer_norm_rms_epsilon", 1e-6))
         self.rope_base = float(header.arch_value("rope.freq_base", 10000.0))
-        self.file = open(self.path, "rb", buffering=0)
 
     def tensor(self, name: str) -> TensorInfo:
         info = self.header.tensors.get(name)
@@ -175,15 +176,14 @@ class _Loader:
         return info
 
     def raw(self, info: TensorInfo) -> Tensor:
-        buffer = torch.empty(info.n_bytes, dtype=torch.uint8)
-        self.file.seek(info.offset)
-        view, done = memoryview(buffer.numpy()), 0
-        while done < info.n_bytes:
-            count = self.file.readinto(view[done:])
-            if not count:
-                raise ModelIntegrityError(f"{self.path} is truncated inside tensor {info.name}")
-            done += count
-        return buffer
+        """The tensor's bytes, memory-mapped copy-on-write: file pages, resident only while used and
+        released when the tensor is dropped (after repacking), so loading never holds the file twice."""
+        if info.offset + info.n_bytes > self.header.file_size:
+            raise ModelIntegrityError(f"{self.path} is truncated inside tensor {info.name}")
+        if info.n_bytes == 0:
+            return torch.empty(0, dtype=torch.uint8)
+        mapped = np.memmap(self.path, dtype=np.uint8, mode="c", offset=info.offset, shape=(info.n_bytes,))
+        return torch.from_numpy(mapped)
 
     def floats(self, name: str) -> Tensor:
         info = self.tensor(name)
@@ -191,12 +191,13 @@ class _Loader:
             raise InvalidParameterError(f"{name} in {self.path} is {info.type_name}; the gguf runner expects F32/F16 there")
         return torch.from_numpy(self.raw(info).numpy().view(FLOAT_TYPES[info.qtype]).astype(np.float32))
 
-    def rows(self, name: str, expected_in: int) -> tuple[Tensor, TensorInfo]:
-        """Raw blocks ``[out, row_bytes]`` uint8 of a 2-D weight with rows of ``expected_in`` values."""
+    def rows(self, name: str, expected_in: int, *, any_type: bool = False) -> tuple[Tensor, TensorInfo]:
+        """Raw blocks ``[out, row_bytes]`` uint8 of a 2-D weight with rows of ``expected_in`` values
+        (``any_type``: also block types the kernels do not multiply)."""
         info = self.tensor(name)
         if len(info.shape) != 2 or info.shape[0] != expected_in:
             raise ModelIntegrityError(f"{name} in {self.path} has shape {list(info.shape)}, expected rows of {expected_in}")
-        if info.qtype not in SUPPORTED_TYPES:
+        if info.qtype not in SUPPORTED_TYPES and not any_type:
             supported = ", ".join(SUPPORTED_TYPES.values())
             raise InvalidParameterError(
                 f"{name} in {self.path} is stored as {info.type_name}, which the gguf runner does not multiply "
@@ -244,34 +245,110 @@ class _Loader:
         permute = self.header.architecture == "llama"  # llama.cpp's converter interleaves q/k rows
         q_heads = (self.num_heads, self.num_kv_heads, None) if permute else ()
         hidden = self.hidden
-        try:
-            layers = []
-            for i in range(self.num_layers):
-                p = f"blk.{i}."
-                ffn = int(self.tensor(p + "ffn_down.weight").shape[0])
-                layers.append(Int8Layer(
-                    input_norm=self.floats(p + "attn_norm.weight"),
-                    qkv=self.linear([p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], hidden,
-                                    permute_heads=q_heads, bias_names=[p + "attn_q.bias", p + "attn_k.bias", p + "attn_v.bias"]),
-                    o=self.linear([p + "attn_output.weight"], self.num_heads * self.head_dim),
-                    post_norm=self.floats(p + "ffn_norm.weight"),
-                    gate_up=self.linear([p + "ffn_gate.weight", p + "ffn_up.weight"], hidden),
-                    down=self.linear([p + "ffn_down.weight"], ffn),
-                ))
-            embed_info = self.tensor("token_embd.weight")
-            embedding = GGUFEmbedding(self.raw(embed_info).view(int(embed_info.shape[1]), -1), embed_info.qtype, hidden)
-            head_name = "output.weight" if "output.weight" in self.header.tensors else "token_embd.weight"
-            row_ids = None if head_token_ids is None else head_token_ids.long()
-            lm_head = self.linear([head_name], hidden, row_ids=row_ids)
-            final_norm = self.floats("output_norm.weight")
-        finally:
-            self.file.close()
+        layers = []
+        for i in range(self.num_layers):
+            p = f"blk.{i}."
+            ffn = int(self.tensor(p + "ffn_down.weight").shape[0])
+            layers.append(Int8Layer(
+                input_norm=self.floats(p + "attn_norm.weight"),
+                qkv=self.linear([p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], hidden,
+                                permute_heads=q_heads, bias_names=[p + "attn_q.bias", p + "attn_k.bias", p + "attn_v.bias"]),
+                o=self.linear([p + "attn_output.weight"], self.num_heads * self.head_dim),
+                post_norm=self.floats(p + "ffn_norm.weight"),
+                gate_up=self.linear([p + "ffn_gate.weight", p + "ffn_up.weight"], hidden),
+                down=self.linear([p + "ffn_down.weight"], ffn),
+            ))
+        embed_info = self.tensor("token_embd.weight")
+        embedding = GGUFEmbedding(self.raw(embed_info).view(int(embed_info.shape[1]), -1), embed_info.qtype, hidden)
+        head_name = "output.weight" if "output.weight" in self.header.tensors else "token_embd.weight"
+        row_ids = None if head_token_ids is None else head_token_ids.long()
+        lm_head = self.linear([head_name], hidden, row_ids=row_ids)
+        final_norm = self.floats("output_norm.weight")
         cos, sin = rope_tables(self.head_dim, self.rope_base, max_positions)
         return GGUFWeights(
             num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim, rms_norm_eps=self.eps,
             embedding=embedding, layers=layers, final_norm=final_norm, lm_head=lm_head, cos=cos, sin=sin,
             head_token_ids=row_ids,
         )
+
+
+def int8_state_from_gguf(path: Path, max_positions: int) -> dict:
+    """:func:`verispec.runners.int8.quantized_state`'s dict, read straight from a GGUF file.
+
+    Each weight's blocks are de-quantized by the kernels (ggml's formulas, the values llama.cpp
+    and transformers see) a few thousand rows at a time and re-quantized per output row to int8,
+    so no float copy of the model is ever held. Raises what :meth:`GGUFWeights.from_file` raises.
+    """
+    from verispec.runners.int8_ops import quantize_weight_rows
+
+    loader = _Loader(read_gguf_header(Path(path)))
+    kernels = _kernels()
+
+    def int8_rows(names: Sequence[str], in_features: int, heads: Sequence[int | None] = ()) -> tuple[Tensor, Tensor]:
+        pieces, scales = [], []
+        for index, name in enumerate(names):
+            raw, info = loader.rows(name, in_features, any_type=True)
+            if index < len(heads) and heads[index] is not None:
+                raw = raw[_unpermute_rows(raw.shape[0], heads[index])]
+            for start in range(0, raw.shape[0], 8192):
+                chunk = raw[start : start + 8192].contiguous()
+                weight = _dequantize(kernels, chunk, info.qtype, in_features)
+                int8, scale = quantize_weight_rows(weight)
+                pieces.append(int8)
+                scales.append(scale)
+        return torch.cat(pieces), torch.cat(scales)
+
+    state: dict = {"config": {"num_layers": loader.num_layers, "num_heads": loader.num_heads,
+                              "num_kv_heads": loader.num_kv_heads, "head_dim": loader.head_dim,
+                              "rms_norm_eps": loader.eps}}
+    permute = loader.header.architecture == "llama"
+    q_heads = (loader.num_heads, loader.num_kv_heads, None) if permute else ()
+    hidden = loader.hidden
+    for i in range(loader.num_layers):
+        p = f"blk.{i}."
+        ffn = int(loader.tensor(p + "ffn_down.weight").shape[0])
+        state[f"layers.{i}.qkv.int8"], state[f"layers.{i}.qkv.scales"] = int8_rows(
+            [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], hidden, q_heads)
+        biases = [p + "attn_q.bias", p + "attn_k.bias", p + "attn_v.bias"]
+        if all(b in loader.header.tensors for b in biases):
+            state[f"layers.{i}.qkv.bias"] = torch.cat([
+                loader.floats(b)[_unpermute_rows(int(loader.tensor(b).shape[0]), q_heads[j])]
+                if j < len(q_heads) and q_heads[j] is not None else loader.floats(b)
+                for j, b in enumerate(biases)])
+        state[f"layers.{i}.o.int8"], state[f"layers.{i}.o.scales"] = int8_rows([p + "attn_output.weight"], loader.num_heads * loader.head_dim)
+        state[f"layers.{i}.gate_up.int8"], state[f"layers.{i}.gate_up.scales"] = int8_rows(
+            [p + "ffn_gate.weight", p + "ffn_up.weight"], hidden)
+        state[f"layers.{i}.down.int8"], state[f"layers.{i}.down.scales"] = int8_rows([p + "ffn_down.weight"], ffn)
+        state[f"layers.{i}.input_norm"] = loader.floats(p + "attn_norm.weight")
+        state[f"layers.{i}.post_norm"] = loader.floats(p + "ffn_norm.weight")
+    state["embed.int8"], state["embed.scales"] = int8_rows(["token_embd.weight"], hidden)
+    if "output.weight" in loader.header.tensors:
+        state["lm_head.int8"], state["lm_head.scales"] = int8_rows(["output.weight"], hidden)
+    state["final_norm"] = loader.floats("output_norm.weight")
+    state["cos"], state["sin"] = rope_tables(loader.head_dim, loader.rope_base, max_positions)
+    return state
+
+
+def _dequantize(kernels, raw: Tensor, qtype: int, in_features: int) -> Tensor:
+    """float32 ``[rows, in_features]`` of raw blocks ``[rows, row_bytes]``: the kernels for their
+    block types, ``gguf``'s numpy code for the others (Q4_1, Q5_K, ...), a view for F32/F16."""
+    if qtype in SUPPORTED_TYPES:
+        return kernels.dequantize(raw.view(-1), qtype, raw.shape[0], in_features)
+    if qtype in FLOAT_TYPES:
+        return torch.from_numpy(raw.numpy().view(FLOAT_TYPES[qtype]).astype(np.float32)).view(raw.shape[0], in_features)
+    from gguf import GGMLQuantizationType, quants
+
+    try:
+        values = quants.dequantize(raw.numpy(), GGMLQuantizationType(qtype))
+    except (NotImplementedError, ValueError) as exc:
+        raise InvalidParameterError(f"block type {qtype} cannot be de-quantized here: {exc}") from exc
+    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).view(raw.shape[0], in_features)
+
+
+def _kernels():
+    from verispec.runners.kernels import gguf_kernels
+
+    return gguf_kernels()
 
 
 def _unpermute_rows(rows: int, heads: int) -> Tensor:
@@ -308,6 +385,14 @@ class GGUFRunner(Int8Runner):
             max_context_length = min(header_length, DEFAULT_MAX_CONTEXT)
         weights = GGUFWeights.from_file(Path(path), int(max_context_length), head_token_ids=head_token_ids)
         return cls(weights, max_context_length=int(max_context_length))
+
+    def _rope_store(self, qkv: Tensor, positions: Tensor, keys: Tensor, values: Tensor, start: int) -> Tensor:
+        """:meth:`Int8Runner._rope_store` in one C++ call (same formula, same row-local arithmetic)."""
+        w = self.weights
+        return _kernels().rope_store(qkv, positions, w.cos, w.sin, keys, values, start, w.num_heads)
+
+    def _swiglu(self, gate_up: Tensor) -> Tensor:
+        return _kernels().silu_mul(gate_up)
 
     def _attend(self, q: Tensor, keys: Tensor, values: Tensor, start: int, visible: list[Tensor] | None = None) -> Tensor:
         """The C++ kernel's attention: same contract as :meth:`Int8Runner._attend` (row i over

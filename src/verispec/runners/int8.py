@@ -304,20 +304,14 @@ class Int8Runner:
         num_new, start = len(token_ids), self._num_cached
         ids = torch.tensor(list(token_ids), dtype=torch.long)
         x = w.embed(ids)  # [num_new, hidden]
-        cos, sin = w.cos[positions], w.sin[positions]
-        q_width, kv_width = w.num_heads * w.head_dim, w.num_kv_heads * w.head_dim
         for index, layer in enumerate(w.layers):
             qkv = layer.qkv(rms_norm(x, layer.input_norm, w.rms_norm_eps))
-            qk = rotate(qkv[:, : q_width + kv_width].view(num_new, w.num_heads + w.num_kv_heads, w.head_dim), cos, sin)
-            v = qkv[:, q_width + kv_width :].view(num_new, w.num_kv_heads, w.head_dim)
             keys, values = self._keys[index], self._values[index]  # [kv_heads, capacity, head_dim]
-            keys[:, start : start + num_new] = qk[:, w.num_heads :].transpose(0, 1)
-            values[:, start : start + num_new] = v.transpose(0, 1)
-            attended = self._attend(qk[:, : w.num_heads], keys, values, start, visible)
+            q = self._rope_store(qkv, positions, keys, values, start)
+            attended = self._attend(q, keys, values, start, visible)
             x = x + layer.o(attended)
             gate_up = layer.gate_up(rms_norm(x, layer.post_norm, w.rms_norm_eps))
-            gate, up = gate_up.chunk(2, dim=-1)
-            x = x + layer.down(torch.nn.functional.silu(gate) * up)
+            x = x + layer.down(self._swiglu(gate_up))
         self._num_cached = start + num_new
         last = x[-(num_logits or num_new) :]
         logits = w.lm_head(rms_norm(last, w.final_norm, w.rms_norm_eps))
@@ -326,6 +320,23 @@ class Int8Runner:
         full = torch.full((logits.shape[0], self.vocab_size), float("-inf"))
         full[:, w.head_token_ids] = logits  # tokens outside the kept set get probability 0
         return full
+
+    def _rope_store(self, qkv: Tensor, positions: Tensor, keys: Tensor, values: Tensor, start: int) -> Tensor:
+        """RoPE on the q and k parts of ``qkv`` ``[rows, (heads + 2 kv_heads) * head_dim]`` at
+        ``positions`` ``[rows]``; k and v go to cache slots ``start ..``; returns q ``[rows, heads, head_dim]``."""
+        w = self.weights
+        rows, q_width, kv_width = qkv.shape[0], w.num_heads * w.head_dim, w.num_kv_heads * w.head_dim
+        cos, sin = w.cos[positions], w.sin[positions]
+        qk = rotate(qkv[:, : q_width + kv_width].view(rows, w.num_heads + w.num_kv_heads, w.head_dim), cos, sin)
+        v = qkv[:, q_width + kv_width :].view(rows, w.num_kv_heads, w.head_dim)
+        keys[:, start : start + rows] = qk[:, w.num_heads :].transpose(0, 1)
+        values[:, start : start + rows] = v.transpose(0, 1)
+        return qk[:, : w.num_heads]
+
+    def _swiglu(self, gate_up: Tensor) -> Tensor:
+        """``silu(gate) * up`` of ``gate_up`` ``[rows, 2 * ffn]`` (Shazeer 2020), row-local."""
+        gate, up = gate_up.chunk(2, dim=-1)
+        return torch.nn.functional.silu(gate) * up
 
     def _attend(self, q: Tensor, keys: Tensor, values: Tensor, start: int, visible: list[Tensor] | None = None) -> Tensor:
         """GQA attention, one query at a time over exactly its visible keys.

@@ -9,9 +9,11 @@ drafting or decoding.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
+
+import time
 
 import torch
 
@@ -75,6 +77,13 @@ def make_runner(kind: str, loaded, *, max_context_length: int | None = None, hea
         if loaded.path is None or Path(loaded.path).suffix != ".gguf":
             raise InvalidParameterError(f"the llama.cpp runner needs a .gguf model; {loaded.name} is not one")
         return LlamaCppRunner(loaded.path, max_context_length=max_context_length)
+    if kind == "int8" and loaded.model is None and loaded.path is not None and Path(loaded.path).suffix == ".gguf":
+        from verispec.runners.gguf_runner import int8_state_from_gguf
+        from verispec.runners.int8 import Int8Runner, Int8Weights
+
+        capacity = max_context_length or min(loaded.context_length, 4096)
+        weights = Int8Weights.from_state(int8_state_from_gguf(loaded.path, capacity), head_token_ids=head_token_ids)
+        return Int8Runner(weights, max_context_length=capacity)
     if loaded.model is None:
         raise InvalidParameterError(f"the {kind} runner needs the model's weights in torch; {loaded.name} was loaded without")
     if kind == "int8":
@@ -195,6 +204,8 @@ class BuiltRunners:
     target: Runner
     draft: Runner | None
     draft_tree: Runner | None = None  # a second draft runner (own cache) for tree drafting; None: no tree
+    load_s: dict[str, float] = field(default_factory=dict)  # seconds each runner took to build ("target", "draft")
+    weight_bytes: dict[str, int] = field(default_factory=dict)  # bytes of weights the runner holds, where it knows
 
 
 def build_runners(options: RunnerOptions, target, draft=None, *, cache: CostCache | None = None) -> BuiltRunners:
@@ -222,10 +233,15 @@ def build_runners(options: RunnerOptions, target, draft=None, *, cache: CostCach
         if kind not in BATCH_INVARIANT:
             raise InvalidParameterError(f"a reduced draft vocabulary needs --runner gguf or int8, not {kind}")
         head_token_ids = draft_head_token_ids(options, draft, always=tuple(target.eos_token_ids) + tuple(draft.eos_token_ids))
+    load_s: dict[str, float] = {}
+    start = time.perf_counter()
     target_runner = make_runner(kind, target, max_context_length=capacity)
+    load_s["target"] = time.perf_counter() - start
     draft_runner = draft_tree = None
     if draft is not None:
+        start = time.perf_counter()
         draft_runner = make_runner(kind, draft, max_context_length=capacity, head_token_ids=head_token_ids)
+        load_s["draft"] = time.perf_counter() - start
         if kind in BATCH_INVARIANT:  # same weights, its own KV cache
             draft_tree = type(draft_runner)(draft_runner.weights, max_context_length=draft_runner.max_context_length)
         elif kind == "torch":
@@ -234,7 +250,9 @@ def build_runners(options: RunnerOptions, target, draft=None, *, cache: CostCach
         _ensure_curve(cache or CostCache(), target, target_runner, kind)
         if draft_runner is not None and options.draft_vocab_size is None:
             _ensure_curve(cache or CostCache(), draft, draft_runner, kind)
-    return BuiltRunners(kind, target_runner, draft_runner, draft_tree)
+    weight_bytes = {role: runner.weights.nbytes() for role, runner in (("target", target_runner), ("draft", draft_runner))
+                    if runner is not None and hasattr(runner, "weights")}
+    return BuiltRunners(kind, target_runner, draft_runner, draft_tree, load_s, weight_bytes)
 
 
 def _ensure_curve(cache: CostCache, loaded, runner: Runner, kind: str) -> None:

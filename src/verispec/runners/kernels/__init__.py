@@ -64,8 +64,17 @@ def _build():
         )
     from torch.utils import cpp_extension
 
+    if shutil.which("ninja") is None:  # the pip package's binary, when the venv is not activated
+        try:
+            import ninja
+
+            os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+        except ImportError:
+            raise InvalidParameterError("the gguf runner builds its kernels with ninja: pip install ninja") from None
     directory = kernel_build_dir()
     directory.mkdir(parents=True, exist_ok=True)
+    if not list(directory.glob("*.so")):
+        print(f"verispec: compiling the gguf runner's kernels into {directory} (once, ~20 s)", file=sys.stderr, flush=True)
     try:
         return cpp_extension.load(
             name=f"verispec_gguf_{build_key()}",
@@ -74,5 +83,5 @@ def _build():
             build_directory=str(directory),
             verbose=False,
         )
-    except (RuntimeError, OSError, ImportError, Exception) as exc:  # cpp_extension raises RuntimeError/others
+    except Exception as exc:  # cpp_extension raises RuntimeError, OSError, ImportError, CalledProcessError
         raise InvalidParameterError(f"building the gguf kernels failed ({type(exc).__name__}: {exc}); use --runner int8") from exc

@@ -92,7 +92,7 @@ void decode_block(int64_t qtype, const uint8_t* raw, Decoded& out) {
             out.d = load_u16(raw);
             out.dmin = load_u16(raw + 2);
             const uint8_t* s = raw + 4;
-            for (int j = 0; j < 8; ++j) {
+      for (int j = 0; j < 8; ++j) {
                 if (j < 4) {
                     out.scale[j] = s[j] & 63;
                     out.min[j] = s[j + 4] & 63;
@@ -102,7 +102,7 @@ void decode_block(int64_t qtype, const uint8_t* raw, Decoded& out) {
                 }
             }
             const uint8_t* qs = raw + 16;
-            for (int p = 0; p < 4; ++p)
+      for (int p = 0; p < 4; ++p)
                 for (int i = 0; i < 32; ++i) {
                     out.q[64 * p + i] = qs[32 * p + i] & 0xF;
                     out.q[64 * p + 32 + i] = qs[32 * p + i] >> 4;
@@ -154,13 +154,13 @@ void write_column(int64_t qtype, const Decoded& b, uint8_t* tile, int c) {
         case Q4_K: {
             std::memcpy(tile + 2 * c, &b.d, 2);
             std::memcpy(tile + 32 + 2 * c, &b.dmin, 2);
-            for (int j = 0; j < 8; ++j) tile[64 + 16 * j + c] = b.scale[j];
-            for (int p = 0; p < 4; ++p) {
+      for (int j = 0; j < 8; ++j) tile[64 + 16 * j + c] = b.scale[j];
+      for (int p = 0; p < 4; ++p) {
                 tile[192 + 32 * p + 2 * c] = b.min[2 * p];
                 tile[192 + 32 * p + 2 * c + 1] = b.min[2 * p + 1];
             }
-            for (int p = 0; p < 4; ++p)
-                for (int g = 0; g < 8; ++g)
+      for (int p = 0; p < 4; ++p)
+        for (int g = 0; g < 8; ++g)
                     for (int t = 0; t < 4; ++t)
                         tile[320 + (p * 8 + g) * 64 + 4 * c + t] =
                             (uint8_t)(b.q[64 * p + 4 * g + t] | (b.q[64 * p + 32 + 4 * g + t] << 4));
@@ -168,18 +168,18 @@ void write_column(int64_t qtype, const Decoded& b, uint8_t* tile, int c) {
         }
         case Q6_K: {
             std::memcpy(tile + 2 * c, &b.d, 2);
-            for (int p = 0; p < 8; ++p) {
+      for (int p = 0; p < 8; ++p) {
                 tile[32 + 32 * p + 2 * c] = b.scale[2 * p];
                 tile[32 + 32 * p + 2 * c + 1] = b.scale[2 * p + 1];
                 uint8_t* n = tile + 288 + 384 * p;
-                for (int h = 0; h < 4; ++h)
+        for (int h = 0; h < 4; ++h)
                     for (int t = 0; t < 4; ++t)
                         n[64 * h + 4 * c + t] =
                             (uint8_t)((b.q[32 * p + 4 * h + t] & 0xF) | ((b.q[32 * p + 16 + 4 * h + t] & 0xF) << 4));
                 for (int e = 0; e < 2; ++e)
                     for (int t = 0; t < 4; ++t) {
                         uint8_t bits = 0;
-                        for (int h = 0; h < 4; ++h) bits |= (uint8_t)(((b.q[32 * p + 16 * e + 4 * h + t] >> 4) & 3) << (2 * h));
+            for (int h = 0; h < 4; ++h) bits |= (uint8_t)(((b.q[32 * p + 16 * e + 4 * h + t] >> 4) & 3) << (2 * h));
                         n[256 + 64 * e + 4 * c + t] = bits;
                     }
             }
@@ -187,19 +187,19 @@ void write_column(int64_t qtype, const Decoded& b, uint8_t* tile, int c) {
         }
         case Q5_0: {
             std::memcpy(tile + 2 * c, &b.d, 2);
-            for (int h = 0; h < 4; ++h)
+      for (int h = 0; h < 4; ++h)
                 for (int t = 0; t < 4; ++t)
                     tile[32 + 64 * h + 4 * c + t] = (uint8_t)((b.q[4 * h + t] & 0xF) | ((b.q[16 + 4 * h + t] & 0xF) << 4));
             for (int t = 0; t < 4; ++t) {
                 uint8_t bits = 0;
-                for (int g = 0; g < 8; ++g) bits |= (uint8_t)(((b.q[4 * g + t] >> 4) & 1) << g);
+        for (int g = 0; g < 8; ++g) bits |= (uint8_t)(((b.q[4 * g + t] >> 4) & 1) << g);
                 tile[288 + 4 * c + t] = bits;
             }
             break;
         }
         case Q8_0: {
             std::memcpy(tile + 2 * c, &b.d, 2);
-            for (int g = 0; g < 8; ++g)
+      for (int g = 0; g < 8; ++g)
                 for (int t = 0; t < 4; ++t) tile[32 + 64 * g + 4 * c + t] = b.q[4 * g + t];
             break;
         }
@@ -218,6 +218,8 @@ struct Activations {
     std::vector<int16_t> s16;  // [rows][in / 16] sums of q over 16 values
     std::vector<int16_t> s32;  // [rows][in / 32] sums of q over 32 values
 };
+
+constexpr int ROW_TILE = 8;  // rows per register tile
 
 void quantize_rows(const float* x, int64_t rows, int64_t in, int block_k, bool offset, Activations& a) {
     a.rows = rows;
@@ -273,7 +275,7 @@ struct TileArgs {
 void tile_portable(int64_t qtype, const TileArgs& a) {
     const Format f = format_of(qtype);
     const Activations& x = *a.act;
-    for (int r = 0; r < a.rows; ++r) {
+  for (int r = 0; r < a.rows; ++r) {
         const int64_t row = a.row0 + r;
         const int8_t* xq = x.q.data() + row * x.in;
         for (int c = 0; c < TILE; ++c) {
@@ -285,9 +287,9 @@ void tile_portable(int64_t qtype, const TileArgs& a) {
                 switch (qtype) {
                     case Q4_K: {
                         int32_t isum = 0, imin = 0;
-                        for (int p = 0; p < 4; ++p) {
+            for (int p = 0; p < 4; ++p) {
                             int32_t lo = 0, hi = 0;
-                            for (int g = 0; g < 8; ++g)
+              for (int g = 0; g < 8; ++g)
                                 for (int u = 0; u < 4; ++u) {
                                     const uint8_t v = t[320 + (p * 8 + g) * 64 + 4 * c + u];
                                     lo += (v & 0xF) * xb[64 * p + 4 * g + u];
@@ -309,10 +311,10 @@ void tile_portable(int64_t qtype, const TileArgs& a) {
                     case Q6_K: {
                         int32_t isum = 0, ioff = 0;
                         const int16_t* s16 = x.s16.data() + row * (x.in / 16) + b * 16;
-                        for (int p = 0; p < 8; ++p) {
+            for (int p = 0; p < 8; ++p) {
                             const uint8_t* n = t + 288 + 384 * p;
                             int32_t lo = 0, hi = 0;
-                            for (int h = 0; h < 4; ++h)
+              for (int h = 0; h < 4; ++h)
                                 for (int u = 0; u < 4; ++u) {
                                     const uint8_t nib = n[64 * h + 4 * c + u];
                                     const int q0 = (nib & 0xF) | (((n[256 + 4 * c + u] >> (2 * h)) & 3) << 4);
@@ -332,7 +334,7 @@ void tile_portable(int64_t qtype, const TileArgs& a) {
                     }
                     case Q5_0: {
                         int32_t dot = 0;
-                        for (int h = 0; h < 4; ++h)
+            for (int h = 0; h < 4; ++h)
                             for (int u = 0; u < 4; ++u) {
                                 const uint8_t nib = t[32 + 64 * h + 4 * c + u], bits = t[288 + 4 * c + u];
                                 const int q0 = (nib & 0xF) | (((bits >> h) & 1) << 4);
@@ -347,7 +349,7 @@ void tile_portable(int64_t qtype, const TileArgs& a) {
                     }
                     case Q8_0: {
                         int32_t dot = 0, wsum = 0;
-                        for (int g = 0; g < 8; ++g)
+            for (int g = 0; g < 8; ++g)
                             for (int u = 0; u < 4; ++u) {
                                 const int w = (int8_t)t[32 + 64 * g + 4 * c + u];
                                 dot += (int)(uint8_t)xb[4 * g + u] * w;  // activations stored as q + 128
@@ -457,7 +459,7 @@ VS_AVX512 void tile_q6k(const TileArgs& a) {
                     case 2: bits = hb; break;
                     default: bits = _mm512_srli_epi16(hb, 2); break;
                 }
-                const __m512i w = _mm512_or_si512(lo, _mm512_and_si512(bits, m30));
+                const __m512i w = _mm512_ternarylogic_epi32(lo, bits, m30, 0xF8);  // lo | (bits & 0x30)
                 for (int r = 0; r < R; ++r) dot[r] = _mm512_dpbusd_epi32(dot[r], w, bcast4(xb + r * x.in + 16 * j + 4 * h));
             }
             const __m512i pairs = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(t + 32 + 32 * p)));
@@ -503,8 +505,8 @@ VS_AVX512 void tile_q5_0(const TileArgs& a) {
                 case 2: b0 = _mm512_slli_epi16(hb, 2); b1 = _mm512_srli_epi16(hb, 2); break;
                 default: b0 = _mm512_slli_epi16(hb, 1); b1 = _mm512_srli_epi16(hb, 3); break;
             }
-            const __m512i w0 = _mm512_or_si512(_mm512_and_si512(v, m4), _mm512_and_si512(b0, m10));
-            const __m512i w1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4), _mm512_and_si512(b1, m10));
+            const __m512i w0 = _mm512_ternarylogic_epi32(_mm512_and_si512(v, m4), b0, m10, 0xF8);  // lo | (b0 & 0x10)
+            const __m512i w1 = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4), b1, m10, 0xF8);
             for (int r = 0; r < R; ++r) {
                 const int8_t* xr = x.q.data() + (a.row0 + r) * x.in + b * 32 + 4 * h;
                 dot[r] = _mm512_dpbusd_epi32(dot[r], w0, bcast4(xr));
@@ -554,7 +556,7 @@ VS_AVX512 void tile_q8_0(const TileArgs& a) {
     for (int r = 0; r < R; ++r) _mm512_storeu_ps(a.out + r * a.ldo, acc[r]);
 }
 
-constexpr int MAX_ROWS = 8;  // rows per register tile
+constexpr int MAX_ROWS = ROW_TILE;
 
 template <int R>
 void tile_avx512_rows(int64_t qtype, const TileArgs& a) {
@@ -615,6 +617,51 @@ torch::Tensor repack(torch::Tensor raw, int64_t qtype, int64_t out_features, int
             }
     });
     return packed;
+}
+
+// raw [out * row_bytes] uint8 -> float32 [out, in]: the GGUF blocks de-quantized with ggml's formulas
+// (dequantize_row_q4_K and friends), for runners that re-quantize (int8) without a float model.
+torch::Tensor dequantize(torch::Tensor raw, int64_t qtype, int64_t out_features, int64_t in_features) {
+    TORCH_CHECK(raw.dtype() == torch::kUInt8 && raw.is_contiguous(), "raw blocks must be contiguous uint8");
+    const Format f = format_of(qtype);
+    TORCH_CHECK(in_features % f.block_k == 0, "in_features ", in_features, " is not a multiple of ", f.block_k);
+    const int64_t nblocks = in_features / f.block_k;
+    TORCH_CHECK(raw.numel() == out_features * nblocks * f.raw_bytes, "raw size does not match the shapes");
+    auto out = torch::empty({out_features, in_features}, torch::kFloat32);
+    const uint8_t* src = raw.data_ptr<uint8_t>();
+    float* dst = out.data_ptr<float>();
+    at::parallel_for(0, out_features, 64, [&](int64_t r0, int64_t r1) {
+        Decoded b;
+        for (int64_t r = r0; r < r1; ++r)
+            for (int64_t blk = 0; blk < nblocks; ++blk) {
+                decode_block(qtype, src + (r * nblocks + blk) * f.raw_bytes, b);
+                float* y = dst + r * in_features + blk * f.block_k;
+                const float d = half_to_float(b.d);
+                switch (qtype) {
+                    case Q4_K: {
+                        const float dmin = half_to_float(b.dmin);
+            for (int j = 0; j < 8; ++j) {
+                            const float scale = d * (float)b.scale[j], mins = dmin * (float)b.min[j];
+                            for (int i = 0; i < 32; ++i) y[32 * j + i] = scale * (float)b.q[32 * j + i] - mins;
+                        }
+                        break;
+                    }
+                    case Q6_K:
+            for (int j = 0; j < 16; ++j) {
+                            const float scale = d * (float)(int8_t)b.scale[j];
+                            for (int i = 0; i < 16; ++i) y[16 * j + i] = scale * (float)((int)b.q[16 * j + i] - 32);
+                        }
+                        break;
+                    case Q5_0:
+                        for (int i = 0; i < 32; ++i) y[i] = d * (float)((int)b.q[i] - 16);
+                        break;
+                    default:  // Q8_0
+                        for (int i = 0; i < 32; ++i) y[i] = (float)(int8_t)b.q[i] * d;
+                        break;
+                }
+            }
+    });
+    return out;
 }
 
 // x [rows, in] float32, packed from repack() -> [rows, ceil(out / 16) * 16] float32.
@@ -740,13 +787,81 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor keys, torch::Tensor value
     return out;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Small row-local ops fused to save the per-op overhead of a 1..16-row decoder step.
+
+// qkv [rows, (heads + 2 kv_heads) * head_dim]: rotates q and k by RoPE (half-split layout, Su et
+// al. 2021) at `positions` [rows], writes k and v into cache slots start .. start + rows - 1 of
+// keys / values [kv_heads, capacity, head_dim]; returns rotated q [rows, heads, head_dim].
+torch::Tensor rope_store(torch::Tensor qkv, torch::Tensor positions, torch::Tensor cos, torch::Tensor sin,
+                         torch::Tensor keys, torch::Tensor values, int64_t start, int64_t heads) {
+    TORCH_CHECK(qkv.dim() == 2 && qkv.dtype() == torch::kFloat32, "qkv must be [rows, width] float32");
+    TORCH_CHECK(keys.is_contiguous() && values.is_contiguous() && cos.is_contiguous() && sin.is_contiguous(),
+                "cache and tables must be contiguous");
+    qkv = qkv.contiguous();
+    positions = positions.to(torch::kInt64).contiguous();
+    const int64_t rows = qkv.size(0), kv_heads = keys.size(0), capacity = keys.size(1), dim = keys.size(2);
+    TORCH_CHECK(qkv.size(1) == (heads + 2 * kv_heads) * dim, "qkv width does not match the heads");
+    TORCH_CHECK(start + rows <= capacity, "the rows do not fit the cache");
+    TORCH_CHECK(positions.numel() == rows, "one position per row");
+    const int64_t half = dim / 2, width = qkv.size(1), table = cos.size(0);
+    auto q = torch::empty({rows, heads, dim}, torch::kFloat32);
+    const float* x = qkv.data_ptr<float>();
+    const int64_t* pos = positions.data_ptr<int64_t>();
+    for (int64_t i = 0; i < rows; ++i) TORCH_CHECK(pos[i] >= 0 && pos[i] < table, "position outside the RoPE table");
+    const float* c = cos.data_ptr<float>();
+    const float* s = sin.data_ptr<float>();
+    float* qo = q.data_ptr<float>();
+    float* ko = keys.data_ptr<float>();
+    float* vo = values.data_ptr<float>();
+    for (int64_t i = 0; i < rows; ++i) {
+        const float* ci = c + pos[i] * dim;
+        const float* si = s + pos[i] * dim;
+        for (int64_t h = 0; h < heads + kv_heads; ++h) {
+            const float* in = x + i * width + h * dim;
+            float* out = h < heads ? qo + (i * heads + h) * dim : ko + ((h - heads) * capacity + start + i) * dim;
+            for (int64_t d = 0; d < half; ++d) {
+                const float a = in[d] * ci[d], b = (-in[d + half]) * si[d];
+                out[d] = a + b;
+                const float e = in[d + half] * ci[d + half], f = in[d] * si[d + half];
+                out[d + half] = e + f;
+            }
+        }
+        for (int64_t h = 0; h < kv_heads; ++h)
+            std::memcpy(vo + (h * capacity + start + i) * dim, x + i * width + (heads + kv_heads + h) * dim, dim * sizeof(float));
+    }
+    return q;
+}
+
+// gate_up [rows, 2 * ffn] -> silu(gate) * up [rows, ffn] (SwiGLU, Shazeer 2020).
+torch::Tensor silu_mul(torch::Tensor gate_up) {
+    TORCH_CHECK(gate_up.dim() == 2 && gate_up.dtype() == torch::kFloat32 && gate_up.size(1) % 2 == 0,
+                "gate_up must be [rows, 2 * ffn] float32");
+    gate_up = gate_up.contiguous();
+    const int64_t rows = gate_up.size(0), ffn = gate_up.size(1) / 2;
+    auto out = torch::empty({rows, ffn}, torch::kFloat32);
+    const float* g = gate_up.data_ptr<float>();
+    float* o = out.data_ptr<float>();
+    at::parallel_for(0, rows, 4, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r)
+            for (int64_t j = 0; j < ffn; ++j) {
+                const float v = g[r * 2 * ffn + j];
+                o[r * ffn + j] = (v / (1.0f + std::exp(-v))) * g[r * 2 * ffn + ffn + j];
+            }
+    });
+    return out;
+}
+
 bool has_avx512_vnni() { return cpu_has_avx512_vnni(); }
 
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("repack", &repack, "GGUF blocks [out, in / block] -> 16-column interleaved tiles");
+    m.def("dequantize", &dequantize, "GGUF blocks [out, in / block] -> float32 [out, in]");
     m.def("linear", &linear, "x [rows, in] float32 times repacked GGUF weights -> [rows, padded out]");
     m.def("attention", &attention, "causal or tree attention over a static KV cache, one (row, head) at a time");
+    m.def("rope_store", &rope_store, "RoPE on q and k, k and v into the KV cache; returns rotated q");
+    m.def("silu_mul", &silu_mul, "silu(gate) * up of a fused gate_up row block");
     m.def("has_avx512_vnni", &has_avx512_vnni, "whether this CPU runs the AVX-512 VNNI path");
 }

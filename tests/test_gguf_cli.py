@@ -1,0 +1,129 @@
+"""The first run on GGUF files: auto picks the gguf runner, --compare-plain, what the stats report,
+an incompatible draft refused before any weight is read, int8 read straight from the GGUF, help text."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from gguf_models import DRAFT_LIKE, MIXED, TOKENS, perturbed_copy, write_gguf_model
+from helpers import single_thread  # noqa: F401  (fixture)
+from verispec.cli import app
+
+cli = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    directory = tmp_path_factory.mktemp("gguf-cli")
+    target = write_gguf_model(directory / "target.gguf", MIXED)
+    other_tokens = TOKENS[:3] + [t.upper() if t.isalpha() else t for t in TOKENS[3:]][::-1]  # same size, other strings
+    return {
+        "target": target,
+        "draft": perturbed_copy(target, directory / "draft.gguf", "output.weight", 0.3),
+        "llama": write_gguf_model(directory / "llama.gguf", DRAFT_LIKE, arch="llama", kv_heads=1, seed=2),
+        "other": write_gguf_model(directory / "other.gguf", DRAFT_LIKE, seed=5, tokens=other_tokens),
+    }
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("VERISPEC_HOME", str(tmp_path))
+    return tmp_path
+
+
+def generate_json(files, *extra):
+    args = ["generate", "ab!c", "--target", str(files["target"]), "--draft", str(files["draft"]), "--json", "--max-tokens", "16"]
+    result = cli.invoke(app, args + list(extra))
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_compare_plain_measures_both_and_checks_the_tokens(files):
+    data = generate_json(files, "--method", "draft", "-k", "4", "--compare-plain")
+    assert data["runner"] == "gguf"  # auto: a CPU and GGUF files the gguf runner supports
+    comparison = data["compare_plain"]
+    assert comparison["identical"] is True
+    assert comparison["plain_decode_tokens_per_s"] > 0 and comparison["speculative_decode_tokens_per_s"] > 0
+    assert comparison["measured_speedup"] == pytest.approx(
+        comparison["speculative_decode_tokens_per_s"] / comparison["plain_decode_tokens_per_s"])
+
+
+def test_sampling_comparison_does_not_claim_identity(files):
+    data = generate_json(files, "--method", "draft", "--temperature", "0.8", "--seed", "3", "--compare-plain")
+    assert data["compare_plain"]["identical"] is None  # different draws from one distribution
+
+
+def test_models_report_the_runner_load_time_and_held_bytes(files):
+    from verispec.runners.gguf_runner import GGUFWeights
+
+    data = generate_json(files, "--method", "none")
+    target = data["models"][0]
+    held = GGUFWeights.from_file(files["target"], 512).nbytes()  # RoPE tables for the context length, 512
+    assert target["param_bytes"] == held != files["target"].stat().st_size  # packed blocks, not the file
+    assert target["load_time_s"] > 0
+
+
+def test_stats_table_labels_the_speedup_an_estimate(files):
+    args = ["generate", "ab!c", "--target", str(files["target"]), "--draft", str(files["draft"]), "--max-tokens", "12",
+            "--method", "draft"]
+    result = cli.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "speedup estimate" in result.output and "realised speedup" not in result.output
+    assert re.search(r"loaded target target\.gguf \(gguf runner, [0-9.]+ GiB\) in \d+\.\d s", " ".join(result.output.split()))
+
+
+def test_incompatible_draft_is_refused_before_any_weight_is_read(files, monkeypatch):
+    from verispec.runners import gguf_runner
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("weights were read before the tokenizer check")
+
+    monkeypatch.setattr(gguf_runner.GGUFWeights, "from_file", no_weights)
+    result = cli.invoke(app, ["generate", "ab", "--target", str(files["target"]), "--draft", str(files["other"]), "--max-tokens", "4"])
+    assert result.exit_code == 2, result.output
+    assert "error:" in result.output and "Traceback" not in result.output
+
+
+def test_help_names_the_llamacpp_extra():
+    result = cli.invoke(app, ["generate", "--help"], terminal_width=200)
+    assert result.exit_code == 0
+    text = " ".join(result.output.split())
+    assert "llamacpp extra" in text and "needs verispec" not in text
+
+
+def test_skip_reasons_name_commands_that_exist():
+    import typer.main
+
+    root = typer.main.get_command(app)
+    for path in Path(__file__).parent.glob("*.py"):
+        for words in re.findall(r"reason=[^\n]*?\(verispec ([a-z][a-z -]*)", path.read_text()):
+            command = root
+            for word in words.split()[:2]:  # "models fetch": a group and its command
+                if not hasattr(command, "commands"):
+                    break
+                assert word in command.commands, f"{path.name}: a skip reason names 'verispec {words}'"
+                command = command.commands[word]
+
+
+@pytest.mark.parametrize("name", ["target", "llama"])
+def test_int8_runner_reads_the_gguf_directly(files, name):
+    from verispec.runners.gguf_runner import GGUFRunner, int8_state_from_gguf
+    from verispec.runners.int8 import Int8Runner, Int8Weights
+
+    int8 = Int8Runner(Int8Weights.from_state(int8_state_from_gguf(files[name], 256)), max_context_length=256)
+    prompt = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20]
+    int8_logits = int8.forward(prompt)
+    gguf_logits = GGUFRunner.from_file(files[name], max_context_length=256).forward(prompt)
+    assert (int8_logits - gguf_logits).abs().max() <= 0.05 * gguf_logits.abs().max()  # two quantizations of one model
+    int8.truncate(len(prompt) - 4)
+    rows = torch.cat([int8.forward([t]) for t in prompt[-4:]])
+    assert torch.equal(rows, int8_logits[-4:])  # batch-invariant, read from the GGUF as from torch
+
+
+def test_int8_gguf_path_through_the_pipeline(files):
+    data = generate_json(files, "--method", "draft", "--runner", "int8", "--compare-plain")
+    assert data["runner"] == "int8" and data["compare_plain"]["identical"] is True
