@@ -79,12 +79,23 @@ def test_kv_cache_bytes_of_the_real_pair():
 
 
 def test_memory_advice_budget_and_overhead():
-    config = SimpleNamespace(num_hidden_layers=1, num_attention_heads=1, hidden_size=4)
-    model = SimpleNamespace(config=config)  # KV = 2 * 1 * 1 * 4 * 10 * 1 = 80 bytes
-    memory = memory_advice(model, model, 920, 120, context_length=10, bytes_per_element=1, budget_bytes=1100)
+    config = SimpleNamespace(num_hidden_layers=1, num_attention_heads=1, hidden_size=4)  # KV = 2 * 1 * 1 * 4 * 10 * 1 = 80 bytes
+    memory = memory_advice(config, config, 920, 120, context_length=10, bytes_per_element=1, budget_bytes=1100)
     assert memory["total_bytes"] == 920 + 80 + 120 + 80
     assert memory["draft_overhead_pct"] == pytest.approx(20.0)
     assert (memory["fits"], memory["fits_without_draft"]) == (False, True)
+
+
+def test_kv_geometry_of_a_gguf_runner_comes_from_the_header(tmp_path):
+    from gguf_models import write_gguf_model
+
+    from verispec.advise import kv_geometry
+
+    path = write_gguf_model(tmp_path / "m.gguf", num_layers=2, heads=4, kv_heads=2)  # hidden 256: head_dim 64
+    loaded = SimpleNamespace(model=None, path=path)
+    config, element = kv_geometry(loaded, "gguf")
+    assert element == 4 and kv_cache_bytes(config, 10, element) == 2 * 2 * 2 * 64 * 10 * 4  # float32 KV
+    assert kv_geometry(loaded, "llamacpp")[1] == 2  # llama.cpp keeps float16
 
 
 @pytest.mark.parametrize(

@@ -127,3 +127,23 @@ def test_int8_runner_reads_the_gguf_directly(files, name):
 def test_int8_gguf_path_through_the_pipeline(files):
     data = generate_json(files, "--method", "draft", "--runner", "int8", "--compare-plain")
     assert data["runner"] == "int8" and data["compare_plain"]["identical"] is True
+
+
+def test_bench_and_advise_measure_the_runner_asked_for(files, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "ab!c", "category": "code"}\n{"prompt": "!!ab", "category": "code"}\n')
+    models = ["--target", str(files["target"]), "--draft", str(files["draft"])]
+    out = tmp_path / "results"
+    bench = cli.invoke(app, ["bench", "--prompts", str(prompts), "--methods", "none,draft,ngram", "--peers", "transformers",
+                             "--max-tokens", "8", "--no-warmup", "--out", str(out), *models])
+    assert bench.exit_code == 0, bench.output
+    data = json.loads((out / "results.json").read_text())
+    assert data["config"]["runner"] == "gguf"  # the default, auto, on GGUF files
+    assert data["exactness"]["all_equal"] is True
+    skipped = [r["status"] for r in data["runners"] if r["family"] == "transformers"]
+    assert skipped and all("holds no torch model" in status for status in skipped)  # said, not silently dropped
+    advise = cli.invoke(app, ["advise", "--prompts", str(prompts), "--max-tokens", "8", "--max-k", "4", "--runner", "gguf",
+                              "--json", *models])
+    assert advise.exit_code == 0, advise.output
+    advice = json.loads(advise.stdout.strip().splitlines()[-1])
+    assert [v["category"] for v in advice["verdicts"]] == ["code", "all"]

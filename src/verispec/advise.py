@@ -278,10 +278,37 @@ def speedup_table(fits: Sequence[DrafterFit], verify_curve: dict[int, float], ma
     return rows
 
 
-def memory_advice(target_model, draft_model, target_param_bytes: int, draft_param_bytes: int, context_length: int, bytes_per_element: int, budget_bytes: int | None) -> dict:
-    """Weights and KV caches (bytes) of target and draft at ``context_length``; fits the budget?"""
-    target_kv = kv_cache_bytes(target_model.config, context_length, bytes_per_element)
-    draft_kv = kv_cache_bytes(draft_model.config, context_length, bytes_per_element) if draft_model is not None else 0
+def kv_geometry(loaded, runner_kind: str):
+    """(a config with the KV cache's shape, bytes per cached element) for ``loaded`` on a runner.
+
+    torch keeps the model's dtype; the gguf and int8 runners keep float32; llama.cpp float16. The
+    shape comes from the torch model's config, else from the GGUF header.
+    """
+    from types import SimpleNamespace
+
+    element = {"llamacpp": 2, "gguf": 4, "int8": 4}.get(runner_kind)
+    if loaded.model is not None:
+        return loaded.model.config, element or loaded.model.dtype.itemsize
+    from verispec.models.gguf_file import read_gguf_header
+
+    header = read_gguf_header(loaded.path)
+    heads = int(header.arch_value("attention.head_count"))
+    hidden = int(header.arch_value("embedding_length"))
+    config = SimpleNamespace(
+        num_attention_heads=heads, num_key_value_heads=int(header.arch_value("attention.head_count_kv", heads)),
+        head_dim=int(header.arch_value("attention.key_length", hidden // heads)),
+        num_hidden_layers=int(header.arch_value("block_count")), hidden_size=hidden,
+    )
+    return config, element or 4
+
+
+def memory_advice(target_config, draft_config, target_param_bytes: int, draft_param_bytes: int, context_length: int, bytes_per_element: int, budget_bytes: int | None) -> dict:
+    """Weights and KV caches (bytes) of target and draft at ``context_length``; fits the budget?
+
+    ``target_config`` / ``draft_config``: model configs (or :func:`kv_geometry`'s) giving the
+    KV cache's shape; ``draft_config`` None: no draft."""
+    target_kv = kv_cache_bytes(target_config, context_length, bytes_per_element)
+    draft_kv = kv_cache_bytes(draft_config, context_length, bytes_per_element) if draft_config is not None else 0
     target_total, draft_total = target_param_bytes + target_kv, draft_param_bytes + draft_kv
     total = target_total + draft_total
     return {
@@ -313,9 +340,10 @@ def advise(pipe, items, config, *, max_k: int = 10, context_length: int = 4096, 
     fits = [fit_drafter(m, c, records, rows.get((f"verispec:{m}", c)), curve, max_k) for c in categories for m in drafters]
     verdicts = [verdict(c, [f for f in fits if f.category == c]) for c in categories]
     overall = verdicts[-1]
-    element = pipe.target.model.dtype.itemsize  # the KV cache's dtype (weights may be packed smaller)
+    target_kv, element = kv_geometry(pipe.target, pipe.runner_kind)  # the KV cache the runner keeps
+    draft_kv = kv_geometry(pipe.draft, pipe.runner_kind)[0] if pipe.draft else None
     memory = memory_advice(
-        pipe.target.model, pipe.draft.model if pipe.draft else None, pipe.target.param_bytes,
+        target_kv, draft_kv, pipe.target.param_bytes,
         pipe.draft.param_bytes if pipe.draft else 0, context_length, element, memory_budget_bytes,
     )
     cost = None

@@ -335,6 +335,7 @@ def bench(
     target: str = typer.Option(DEFAULT_TARGET, help="Target model reference."),
     draft: str = typer.Option(DEFAULT_DRAFT, help="Draft model reference, or 'none'."),
     dtype: str = typer.Option("float32", help="float32 or bfloat16."),
+    runner: str = typer.Option("auto", help="The runner measured (as generate's --runner; transformers peers need torch)."),
     out: Optional[Path] = typer.Option(None, help="Write results.json, report.md and PNG plots into this folder."),
 ) -> None:
     """Benchmark plain decoding, every speculative method and the peers, interleaved prompt by prompt."""
@@ -344,7 +345,7 @@ def bench(
 
     try:
         items = load_workload(None if prompts else workload or "specbench", prompts, split(categories), limit)
-        pipe, rss = load_pipeline(target, None if draft.lower() == "none" else draft, dtype, err)
+        pipe, rss = load_pipeline(target, None if draft.lower() == "none" else draft, dtype, err, runner)
         config = BenchConfig(
             methods=tuple(split(methods) or available_methods(pipe)),
             peers=tuple(p for p in split(peers) if p != "none"),
@@ -436,6 +437,7 @@ def advise(
     target: str = typer.Option(DEFAULT_TARGET, help="Target model reference."),
     draft: str = typer.Option(DEFAULT_DRAFT, help="Draft model reference, or 'none'."),
     dtype: str = typer.Option("float32", help="float32 or bfloat16."),
+    runner: str = typer.Option("auto", help="The runner advised on (as generate's --runner): the one you would run."),
     as_json: bool = typer.Option(False, "--json", help="Also print the advice as one JSON object on stdout."),
 ) -> None:
     """Measure α and costs on a workload sample and say whether speculation pays, per category."""
@@ -451,7 +453,7 @@ def advise(
             methods=tuple(split(methods)), peers=(), num_speculative_tokens=num_speculative_tokens,
             max_tokens=max_tokens, threads=threads, chat=chat,
         )
-        pipe, _ = load_pipeline(target, None if draft.lower() == "none" else draft, dtype, err)
+        pipe, _ = load_pipeline(target, None if draft.lower() == "none" else draft, dtype, err, runner)
         with progress(err, len(items) * runs_per_prompt(config)) as on_run:
             advice = run_advice(
                 pipe, items, config, max_k=max_k, context_length=context_length,

@@ -64,6 +64,7 @@ def run_and_report(
         "num_prompts": len(items),
         "categories": list(dict.fromkeys(i.category for i in items)),
         "dtype": dtype,
+        "runner": pipe.runner_kind,
         "target": pipe.target.name,
         "draft": pipe.draft.name if pipe.draft is not None else None,
     }
@@ -119,10 +120,10 @@ def print_summary(results: BenchResults, console: Console) -> None:
             console.print(f"[red]not exact:[/red] {listed}")
 
 
-def load_pipeline(target: str, draft: str | None, dtype: str, console: Console) -> tuple[SpeculativePipeline, dict]:
+def load_pipeline(target: str, draft: str | None, dtype: str, console: Console, runner: str = "torch") -> tuple[SpeculativePipeline, dict]:
     """Load the pair with RSS snapshots (see :func:`load_measured`), showing a status line."""
     with console.status(f"loading {target}" + (f" + {draft}" if draft else "")):
-        return load_measured(target, draft, dtype)
+        return load_measured(target, draft, dtype, runner)
 
 
 def split(text: str | None) -> list[str]:

@@ -201,6 +201,10 @@ def build_runners(pipe: SpeculativePipeline, config: BenchConfig) -> tuple[list[
     infos = [RunnerInfo(r.name, r.family, r.method, settings=r.settings) for r in runners]
     if "transformers" in config.peers:
         for method in TRANSFORMERS_METHODS:
+            if pipe.target.model is None:
+                infos.append(RunnerInfo(f"transformers:{method}", "transformers", method,
+                                        f"skipped: the {pipe.runner_kind} runner holds no torch model (use --runner torch)"))
+                continue
             if method == "assisted" and pipe.draft is None:
                 infos.append(RunnerInfo(f"transformers:{method}", "transformers", method, "skipped: no draft model loaded"))
                 continue
@@ -303,13 +307,19 @@ def current_rss_bytes() -> int | None:
         return None
 
 
-def load_measured(target: str, draft: str | None, dtype: str) -> tuple[SpeculativePipeline, dict]:
+def load_measured(target: str, draft: str | None, dtype: str, runner: str = "torch") -> tuple[SpeculativePipeline, dict]:
     """Load the pair like :meth:`SpeculativePipeline.load`, noting RSS before and after each model.
 
     Returns the pipeline and ``{"rss_before_load_bytes", "rss_after_target_bytes",
-    "rss_after_draft_bytes"}`` (None where /proc is unavailable). Raises as ``load`` does.
+    "rss_after_draft_bytes"}`` (None where /proc is unavailable, and ``rss_after_target_bytes``
+    for runners other than torch, which load both models together). Raises as ``load`` does.
     """
     before = current_rss_bytes()
+    if runner != "torch":
+        from verispec.runners.select import RunnerOptions
+
+        pipe = SpeculativePipeline.load(target, draft, dtype=dtype, runners=RunnerOptions(kind=runner))
+        return pipe, {"rss_before_load_bytes": before, "rss_after_target_bytes": None, "rss_after_draft_bytes": current_rss_bytes()}
     target_model = load_model(target, dtype=dtype)
     after_target = current_rss_bytes()
     draft_model = load_model(draft, dtype=dtype) if draft else None

@@ -1,9 +1,10 @@
 """The batch-invariant 4-bit CPU runner: a GGUF file's own quantized blocks, read straight from disk.
 
 Owns turning a Qwen2 / Llama GGUF file into :class:`GGUFWeights`: each weight matrix's blocks
-(Q4_K, Q6_K, Q5_0, Q8_0: the same bits llama.cpp runs) are read with plain file reads (no fp32
-model, no mmap left resident) and repacked into the kernels' 16-column tiles; norms, biases and
-RoPE tables stay float32; embedding rows are de-quantized on lookup. The forward pass, KV cache,
+(Q4_K, Q6_K, Q5_0, Q8_0: the same bits llama.cpp runs) are memory-mapped one tensor at a time
+(no fp32 model; the mapping goes once the tensor is repacked) and repacked into the kernels'
+16-column tiles; norms, biases and RoPE tables stay float32; the token embedding stays mapped in
+the file's format and its rows are de-quantized on lookup. The forward pass, KV cache,
 tree verification and rollback are :class:`verispec.runners.int8.Int8Runner`'s: every op is
 row-local and the block products (:mod:`verispec.runners.kernels`) accumulate in one fixed order,
 so a k-token verify pass gives bit-identical logits to k one-token steps. Knows nothing about

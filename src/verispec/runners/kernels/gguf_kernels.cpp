@@ -710,6 +710,28 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, int64_t qtype, int64
 
 constexpr int LANES = 16;
 
+// exp(x) for x <= 0, in plain float operations the compiler can vectorise (no libm call): Cody-Waite
+// range reduction and Cephes' expf polynomial (about 1 ulp). Inputs below -87 give exp(-87).
+inline float exp_nonpositive(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    const float n = std::nearbyint(x * 1.44269504088896341f);
+    const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    const float r2 = r * r;
+    p = p * r2;
+    p = p + r;
+    p = p + 1.0f;
+    const int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    std::memcpy(&scale, &bits, 4);
+    return p * scale;
+}
+
 __attribute__((target_clones("avx512f", "avx2", "default")))
 void attend_one(const float* q, const float* keys, const float* values, int64_t head_dim, const int64_t* slots,
                 int64_t count, float scale, float* scores, float* out) {
@@ -725,11 +747,9 @@ void attend_one(const float* q, const float* keys, const float* values, int64_t 
         scores[j] = s;
         best = std::max(best, s);
     }
+    for (int64_t j = 0; j < count; ++j) scores[j] = exp_nonpositive(scores[j] - best);  // vectorised
     float total = 0.0f;
-    for (int64_t j = 0; j < count; ++j) {
-        scores[j] = std::exp(scores[j] - best);
-        total = total + scores[j];
-    }
+    for (int64_t j = 0; j < count; ++j) total = total + scores[j];
     for (int64_t c = 0; c < head_dim; ++c) out[c] = 0.0f;
     for (int64_t j = 0; j < count; ++j) {
         const float* v = values + (slots ? slots[j] : j) * head_dim;
