@@ -154,7 +154,7 @@ def run_runners_bench(config: RunnersBenchConfig, log: Callable[[str], None] = p
     target_info, draft_info = load_gguf_info(config.target), load_gguf_info(config.draft)
     tokenizer = target_info.tokenizer
     eos = tuple(target_info.eos_token_ids)
-    texts = load_prompts(config.prompts_file, max(config.num_prompts, config.exactness_prompts))
+    texts = load_prompts(config.prompts_file, max(config.num_prompts, config.exactness_prompts, config.quality_prompts))
     prompts = [list(tokenizer.encode(p, add_special_tokens=False)) for p in texts]
     report: dict = {
         "config": asdict(config),

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from verispec.errors import InvalidParameterError, ModelIntegrityError
 from verispec.models.gguf_file import GGUFHeader, TensorInfo, read_gguf_header
-from verispec.runners.int8 import DEFAULT_MAX_CONTEXT, Int8Layer, Int8Runner
+from verispec.runners.int8 import DEFAULT_MAX_CONTEXT, Int8Layer, Int8Runner, decoder_nbytes
 
 # ggml type ids the kernels multiply (ggml.h: enum ggml_type)
 SUPPORTED_TYPES = {12: "Q4_K", 14: "Q6_K", 6: "Q5_0", 8: "Q8_0"}
@@ -122,13 +122,8 @@ class GGUFWeights:
         return self.embedding(ids)
 
     def nbytes(self) -> int:
-        """Bytes held: packed blocks, the raw embedding, norms, biases and RoPE tables."""
-        total = self.embedding.raw.numel() + self.lm_head.nbytes()
-        total += (self.final_norm.numel() + self.cos.numel() + self.sin.numel()) * 4
-        for layer in self.layers:
-            total += sum(w.nbytes() for w in (layer.qkv, layer.o, layer.gate_up, layer.down))
-            total += (layer.input_norm.numel() + layer.post_norm.numel()) * 4
-        return total
+        """Bytes held: packed blocks, the raw (mapped) embedding, norms, biases and RoPE tables."""
+        return self.embedding.raw.numel() + decoder_nbytes(self)
 
     @classmethod
     def from_file(cls, path: Path, max_positions: int, *, head_token_ids: Tensor | None = None) -> GGUFWeights:

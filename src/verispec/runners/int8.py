@@ -72,12 +72,7 @@ class Int8Weights:
 
     def nbytes(self) -> int:
         """Bytes held by the weights (int8 matrices, scales, norms, RoPE tables)."""
-        total = self.embed_int8.numel() + self.embed_scales.numel() * 4 + self.lm_head.nbytes()
-        total += (self.final_norm.numel() + self.cos.numel() + self.sin.numel()) * 4
-        for layer in self.layers:
-            total += sum(w.nbytes() for w in (layer.qkv, layer.o, layer.gate_up, layer.down))
-            total += (layer.input_norm.numel() + layer.post_norm.numel()) * 4
-        return total
+        return self.embed_int8.numel() + self.embed_scales.numel() * 4 + decoder_nbytes(self)
 
     @classmethod
     def from_module(
@@ -131,6 +126,16 @@ class Int8Weights:
             sin=state["sin"],
             head_token_ids=None if head_token_ids is None else head_token_ids.long(),
         )
+
+
+def decoder_nbytes(weights) -> int:
+    """Bytes of everything but the embedding: linear layers (their ``nbytes()``), the LM head,
+    float32 norms and RoPE tables. Shared by :class:`Int8Weights` and the gguf runner's weights."""
+    total = weights.lm_head.nbytes() + (weights.final_norm.numel() + weights.cos.numel() + weights.sin.numel()) * 4
+    for layer in weights.layers:
+        total += sum(w.nbytes() for w in (layer.qkv, layer.o, layer.gate_up, layer.down))
+        total += (layer.input_norm.numel() + layer.post_norm.numel()) * 4
+    return total
 
 
 @torch.inference_mode()

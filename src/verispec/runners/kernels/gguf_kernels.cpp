@@ -592,13 +592,19 @@ bool cpu_has_avx512_vnni() {
 // ---------------------------------------------------------------------------------------------
 // Entry points.
 
-torch::Tensor repack(torch::Tensor raw, int64_t qtype, int64_t out_features, int64_t in_features) {
+// The checks repack and dequantize share: raw holds out_features rows of whole blocks.
+int64_t check_raw_blocks(const torch::Tensor& raw, const Format& f, int64_t out_features, int64_t in_features) {
     TORCH_CHECK(raw.dtype() == torch::kUInt8 && raw.is_contiguous(), "raw blocks must be contiguous uint8");
-    const Format f = format_of(qtype);
     TORCH_CHECK(in_features % f.block_k == 0, "in_features ", in_features, " is not a multiple of ", f.block_k);
     const int64_t nblocks = in_features / f.block_k;
     TORCH_CHECK(raw.numel() == out_features * nblocks * f.raw_bytes, "raw size ", raw.numel(), " != ",
                 out_features * nblocks * f.raw_bytes);
+    return nblocks;
+}
+
+torch::Tensor repack(torch::Tensor raw, int64_t qtype, int64_t out_features, int64_t in_features) {
+    const Format f = format_of(qtype);
+    const int64_t nblocks = check_raw_blocks(raw, f, out_features, in_features);
     const int64_t ntiles = (out_features + TILE - 1) / TILE;
     auto packed = torch::zeros({ntiles * nblocks * f.tile_bytes}, torch::kUInt8);
     const uint8_t* src = raw.data_ptr<uint8_t>();
@@ -622,11 +628,8 @@ torch::Tensor repack(torch::Tensor raw, int64_t qtype, int64_t out_features, int
 // raw [out * row_bytes] uint8 -> float32 [out, in]: the GGUF blocks de-quantized with ggml's formulas
 // (dequantize_row_q4_K and friends), for runners that re-quantize (int8) without a float model.
 torch::Tensor dequantize(torch::Tensor raw, int64_t qtype, int64_t out_features, int64_t in_features) {
-    TORCH_CHECK(raw.dtype() == torch::kUInt8 && raw.is_contiguous(), "raw blocks must be contiguous uint8");
     const Format f = format_of(qtype);
-    TORCH_CHECK(in_features % f.block_k == 0, "in_features ", in_features, " is not a multiple of ", f.block_k);
-    const int64_t nblocks = in_features / f.block_k;
-    TORCH_CHECK(raw.numel() == out_features * nblocks * f.raw_bytes, "raw size does not match the shapes");
+    const int64_t nblocks = check_raw_blocks(raw, f, out_features, in_features);
     auto out = torch::empty({out_features, in_features}, torch::kFloat32);
     const uint8_t* src = raw.data_ptr<uint8_t>();
     float* dst = out.data_ptr<float>();
