@@ -147,3 +147,18 @@ def test_bench_and_advise_measure_the_runner_asked_for(files, tmp_path):
     assert advise.exit_code == 0, advise.output
     advice = json.loads(advise.stdout.strip().splitlines()[-1])
     assert [v["category"] for v in advice["verdicts"]] == ["code", "all"]
+
+
+def test_auto_falls_back_when_the_kernels_cannot_build(files, monkeypatch, capsys):
+    from verispec.errors import InvalidParameterError
+    from verispec.runners import kernels, select
+
+    def no_compiler():
+        raise InvalidParameterError("the gguf runner compiles its kernels once, and no C++ compiler ('c++') was found")
+
+    monkeypatch.setattr(kernels, "gguf_kernels", no_compiler)
+    monkeypatch.setattr(select, "_WARNED", [])
+    assert select.auto_picks_gguf(files["target"], files["draft"]) is False
+    assert "no C++ compiler" in capsys.readouterr().err  # said, not a silent change of runner
+    monkeypatch.undo()
+    assert select.auto_picks_gguf(files["target"], files["draft"]) is True

@@ -126,10 +126,28 @@ def gguf_runner_supports(path: Path | None) -> str | None:
 
 
 def auto_picks_gguf(target_path: Path | None, draft_path: Path | None = None, device: str = "cpu") -> bool:
-    """Whether ``auto`` runs these files on the gguf runner: on a CPU, when it supports both."""
+    """Whether ``auto`` runs these files on the gguf runner: on a CPU, when it supports both and
+    its kernels build here (compiled on first use). A failed build is said on stderr, once, and
+    ``auto`` falls back to the other runners."""
     if not str(device).startswith("cpu"):
         return False
-    return gguf_runner_supports(target_path) is None and (draft_path is None or gguf_runner_supports(draft_path) is None)
+    if gguf_runner_supports(target_path) is not None or (draft_path is not None and gguf_runner_supports(draft_path) is not None):
+        return False
+    from verispec.runners.kernels import gguf_kernels
+
+    try:
+        gguf_kernels()
+    except InvalidParameterError as exc:
+        if not _WARNED:
+            import sys
+
+            print(f"verispec: warning: {exc}; --runner auto uses the other runners", file=sys.stderr)
+            _WARNED.append(True)
+        return False
+    return True
+
+
+_WARNED: list[bool] = []
 
 
 def auto_candidates(path: Path | None, device: str = "cpu") -> list[str]:
