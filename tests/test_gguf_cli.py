@@ -5,6 +5,7 @@ import json
 import re
 from pathlib import Path
 
+import gguf
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -12,6 +13,8 @@ from typer.testing import CliRunner
 from gguf_models import DRAFT_LIKE, MIXED, TOKENS, perturbed_copy, write_gguf_model
 from helpers import single_thread  # noqa: F401  (fixture)
 from verispec.cli import app
+from verispec.runners.int8 import Int8Runner
+from verispec.runners.kernels import gguf_kernels
 
 cli = CliRunner()
 
@@ -111,10 +114,17 @@ def test_skip_reasons_name_commands_that_exist():
 
 @pytest.mark.parametrize("name", ["target", "llama"])
 def test_int8_runner_reads_the_gguf_directly(files, name):
-    from verispec.runners.gguf_runner import GGUFRunner, int8_state_from_gguf
-    from verispec.runners.int8 import Int8Runner, Int8Weights
+    from verispec.runners.gguf_runner import GGUFRunner, _Loader, int8_weights_from_gguf
+    from verispec.models.gguf_file import read_gguf_header
+    from verispec.runners.int8_ops import quantize_weight_rows
 
-    int8 = Int8Runner(Int8Weights.from_state(int8_state_from_gguf(files[name], 256)), max_context_length=256)
+    int8 = Int8Runner(int8_weights_from_gguf(files[name], 256), max_context_length=256)
+    # the kernels' one-pass re-quantization equals quantize_weight_rows of the de-quantized rows
+    loader = _Loader(read_gguf_header(files[name]))
+    raw, info = loader.rows("blk.0.ffn_down.weight", 512)
+    expected = quantize_weight_rows(torch.from_numpy(gguf.quants.dequantize(raw.numpy(), info.qtype)))
+    got = gguf_kernels().requantize_int8(raw.contiguous().view(-1), info.qtype, raw.shape[0], 512)
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
     prompt = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20]
     int8_logits = int8.forward(prompt)
     gguf_logits = GGUFRunner.from_file(files[name], max_context_length=256).forward(prompt)

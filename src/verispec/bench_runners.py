@@ -258,22 +258,16 @@ def _build(kind: str, config: RunnersBenchConfig, target_info, draft_info, threa
         target = LlamaCppRunner(target_info.path, max_context_length=CAPACITY, num_threads=threads)
         return target, {"draft": LlamaCppRunner(draft_info.path, max_context_length=CAPACITY, num_threads=threads)}
     if kind == "int8":
-        from verispec.runners.int8 import Int8Runner, Int8Weights
+        from verispec.runners.gguf_runner import int8_weights_from_gguf
+        from verispec.runners.int8 import Int8Runner
 
-        def state(info):
-            from verispec.runners.gguf_runner import int8_state_from_gguf
+        def load(info, **options):  # straight from the GGUF blocks, seconds
+            return Int8Runner(int8_weights_from_gguf(info.path, 4096, **options), max_context_length=CAPACITY)
 
-            return int8_state_from_gguf(info.path, 4096)  # straight from the GGUF blocks, seconds
-
-        target = Int8Runner(Int8Weights.from_state(state(target_info)), max_context_length=CAPACITY)
-        draft_state = state(draft_info)
-        draft_weights = Int8Weights.from_state(draft_state)
-        drafts = {"draft": Int8Runner(draft_weights, max_context_length=CAPACITY),
-                  "tree": Int8Runner(draft_weights, max_context_length=CAPACITY)}
+        target, draft = load(target_info), load(draft_info)
+        drafts = {"draft": draft, "tree": Int8Runner(draft.weights, max_context_length=CAPACITY)}
         if "draft-frspec" in config.methods:
-            kept = _frspec_rows(config, draft_info, log, kind)
-            weights = Int8Weights.from_state(draft_state, head_token_ids=kept)
-            drafts["draft-frspec"] = Int8Runner(weights, max_context_length=CAPACITY)
+            drafts["draft-frspec"] = load(draft_info, head_token_ids=_frspec_rows(config, draft_info, log, kind))
         return target, drafts
     if kind == "torch":
         from verispec.models.loading import load_model

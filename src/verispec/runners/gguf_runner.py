@@ -268,14 +268,16 @@ class _Loader:
         )
 
 
-def int8_state_from_gguf(path: Path, max_positions: int) -> dict:
-    """:func:`verispec.runners.int8.quantized_state`'s dict, read straight from a GGUF file.
+def int8_weights_from_gguf(path: Path, max_positions: int, *, head_token_ids: Tensor | None = None):
+    """:class:`verispec.runners.int8.Int8Weights` read straight from a GGUF file, layer by layer.
 
-    Each weight's blocks are de-quantized by the kernels (ggml's formulas, the values llama.cpp
-    and transformers see) a few thousand rows at a time and re-quantized per output row to int8,
-    so no float copy of the model is ever held. Raises what :meth:`GGUFWeights.from_file` raises.
+    Each matrix's blocks are de-quantized (ggml's formulas, the values llama.cpp and transformers
+    see) and re-quantized per output row to int8 by the kernels in one pass, then prepacked, so
+    neither a float model nor a second copy of the int8 model is ever held. ``head_token_ids``
+    ``[kept]``: a reduced LM head (FR-Spec). Raises what :meth:`GGUFWeights.from_file` raises.
     """
-    from verispec.runners.int8_ops import quantize_weight_rows
+    from verispec.runners.int8 import Int8Weights
+    from verispec.runners.int8_ops import Int8Weight, quantize_weight_rows
 
     loader = _Loader(read_gguf_header(Path(path)))
     kernels = _kernels()
@@ -286,43 +288,55 @@ def int8_state_from_gguf(path: Path, max_positions: int) -> dict:
             raw, info = loader.rows(name, in_features, any_type=True)
             if index < len(heads) and heads[index] is not None:
                 raw = raw[_unpermute_rows(raw.shape[0], heads[index])]
-            for start in range(0, raw.shape[0], 8192):
-                chunk = raw[start : start + 8192].contiguous()
-                weight = _dequantize(kernels, chunk, info.qtype, in_features)
-                int8, scale = quantize_weight_rows(weight)
-                pieces.append(int8)
-                scales.append(scale)
-        return torch.cat(pieces), torch.cat(scales)
+            if info.qtype in SUPPORTED_TYPES:
+                int8, scale = kernels.requantize_int8(raw.contiguous().view(-1), info.qtype, raw.shape[0], in_features)
+            else:  # other block types: gguf's numpy de-quantization, a few thousand rows at a time
+                parts = [quantize_weight_rows(_dequantize(kernels, raw[s : s + 8192].contiguous(), info.qtype, in_features))
+                         for s in range(0, raw.shape[0], 8192)]
+                int8, scale = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+            pieces.append(int8)
+            scales.append(scale)
+        return (torch.cat(pieces), torch.cat(scales)) if len(pieces) > 1 else (pieces[0], scales[0])
 
-    state: dict = {"config": {"num_layers": loader.num_layers, "num_heads": loader.num_heads,
-                              "num_kv_heads": loader.num_kv_heads, "head_dim": loader.head_dim,
-                              "rms_norm_eps": loader.eps}}
+    def linear(names: Sequence[str], in_features: int, heads: Sequence[int | None] = (), bias: Tensor | None = None) -> Int8Weight:
+        return Int8Weight.from_int8(*int8_rows(names, in_features, heads), bias)
+
     permute = loader.header.architecture == "llama"
     q_heads = (loader.num_heads, loader.num_kv_heads, None) if permute else ()
     hidden = loader.hidden
+    layers = []
     for i in range(loader.num_layers):
         p = f"blk.{i}."
         ffn = int(loader.tensor(p + "ffn_down.weight").shape[0])
-        state[f"layers.{i}.qkv.int8"], state[f"layers.{i}.qkv.scales"] = int8_rows(
-            [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], hidden, q_heads)
-        biases = [p + "attn_q.bias", p + "attn_k.bias", p + "attn_v.bias"]
-        if all(b in loader.header.tensors for b in biases):
-            state[f"layers.{i}.qkv.bias"] = torch.cat([
-                loader.floats(b)[_unpermute_rows(int(loader.tensor(b).shape[0]), q_heads[j])]
-                if j < len(q_heads) and q_heads[j] is not None else loader.floats(b)
-                for j, b in enumerate(biases)])
-        state[f"layers.{i}.o.int8"], state[f"layers.{i}.o.scales"] = int8_rows([p + "attn_output.weight"], loader.num_heads * loader.head_dim)
-        state[f"layers.{i}.gate_up.int8"], state[f"layers.{i}.gate_up.scales"] = int8_rows(
-            [p + "ffn_gate.weight", p + "ffn_up.weight"], hidden)
-        state[f"layers.{i}.down.int8"], state[f"layers.{i}.down.scales"] = int8_rows([p + "ffn_down.weight"], ffn)
-        state[f"layers.{i}.input_norm"] = loader.floats(p + "attn_norm.weight")
-        state[f"layers.{i}.post_norm"] = loader.floats(p + "ffn_norm.weight")
-    state["embed.int8"], state["embed.scales"] = int8_rows(["token_embd.weight"], hidden)
+        bias_names = [p + "attn_q.bias", p + "attn_k.bias", p + "attn_v.bias"]
+        bias = None
+        if all(b in loader.header.tensors for b in bias_names):
+            bias = torch.cat([loader.floats(b)[_unpermute_rows(int(loader.tensor(b).shape[0]), q_heads[j])]
+                              if j < len(q_heads) and q_heads[j] is not None else loader.floats(b)
+                              for j, b in enumerate(bias_names)])
+        layers.append(Int8Layer(
+            input_norm=loader.floats(p + "attn_norm.weight"),
+            qkv=linear([p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], hidden, q_heads, bias),
+            o=linear([p + "attn_output.weight"], loader.num_heads * loader.head_dim),
+            post_norm=loader.floats(p + "ffn_norm.weight"),
+            gate_up=linear([p + "ffn_gate.weight", p + "ffn_up.weight"], hidden),
+            down=linear([p + "ffn_down.weight"], ffn),
+        ))
+    embed_int8, embed_scales = int8_rows(["token_embd.weight"], hidden)
+    rows = None if head_token_ids is None else head_token_ids.long()
     if "output.weight" in loader.header.tensors:
-        state["lm_head.int8"], state["lm_head.scales"] = int8_rows(["output.weight"], hidden)
-    state["final_norm"] = loader.floats("output_norm.weight")
-    state["cos"], state["sin"] = rope_tables(loader.head_dim, loader.rope_base, max_positions)
-    return state
+        head_int8, head_scales = int8_rows(["output.weight"], hidden)
+    else:  # tied: the embedding's int8 rows
+        head_int8, head_scales = embed_int8, embed_scales
+    if rows is not None:
+        head_int8, head_scales = head_int8[rows].contiguous(), head_scales[rows].contiguous()
+    cos, sin = rope_tables(loader.head_dim, loader.rope_base, max_positions)
+    return Int8Weights(
+        num_heads=loader.num_heads, num_kv_heads=loader.num_kv_heads, head_dim=loader.head_dim, rms_norm_eps=loader.eps,
+        embed_int8=embed_int8, embed_scales=embed_scales[:, None].contiguous(), layers=layers,
+        final_norm=loader.floats("output_norm.weight"), lm_head=Int8Weight.from_int8(head_int8, head_scales),
+        cos=cos, sin=sin, head_token_ids=rows,
+    )
 
 
 def _dequantize(kernels, raw: Tensor, qtype: int, in_features: int) -> Tensor:

@@ -78,12 +78,11 @@ def make_runner(kind: str, loaded, *, max_context_length: int | None = None, hea
             raise InvalidParameterError(f"the llama.cpp runner needs a .gguf model; {loaded.name} is not one")
         return LlamaCppRunner(loaded.path, max_context_length=max_context_length)
     if kind == "int8" and loaded.model is None and loaded.path is not None and Path(loaded.path).suffix == ".gguf":
-        from verispec.runners.gguf_runner import int8_state_from_gguf
-        from verispec.runners.int8 import Int8Runner, Int8Weights
+        from verispec.runners.gguf_runner import int8_weights_from_gguf
+        from verispec.runners.int8 import Int8Runner
 
         capacity = max_context_length or min(loaded.context_length, 4096)
-        weights = Int8Weights.from_state(int8_state_from_gguf(loaded.path, capacity), head_token_ids=head_token_ids)
-        return Int8Runner(weights, max_context_length=capacity)
+        return Int8Runner(int8_weights_from_gguf(loaded.path, capacity, head_token_ids=head_token_ids), max_context_length=capacity)
     if loaded.model is None:
         raise InvalidParameterError(f"the {kind} runner needs the model's weights in torch; {loaded.name} was loaded without")
     if kind == "int8":

@@ -627,6 +627,38 @@ torch::Tensor repack(torch::Tensor raw, int64_t qtype, int64_t out_features, int
 
 // raw [out * row_bytes] uint8 -> float32 [out, in]: the GGUF blocks de-quantized with ggml's formulas
 // (dequantize_row_q4_K and friends), for runners that re-quantize (int8) without a float model.
+// One row of blocks -> in_features floats, ggml's formulas.
+void dequantize_row(int64_t qtype, const Format& f, const uint8_t* src, int64_t nblocks, float* dst) {
+    Decoded b;
+    for (int64_t blk = 0; blk < nblocks; ++blk) {
+        decode_block(qtype, src + blk * f.raw_bytes, b);
+        float* y = dst + blk * f.block_k;
+        const float d = half_to_float(b.d);
+        switch (qtype) {
+            case Q4_K: {
+                const float dmin = half_to_float(b.dmin);
+                for (int j = 0; j < 8; ++j) {
+                    const float scale = d * (float)b.scale[j], mins = dmin * (float)b.min[j];
+                    for (int i = 0; i < 32; ++i) y[32 * j + i] = scale * (float)b.q[32 * j + i] - mins;
+                }
+                break;
+            }
+            case Q6_K:
+                for (int j = 0; j < 16; ++j) {
+                    const float scale = d * (float)(int8_t)b.scale[j];
+                    for (int i = 0; i < 16; ++i) y[16 * j + i] = scale * (float)((int)b.q[16 * j + i] - 32);
+                }
+                break;
+            case Q5_0:
+                for (int i = 0; i < 32; ++i) y[i] = d * (float)((int)b.q[i] - 16);
+                break;
+            default:  // Q8_0
+                for (int i = 0; i < 32; ++i) y[i] = (float)(int8_t)b.q[i] * d;
+                break;
+        }
+    }
+}
+
 torch::Tensor dequantize(torch::Tensor raw, int64_t qtype, int64_t out_features, int64_t in_features) {
     const Format f = format_of(qtype);
     const int64_t nblocks = check_raw_blocks(raw, f, out_features, in_features);
@@ -634,37 +666,42 @@ torch::Tensor dequantize(torch::Tensor raw, int64_t qtype, int64_t out_features,
     const uint8_t* src = raw.data_ptr<uint8_t>();
     float* dst = out.data_ptr<float>();
     at::parallel_for(0, out_features, 64, [&](int64_t r0, int64_t r1) {
-        Decoded b;
         for (int64_t r = r0; r < r1; ++r)
-            for (int64_t blk = 0; blk < nblocks; ++blk) {
-                decode_block(qtype, src + (r * nblocks + blk) * f.raw_bytes, b);
-                float* y = dst + r * in_features + blk * f.block_k;
-                const float d = half_to_float(b.d);
-                switch (qtype) {
-                    case Q4_K: {
-                        const float dmin = half_to_float(b.dmin);
-            for (int j = 0; j < 8; ++j) {
-                            const float scale = d * (float)b.scale[j], mins = dmin * (float)b.min[j];
-                            for (int i = 0; i < 32; ++i) y[32 * j + i] = scale * (float)b.q[32 * j + i] - mins;
-                        }
-                        break;
-                    }
-                    case Q6_K:
-            for (int j = 0; j < 16; ++j) {
-                            const float scale = d * (float)(int8_t)b.scale[j];
-                            for (int i = 0; i < 16; ++i) y[16 * j + i] = scale * (float)((int)b.q[16 * j + i] - 32);
-                        }
-                        break;
-                    case Q5_0:
-                        for (int i = 0; i < 32; ++i) y[i] = d * (float)((int)b.q[i] - 16);
-                        break;
-                    default:  // Q8_0
-                        for (int i = 0; i < 32; ++i) y[i] = (float)(int8_t)b.q[i] * d;
-                        break;
-                }
-            }
+            dequantize_row(qtype, f, src + r * nblocks * f.raw_bytes, nblocks, dst + r * in_features);
     });
     return out;
+}
+
+// raw [out * row_bytes] uint8 -> (int8 [out, in], scales [out] float32): each row de-quantized
+// (as dequantize) and re-quantized symmetric per row, in one pass: scale = max |row| / 127 (1 for
+// an all-zero row), q = clamp(round-half-even(w / scale), -127, 127) -- exactly
+// verispec.runners.int8_ops.quantize_weight_rows of the de-quantized row.
+std::vector<torch::Tensor> requantize_int8(torch::Tensor raw, int64_t qtype, int64_t out_features, int64_t in_features) {
+    const Format f = format_of(qtype);
+    const int64_t nblocks = check_raw_blocks(raw, f, out_features, in_features);
+    auto q = torch::empty({out_features, in_features}, torch::kInt8);
+    auto scales = torch::empty({out_features}, torch::kFloat32);
+    const int64_t row_bytes = nblocks * f.raw_bytes;
+    const uint8_t* src = raw.data_ptr<uint8_t>();
+    int8_t* qp = q.data_ptr<int8_t>();
+    float* sp = scales.data_ptr<float>();
+    at::parallel_for(0, out_features, 16, [&](int64_t r0, int64_t r1) {
+        std::vector<float> row(in_features);
+        float* w = row.data();
+        for (int64_t r = r0; r < r1; ++r) {
+            dequantize_row(qtype, f, src + r * row_bytes, nblocks, w);
+            float amax = 0.0f;
+            for (int64_t i = 0; i < in_features; ++i) amax = std::max(amax, std::fabs(w[i]));
+            float scale = amax / 127.0f;
+            if (!(scale > 0.0f)) scale = 1.0f;
+            sp[r] = scale;
+            for (int64_t i = 0; i < in_features; ++i) {
+                float v = std::nearbyint(w[i] / scale);
+                qp[r * in_features + i] = (int8_t)std::min(127.0f, std::max(-127.0f, v));
+            }
+        }
+    });
+    return {q, scales};
 }
 
 // x [rows, in] float32, packed from repack() -> [rows, ceil(out / 16) * 16] float32.
@@ -881,6 +918,7 @@ bool has_avx512_vnni() { return cpu_has_avx512_vnni(); }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("repack", &repack, "GGUF blocks [out, in / block] -> 16-column interleaved tiles");
+    m.def("requantize_int8", &requantize_int8, "GGUF blocks -> per-row int8 weights and scales (the int8 runner)");
     m.def("dequantize", &dequantize, "GGUF blocks [out, in / block] -> float32 [out, in]");
     m.def("linear", &linear, "x [rows, in] float32 times repacked GGUF weights -> [rows, padded out]");
     m.def("attention", &attention, "causal or tree attention over a static KV cache, one (row, head) at a time");
