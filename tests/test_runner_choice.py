@@ -12,7 +12,7 @@ from verispec.errors import InvalidParameterError
 from verispec.models.loading import LoadedModel
 from verispec.pipeline import SpeculativePipeline
 from verispec.runners.costs import CostCache, CostCurve, choose_runner, measure_cost_curve, seed_cost_model
-from verispec.runners.int8 import Int8Runner, cached_quantized_state, quantized_state
+from verispec.runners.int8 import Int8Runner
 from verispec.runners.select import RunnerOptions, resolve_auto
 from verispec.runners.torch_runner import TransformersRunner
 from verispec.sampling import SamplingParams
@@ -84,18 +84,6 @@ def test_resolve_auto_measures_once_then_uses_the_cache(tmp_path, target_model):
     assert resolve_auto("tiny", None, build, speculative=False, cache=cache) == "int8"
     assert built == ["int8"]
     assert resolve_auto("tiny", None, build, speculative=False, device="cuda:0", cache=cache) == "torch"
-
-
-def test_cached_quantized_state_builds_once(tmp_path, target_model):
-    calls = []
-
-    def build():
-        calls.append(1)
-        return quantized_state(target_model, 64)
-
-    first = cached_quantized_state("tiny:1", build, tmp_path)
-    second = cached_quantized_state("tiny:1", build, tmp_path)
-    assert calls == [1] and torch.equal(first["layers.0.qkv.int8"], second["layers.0.qkv.int8"])
 
 
 def loaded(name, model):

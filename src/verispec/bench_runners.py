@@ -24,7 +24,7 @@ import torch
 from verispec.engine import SpeculativeConfig, SpeculativeEngine
 from verispec.proposers.draft_model import DraftModelProposer
 from verispec.proposers.ngram import NgramProposer
-from verispec.runners.costs import measure_cost_curve, model_key, seed_cost_model
+from verispec.runners.costs import measure_cost_curve, seed_cost_model
 from verispec.sampling import SamplingParams
 
 BENCH_RUNNERS = ("gguf", "int8", "llamacpp", "torch")

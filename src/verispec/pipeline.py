@@ -31,7 +31,6 @@ from verispec.proposers.ngram import NgramProposer
 from verispec.runners.quantize import QUANTIZATIONS, quantize_linear_layers
 from verispec.runners.costs import seed_cost_model
 from verispec.runners.select import RunnerOptions, auto_picks_gguf, build_runners, cached_auto_choice, cached_curve
-from verispec.runners.torch_runner import TransformersRunner
 from verispec.sampling import SamplingParams
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"

@@ -12,11 +12,9 @@ output of this runner. Rollback moves a length. Knows nothing about drafting or 
 
 from __future__ import annotations
 
-import re
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 from torch import Tensor
@@ -372,27 +370,3 @@ class Int8Runner:
         if not 0 <= num_tokens <= self._num_cached:
             raise ValueError(f"cannot truncate a cache of {self._num_cached} tokens to {num_tokens}")
         self._num_cached = num_tokens  # entries past the length are overwritten before they are read
-
-
-def cached_quantized_state(key: str, build: Callable[[], dict], directory: Path | None = None) -> dict:
-    """The int8 state stored under ``key`` in ``$VERISPEC_HOME/int8``, built by ``build()`` once.
-
-    Saves a few hundred MB per model so that later loads skip transformers and quantization
-    (mmap, ~1 s instead of ~1 min). ``key`` names the model file and RoPE table size.
-    """
-    if directory is None:
-        from verispec.models.store import verispec_home
-
-        directory = verispec_home() / "int8"
-    path = Path(directory) / (re.sub(r"[^A-Za-z0-9._-]+", "_", key) + ".pt")
-    if path.exists():
-        try:
-            return torch.load(path, mmap=True, weights_only=True)
-        except Exception:  # a partial or stale file: rebuild it
-            path.unlink(missing_ok=True)
-    state = build()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_suffix(".tmp")
-    torch.save(state, temporary)
-    temporary.replace(path)
-    return state
