@@ -202,7 +202,7 @@ class _Loader:
         return self.raw(info).view(int(info.shape[1]), -1), info
 
     def linear(self, names: Sequence[str], in_features: int, *, permute_heads: Sequence[int | None] = (),
-               bias_names: Sequence[str] = (), row_ids: Tensor | None = None) -> GGUFLinear:
+               bias: Tensor | None = None, row_ids: Tensor | None = None) -> GGUFLinear:
         """One linear layer from tensors ``names`` stacked along the output (e.g. q, k, v)."""
         from verispec.runners.kernels import gguf_kernels
 
@@ -224,22 +224,31 @@ class _Loader:
             block = torch.cat(raws) if len(raws) > 1 else raws[0]
             packed = kernels.repack(block.contiguous().view(-1), qtype, block.shape[0], in_features)
             parts.append((packed, qtype, block.shape[0]))
-        bias = None
-        present = [b for b in bias_names if b in self.header.tensors]
-        if present:
-            if len(present) != len(bias_names):
-                raise ModelIntegrityError(f"{self.path} has only some of the biases {list(bias_names)}")
-            values = []
-            for index, bias_name in enumerate(bias_names):
-                value = self.floats(bias_name)
-                heads = permute_heads[index] if index < len(permute_heads) else None
-                values.append(value[_unpermute_rows(value.shape[0], heads)] if heads is not None else value)
-            bias = torch.cat(values)
         return GGUFLinear(parts, in_features, bias)
 
+    @property
+    def q_heads(self) -> tuple:
+        """Heads of q, k, v whose rows llama.cpp's converter interleaved (llama files), else ()."""
+        return (self.num_heads, self.num_kv_heads, None) if self.header.architecture == "llama" else ()
+
+    def qkv_bias(self, prefix: str) -> Tensor | None:
+        """The fused q/k/v bias of layer ``prefix`` (rows in the un-permuted order), None without one.
+
+        Raises ModelIntegrityError when only some of the three are present."""
+        names = [prefix + "attn_q.bias", prefix + "attn_k.bias", prefix + "attn_v.bias"]
+        present = [name in self.header.tensors for name in names]
+        if not any(present):
+            return None
+        if not all(present):
+            raise ModelIntegrityError(f"{self.path} has only some of the biases {names}")
+        values = []
+        for name, heads in zip(names, self.q_heads or (None, None, None)):
+            value = self.floats(name)
+            values.append(value[_unpermute_rows(value.shape[0], heads)] if heads is not None else value)
+        return torch.cat(values)
+
     def weights(self, max_positions: int, head_token_ids: Tensor | None) -> GGUFWeights:
-        permute = self.header.architecture == "llama"  # llama.cpp's converter interleaves q/k rows
-        q_heads = (self.num_heads, self.num_kv_heads, None) if permute else ()
+        q_heads = self.q_heads
         hidden = self.hidden
         layers = []
         for i in range(self.num_layers):
@@ -248,7 +257,7 @@ class _Loader:
             layers.append(Int8Layer(
                 input_norm=self.floats(p + "attn_norm.weight"),
                 qkv=self.linear([p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], hidden,
-                                permute_heads=q_heads, bias_names=[p + "attn_q.bias", p + "attn_k.bias", p + "attn_v.bias"]),
+                                permute_heads=q_heads, bias=self.qkv_bias(p)),
                 o=self.linear([p + "attn_output.weight"], self.num_heads * self.head_dim),
                 post_norm=self.floats(p + "ffn_norm.weight"),
                 gate_up=self.linear([p + "ffn_gate.weight", p + "ffn_up.weight"], hidden),
@@ -301,22 +310,14 @@ def int8_weights_from_gguf(path: Path, max_positions: int, *, head_token_ids: Te
     def linear(names: Sequence[str], in_features: int, heads: Sequence[int | None] = (), bias: Tensor | None = None) -> Int8Weight:
         return Int8Weight.from_int8(*int8_rows(names, in_features, heads), bias)
 
-    permute = loader.header.architecture == "llama"
-    q_heads = (loader.num_heads, loader.num_kv_heads, None) if permute else ()
-    hidden = loader.hidden
+    q_heads, hidden = loader.q_heads, loader.hidden
     layers = []
     for i in range(loader.num_layers):
         p = f"blk.{i}."
         ffn = int(loader.tensor(p + "ffn_down.weight").shape[0])
-        bias_names = [p + "attn_q.bias", p + "attn_k.bias", p + "attn_v.bias"]
-        bias = None
-        if all(b in loader.header.tensors for b in bias_names):
-            bias = torch.cat([loader.floats(b)[_unpermute_rows(int(loader.tensor(b).shape[0]), q_heads[j])]
-                              if j < len(q_heads) and q_heads[j] is not None else loader.floats(b)
-                              for j, b in enumerate(bias_names)])
         layers.append(Int8Layer(
             input_norm=loader.floats(p + "attn_norm.weight"),
-            qkv=linear([p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], hidden, q_heads, bias),
+            qkv=linear([p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], hidden, q_heads, loader.qkv_bias(p)),
             o=linear([p + "attn_output.weight"], loader.num_heads * loader.head_dim),
             post_norm=loader.floats(p + "ffn_norm.weight"),
             gate_up=linear([p + "ffn_gate.weight", p + "ffn_up.weight"], hidden),
