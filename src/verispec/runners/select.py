@@ -9,11 +9,10 @@ drafting or decoding.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
-
-import time
 
 import torch
 
@@ -31,7 +30,7 @@ class RunnerOptions:
 
     Attributes:
         kind: ``"gguf"`` (the GGUF file's own 4-bit blocks, batch-invariant C++ kernels, CPU),
-            ``"int8"`` (batch-invariant int8 re-quantization of a torch model, CPU),
+            ``"int8"`` (batch-invariant int8 re-quantization of a GGUF file or a torch model, CPU),
             ``"llamacpp"`` (GGUF through llama.cpp, needs the ``llamacpp`` extra; not exact under
             speculation), ``"torch"`` (transformers, any model, any device) or ``"auto"``
             (gguf where it can run the files, else the fastest by measured cost curves).
