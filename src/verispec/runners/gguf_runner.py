@@ -59,9 +59,7 @@ class GGUFLinear:
 
     def __call__(self, x: Tensor) -> Tensor:
         """``x`` ``[rows, in_features]`` float32 -> ``[rows, out_features]`` float32, row-local."""
-        from verispec.runners.kernels import gguf_kernels
-
-        kernels, impl = gguf_kernels(), IMPLEMENTATIONS[_IMPL[0]]
+        kernels, impl = _kernels(), IMPLEMENTATIONS[_IMPL[0]]
         outs = [kernels.linear(x, packed, qtype, rows, impl)[:, :rows] for packed, qtype, rows in self.parts]
         y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
         if self.bias is not None:
@@ -357,9 +355,15 @@ def _dequantize(kernels, raw: Tensor, qtype: int, in_features: int) -> Tensor:
 
 
 def _kernels():
-    from verispec.runners.kernels import gguf_kernels
+    """The compiled kernel module, looked up once (every linear layer calls this)."""
+    if not _MODULE:
+        from verispec.runners.kernels import gguf_kernels
 
-    return gguf_kernels()
+        _MODULE.append(gguf_kernels())
+    return _MODULE[0]
+
+
+_MODULE: list = []
 
 
 def _unpermute_rows(rows: int, heads: int) -> Tensor:
@@ -397,27 +401,31 @@ class GGUFRunner(Int8Runner):
         weights = GGUFWeights.from_file(Path(path), int(max_context_length), head_token_ids=head_token_ids)
         return cls(weights, max_context_length=int(max_context_length))
 
-    def _rope_store(self, qkv: Tensor, positions: Tensor, keys: Tensor, values: Tensor, start: int) -> Tensor:
+    def _rope_rows(self, positions: Tensor) -> Tensor:
+        return positions  # the C++ op reads the full tables at these positions
+
+    def _tree_slots(self, visible: list[Tensor]) -> tuple[Tensor, Tensor]:
+        """``slots`` ``[rows, width]`` int64 (row i's first ``lengths[i]`` entries) and ``lengths`` ``[rows]``."""
+        lengths = torch.tensor([len(v) for v in visible], dtype=torch.int64)
+        slots = torch.zeros(len(visible), int(lengths.max()), dtype=torch.int64)
+        for i, v in enumerate(visible):
+            slots[i, : len(v)] = v
+        return slots, lengths
+
+    def _rope_store(self, qkv: Tensor, rope: Tensor, keys: Tensor, values: Tensor, start: int) -> Tensor:
         """:meth:`Int8Runner._rope_store` in one C++ call (same formula, same row-local arithmetic)."""
         w = self.weights
-        return _kernels().rope_store(qkv, positions, w.cos, w.sin, keys, values, start, w.num_heads)
+        return _kernels().rope_store(qkv, rope, w.cos, w.sin, keys, values, start, w.num_heads)
 
     def _swiglu(self, gate_up: Tensor) -> Tensor:
         return _kernels().silu_mul(gate_up)
 
-    def _attend(self, q: Tensor, keys: Tensor, values: Tensor, start: int, visible: list[Tensor] | None = None) -> Tensor:
+    def _attend(self, q: Tensor, keys: Tensor, values: Tensor, start: int, tree: tuple[Tensor, Tensor] | None = None) -> Tensor:
         """The C++ kernel's attention: same contract as :meth:`Int8Runner._attend` (row i over
-        slots ``0 .. start + i`` or ``visible[i]``, in order), parallel over (row, head)."""
-        from verispec.runners.kernels import gguf_kernels
-
-        if visible is None:
-            slots = lengths = _EMPTY
-        else:
-            lengths = torch.tensor([len(v) for v in visible], dtype=torch.int64)
-            slots = torch.zeros(len(visible), int(lengths.max()), dtype=torch.int64)
-            for i, v in enumerate(visible):
-                slots[i, : len(v)] = v
-        return gguf_kernels().attention(q, keys, values, start, slots, lengths, self.weights.head_dim**-0.5)
+        slots ``0 .. start + i`` or its tree slots from :meth:`_tree_slots`, in order), parallel
+        over (row, head)."""
+        slots, lengths = (_EMPTY, _EMPTY) if tree is None else tree
+        return _kernels().attention(q, keys, values, start, slots, lengths, self.weights.head_dim**-0.5)
 
 
 _EMPTY = torch.empty(0, dtype=torch.int64)

@@ -307,11 +307,12 @@ class Int8Runner:
         num_new, start = len(token_ids), self._num_cached
         ids = torch.tensor(list(token_ids), dtype=torch.long)
         x = w.embed(ids)  # [num_new, hidden]
+        rope, tree = self._rope_rows(positions), None if visible is None else self._tree_slots(visible)  # once per pass
         for index, layer in enumerate(w.layers):
             qkv = layer.qkv(rms_norm(x, layer.input_norm, w.rms_norm_eps))
             keys, values = self._keys[index], self._values[index]  # [kv_heads, capacity, head_dim]
-            q = self._rope_store(qkv, positions, keys, values, start)
-            attended = self._attend(q, keys, values, start, visible)
+            q = self._rope_store(qkv, rope, keys, values, start)
+            attended = self._attend(q, keys, values, start, tree)
             x = x + layer.o(attended)
             gate_up = layer.gate_up(rms_norm(x, layer.post_norm, w.rms_norm_eps))
             x = x + layer.down(self._swiglu(gate_up))
@@ -324,12 +325,22 @@ class Int8Runner:
         full[:, w.head_token_ids] = logits  # tokens outside the kept set get probability 0
         return full
 
-    def _rope_store(self, qkv: Tensor, positions: Tensor, keys: Tensor, values: Tensor, start: int) -> Tensor:
-        """RoPE on the q and k parts of ``qkv`` ``[rows, (heads + 2 kv_heads) * head_dim]`` at
-        ``positions`` ``[rows]``; k and v go to cache slots ``start ..``; returns q ``[rows, heads, head_dim]``."""
+    def _rope_rows(self, positions: Tensor):
+        """What :meth:`_rope_store` needs for ``positions`` ``[rows]``, computed once per pass:
+        here the ``cos``, ``sin`` rows ``[rows, head_dim]``."""
+        return self.weights.cos[positions], self.weights.sin[positions]
+
+    def _tree_slots(self, visible: list[Tensor]):
+        """What :meth:`_attend` needs for a tree pass, once per pass: here the per-row slot lists."""
+        return visible
+
+    def _rope_store(self, qkv: Tensor, rope, keys: Tensor, values: Tensor, start: int) -> Tensor:
+        """RoPE on the q and k parts of ``qkv`` ``[rows, (heads + 2 kv_heads) * head_dim]`` with
+        ``rope`` from :meth:`_rope_rows`; k and v go to cache slots ``start ..``; returns q
+        ``[rows, heads, head_dim]``."""
         w = self.weights
         rows, q_width, kv_width = qkv.shape[0], w.num_heads * w.head_dim, w.num_kv_heads * w.head_dim
-        cos, sin = w.cos[positions], w.sin[positions]
+        cos, sin = rope
         qk = rotate(qkv[:, : q_width + kv_width].view(rows, w.num_heads + w.num_kv_heads, w.head_dim), cos, sin)
         v = qkv[:, q_width + kv_width :].view(rows, w.num_kv_heads, w.head_dim)
         keys[:, start : start + rows] = qk[:, w.num_heads :].transpose(0, 1)
