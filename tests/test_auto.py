@@ -119,6 +119,7 @@ def test_cost_schedule_switches_off_a_hopeless_drafter():
     for k in range(9):
         engine.cost_model.record_verify(k, 0.010)  # measured before: any target pass 10 ms,
     engine.cost_model.record_draft("draft", 1, 0.005)  # a drafted token 5 ms
+    engine.cost_model.draft_ratio["draft"] = 0.5  # the same, as the per-step ratio (else the first real sample sets it)
     engine.cost_model.weight = 0.0  # freeze the costs: the bigram doubles take microseconds
     out = engine.generate([4], SamplingParams(max_tokens=30), SpeculativeConfig(method="draft", num_speculative_tokens=8, schedule="cost"))
     chosen = out.metrics.spec.chosen_k
@@ -133,6 +134,7 @@ def test_acceptance_estimate_carries_to_the_next_request():
     for k in range(4):
         engine.cost_model.record_verify(k, 0.010)  # frozen costs: drafting is cheap (c = 0.05)
     engine.cost_model.record_draft("draft", 1, 0.0005)
+    engine.cost_model.draft_ratio["draft"] = 0.05  # frozen too: a first real-time sample of microsecond doubles is noise
     engine.cost_model.weight = 0.0
     spec = SpeculativeConfig(method="draft", num_speculative_tokens=3, schedule="cost")
     engine.generate([4], SamplingParams(max_tokens=12), spec)
