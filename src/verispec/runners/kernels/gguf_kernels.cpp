@@ -221,7 +221,48 @@ struct Activations {
 
 constexpr int ROW_TILE = 8;  // rows per register tile
 
-void quantize_rows(const float* x, int64_t rows, int64_t in, int block_k, bool offset, Activations& a) {
+#define VS_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c,fma")))
+
+bool cpu_has_avx512_vnni() {
+    static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                            __builtin_cpu_supports("avx512vnni");
+    return has;
+}
+
+// One block of one row: d = max |x| / 127, q = clamp(nearbyint(x / d), -127, 127) (x * (1 / d)).
+void quantize_block(const float* xb, int block_k, int8_t* qb, float* d_out) {
+    float amax = 0.0f;
+    for (int i = 0; i < block_k; ++i) amax = std::max(amax, std::fabs(xb[i]));
+    const float d = amax / 127.0f;
+    const float id = d > 0.0f ? 1.0f / d : 0.0f;
+    for (int i = 0; i < block_k; ++i) {
+        float v = std::nearbyint(xb[i] * id);
+        v = std::min(127.0f, std::max(-127.0f, v));
+        qb[i] = (int8_t)v;
+    }
+    *d_out = d;
+}
+
+// quantize_block with 16 lanes: the same values bit for bit (max is exact and order-free; the
+// product, the round-to-nearest-even and the clamps are the scalar operations lane by lane, with
+// the scalar code's NaN behaviour: max(x, -127) keeps -127 for NaN as std::max(-127, x) does).
+VS_AVX512 void quantize_block_avx512(const float* xb, int block_k, int8_t* qb, float* d_out) {
+    const __m512 sign = _mm512_set1_ps(-0.0f);
+    __m512 amax = _mm512_setzero_ps();
+    for (int i = 0; i < block_k; i += 16) amax = _mm512_max_ps(_mm512_andnot_ps(sign, _mm512_loadu_ps(xb + i)), amax);
+    const float d = _mm512_reduce_max_ps(amax) / 127.0f;
+    const __m512 id = _mm512_set1_ps(d > 0.0f ? 1.0f / d : 0.0f);
+    const __m512 lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+    for (int i = 0; i < block_k; i += 16) {
+        __m512 v = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_loadu_ps(xb + i), id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        v = _mm512_min_ps(_mm512_max_ps(v, lo), hi);
+        _mm_storeu_si128((__m128i*)(qb + i), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(v)));
+    }
+    *d_out = d;
+}
+
+void quantize_rows(const float* x, int64_t rows, int64_t in, int block_k, bool offset, bool vector, Activations& a) {
     a.rows = rows;
     a.in = in;
     a.block_k = block_k;
@@ -229,22 +270,14 @@ void quantize_rows(const float* x, int64_t rows, int64_t in, int block_k, bool o
     a.d.resize(rows * (in / block_k));
     a.s16.resize(rows * (in / 16));
     a.s32.resize(rows * (in / 32));
-    at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
+    at::parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r) {
             const float* xr = x + r * in;
             int8_t* qr = a.q.data() + r * in;
             for (int64_t b = 0; b < in / block_k; ++b) {
-                const float* xb = xr + b * block_k;
-                float amax = 0.0f;
-                for (int i = 0; i < block_k; ++i) amax = std::max(amax, std::fabs(xb[i]));
-                const float d = amax / 127.0f;
-                const float id = d > 0.0f ? 1.0f / d : 0.0f;
-                for (int i = 0; i < block_k; ++i) {
-                    float v = std::nearbyint(xb[i] * id);
-                    v = std::min(127.0f, std::max(-127.0f, v));
-                    qr[b * block_k + i] = (int8_t)v;
-                }
-                a.d[r * (in / block_k) + b] = d;
+                float* d = a.d.data() + r * (in / block_k) + b;
+                if (vector) quantize_block_avx512(xr + b * block_k, block_k, qr + b * block_k, d);
+                else quantize_block(xr + b * block_k, block_k, qr + b * block_k, d);
             }
             for (int64_t j = 0; j < in / 16; ++j) {
                 int s = 0;
@@ -372,9 +405,14 @@ void tile_portable(int64_t qtype, const TileArgs& a) {
 // ---------------------------------------------------------------------------------------------
 // AVX-512 VNNI path: 16 columns in the lanes of a register, R rows share each unpacked weight.
 
-#define VS_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c,fma")))
-
 VS_AVX512 inline __m512i bcast4(const int8_t* p) { return _mm512_set1_epi32(load_i32(p)); }
+
+// acc += dpbusd(w (unsigned bytes), the 4 signed bytes at p broadcast to every lane), with the
+// broadcast folded into the instruction ({1to16}): one instruction per product.
+VS_AVX512 inline __m512i dpbusd_bcast(__m512i acc, __m512i w, const int8_t* p) {
+    asm("vpdpbusd %[x]%{1to16%}, %[w], %[acc]" : [acc] "+v"(acc) : [w] "v"(w), [x] "m"(*(const int32_t*)p));
+    return acc;
+}
 
 // Prefetch distance: this many blocks ahead of the one being multiplied.
 constexpr int PREFETCH_BLOCKS = 2;
@@ -398,17 +436,24 @@ VS_AVX512 void tile_q4k(const TileArgs& a) {
         const int8_t* xb = x.q.data() + a.row0 * x.in + b * 256;
         __m512i isum[R];
         for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
-        for (int j = 0; j < 8; ++j) {
-            __m512i dot[R];
-            for (int r = 0; r < R; ++r) dot[r] = _mm512_setzero_si512();
-            const uint8_t* qp = t + 320 + (j / 2) * 512;
+        for (int p = 0; p < 4; ++p) {  // sub-blocks 2p (low nibbles) and 2p + 1 (high nibbles)
+            __m512i lo[R], hi[R];
+            for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm512_setzero_si512();
+            const uint8_t* qp = t + 320 + p * 512;
+#pragma GCC unroll 8
             for (int g = 0; g < 8; ++g) {
                 const __m512i v = _mm512_loadu_si512(qp + 64 * g);
-                const __m512i w = (j & 1) ? _mm512_and_si512(_mm512_srli_epi16(v, 4), m4) : _mm512_and_si512(v, m4);
-                for (int r = 0; r < R; ++r) dot[r] = _mm512_dpbusd_epi32(dot[r], w, bcast4(xb + r * x.in + 32 * j + 4 * g));
+                const __m512i wl = _mm512_and_si512(v, m4), wh = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                for (int r = 0; r < R; ++r) {
+                    const int8_t* xr = xb + r * x.in + 64 * p + 4 * g;
+                    lo[r] = dpbusd_bcast(lo[r], wl, xr);
+                    hi[r] = dpbusd_bcast(hi[r], wh, xr + 32);
+                }
             }
-            const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(t + 64 + 16 * j)));
-            for (int r = 0; r < R; ++r) isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(dot[r], sc));
+            const __m512i sl = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(t + 64 + 32 * p)));
+            const __m512i sh = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(t + 80 + 32 * p)));
+            for (int r = 0; r < R; ++r)
+                isum[r] = _mm512_add_epi32(isum[r], _mm512_add_epi32(_mm512_mullo_epi32(lo[r], sl), _mm512_mullo_epi32(hi[r], sh)));
         }
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)t));
         const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(t + 32)));
@@ -582,12 +627,6 @@ void tile_avx512(int64_t qtype, const TileArgs& a) {
     }
 }
 
-bool cpu_has_avx512_vnni() {
-    static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-                            __builtin_cpu_supports("avx512vnni");
-    return has;
-}
 
 // ---------------------------------------------------------------------------------------------
 // Entry points.
@@ -718,7 +757,7 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, int64_t qtype, int64
     TORCH_CHECK(!(impl == 2 && !cpu_has_avx512_vnni()), "this CPU has no AVX-512 VNNI");
     auto out = torch::empty({rows, ntiles * TILE}, torch::kFloat32);
     Activations act;
-    quantize_rows(x.data_ptr<float>(), rows, in, f.k_quant ? 256 : 32, qtype == Q8_0, act);
+    quantize_rows(x.data_ptr<float>(), rows, in, f.k_quant ? 256 : 32, qtype == Q8_0, vector, act);
     const uint8_t* w = packed.data_ptr<uint8_t>();
     float* o = out.data_ptr<float>();
     const int64_t ldo = ntiles * TILE;
@@ -894,6 +933,38 @@ torch::Tensor rope_store(torch::Tensor qkv, torch::Tensor positions, torch::Tens
 }
 
 // gate_up [rows, 2 * ffn] -> silu(gate) * up [rows, ffn] (SwiGLU, Shazeer 2020).
+// exp(x) for any x, clamped to [-87, 88] first (exp(88) < FLT_MAX): exp_nonpositive's
+// reduction and polynomial, vectorisable.
+inline float exp_clamped(float x) {
+    x = x > 88.0f ? 88.0f : x;
+    x = x < -87.0f ? -87.0f : x;
+    const float n = std::nearbyint(x * 1.44269504088896341f);
+    const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    const float r2 = r * r;
+    p = p * r2;
+    p = p + r;
+    p = p + 1.0f;
+    const int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    std::memcpy(&scale, &bits, 4);
+    return p * scale;
+}
+
+// One row: out[j] = gate[j] / (1 + exp(-gate[j])) * up[j], element by element.
+__attribute__((target_clones("avx512f", "avx2", "default")))
+void silu_mul_row(const float* gate, const float* up, int64_t n, float* out) {
+    for (int64_t j = 0; j < n; ++j) {
+        const float v = gate[j];
+        out[j] = (v / (1.0f + exp_clamped(-v))) * up[j];
+    }
+}
+
 torch::Tensor silu_mul(torch::Tensor gate_up) {
     TORCH_CHECK(gate_up.dim() == 2 && gate_up.dtype() == torch::kFloat32 && gate_up.size(1) % 2 == 0,
                 "gate_up must be [rows, 2 * ffn] float32");
@@ -902,12 +973,8 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
     auto out = torch::empty({rows, ffn}, torch::kFloat32);
     const float* g = gate_up.data_ptr<float>();
     float* o = out.data_ptr<float>();
-    at::parallel_for(0, rows, 4, [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r)
-            for (int64_t j = 0; j < ffn; ++j) {
-                const float v = g[r * 2 * ffn + j];
-                o[r * ffn + j] = (v / (1.0f + std::exp(-v))) * g[r * 2 * ffn + ffn + j];
-            }
+    at::parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) silu_mul_row(g + r * 2 * ffn, g + r * 2 * ffn + ffn, ffn, o + r * ffn);
     });
     return out;
 }
