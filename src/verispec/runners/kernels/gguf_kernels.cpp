@@ -505,7 +505,7 @@ VS_AVX512 void tile_q6k(const TileArgs& a) {
                     default: bits = _mm512_srli_epi16(hb, 2); break;
                 }
                 const __m512i w = _mm512_ternarylogic_epi32(lo, bits, m30, 0xF8);  // lo | (bits & 0x30)
-                for (int r = 0; r < R; ++r) dot[r] = _mm512_dpbusd_epi32(dot[r], w, bcast4(xb + r * x.in + 16 * j + 4 * h));
+                for (int r = 0; r < R; ++r) dot[r] = dpbusd_bcast(dot[r], w, xb + r * x.in + 16 * j + 4 * h);
             }
             const __m512i pairs = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(t + 32 + 32 * p)));
             const __m512i sc = e ? _mm512_srai_epi32(pairs, 16) : _mm512_srai_epi32(_mm512_slli_epi32(pairs, 16), 16);
@@ -554,8 +554,8 @@ VS_AVX512 void tile_q5_0(const TileArgs& a) {
             const __m512i w1 = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4), b1, m10, 0xF8);
             for (int r = 0; r < R; ++r) {
                 const int8_t* xr = x.q.data() + (a.row0 + r) * x.in + b * 32 + 4 * h;
-                dot[r] = _mm512_dpbusd_epi32(dot[r], w0, bcast4(xr));
-                dot[r] = _mm512_dpbusd_epi32(dot[r], w1, bcast4(xr + 16));
+                dot[r] = dpbusd_bcast(dot[r], w0, xr);
+                dot[r] = dpbusd_bcast(dot[r], w1, xr + 16);
             }
         }
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)t));
