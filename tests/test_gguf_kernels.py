@@ -46,6 +46,9 @@ def test_kernel_equals_oracle_bit_for_bit(qtype, out_features, in_features, impl
     x = rng.standard_normal((11, in_features)).astype(np.float32)
     x[3] = 0.0  # an all-zero row: scale 0, output 0
     x[4, :32] *= 1000.0  # one large block
+    x[5] = rng.integers(-126, 126, in_features) + 0.5  # exact ties: scale 1, so q rounds half to even
+    x[5, ::32] = 127.0
+    x[6, ::2] = -0.0  # negative zeros beside ordinary values
     y = gguf_kernels().linear(torch.from_numpy(x), packed(qtype, raw, out_features, in_features), int(qtype), out_features, impl)
     assert y.shape == (11, -(-out_features // 16) * 16)
     assert np.array_equal(y[:, :out_features].numpy(), reference_linear(qtype, raw, x))
