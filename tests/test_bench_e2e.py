@@ -19,7 +19,7 @@ PROMPTS = [
     {"turns": ["世界é!"], "category": "chat"},
 ]
 TOP_KEYS = {"schema", "schema_version", "created_at", "output_bucket_tokens", "config", "environment", "models",
-            "memory", "runners", "records", "summary", "exactness", "audit", "plots"}
+            "memory", "runners", "records", "summary", "exactness", "audit", "plots", "curves"}
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,7 @@ def test_bench_writes_every_file(bench_run):
         assert (out / name).stat().st_size > 0, name
     report = (out / REPORT_FILE).read_text()
     assert "![speedup_by_category](speedup_by_category.png)" in report
-    assert "| category | n | plain tok/s |" in report
+    assert "| category | n | torch:none tok/s |" in report
 
 
 def test_results_json_has_the_documented_keys_and_sane_values(bench_run):
@@ -46,7 +46,7 @@ def test_results_json_has_the_documented_keys_and_sane_values(bench_run):
     assert set(data) == TOP_KEYS
     assert (data["schema"], data["schema_version"]) == ("verispec.bench", SCHEMA_VERSION)
     runners = {r["name"]: r["status"] for r in data["runners"]}
-    assert runners["verispec:draft"] == runners["transformers:assisted"] == "ok"
+    assert runners["torch:draft"] == runners["transformers:assisted"] == "ok"
     assert runners["llama.cpp:plain"].startswith(("skipped", "not installed"))  # tiny models are no GGUF
     assert len(data["records"]) == 2 * 6  # 2 prompts x (3 verispec + 3 transformers)
     assert data["exactness"] == {"greedy": True, "all_equal": True, "mismatches": []}
@@ -58,8 +58,8 @@ def test_results_json_has_the_documented_keys_and_sane_values(bench_run):
             assert record["matches_reference"] is True
     rows = {(r["runner"], r["category"]): r for r in data["summary"]}
     assert set(c for _, c in rows) == {"greeting", "chat", "all"}
-    assert rows[("verispec:none", "all")]["speedup"] == pytest.approx(1.0)
-    draft = rows[("verispec:draft", "all")]
+    assert rows[("torch:none", "all")]["speedup"] == pytest.approx(1.0)
+    draft = rows[("torch:draft", "all")]
     assert 0 < draft["acceptance_rate"] < 1  # the tiny draft disagrees sometimes
     assert 1 < draft["mean_acceptance_length"] <= 6
     assert draft["exact_checked"] == draft["exact_equal"] == 2
@@ -101,7 +101,7 @@ def test_cli_bench_and_advise(model_dirs, tmp_path):
                                 "--peers", "none", "--max-tokens", "8", "--no-warmup", "--out", str(out), *models])
     assert bench.exit_code == 0, bench.output
     data = json.loads((out / RESULTS_FILE).read_text())
-    assert {r["runner"] for r in data["records"]} == {"verispec:none", "verispec:draft"}
+    assert {r["runner"] for r in data["records"]} == {"int8:none", "int8:draft"}  # auto on a CPU: the int8 runner
     assert data["memory"]["rss_after_draft_bytes"] is not None
     advise = runner.invoke(app, ["advise", "--prompts", str(model_dirs / "prompts.jsonl"), "--max-tokens", "8", "--max-k", "4",
                                  "--memory-budget", "1", "--gpu-cost-per-month", "1000", "--json", *models])

@@ -159,6 +159,39 @@ def test_bench_and_advise_measure_the_runner_asked_for(files, tmp_path):
     assert [v["category"] for v in advice["verdicts"]] == ["code", "all"]
 
 
+def test_bench_compares_several_runners_in_one_run(files, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "ab!c", "category": "code"}\n{"prompt": "!!ab", "category": "chat"}\n')
+    out = tmp_path / "results"
+    bench = cli.invoke(app, ["bench", "--prompts", str(prompts), "--runner", "gguf,int8,torch", "--methods", "none,draft",
+                             "--peers", "transformers", "--max-tokens", "8", "--no-warmup", "--curves", "--out", str(out),
+                             "--target", str(files["target"]), "--draft", str(files["draft"])])
+    assert bench.exit_code == 0, bench.output
+    data = json.loads((out / "results.json").read_text())
+    assert data["config"]["runner"] == "gguf,int8,torch"
+    names = {r["runner"] for r in data["records"]}
+    assert {"gguf:none", "gguf:draft", "int8:none", "int8:draft", "torch:none", "torch:draft", "transformers:plain"} <= names
+    assert data["exactness"]["all_equal"] is True  # every method equals plain decoding of its own runner
+    statuses = {r["name"]: r["status"] for r in data["runners"]}
+    assert statuses["transformers:plain"] == "ok"  # the peers run on the torch runner's model
+    rows = {(r["runner"], r["category"]): r for r in data["summary"]}
+    assert rows[("gguf:none", "all")]["speedup_vs_reference"] == 1.0  # the first runner's plain is the reference
+    assert rows[("int8:none", "all")]["speedup"] == 1.0  # each against its own plain decoding
+    assert set(data["memory"]["by_runner"]) == {"gguf", "int8", "torch"}
+    assert {m["runner"] for m in data["models"]} == {"gguf", "int8", "torch"}
+    for kind in ("gguf", "int8", "torch"):
+        curve = data["curves"][kind]
+        assert set(curve["target"]) == {"1", "2", "4", "8", "16"} and all(v > 0 for v in curve["target"].values())
+        assert list(curve["draft"]) == ["1"]
+    report = (out / "report.md").read_text()
+    assert "## Cost of one target pass" in report and "| gguf |" in report
+    twice = cli.invoke(app, ["bench", "--prompts", str(prompts), "--runner", "gguf,auto", "--peers", "none",
+                             "--target", str(files["target"]), "--draft", str(files["draft"])])
+    assert twice.exit_code == 2 and "gguf runner twice" in twice.output
+    unknown = cli.invoke(app, ["bench", "--prompts", str(prompts), "--runner", "gguf,vllm", "--target", str(files["target"])])
+    assert unknown.exit_code == 2 and "unknown runner vllm" in unknown.output
+
+
 def test_auto_falls_back_when_the_kernels_cannot_build(files, monkeypatch, capsys):
     from verispec.errors import InvalidParameterError
     from verispec.runners import kernels, select

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
 from verispec.bench.figures import ALL, SummaryRow
-from verispec.bench.run import RunRecord
+from verispec.bench.run import VERISPEC_FAMILIES, RunRecord
 from verispec.control import CostModel, best_draft_length, expected_tokens
 from verispec.runners import Runner, prefill
 
@@ -163,7 +163,7 @@ class DrafterFit:
 
 def fit_drafter(method: str, category: str, records: Sequence[RunRecord], row: SummaryRow | None, verify_curve: dict[int, float], max_k: int) -> DrafterFit:
     """Fit the formulas to one method's records of one category (``all`` pools them)."""
-    mine = [r for r in records if r.runner == f"verispec:{method}" and category in (ALL, r.category)]
+    mine = [r for r in records if r.method == method and r.family in VERISPEC_FAMILIES and category in (ALL, r.category)]
     accepted = sum(r.spec.get("num_accepted_tokens", 0) for r in mine)
     rejections = sum(r.spec.get("num_recovered_tokens", 0) for r in mine)
     drafted = sum(r.spec.get("num_draft_tokens", 0) for r in mine)
@@ -332,12 +332,13 @@ def advise(pipe, items, config, *, max_k: int = 10, context_length: int = 4096, 
     from verispec.bench.run import encode, run_bench
 
     records, _, _ = run_bench(pipe, items, config, on_run)
+    kind = pipe.runner_kind  # records are named "<kind>:<method>"
     rows = {(r.runner, r.category): r for r in summarize(records)}
     lengths = sorted({k for k in VERIFY_LENGTHS if k <= max_k} | {max_k})
     curve = measure_verify_curve(pipe.engine.target, encode(pipe, items[0], config.chat), lengths)
     drafters = [m for m in config.methods if m != "none"]
     categories = list(dict.fromkeys(item.category for item in items)) + [ALL]
-    fits = [fit_drafter(m, c, records, rows.get((f"verispec:{m}", c)), curve, max_k) for c in categories for m in drafters]
+    fits = [fit_drafter(m, c, records, rows.get((f"{kind}:{m}", c)), curve, max_k) for c in categories for m in drafters]
     verdicts = [verdict(c, [f for f in fits if f.category == c]) for c in categories]
     overall = verdicts[-1]
     target_kv, element = kv_geometry(pipe.target, pipe.runner_kind)  # the KV cache the runner keeps
@@ -348,8 +349,8 @@ def advise(pipe, items, config, *, max_k: int = 10, context_length: int = 4096, 
     )
     cost = None
     if gpu_cost_per_month is not None:
-        plain = rows[("verispec:none", ALL)].total_tokens_per_s or 0.0
-        chosen = rows.get((f"verispec:{overall.method}", ALL)) if overall.method else None
+        plain = rows[(f"{kind}:none", ALL)].total_tokens_per_s or 0.0
+        chosen = rows.get((f"{kind}:{overall.method}", ALL)) if overall.method else None
         fast = chosen.total_tokens_per_s if chosen is not None else plain
         cost = {
             "gpu_cost_per_month": gpu_cost_per_month,

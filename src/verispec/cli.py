@@ -335,19 +335,25 @@ def bench(
     target: str = typer.Option(DEFAULT_TARGET, help="Target model reference."),
     draft: str = typer.Option(DEFAULT_DRAFT, help="Draft model reference, or 'none'."),
     dtype: str = typer.Option("float32", help="float32 or bfloat16."),
-    runner: str = typer.Option("auto", help="The runner measured (as generate's --runner; transformers peers need torch)."),
+    runner: str = typer.Option("auto", help="Comma-separated runners compared in one run (as generate's --runner), e.g. gguf,int8,torch; transformers peers need torch."),
+    curves: bool = typer.Option(False, "--curves/--no-curves", help="Also time one target pass of k = 1..16 tokens and one draft pass per runner."),
     out: Optional[Path] = typer.Option(None, help="Write results.json, report.md and PNG plots into this folder."),
 ) -> None:
     """Benchmark plain decoding, every speculative method and the peers, interleaved prompt by prompt."""
-    from verispec.bench.command import available_methods, load_pipeline, print_summary, run_and_report, split
+    from verispec.bench.command import available_methods, load_pipelines, print_summary, run_and_report, split
     from verispec.bench.run import BenchConfig
     from verispec.bench.workload import load_workload
+    from verispec.runners.select import RUNNERS
 
     try:
+        kinds = split(runner) or ["auto"]
+        unknown = [k for k in kinds if k not in RUNNERS]
+        if unknown:
+            raise InvalidParameterError(f"unknown runner {', '.join(unknown)}; choose from {', '.join(RUNNERS)}")
         items = load_workload(None if prompts else workload or "specbench", prompts, split(categories), limit)
-        pipe, rss = load_pipeline(target, None if draft.lower() == "none" else draft, dtype, err, runner)
+        pipes, rss = load_pipelines(target, None if draft.lower() == "none" else draft, dtype, err, kinds)
         config = BenchConfig(
-            methods=tuple(split(methods) or available_methods(pipe)),
+            methods=tuple(split(methods) or available_methods(pipes)),
             peers=tuple(p for p in split(peers) if p != "none"),
             num_speculative_tokens=num_speculative_tokens,
             max_tokens=max_tokens,
@@ -358,7 +364,8 @@ def bench(
             chat=chat,
             audit_rate=audit_rate,
         )
-        results = run_and_report(pipe, items, config, out, workload=str(prompts or workload or "specbench"), dtype=dtype, rss=rss, console=err)
+        results = run_and_report(pipes, items, config, out, workload=str(prompts or workload or "specbench"), dtype=dtype, rss=rss,
+                                 console=err, curves=curves)
     except VerispecError as exc:
         err.print(f"[red]error:[/red] {exc}", highlight=False)
         raise typer.Exit(2) from None
@@ -443,7 +450,7 @@ def advise(
     """Measure α and costs on a workload sample and say whether speculation pays, per category."""
     from verispec.advise import advise as run_advice
     from verispec.advise import render
-    from verispec.bench.command import load_pipeline, progress, runs_per_prompt, split
+    from verispec.bench.command import load_pipelines, progress, runs_per_prompt, split
     from verispec.bench.run import BenchConfig
     from verispec.bench.workload import load_workload
 
@@ -453,7 +460,8 @@ def advise(
             methods=tuple(split(methods)), peers=(), num_speculative_tokens=num_speculative_tokens,
             max_tokens=max_tokens, threads=threads, chat=chat,
         )
-        pipe, _ = load_pipeline(target, None if draft.lower() == "none" else draft, dtype, err, runner)
+        pipes, _ = load_pipelines(target, None if draft.lower() == "none" else draft, dtype, err, [runner])
+        pipe = next(iter(pipes.values()))
         with progress(err, len(items) * runs_per_prompt(config)) as on_run:
             advice = run_advice(
                 pipe, items, config, max_k=max_k, context_length=context_length,

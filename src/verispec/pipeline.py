@@ -144,6 +144,7 @@ class SpeculativePipeline:
         draft = None if draft is None else _with_runner_facts(draft, built, "draft")
         self.target = target
         self.draft = draft
+        self.target_runner, self.draft_runner = built.target, built.draft  # verispec.runners.Runner (draft: None without one)
         proposers = {"ngram": NgramProposer(drafters.min_ngram, drafters.max_ngram)}
         if draft is not None:
             proposers["draft"] = DraftModelProposer(built.draft)

@@ -10,7 +10,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -20,12 +20,14 @@ from verispec.bench.report import (
     BenchResults,
     build_results,
     category_matrix,
+    curve_rows,
     overall_rows,
     report_markdown,
     rich_table,
     write_results,
 )
-from verispec.bench.run import BenchConfig, load_measured, memory_facts, run_bench
+from verispec.bench.run import BenchConfig, as_pipelines, load_measured, memory_facts, run_bench
+from verispec.errors import InvalidParameterError
 from verispec.bench.workload import WorkloadItem
 from verispec.pipeline import SpeculativePipeline
 
@@ -33,16 +35,16 @@ RESULTS_FILE = "results.json"
 REPORT_FILE = "report.md"
 
 
-def available_methods(pipe: SpeculativePipeline) -> tuple[str, ...]:
-    """Every engine method the pipeline can run: ``none``, each loaded drafter, ``auto``."""
+def available_methods(pipes: SpeculativePipeline | Mapping[str, SpeculativePipeline]) -> tuple[str, ...]:
+    """Every engine method all the pipelines can run: ``none``, each drafter they all loaded, ``auto``."""
     from verispec.engine import METHODS
 
-    loaded = set(pipe.engine.proposers)
+    loaded = set.intersection(*(set(p.engine.proposers) for p in as_pipelines(pipes).values()))
     return tuple(m for m in METHODS if m in ("none", "auto") or m in loaded)
 
 
 def run_and_report(
-    pipe: SpeculativePipeline,
+    pipes: SpeculativePipeline | Mapping[str, SpeculativePipeline],
     items: Sequence[WorkloadItem],
     config: BenchConfig,
     out_dir: Path | None,
@@ -51,25 +53,36 @@ def run_and_report(
     dtype: str,
     rss: dict | None = None,
     console: Console | None = None,
+    curves: bool = False,
 ) -> BenchResults:
-    """Run the benchmark on ``pipe``; with ``out_dir`` write results.json, report.md and the PNGs.
+    """Run the benchmark on ``pipes`` (one pipeline or ``{runner kind: pipeline}``, compared in
+    one run); with ``out_dir`` write results.json, report.md and the PNGs.
 
-    ``rss``: RSS snapshots from :func:`load_measured` (None for an injected pipeline).
+    ``rss``: ``{runner kind: RSS snapshots}`` from :func:`load_measured` (None for injected
+    pipelines). ``curves``: also time one target pass of k = 1, 2, 4, 8, 16 tokens and one draft
+    pass per runner (:func:`verispec.runners.costs.measure_cost_curve`), before the decoding runs.
     """
     console = console or Console(stderr=True)
-    with progress(console, len(items) * runs_per_prompt(config)) as on_run:
-        records, runners, auditor = run_bench(pipe, items, config, on_run=on_run)
+    pipes = as_pipelines(pipes)
+    cost_curves = measure_curves(pipes, console) if curves else {}
+    with progress(console, len(items) * runs_per_prompt(config, len(pipes))) as on_run:
+        records, runners, auditor = run_bench(pipes, items, config, on_run=on_run)
+    first = next(iter(pipes.values()))
     settings = asdict(config) | {
         "workload": workload,
         "num_prompts": len(items),
         "categories": list(dict.fromkeys(i.category for i in items)),
         "dtype": dtype,
-        "runner": pipe.runner_kind,
-        "target": pipe.target.name,
-        "draft": pipe.draft.name if pipe.draft is not None else None,
+        "runner": ",".join(pipes),
+        "target": first.target.name,
+        "draft": first.draft.name if first.draft is not None else None,
     }
-    models = [vars(m) for m in pipe.model_summaries()]
-    results = build_results(settings, models, memory_facts(pipe, rss), runners, records, auditor.counts.to_dict())
+    models = [vars(m) | {"runner": kind} for kind, pipe in pipes.items() for m in pipe.model_summaries()]
+    rss = rss or {}
+    by_runner = {kind: memory_facts(pipe, rss.get(kind)) for kind, pipe in pipes.items()}
+    memory = by_runner[next(iter(pipes))] | {"by_runner": by_runner}
+    results = build_results(settings, models, memory, runners, records, auditor.counts.to_dict())
+    results.curves = cost_curves
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         results.plots = write_plots(results.summary, out_dir)
@@ -78,9 +91,32 @@ def run_and_report(
     return results
 
 
-def runs_per_prompt(config: BenchConfig) -> int:
-    """Timed runs per prompt: verispec methods, transformers peers, llama.cpp (when asked for)."""
-    return len(config.methods) + (3 if "transformers" in config.peers else 0) + (1 if "llama.cpp" in config.peers else 0)
+def measure_curves(pipes: Mapping[str, SpeculativePipeline], console: Console) -> dict:
+    """``{kind: {"target": {k: ms}, "draft": {1: ms}}}``: median ms of one pass over a 64-token
+    context, each runner in turn (runners that cannot be timed this way are left out, said why)."""
+    from verispec.runners.costs import measure_cost_curve
+
+    curves = {}
+    for kind, pipe in pipes.items():
+        roles = [("target", pipe.target_runner, (1, 2, 4, 8, 16))]
+        if pipe.draft_runner is not None:
+            roles.append(("draft", pipe.draft_runner, (1,)))
+        entry = {}
+        for role, runner, ks in roles:
+            try:
+                curve = measure_cost_curve(runner, runner_name=kind, model=role, ks=ks)
+            except ValueError as exc:  # the context does not fit the runner
+                console.print(f"{kind} {role}: no cost curve ({exc})", highlight=False)
+                continue
+            entry[role] = curve.ms
+            console.print(f"{kind} {role} ms per pass: " + " ".join(f"k={k}: {v:.1f}" for k, v in curve.ms.items()), highlight=False)
+        curves[kind] = entry
+    return curves
+
+
+def runs_per_prompt(config: BenchConfig, num_runners: int = 1) -> int:
+    """Timed runs per prompt: verispec methods per runner, transformers peers, llama.cpp (when asked for)."""
+    return num_runners * len(config.methods) + (3 if "transformers" in config.peers else 0) + (1 if "llama.cpp" in config.peers else 0)
 
 
 @contextmanager
@@ -108,6 +144,8 @@ def print_summary(results: BenchResults, console: Console) -> None:
         console.width = max(console.width, 160)  # a log file: do not squeeze the tables
     console.print(rich_table("speedup α τ per category (vs plain decoding of the same runner)", *category_matrix(results.summary)))
     console.print(rich_table("all prompts", *overall_rows(results.summary)))
+    if results.curves:
+        console.print(rich_table("ms per target pass of k tokens (median)", *curve_rows(results.curves)))
     for runner in results.runners:
         if runner.status != "ok":
             console.print(f"{runner.name}: {runner.status}")
@@ -120,10 +158,21 @@ def print_summary(results: BenchResults, console: Console) -> None:
             console.print(f"[red]not exact:[/red] {listed}")
 
 
-def load_pipeline(target: str, draft: str | None, dtype: str, console: Console, runner: str = "torch") -> tuple[SpeculativePipeline, dict]:
-    """Load the pair with RSS snapshots (see :func:`load_measured`), showing a status line."""
-    with console.status(f"loading {target}" + (f" + {draft}" if draft else "")):
-        return load_measured(target, draft, dtype, runner)
+def load_pipelines(target: str, draft: str | None, dtype: str, console: Console, runners: Sequence[str]) -> tuple[dict[str, SpeculativePipeline], dict]:
+    """Load the pair once per runner kind in ``runners`` (``auto`` resolved; the same kind twice is
+    an error), with RSS snapshots per kind (see :func:`load_measured`), showing a status line.
+
+    Returns ``({kind: pipeline}, {kind: rss})``. Raises as :meth:`SpeculativePipeline.load` does.
+    """
+    pipes, rss = {}, {}
+    for runner in runners:
+        with console.status(f"loading {target}" + (f" + {draft}" if draft else "") + f" ({runner} runner)"):
+            pipe, snapshots = load_measured(target, draft, dtype, runner)
+        if pipe.runner_kind in pipes:
+            raise InvalidParameterError(f"--runner lists the {pipe.runner_kind} runner twice ({', '.join(runners)})")
+        pipes[pipe.runner_kind], rss[pipe.runner_kind] = pipe, snapshots
+        console.print(f"loaded the {pipe.runner_kind} runner: " + ", ".join(f"{m.role} {m.load_time_s:.1f} s" for m in pipe.model_summaries()), highlight=False)
+    return pipes, rss
 
 
 def split(text: str | None) -> list[str]:

@@ -13,8 +13,10 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Iterable, Sequence
 
-from verispec.bench.run import REFERENCE_RUNNER, SPEC_COUNT_FIELDS, RunRecord, plain_method
+from verispec.bench.run import SPEC_COUNT_FIELDS, RunRecord, plain_method, reference_runner
 from verispec.metrics import SpecDecodeStats
+
+LLAMA_CPP_PLAIN = "llama.cpp:plain"  # the peer every runner is also compared with, when it ran
 
 ALL = "all"  # the category row that pools every prompt
 
@@ -75,7 +77,9 @@ class SummaryRow:
 
     - speedup / decode_speedup: geometric mean over prompts of total (end-to-end) / decode
       tokens/s divided by that of plain decoding of the same family on the same prompt
-    - speedup_vs_reference: the same against ``verispec:none`` (puts peers on one scale)
+    - speedup_vs_reference: the same against plain decoding of the first verispec runner
+      (:func:`verispec.bench.run.reference_runner`; puts every runner and peer on one scale)
+    - speedup_vs_llama_cpp: the same against the llama.cpp peer's plain decoding (None without it)
     - acceptance_rate, mean_acceptance_length, acceptance_per_position,
       acceptance_by_output_bucket: pooled counters (metrics.py definitions); None without drafts
     - tokens_per_target_forward = output tokens / target forwards (prefill included)
@@ -91,6 +95,7 @@ class SummaryRow:
     speedup: float | None
     decode_speedup: float | None
     speedup_vs_reference: float | None
+    speedup_vs_llama_cpp: float | None
     decode_tokens_per_s: float | None
     total_tokens_per_s: float | None
     ttft_ms: float | None
@@ -113,7 +118,8 @@ def summarize(records: Sequence[RunRecord]) -> list[SummaryRow]:
     """One row per runner and category (categories in first-seen order), then per runner ``all``."""
     speedups = per_prompt_speedups(records)
     decode = per_prompt_speedups(records, key="decode_tokens_per_s")
-    vs_reference = per_prompt_speedups(records, baseline=REFERENCE_RUNNER)
+    vs_reference = per_prompt_speedups(records, baseline=reference_runner(r.runner for r in records))
+    vs_peer = per_prompt_speedups(records, baseline=LLAMA_CPP_PLAIN)
     runners = list(dict.fromkeys(r.runner for r in records))
     categories = list(dict.fromkeys(r.category for r in records))
     rows = []
@@ -121,11 +127,11 @@ def summarize(records: Sequence[RunRecord]) -> list[SummaryRow]:
         for runner in runners:
             mine = [r for r in records if r.runner == runner and category in (ALL, r.category)]
             if mine:
-                rows.append(_row(mine, category, speedups, decode, vs_reference))
+                rows.append(_row(mine, category, speedups, decode, vs_reference, vs_peer))
     return rows
 
 
-def _row(records: list[RunRecord], category: str, speedups, decode, vs_reference) -> SummaryRow:
+def _row(records: list[RunRecord], category: str, speedups, decode, vs_reference, vs_peer) -> SummaryRow:
     first = records[0]
     keys = [(r.runner, r.prompt_id) for r in records]
     spec = pooled_spec(records)
@@ -140,6 +146,7 @@ def _row(records: list[RunRecord], category: str, speedups, decode, vs_reference
         speedup=geometric_mean(speedups[k] for k in keys if k in speedups),
         decode_speedup=geometric_mean(decode[k] for k in keys if k in decode),
         speedup_vs_reference=geometric_mean(vs_reference[k] for k in keys if k in vs_reference),
+        speedup_vs_llama_cpp=geometric_mean(vs_peer[k] for k in keys if k in vs_peer),
         decode_tokens_per_s=mean(r.decode_tokens_per_s for r in records),
         total_tokens_per_s=mean(r.total_tokens_per_s for r in records),
         ttft_ms=mean(r.ttft_ms for r in records),

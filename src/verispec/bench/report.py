@@ -18,7 +18,7 @@ from typing import Sequence
 from rich.table import Table
 
 from verispec.bench.figures import ALL, SummaryRow, summarize
-from verispec.bench.run import RunnerInfo, RunRecord
+from verispec.bench.run import RunnerInfo, RunRecord, reference_runner
 from verispec.errors import VerispecError
 from verispec.metrics import OUTPUT_BUCKET_TOKENS
 
@@ -45,6 +45,7 @@ class BenchResults:
     audit: dict
     plots: list[str] = field(default_factory=list)
     created_at: str = ""
+    curves: dict = field(default_factory=dict)  # {runner kind: {"target": {k: ms}, "draft": {1: ms}}} (--curves)
 
     def to_dict(self) -> dict:
         return {
@@ -62,6 +63,7 @@ class BenchResults:
             "exactness": self.exactness,
             "audit": self.audit,
             "plots": self.plots,
+            "curves": self.curves,
         }
 
     @classmethod
@@ -80,11 +82,12 @@ class BenchResults:
                 memory=data["memory"],
                 runners=[RunnerInfo(**r) for r in data["runners"]],
                 records=[RunRecord.from_dict(r) for r in data["records"]],
-                summary=[SummaryRow(**r) for r in data["summary"]],
+                summary=[SummaryRow(**({"speedup_vs_llama_cpp": None} | r)) for r in data["summary"]],
                 exactness=data["exactness"],
                 audit=data["audit"],
                 plots=data.get("plots", []),
                 created_at=data.get("created_at", ""),
+                curves=data.get("curves", {}),
             )
         except (KeyError, TypeError) as exc:
             raise ResultsFormatError(f"malformed results document: {exc}") from None
@@ -169,12 +172,14 @@ def _cell(row: SummaryRow) -> str:
 def category_matrix(summary: Sequence[SummaryRow]) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the per-category table: plain tokens/s, then each other runner's cell."""
     categories = list(dict.fromkeys(r.category for r in summary))
-    runners = [r for r in dict.fromkeys(r.runner for r in summary) if r != "verispec:none"]
+    names = list(dict.fromkeys(r.runner for r in summary))
+    reference = reference_runner(names)
+    runners = [r for r in names if r != reference]
     index = {(r.runner, r.category): r for r in summary}
-    header = ["category", "n", "plain tok/s"] + runners
+    header = ["category", "n", f"{reference} tok/s"] + runners
     rows = []
     for category in categories:
-        plain = index.get(("verispec:none", category))
+        plain = index.get((reference, category))
         any_row = next(r for r in summary if r.category == category)
         cells = [category, str(any_row.num_prompts), _fmt(plain.total_tokens_per_s if plain else None)]
         cells += [_cell(index[(name, category)]) if (name, category) in index else "—" for name in runners]
@@ -183,18 +188,35 @@ def category_matrix(summary: Sequence[SummaryRow]) -> tuple[list[str], list[list
 
 
 def overall_rows(summary: Sequence[SummaryRow]) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the per-runner table over all prompts."""
-    header = ["runner", "speedup", "vs verispec plain", "decode tok/s", "e2e tok/s", "TTFT ms", "TPOT ms", "α", "τ", "tok/target fwd", "exact"]
+    """Header and rows of the per-runner table over all prompts (a "vs llama.cpp:plain" column
+    when the peer ran)."""
+    peer = any(r.speedup_vs_llama_cpp is not None for r in summary)
+    header = ["runner", "speedup", f"vs {reference_runner(r.runner for r in summary)}"] + (["vs llama.cpp:plain"] if peer else [])
+    header += ["decode tok/s", "e2e tok/s", "TTFT ms", "TPOT ms", "α", "τ", "tok/target fwd", "exact"]
     rows = []
     for r in summary:
         if r.category != ALL:
             continue
         exact = f"{r.exact_equal}/{r.exact_checked}" if r.exact_checked else "—"
-        rows.append([
-            r.runner, _fmt(r.speedup, "{:.2f}×"), _fmt(r.speedup_vs_reference, "{:.2f}×"), _fmt(r.decode_tokens_per_s),
-            _fmt(r.total_tokens_per_s), _fmt(r.ttft_ms, "{:.0f}"), _fmt(r.tpot_ms, "{:.0f}"), _fmt(r.acceptance_rate),
-            _fmt(r.mean_acceptance_length), _fmt(r.tokens_per_target_forward), exact,
-        ])
+        rows.append([r.runner, _fmt(r.speedup, "{:.2f}×"), _fmt(r.speedup_vs_reference, "{:.2f}×")]
+                    + ([_fmt(r.speedup_vs_llama_cpp, "{:.2f}×")] if peer else [])
+                    + [_fmt(r.decode_tokens_per_s), _fmt(r.total_tokens_per_s), _fmt(r.ttft_ms, "{:.0f}"), _fmt(r.tpot_ms, "{:.0f}"),
+                       _fmt(r.acceptance_rate), _fmt(r.mean_acceptance_length), _fmt(r.tokens_per_target_forward), exact])
+    return header, rows
+
+
+def curve_rows(curves: dict) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the cost-curve table: target ms per k, cost(8) / cost(1), draft ms."""
+    ks = sorted({int(k) for c in curves.values() for k in c.get("target", {})})
+    header = ["runner"] + [f"k={k}" for k in ks] + ["cost(8)/cost(1)", "draft ms (k=1)", "draft / target k=1"]
+    rows = []
+    for kind, c in curves.items():
+        target = {int(k): v for k, v in c.get("target", {}).items()}
+        draft = {int(k): v for k, v in c.get("draft", {}).items()}.get(1)
+        one = target.get(1)
+        rows.append([kind] + [_fmt(target.get(k), "{:.1f}") for k in ks]
+                    + [_fmt(target[8] / one if one and 8 in target else None), _fmt(draft, "{:.1f}"),
+                       _fmt(draft / one if draft and one else None)])
     return header, rows
 
 
@@ -265,17 +287,18 @@ def report_markdown(results: BenchResults) -> str:
         lines.append(markdown_table(header, rows))
     else:
         lines.append("No drafts.")
-    m = results.memory
-    lines += [
-        "",
-        "## Memory and load time",
-        "",
-        f"- parameters: target {_mib(m.get('target_param_bytes'))}, draft {_mib(m.get('draft_param_bytes'))} "
-        f"(draft overhead {_fmt(m.get('draft_overhead_pct'), '{:.1f}')} % of the target)",
-        f"- RSS: after the target {_mib(m.get('rss_after_target_bytes'))}, after the draft {_mib(m.get('rss_after_draft_bytes'))} "
-        f"(draft {_fmt(m.get('draft_rss_overhead_pct'), '{:.1f}')} % of the target's), peak {_mib(m.get('peak_rss_bytes'))}",
-    ]
-    lines += [f"- {model['role']} `{model['name']}`: loaded in {model['load_time_s']:.1f} s" for model in results.models]
+    lines += ["", "## Memory and load time", ""]
+    by_runner = results.memory.get("by_runner") or {c.get("runner"): results.memory}
+    for kind, m in by_runner.items():
+        lines += [
+            f"- {kind}: parameters held: target {_mib(m.get('target_param_bytes'))}, draft {_mib(m.get('draft_param_bytes'))} "
+            f"(draft overhead {_fmt(m.get('draft_overhead_pct'), '{:.1f}')} % of the target); RSS after loading "
+            f"{_mib(m.get('rss_after_draft_bytes'))} (draft {_fmt(m.get('draft_rss_overhead_pct'), '{:.1f}')} % of the target's)",
+        ]
+    lines.append(f"- peak RSS of the whole run: {_mib(results.memory.get('peak_rss_bytes'))}")
+    lines += [f"- {model.get('runner', c.get('runner'))} {model['role']} `{model['name']}`: loaded in {model['load_time_s']:.1f} s" for model in results.models]
+    if results.curves:
+        lines += ["", "## Cost of one target pass (ms, median)", "", markdown_table(*curve_rows(results.curves))]
     a = results.audit
     if a.get("audited"):
         lines += ["", "## Audit", "", f"{a['audited']} audited: {a['agreed']} agreed, {a['disagreed']} disagreed, {a['sampled']} sampling audits "

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Iterable, Mapping, Protocol, Sequence
 
 import torch
 
@@ -24,7 +24,8 @@ from verispec.models.loading import load_model
 from verispec.pipeline import SpeculativePipeline, peak_rss_bytes
 from verispec.sampling import SamplingParams
 
-REFERENCE_RUNNER = "verispec:none"
+REFERENCE_RUNNER = "verispec:none"  # results written before runners were named by kind
+VERISPEC_FAMILIES = ("verispec", "gguf", "int8", "llamacpp", "torch")  # verispec's engine on each runner
 WARMUP_TOKENS = 4
 SPEC_COUNT_FIELDS = (
     "num_drafts",
@@ -42,7 +43,17 @@ SPEC_COUNT_FIELDS = (
 
 def plain_method(family: str) -> str:
     """The plain-decoding method of a runner family (verispec calls it ``none``)."""
-    return "none" if family == "verispec" else "plain"
+    return "none" if family in VERISPEC_FAMILIES else "plain"
+
+
+def reference_runner(names: Iterable[str]) -> str:
+    """The baseline every runner is also compared with: plain decoding of the first verispec
+    runner in ``names`` (``gguf:none`` in ``gguf:none, gguf:draft, int8:none, ...``)."""
+    for name in names:
+        family, _, method = name.partition(":")
+        if family in VERISPEC_FAMILIES and method == "none":
+            return name
+    return REFERENCE_RUNNER
 
 
 @dataclass(frozen=True)
@@ -162,12 +173,11 @@ class BenchRunner(Protocol):
 
 
 class VerispecRunner:
-    """verispec's engine with one method (``none`` = plain decoding)."""
+    """verispec's engine with one method (``none`` = plain decoding) on one runner kind; named
+    ``"<kind>:<method>"`` (``int8:draft``), its family is the kind."""
 
-    family = "verispec"
-
-    def __init__(self, engine: SpeculativeEngine, method: str, num_speculative_tokens: int) -> None:
-        self.engine, self.method, self.name = engine, method, f"verispec:{method}"
+    def __init__(self, engine: SpeculativeEngine, method: str, num_speculative_tokens: int, kind: str = "verispec") -> None:
+        self.engine, self.method, self.family, self.name = engine, method, kind, f"{kind}:{method}"
         self.spec = SpeculativeConfig(method=method, num_speculative_tokens=num_speculative_tokens)
         self.settings = {} if method == "none" else {"num_speculative_tokens": num_speculative_tokens}
 
@@ -187,33 +197,41 @@ class RunnerInfo:
     load_time_s: float | None = None
 
 
-def build_runners(pipe: SpeculativePipeline, config: BenchConfig) -> tuple[list[BenchRunner], list[RunnerInfo]]:
-    """The runners ``config`` asks for over ``pipe``, and a description of each (skipped ones too).
+def build_runners(pipes: Mapping[str, SpeculativePipeline], config: BenchConfig) -> tuple[list[BenchRunner], list[RunnerInfo]]:
+    """The runners ``config`` asks for over each pipeline of ``pipes`` (``{runner kind: pipeline}``,
+    the first is the reference), then the peers, and a description of each (skipped ones too).
+    The transformers peers run on the pipeline that holds a torch model; llama.cpp on the
+    first pipeline's target file.
 
     Raises:
-        InvalidParameterError: a method whose drafter the pipeline did not load.
+        InvalidParameterError: a method whose drafter a pipeline did not load.
     """
-    loaded = set(pipe.engine.proposers)
-    missing = [m for m in config.methods if m not in ("none", "auto") and m not in loaded]
-    if missing:
-        raise InvalidParameterError(f"method {', '.join(missing)} needs a drafter that is not loaded (loaded: {', '.join(sorted(loaded))})")
-    runners: list[BenchRunner] = [VerispecRunner(pipe.engine, m, config.num_speculative_tokens) for m in config.methods]
+    runners: list[BenchRunner] = []
+    for kind, pipe in pipes.items():
+        loaded = set(pipe.engine.proposers)
+        missing = [m for m in config.methods if m not in ("none", "auto") and m not in loaded]
+        if missing:
+            raise InvalidParameterError(f"method {', '.join(missing)} needs a drafter the {kind} runner did not load (loaded: {', '.join(sorted(loaded))})")
+        runners += [VerispecRunner(pipe.engine, m, config.num_speculative_tokens, kind) for m in config.methods]
     infos = [RunnerInfo(r.name, r.family, r.method, settings=r.settings) for r in runners]
+    first = next(iter(pipes.values()))
     if "transformers" in config.peers:
+        torch_pipe = next((p for p in pipes.values() if p.target.model is not None), None)
         for method in TRANSFORMERS_METHODS:
-            if pipe.target.model is None:
+            if torch_pipe is None:
+                kinds = ", ".join(pipes)
                 infos.append(RunnerInfo(f"transformers:{method}", "transformers", method,
-                                        f"skipped: the {pipe.runner_kind} runner holds no torch model (use --runner torch)"))
+                                        f"skipped: the {kinds} runner holds no torch model (add torch to --runner)"))
                 continue
-            if method == "assisted" and pipe.draft is None:
+            if method == "assisted" and torch_pipe.draft is None:
                 infos.append(RunnerInfo(f"transformers:{method}", "transformers", method, "skipped: no draft model loaded"))
                 continue
-            draft_model = pipe.draft.model if pipe.draft is not None else None
-            peer = TransformersPeer(method, pipe.target.model, pipe.tokenizer, pipe.target.eos_token_ids, draft_model, config.num_speculative_tokens)
+            draft_model = torch_pipe.draft.model if torch_pipe.draft is not None else None
+            peer = TransformersPeer(method, torch_pipe.target.model, torch_pipe.tokenizer, torch_pipe.target.eos_token_ids, draft_model, config.num_speculative_tokens)
             runners.append(peer)
             infos.append(RunnerInfo(peer.name, peer.family, method, settings=peer.settings))
     if "llama.cpp" in config.peers:
-        runner, info = _llama_cpp(pipe, config)
+        runner, info = _llama_cpp(first, config)
         infos.append(info)
         if runner is not None:
             runners.append(runner)
@@ -241,7 +259,7 @@ def encode(pipe: SpeculativePipeline, item: WorkloadItem, chat: bool | None) -> 
 
 
 def run_bench(
-    pipe: SpeculativePipeline,
+    pipes: SpeculativePipeline | Mapping[str, SpeculativePipeline],
     items: Sequence[WorkloadItem],
     config: BenchConfig,
     on_run: Callable[[str], None] | None = None,
@@ -249,15 +267,20 @@ def run_bench(
     """Run every runner on every item, interleaved prompt by prompt; returns the records (prompt
     order, then runner order), the runner descriptions and the auditor with its counts.
 
+    ``pipes``: one pipeline, or ``{runner kind: pipeline}`` to compare several runners in one
+    run (the same model files; prompts are encoded with the first one's tokenizer).
     ``on_run(description)`` is called after each run (a progress bar). Threads are set to
     ``config.threads`` for the whole run. The audit (``config.audit_rate``) compares selected
-    speculative records with the plain record of the same prompt, after the prompt's timed runs.
+    speculative records with the plain record of the same runner and prompt, after the prompt's
+    timed runs.
     """
+    pipes = as_pipelines(pipes)
     if config.threads is not None:
         torch.set_num_threads(config.threads)
-    runners, infos = build_runners(pipe, config)
+    runners, infos = build_runners(pipes, config)
     auditor = QualityAuditor(config.audit_rate, seed=config.seed)
-    prompts = [encode(pipe, item, config.chat) for item in items]
+    first = next(iter(pipes.values()))
+    prompts = [encode(first, item, config.chat) for item in items]
     if config.warmup and prompts:
         warm = SamplingParams(max_tokens=min(WARMUP_TOKENS, config.max_tokens))
         for runner in runners:
@@ -274,15 +297,25 @@ def run_bench(
         batch = [RunRecord.of(item, runner, outputs[runner.name]) for runner in runners]
         if params.is_greedy:
             mark_exactness(batch)
-        _audit(auditor, pipe.engine, prompt, params, outputs, item.id)
+        for kind, pipe in pipes.items():
+            _audit(auditor, pipe.engine, prompt, params, outputs, item.id, kind)
         records.extend(batch)
     return records, infos, auditor
+
+
+def as_pipelines(pipes: SpeculativePipeline | Mapping[str, SpeculativePipeline]) -> dict[str, SpeculativePipeline]:
+    """``{runner kind: pipeline}`` from one pipeline (keyed by its runner kind) or a mapping."""
+    if isinstance(pipes, SpeculativePipeline):
+        return {pipes.runner_kind: pipes}
+    if not pipes:
+        raise InvalidParameterError("no runner to benchmark")
+    return dict(pipes)
 
 
 def mark_exactness(batch: list[RunRecord]) -> None:
     """Set ``matches_plain`` / ``matches_reference`` on the greedy records of one prompt."""
     by_name = {r.runner: r for r in batch}
-    reference = by_name.get(REFERENCE_RUNNER)
+    reference = by_name.get(reference_runner(by_name))
     for record in batch:
         plain = by_name.get(f"{record.family}:{plain_method(record.family)}")
         if plain is not None and plain is not record:
@@ -291,10 +324,10 @@ def mark_exactness(batch: list[RunRecord]) -> None:
             record.matches_reference = record.token_ids == reference.token_ids
 
 
-def _audit(auditor: QualityAuditor, engine, prompt, params, outputs: dict[str, GenerationOutput], request_id: str) -> None:
-    plain = outputs.get(REFERENCE_RUNNER)
+def _audit(auditor: QualityAuditor, engine, prompt, params, outputs: dict[str, GenerationOutput], request_id: str, kind: str) -> None:
+    plain = outputs.get(f"{kind}:none")
     for name, output in outputs.items():
-        if name.startswith("verispec:") and name != REFERENCE_RUNNER and auditor.select():
+        if name.startswith(f"{kind}:") and name != f"{kind}:none" and auditor.select():
             auditor.audit(engine, prompt, params, output, plain=plain, request_id=f"{request_id} {name}")
 
 
