@@ -37,7 +37,8 @@ def test_bench_writes_every_file(bench_run):
         assert (out / name).stat().st_size > 0, name
     report = (out / REPORT_FILE).read_text()
     assert "![speedup_by_category](speedup_by_category.png)" in report
-    assert "| category | n | torch:none tok/s |" in report
+    assert "| runner | greeting (1) | chat (1) | all (2) |" in report
+    assert "| torch:none | " in report and " tok/s |" in report  # plain rows show their rate
 
 
 def test_results_json_has_the_documented_keys_and_sane_values(bench_run):

@@ -109,6 +109,16 @@ def test_bfloat16_halves_param_bytes(checkpoint):
     assert half.param_bytes * 2 == pytest.approx(full.param_bytes, rel=0.01)  # fp32 buffers stay
 
 
+@pytest.mark.parametrize("which", ["checkpoint", "tiny_gguf"])
+def test_loading_prints_no_transformers_progress_bars(which, request, capfd):
+    from transformers.utils import logging as hf_logging
+
+    load_model(str(request.getfixturevalue(which)))
+    err = capfd.readouterr().err
+    assert "Loading weights" not in err and "de-quantizing GGUF tensors" not in err
+    assert hf_logging.is_progress_bar_enabled()  # transformers' own switch is restored
+
+
 def test_load_gguf_file(tiny_gguf):
     loaded = load_model(str(tiny_gguf))
     assert (loaded.name, loaded.vocab_size, loaded.context_length) == ("tiny.gguf", GGUF_VOCAB, 64)

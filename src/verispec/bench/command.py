@@ -142,7 +142,7 @@ def print_summary(results: BenchResults, console: Console) -> None:
     """The per-category and per-runner tables, then exactness in one line."""
     if not console.is_terminal:
         console.width = max(console.width, 160)  # a log file: do not squeeze the tables
-    console.print(rich_table("speedup α τ per category (vs plain decoding of the same runner)", *category_matrix(results.summary)))
+    console.print(rich_table("per category: plain rows tok/s; others speedup over their runner's plain, α, τ", *category_matrix(results.summary)))
     console.print(rich_table("all prompts", *overall_rows(results.summary)))
     if results.curves:
         console.print(rich_table("ms per target pass of k tokens (median)", *curve_rows(results.curves)))

@@ -18,7 +18,7 @@ from typing import Sequence
 from rich.table import Table
 
 from verispec.bench.figures import ALL, SummaryRow, summarize
-from verispec.bench.run import RunnerInfo, RunRecord, reference_runner
+from verispec.bench.run import RunnerInfo, RunRecord, plain_method, reference_runner
 from verispec.errors import VerispecError
 from verispec.metrics import OUTPUT_BUCKET_TOKENS
 
@@ -170,19 +170,24 @@ def _cell(row: SummaryRow) -> str:
 
 
 def category_matrix(summary: Sequence[SummaryRow]) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the per-category table: plain tokens/s, then each other runner's cell."""
+    """Header and rows of the per-category table: one row per runner, one column per category
+    (``name (n prompts)``). A plain-decoding row shows its end-to-end tokens/s; every other row
+    its speedup over plain decoding of its own runner, with α and τ where it drafts."""
     categories = list(dict.fromkeys(r.category for r in summary))
     names = list(dict.fromkeys(r.runner for r in summary))
-    reference = reference_runner(names)
-    runners = [r for r in names if r != reference]
     index = {(r.runner, r.category): r for r in summary}
-    header = ["category", "n", f"{reference} tok/s"] + runners
+    header = ["runner"] + [f"{c} ({next(r.num_prompts for r in summary if r.category == c)})" for c in categories]
     rows = []
-    for category in categories:
-        plain = index.get((reference, category))
-        any_row = next(r for r in summary if r.category == category)
-        cells = [category, str(any_row.num_prompts), _fmt(plain.total_tokens_per_s if plain else None)]
-        cells += [_cell(index[(name, category)]) if (name, category) in index else "—" for name in runners]
+    for name in names:
+        cells = [name]
+        for category in categories:
+            row = index.get((name, category))
+            if row is None:
+                cells.append("—")
+            elif row.method == plain_method(row.family):
+                cells.append(_fmt(row.total_tokens_per_s, "{:.2f} tok/s"))
+            else:
+                cells.append(_cell(row))
         rows.append(cells)
     return header, rows
 
@@ -290,10 +295,11 @@ def report_markdown(results: BenchResults) -> str:
     lines += ["", "## Memory and load time", ""]
     by_runner = results.memory.get("by_runner") or {c.get("runner"): results.memory}
     for kind, m in by_runner.items():
+        before, after = m.get("rss_before_load_bytes"), m.get("rss_after_draft_bytes")
         lines += [
             f"- {kind}: parameters held: target {_mib(m.get('target_param_bytes'))}, draft {_mib(m.get('draft_param_bytes'))} "
-            f"(draft overhead {_fmt(m.get('draft_overhead_pct'), '{:.1f}')} % of the target); RSS after loading "
-            f"{_mib(m.get('rss_after_draft_bytes'))} (draft {_fmt(m.get('draft_rss_overhead_pct'), '{:.1f}')} % of the target's)",
+            f"(draft overhead {_fmt(m.get('draft_overhead_pct'), '{:.1f}')} % of the target); RSS added by loading both "
+            f"{_mib(after - before if None not in (before, after) else None)}",
         ]
     lines.append(f"- peak RSS of the whole run: {_mib(results.memory.get('peak_rss_bytes'))}")
     lines += [f"- {model.get('runner', c.get('runner'))} {model['role']} `{model['name']}`: loaded in {model['load_time_s']:.1f} s" for model in results.models]

@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import struct
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -167,8 +168,9 @@ def _load_source(source: ModelSource, torch_dtype: torch.dtype) -> tuple[Any, An
     else:
         location = source.hub_id
     try:
-        model = AutoModelForCausalLM.from_pretrained(location, dtype=torch_dtype, **options)
-        tokenizer = AutoTokenizer.from_pretrained(location, **options)
+        with _quiet_transformers():  # our own one-line progress says what loads; no carriage-return bars
+            model = AutoModelForCausalLM.from_pretrained(location, dtype=torch_dtype, **options)
+            tokenizer = AutoTokenizer.from_pretrained(location, **options)
     except Exception as exc:  # transformers raises anything from OSError to bare Exception
         if source.kind == "hub":
             raise ModelNotFoundError(
@@ -179,6 +181,35 @@ def _load_source(source: ModelSource, torch_dtype: torch.dtype) -> tuple[Any, An
             f"kind ({type(exc).__name__}: {exc})"
         ) from exc
     return model, tokenizer
+
+
+@contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """transformers' progress bars off while loading, restored after: "Loading weights" follows
+    transformers' own switch; the GGUF converter's "Converting and de-quantizing GGUF
+    tensors..." calls tqdm directly, so its module's ``tqdm`` is swapped for a disabled one."""
+    import functools
+    import importlib
+
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    swapped = []
+    try:
+        gguf_utils = importlib.import_module("transformers.modeling_gguf_pytorch_utils")
+        if callable(getattr(gguf_utils, "tqdm", None)):
+            swapped.append((gguf_utils, gguf_utils.tqdm))
+            gguf_utils.tqdm = functools.partial(gguf_utils.tqdm, disable=True)
+    except ImportError:  # an older or newer transformers without the module: nothing to swap
+        pass
+    try:
+        yield
+    finally:
+        for module, original in swapped:
+            module.tqdm = original
+        if was_enabled:
+            hf_logging.enable_progress_bar()
 
 
 def _param_bytes(model: torch.nn.Module) -> int:

@@ -93,7 +93,9 @@ class GGUFEmbedding:
 
 @dataclass
 class GGUFWeights:
-    """A Llama/Qwen2 decoder as :class:`Int8Runner` runs it, with GGUF-block linear layers.
+    """A Llama/Qwen2 decoder as :class:`Int8Runner` runs it, with the embedding in the GGUF's own
+    blocks and GGUF-block linear layers (:class:`GGUFLinear`; :func:`int8_weights_from_gguf`
+    puts :class:`verispec.runners.int8_ops.Int8Weight` layers here instead).
 
     ``cos``/``sin``: ``[max_positions, head_dim]`` float32 RoPE tables. ``head_token_ids``
     ``[kept]`` int64: the rows a reduced draft head keeps (FR-Spec), None for the full head.
@@ -275,15 +277,16 @@ class _Loader:
         )
 
 
-def int8_weights_from_gguf(path: Path, max_positions: int, *, head_token_ids: Tensor | None = None):
-    """:class:`verispec.runners.int8.Int8Weights` read straight from a GGUF file, layer by layer.
+def int8_weights_from_gguf(path: Path, max_positions: int, *, head_token_ids: Tensor | None = None) -> GGUFWeights:
+    """Weights for :class:`verispec.runners.int8.Int8Runner` read straight from a GGUF file, layer
+    by layer: int8 linear layers and LM head (:class:`Int8Weight`), the embedding in the file's
+    own blocks (:class:`GGUFEmbedding`, mapped).
 
     Each matrix's blocks are de-quantized (ggml's formulas, the values llama.cpp and transformers
     see) and re-quantized per output row to int8 by the kernels in one pass, then prepacked, so
     neither a float model nor a second copy of the int8 model is ever held. ``head_token_ids``
     ``[kept]``: a reduced LM head (FR-Spec). Raises what :meth:`GGUFWeights.from_file` raises.
     """
-    from verispec.runners.int8 import Int8Weights
     from verispec.runners.int8_ops import Int8Weight, quantize_weight_rows
 
     loader = _Loader(read_gguf_header(Path(path)))
@@ -321,20 +324,19 @@ def int8_weights_from_gguf(path: Path, max_positions: int, *, head_token_ids: Te
             gate_up=linear([p + "ffn_gate.weight", p + "ffn_up.weight"], hidden),
             down=linear([p + "ffn_down.weight"], ffn),
         ))
-    embed_int8, embed_scales = int8_rows(["token_embd.weight"], hidden)
+    embed_info = loader.tensor("token_embd.weight")
+    # the embedding stays in the file's own blocks (mapped, rows de-quantized per lookup, as the
+    # gguf runner does): only the looked-up rows are ever resident
+    embedding = GGUFEmbedding(loader.raw(embed_info).view(int(embed_info.shape[1]), -1), embed_info.qtype, hidden)
     rows = None if head_token_ids is None else head_token_ids.long()
-    if "output.weight" in loader.header.tensors:
-        head_int8, head_scales = int8_rows(["output.weight"], hidden)
-    else:  # tied: the embedding's int8 rows
-        head_int8, head_scales = embed_int8, embed_scales
+    head_int8, head_scales = int8_rows(["output.weight" if "output.weight" in loader.header.tensors else "token_embd.weight"], hidden)
     if rows is not None:
         head_int8, head_scales = head_int8[rows].contiguous(), head_scales[rows].contiguous()
     cos, sin = rope_tables(loader.head_dim, loader.rope_base, max_positions)
-    return Int8Weights(
+    return GGUFWeights(
         num_heads=loader.num_heads, num_kv_heads=loader.num_kv_heads, head_dim=loader.head_dim, rms_norm_eps=loader.eps,
-        embed_int8=embed_int8, embed_scales=embed_scales[:, None].contiguous(), layers=layers,
-        final_norm=loader.floats("output_norm.weight"), lm_head=Int8Weight.from_int8(head_int8, head_scales),
-        cos=cos, sin=sin, head_token_ids=rows,
+        embedding=embedding, layers=layers, final_norm=loader.floats("output_norm.weight"),
+        lm_head=Int8Weight.from_int8(head_int8, head_scales), cos=cos, sin=sin, head_token_ids=rows,
     )
 
 

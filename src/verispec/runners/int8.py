@@ -232,8 +232,11 @@ class Int8Runner:
         self.vocab_size = weights.vocab_size
         self.max_context_length = capacity
         shape = (len(weights.layers), weights.num_kv_heads, capacity, weights.head_dim)
-        self._keys = torch.zeros(shape)
-        self._values = torch.zeros(shape)
+        # uninitialised on purpose: a slot is read only after this pass or an earlier one wrote it
+        # (attention over slots < num_cached_tokens + new rows), so the pages of an unused context
+        # are never touched and never resident
+        self._keys = torch.empty(shape)
+        self._values = torch.empty(shape)
         self._num_cached = 0
 
     @classmethod

@@ -783,11 +783,13 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, int64_t qtype, int64
 //
 // Row i attends slots 0 .. start + i (causal) or the slots listed in visible[i] (a token tree),
 // in increasing order; both cases run the same loop over a list of slots, so a tree node's
-// result equals the chain position's with the same keys. Dot products and weighted sums keep 16
-// partial lanes and reduce them in one fixed order; the softmax is computed in double-free float
-// with std::exp. Nothing depends on the other rows, the thread or the number of rows.
+// result equals the chain position's with the same keys. Dot products keep 16 partial lanes reduced
+// in one fixed tree; the softmax uses exp_nonpositive below; weighted sums run over the slots in
+// order. The query heads sharing a KV head (GQA) go through the keys together, each with exactly
+// its one-query operations. Nothing depends on the other rows, the thread or the number of rows.
 
 constexpr int LANES = 16;
+constexpr int MAX_GROUP = 16;  // query heads per KV head handled in one pass over the keys
 
 // exp(x) for x <= 0, in plain float operations the compiler can vectorise (no libm call): Cody-Waite
 // range reduction and Cephes' expf polynomial (about 1 ulp). Inputs below -87 give exp(-87).
@@ -811,32 +813,50 @@ inline float exp_nonpositive(float x) {
     return p * scale;
 }
 
+// The query heads of one group (GQA: nq heads sharing one KV head) of one row, over the same
+// `count` slots: each key and value row is loaded once for all nq queries. For every query the
+// operations and their order are exactly those of a one-query pass (16-lane partial dot products
+// reduced in one fixed tree, running max, exp, sequential sums over the slots in order), so a
+// head's result does not depend on nq. scores: [nq][count] scratch.
 __attribute__((target_clones("avx512f", "avx2", "default")))
-void attend_one(const float* q, const float* keys, const float* values, int64_t head_dim, const int64_t* slots,
-                int64_t count, float scale, float* scores, float* out) {
-    float best = -std::numeric_limits<float>::infinity();
+void attend_group(const float* q, int nq, const float* keys, const float* values, int64_t head_dim, const int64_t* slots,
+                  int64_t count, float scale, float* scores, float* out) {
+    float best[MAX_GROUP], total[MAX_GROUP];
+    for (int a = 0; a < nq; ++a) best[a] = -std::numeric_limits<float>::infinity();
     for (int64_t j = 0; j < count; ++j) {
         const float* k = keys + (slots ? slots[j] : j) * head_dim;
-        float lanes[LANES] = {0};
-        for (int64_t c = 0; c < head_dim; c += LANES)
-            for (int l = 0; l < LANES; ++l) lanes[l] = lanes[l] + q[c + l] * k[c + l];
-        for (int width = LANES / 2; width >= 1; width /= 2)
-            for (int l = 0; l < width; ++l) lanes[l] = lanes[l] + lanes[l + width];
-        const float s = lanes[0] * scale;
-        scores[j] = s;
-        best = std::max(best, s);
+        for (int a = 0; a < nq; ++a) {
+            const float* qa = q + a * head_dim;
+            float lanes[LANES] = {0};
+            for (int64_t c = 0; c < head_dim; c += LANES)
+                for (int l = 0; l < LANES; ++l) lanes[l] = lanes[l] + qa[c + l] * k[c + l];
+            for (int width = LANES / 2; width >= 1; width /= 2)
+                for (int l = 0; l < width; ++l) lanes[l] = lanes[l] + lanes[l + width];
+            const float s = lanes[0] * scale;
+            scores[a * count + j] = s;
+            best[a] = std::max(best[a], s);
+        }
     }
-    for (int64_t j = 0; j < count; ++j) scores[j] = exp_nonpositive(scores[j] - best);  // vectorised
-    float total = 0.0f;
-    for (int64_t j = 0; j < count; ++j) total = total + scores[j];
-    for (int64_t c = 0; c < head_dim; ++c) out[c] = 0.0f;
+    for (int a = 0; a < nq; ++a) {
+        float* sa = scores + a * count;
+        for (int64_t j = 0; j < count; ++j) sa[j] = exp_nonpositive(sa[j] - best[a]);  // vectorised
+        float t = 0.0f;
+        for (int64_t j = 0; j < count; ++j) t = t + sa[j];
+        total[a] = t;
+        for (int64_t c = 0; c < head_dim; ++c) out[a * head_dim + c] = 0.0f;
+    }
     for (int64_t j = 0; j < count; ++j) {
         const float* v = values + (slots ? slots[j] : j) * head_dim;
-        const float p = scores[j];
-        for (int64_t c = 0; c < head_dim; ++c) out[c] = out[c] + p * v[c];
+        for (int a = 0; a < nq; ++a) {
+            const float p = scores[a * count + j];
+            float* oa = out + a * head_dim;
+            for (int64_t c = 0; c < head_dim; ++c) oa[c] = oa[c] + p * v[c];
+        }
     }
-    const float inv = 1.0f / total;
-    for (int64_t c = 0; c < head_dim; ++c) out[c] = out[c] * inv;
+    for (int a = 0; a < nq; ++a) {
+        const float inv = 1.0f / total[a];
+        for (int64_t c = 0; c < head_dim; ++c) out[a * head_dim + c] = out[a * head_dim + c] * inv;
+    }
 }
 
 // q [rows, heads, head_dim], keys / values [kv_heads, capacity, head_dim] (float32, contiguous);
@@ -872,15 +892,20 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor keys, torch::Tensor value
     for (int64_t i = 0; tree && i < rows; ++i)
         for (int64_t j = 0; j < len[i]; ++j)
             TORCH_CHECK(vis[i * width + j] >= 0 && vis[i * width + j] < capacity, "a visible slot is outside the cache");
-    at::parallel_for(0, rows * heads, 1, [&](int64_t begin, int64_t end) {
+    // work items: (row, KV head); the group's query heads are contiguous in q and out
+    at::parallel_for(0, rows * kv_heads, 1, [&](int64_t begin, int64_t end) {
         std::vector<float> scores;
         for (int64_t index = begin; index < end; ++index) {
-            const int64_t i = index / heads, h = index % heads, kvh = h / group;
+            const int64_t i = index / kv_heads, kvh = index % kv_heads;
             const int64_t count = tree ? len[i] : start + i + 1;
-            scores.resize(std::max<int64_t>(count, 1));
-            attend_one(qp + (i * heads + h) * head_dim, kp + kvh * capacity * head_dim, vp + kvh * capacity * head_dim,
-                       head_dim, tree ? vis + i * width : nullptr, count, (float)scale, scores.data(),
-                       op + (i * heads + h) * head_dim);
+            for (int64_t h0 = 0; h0 < group; h0 += MAX_GROUP) {
+                const int nq = (int)std::min<int64_t>(MAX_GROUP, group - h0);
+                const int64_t h = kvh * group + h0;
+                scores.resize(std::max<int64_t>(count, 1) * nq);
+                attend_group(qp + (i * heads + h) * head_dim, nq, kp + kvh * capacity * head_dim, vp + kvh * capacity * head_dim,
+                             head_dim, tree ? vis + i * width : nullptr, count, (float)scale, scores.data(),
+                             op + (i * heads + h) * head_dim);
+            }
         }
     });
     return out;
