@@ -113,20 +113,40 @@ def attention_by_hand(q, keys, values, slots):
     return (weights[..., None] * v).sum(1).reshape(-1)
 
 
-def test_attention_rows_are_their_one_query_results():
+@pytest.mark.parametrize("impl", IMPLS)
+def test_attention_rows_are_their_one_query_results(impl):
     generator = torch.Generator().manual_seed(6)
     keys, values = torch.randn(2, 64, 32, generator=generator), torch.randn(2, 64, 32, generator=generator)
     q = torch.randn(9, 6, 32, generator=generator)
     empty = torch.empty(0, dtype=torch.int64)
-    causal = gguf_kernels().attention(q, keys, values, 20, empty, empty, 32**-0.5)
+    causal = gguf_kernels().attention(q, keys, values, 20, empty, empty, 32**-0.5, impl)
     for i in range(9):
-        one = gguf_kernels().attention(q[i : i + 1], keys, values, 20 + i, empty, empty, 32**-0.5)
+        one = gguf_kernels().attention(q[i : i + 1], keys, values, 20 + i, empty, empty, 32**-0.5, impl)
         assert torch.equal(causal[i], one[0])  # same op, same keys: bit-identical
         torch.testing.assert_close(causal[i], attention_by_hand(q[i], keys, values, list(range(21 + i))))
     # a tree row seeing slots [0..19, 22, 25] equals the causal row at the same keys, moved together
     slots = torch.tensor([list(range(20)) + [22, 25]])
-    tree = gguf_kernels().attention(q[:1], keys, values, 0, slots, torch.tensor([22]), 32**-0.5)
+    tree = gguf_kernels().attention(q[:1], keys, values, 0, slots, torch.tensor([22]), 32**-0.5, impl)
     moved_k, moved_v = keys.clone(), values.clone()
     moved_k[:, 20:22], moved_v[:, 20:22] = keys[:, [22, 25]], values[:, [22, 25]]
-    chain = gguf_kernels().attention(q[:1], moved_k, moved_v, 21, empty, empty, 32**-0.5)
+    chain = gguf_kernels().attention(q[:1], moved_k, moved_v, 21, empty, empty, 32**-0.5, impl)
     assert torch.equal(tree, chain)
+
+
+def test_attention_paths_give_the_same_bits():
+    """AVX-512's 16-keys-at-once reduction adds each key's partial sums in the portable tree's
+    order: the two paths agree bit for bit (head_dim 64 and 128, GQA groups, a short last group)."""
+    if len(IMPLS) < 2:
+        pytest.skip("this CPU has no AVX-512 VNNI: one path only")
+    generator = torch.Generator().manual_seed(8)
+    empty = torch.empty(0, dtype=torch.int64)
+    for head_dim, kv_heads, heads, start in [(64, 2, 14, 37), (128, 2, 12, 0), (32, 1, 3, 70)]:
+        keys = torch.randn(kv_heads, 96, head_dim, generator=generator) * 3
+        values = torch.randn(kv_heads, 96, head_dim, generator=generator)
+        q = torch.randn(5, heads, head_dim, generator=generator)
+        got = [gguf_kernels().attention(q, keys, values, start, empty, empty, head_dim**-0.5, impl) for impl in IMPLS]
+        assert torch.equal(got[0], got[1])
+        slots = torch.tensor([[0, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61]] * 5)
+        lengths = torch.tensor([18, 17, 16, 1, 3])
+        tree = [gguf_kernels().attention(q, keys, values, 0, slots, lengths, head_dim**-0.5, impl) for impl in IMPLS]
+        assert torch.equal(tree[0], tree[1])

@@ -427,7 +427,7 @@ class GGUFRunner(Int8Runner):
         slots ``0 .. start + i`` or its tree slots from :meth:`_tree_slots`, in order), parallel
         over (row, head)."""
         slots, lengths = (_EMPTY, _EMPTY) if tree is None else tree
-        return _kernels().attention(q, keys, values, start, slots, lengths, self.weights.head_dim**-0.5)
+        return _kernels().attention(q, keys, values, start, slots, lengths, self.weights.head_dim**-0.5, IMPLEMENTATIONS[_IMPL[0]])
 
 
 _EMPTY = torch.empty(0, dtype=torch.int64)

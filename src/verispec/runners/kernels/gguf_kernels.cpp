@@ -813,16 +813,10 @@ inline float exp_nonpositive(float x) {
     return p * scale;
 }
 
-// The query heads of one group (GQA: nq heads sharing one KV head) of one row, over the same
-// `count` slots: each key and value row is loaded once for all nq queries. For every query the
-// operations and their order are exactly those of a one-query pass (16-lane partial dot products
-// reduced in one fixed tree, running max, exp, sequential sums over the slots in order), so a
-// head's result does not depend on nq. scores: [nq][count] scratch.
-__attribute__((target_clones("avx512f", "avx2", "default")))
-void attend_group(const float* q, int nq, const float* keys, const float* values, int64_t head_dim, const int64_t* slots,
-                  int64_t count, float scale, float* scores, float* out) {
-    float best[MAX_GROUP], total[MAX_GROUP];
-    for (int a = 0; a < nq; ++a) best[a] = -std::numeric_limits<float>::infinity();
+// scores[a][j] = (q_a . k_j) * scale: 16 partial lanes (lanes[l] += q[c + l] * k[c + l] over the
+// chunks c in order, from 0), reduced by the tree l + 8, l + 4, l + 2, l + 1, then one multiply.
+void scores_portable(const float* q, int nq, const float* keys, int64_t head_dim, const int64_t* slots, int64_t count,
+                     float scale, float* scores) {
     for (int64_t j = 0; j < count; ++j) {
         const float* k = keys + (slots ? slots[j] : j) * head_dim;
         for (int a = 0; a < nq; ++a) {
@@ -832,10 +826,116 @@ void attend_group(const float* q, int nq, const float* keys, const float* values
                 for (int l = 0; l < LANES; ++l) lanes[l] = lanes[l] + qa[c + l] * k[c + l];
             for (int width = LANES / 2; width >= 1; width /= 2)
                 for (int l = 0; l < width; ++l) lanes[l] = lanes[l] + lanes[l + width];
-            const float s = lanes[0] * scale;
-            scores[a * count + j] = s;
-            best[a] = std::max(best[a], s);
+            scores[a * count + j] = lanes[0] * scale;
         }
+    }
+}
+
+// scores_portable for 16 keys at a time: each key's 16 partial lanes as above (one register),
+// then the 16 registers reduced together by shuffles that add, for every key, exactly the pairs
+// of the scalar tree (l + 8, then l + 4, l + 2, l + 1; lower partial first), so the bits are the
+// portable path's. A last short group repeats its first key in the unused lanes.
+VS_AVX512 void scores_avx512(const float* q, int nq, const float* keys, int64_t head_dim, const int64_t* slots,
+                             int64_t count, float scale, float* scores) {
+    // the reduction leaves key t's sum in lane 4 (t % 4) + t / 4; this puts it back in lane t
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    const __m512 vscale = _mm512_set1_ps(scale);
+    for (int64_t j0 = 0; j0 < count; j0 += 16) {
+        const int n = (int)std::min<int64_t>(16, count - j0);
+        const float* k[16];
+        for (int t = 0; t < 16; ++t) k[t] = keys + (slots ? slots[j0 + (t < n ? t : 0)] : j0 + (t < n ? t : 0)) * head_dim;
+        for (int a = 0; a < nq; ++a) {
+            const float* qa = q + a * head_dim;
+            __m512 v[16];
+            for (int t = 0; t < 16; ++t) v[t] = _mm512_setzero_ps();
+            for (int64_t c = 0; c < head_dim; c += LANES) {
+                const __m512 qc = _mm512_loadu_ps(qa + c);
+                for (int t = 0; t < 16; ++t) v[t] = _mm512_add_ps(v[t], _mm512_mul_ps(qc, _mm512_loadu_ps(k[t] + c)));
+            }
+            __m512 w[8], x[4], y[2];
+            for (int i = 0; i < 8; ++i)  // l + 8: low 256 bits plus high 256 bits, two keys per register
+                w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44), _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+            for (int i = 0; i < 4; ++i)  // l + 4: quarters 0 + 1 of each key
+                x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0x88), _mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0xDD));
+            for (int i = 0; i < 2; ++i)  // l + 2 within each quarter
+                y[i] = _mm512_add_ps(_mm512_shuffle_ps(x[2 * i], x[2 * i + 1], 0x44), _mm512_shuffle_ps(x[2 * i], x[2 * i + 1], 0xEE));
+            const __m512 z = _mm512_add_ps(_mm512_shuffle_ps(y[0], y[1], 0x88), _mm512_shuffle_ps(y[0], y[1], 0xDD));  // l + 1
+            const __m512 s = _mm512_mul_ps(_mm512_permutexvar_ps(order, z), vscale);
+            _mm512_mask_storeu_ps(scores + a * count + j0, (__mmask16)((1u << n) - 1), s);
+        }
+    }
+}
+
+// out[a][c] = sum over the slots j in order of p[a][j] * v_j[c], from 0 (one multiply, one add per term).
+void weighted_sum_portable(const float* p, int nq, const float* values, int64_t head_dim, const int64_t* slots,
+                           int64_t count, float* out) {
+    for (int64_t i = 0; i < nq * head_dim; ++i) out[i] = 0.0f;
+    for (int64_t j = 0; j < count; ++j) {
+        const float* v = values + (slots ? slots[j] : j) * head_dim;
+        for (int a = 0; a < nq; ++a) {
+            const float pj = p[a * count + j];
+            float* oa = out + a * head_dim;
+            for (int64_t c = 0; c < head_dim; ++c) oa[c] = oa[c] + pj * v[c];
+        }
+    }
+}
+
+// weighted_sum_portable with the sums in registers: two queries x NC * 16 columns at a time,
+// the same operations per element in the same order.
+template <int NC>
+VS_AVX512 void weighted_sum_tile(const float* p, int nq, const float* values, int64_t head_dim, const int64_t* slots,
+                                 int64_t count, int64_t c0, float* out) {
+    for (int a = 0; a < nq; a += 2) {
+        const bool two = a + 1 < nq;
+        __m512 s0[NC], s1[NC];
+        for (int i = 0; i < NC; ++i) s0[i] = s1[i] = _mm512_setzero_ps();
+        for (int64_t j = 0; j < count; ++j) {
+            const float* v = values + (slots ? slots[j] : j) * head_dim + c0;
+            const __m512 p0 = _mm512_set1_ps(p[a * count + j]);
+            const __m512 p1 = _mm512_set1_ps(two ? p[(a + 1) * count + j] : 0.0f);
+            for (int i = 0; i < NC; ++i) {
+                const __m512 vi = _mm512_loadu_ps(v + 16 * i);
+                s0[i] = _mm512_add_ps(s0[i], _mm512_mul_ps(p0, vi));
+                s1[i] = _mm512_add_ps(s1[i], _mm512_mul_ps(p1, vi));
+            }
+        }
+        for (int i = 0; i < NC; ++i) {
+            _mm512_storeu_ps(out + a * head_dim + c0 + 16 * i, s0[i]);
+            if (two) _mm512_storeu_ps(out + (a + 1) * head_dim + c0 + 16 * i, s1[i]);
+        }
+    }
+}
+
+void weighted_sum_avx512(const float* p, int nq, const float* values, int64_t head_dim, const int64_t* slots,
+                         int64_t count, float* out) {
+    for (int64_t c0 = 0; c0 < head_dim; c0 += 8 * LANES) {
+        switch (std::min<int64_t>(8, (head_dim - c0) / LANES)) {
+            case 1: weighted_sum_tile<1>(p, nq, values, head_dim, slots, count, c0, out); break;
+            case 2: weighted_sum_tile<2>(p, nq, values, head_dim, slots, count, c0, out); break;
+            case 3: weighted_sum_tile<3>(p, nq, values, head_dim, slots, count, c0, out); break;
+            case 4: weighted_sum_tile<4>(p, nq, values, head_dim, slots, count, c0, out); break;
+            case 5: weighted_sum_tile<5>(p, nq, values, head_dim, slots, count, c0, out); break;
+            case 6: weighted_sum_tile<6>(p, nq, values, head_dim, slots, count, c0, out); break;
+            case 7: weighted_sum_tile<7>(p, nq, values, head_dim, slots, count, c0, out); break;
+            default: weighted_sum_tile<8>(p, nq, values, head_dim, slots, count, c0, out); break;
+        }
+    }
+}
+
+// The query heads of one group (GQA: nq heads sharing one KV head) of one row, over the same
+// `count` slots: each key and value row is loaded once for all nq queries. For every query the
+// operations and their order are exactly those of a one-query pass (16-lane partial dot products
+// reduced in one fixed tree, running max, exp, sequential sums over the slots in order), so a
+// head's result does not depend on nq. scores: [nq][count] scratch.
+__attribute__((target_clones("avx512f", "avx2", "default")))
+void attend_group(const float* q, int nq, const float* keys, const float* values, int64_t head_dim, const int64_t* slots,
+                  int64_t count, float scale, bool vector, float* scores, float* out) {
+    float best[MAX_GROUP], total[MAX_GROUP];
+    if (vector) scores_avx512(q, nq, keys, head_dim, slots, count, scale, scores);
+    else scores_portable(q, nq, keys, head_dim, slots, count, scale, scores);
+    for (int a = 0; a < nq; ++a) {
+        best[a] = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j < count; ++j) best[a] = std::max(best[a], scores[a * count + j]);
     }
     for (int a = 0; a < nq; ++a) {
         float* sa = scores + a * count;
@@ -843,16 +943,9 @@ void attend_group(const float* q, int nq, const float* keys, const float* values
         float t = 0.0f;
         for (int64_t j = 0; j < count; ++j) t = t + sa[j];
         total[a] = t;
-        for (int64_t c = 0; c < head_dim; ++c) out[a * head_dim + c] = 0.0f;
     }
-    for (int64_t j = 0; j < count; ++j) {
-        const float* v = values + (slots ? slots[j] : j) * head_dim;
-        for (int a = 0; a < nq; ++a) {
-            const float p = scores[a * count + j];
-            float* oa = out + a * head_dim;
-            for (int64_t c = 0; c < head_dim; ++c) oa[c] = oa[c] + p * v[c];
-        }
-    }
+    if (vector) weighted_sum_avx512(scores, nq, values, head_dim, slots, count, out);
+    else weighted_sum_portable(scores, nq, values, head_dim, slots, count, out);
     for (int a = 0; a < nq; ++a) {
         const float inv = 1.0f / total[a];
         for (int64_t c = 0; c < head_dim; ++c) out[a * head_dim + c] = out[a * head_dim + c] * inv;
@@ -860,9 +953,11 @@ void attend_group(const float* q, int nq, const float* keys, const float* values
 }
 
 // q [rows, heads, head_dim], keys / values [kv_heads, capacity, head_dim] (float32, contiguous);
-// visible: empty (causal from `start`) or int64 [rows, width] with lengths [rows].
+// visible: empty (causal from `start`) or int64 [rows, width] with lengths [rows]; impl as linear().
 torch::Tensor attention(torch::Tensor q, torch::Tensor keys, torch::Tensor values, int64_t start,
-                        torch::Tensor visible, torch::Tensor lengths, double scale) {
+                        torch::Tensor visible, torch::Tensor lengths, double scale, int64_t impl) {
+    TORCH_CHECK(!(impl == 2 && !cpu_has_avx512_vnni()), "this CPU has no AVX-512 VNNI");
+    const bool vector = impl == 2 || (impl == 0 && cpu_has_avx512_vnni());
     TORCH_CHECK(q.dim() == 3 && keys.dim() == 3 && values.dim() == 3, "attention expects 3-D q, keys, values");
     TORCH_CHECK(q.dtype() == torch::kFloat32 && keys.dtype() == torch::kFloat32 && values.dtype() == torch::kFloat32,
                 "attention expects float32");
@@ -903,7 +998,7 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor keys, torch::Tensor value
                 const int64_t h = kvh * group + h0;
                 scores.resize(std::max<int64_t>(count, 1) * nq);
                 attend_group(qp + (i * heads + h) * head_dim, nq, kp + kvh * capacity * head_dim, vp + kvh * capacity * head_dim,
-                             head_dim, tree ? vis + i * width : nullptr, count, (float)scale, scores.data(),
+                             head_dim, tree ? vis + i * width : nullptr, count, (float)scale, vector, scores.data(),
                              op + (i * heads + h) * head_dim);
             }
         }
