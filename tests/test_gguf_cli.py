@@ -134,6 +134,26 @@ def test_int8_runner_reads_the_gguf_directly(files, name):
     assert torch.equal(rows, int8_logits[-4:])  # batch-invariant, read from the GGUF as from torch
 
 
+def test_int8_head_from_the_gguf_in_row_ranges(files, monkeypatch):
+    """The int8 LM head is re-quantized and packed range by range (to bound peak memory): the
+    logits equal one whole-matrix head's, and a reduced (FR-Spec) head keeps exactly its rows."""
+    from verispec.errors import InvalidParameterError
+    from verispec.runners import gguf_runner
+    from verispec.runners.gguf_runner import int8_weights_from_gguf
+
+    prompt = [11, 12, 13, 14, 15]
+    whole = Int8Runner(int8_weights_from_gguf(files["target"], 64), max_context_length=64).forward(prompt)
+    monkeypatch.setattr(gguf_runner.RowChunks, "CHUNK_ROWS", 7)  # several ranges, the last one short
+    weights = int8_weights_from_gguf(files["target"], 64)
+    assert len(weights.lm_head.parts) > 2
+    assert torch.equal(Int8Runner(weights, max_context_length=64).forward(prompt), whole)
+    kept = torch.tensor([0, 3, 6, 7, 8, 20, 21])
+    reduced = Int8Runner(int8_weights_from_gguf(files["target"], 64, head_token_ids=kept), max_context_length=64).forward(prompt)
+    assert torch.equal(reduced[:, kept], whole[:, kept])
+    with pytest.raises(InvalidParameterError, match="strictly increasing"):
+        int8_weights_from_gguf(files["target"], 64, head_token_ids=torch.tensor([3, 1]))
+
+
 def test_int8_gguf_path_through_the_pipeline(files):
     data = generate_json(files, "--method", "draft", "--runner", "int8", "--compare-plain")
     assert data["runner"] == "int8" and data["compare_plain"]["identical"] is True

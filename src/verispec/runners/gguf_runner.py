@@ -171,14 +171,16 @@ class _Loader:
             raise ModelIntegrityError(f"{self.path} has no tensor {name!r}")
         return info
 
-    def raw(self, info: TensorInfo) -> Tensor:
-        """The tensor's bytes, memory-mapped copy-on-write: file pages, resident only while used and
-        released when the tensor is dropped (after repacking), so loading never holds the file twice."""
+    def raw(self, info: TensorInfo, start: int = 0, length: int | None = None) -> Tensor:
+        """The tensor's bytes (or ``length`` of them from ``start``), memory-mapped copy-on-write:
+        file pages, resident only while used and released when the tensor is dropped (after
+        repacking), so loading never holds the file twice."""
         if info.offset + info.n_bytes > self.header.file_size:
             raise ModelIntegrityError(f"{self.path} is truncated inside tensor {info.name}")
-        if info.n_bytes == 0:
+        length = info.n_bytes - start if length is None else length
+        if length <= 0:
             return torch.empty(0, dtype=torch.uint8)
-        mapped = np.memmap(self.path, dtype=np.uint8, mode="c", offset=info.offset, shape=(info.n_bytes,))
+        mapped = np.memmap(self.path, dtype=np.uint8, mode="c", offset=info.offset + start, shape=(length,))
         return torch.from_numpy(mapped)
 
     def floats(self, name: str) -> Tensor:
@@ -187,9 +189,11 @@ class _Loader:
             raise InvalidParameterError(f"{name} in {self.path} is {info.type_name}; the gguf runner expects F32/F16 there")
         return torch.from_numpy(self.raw(info).numpy().view(FLOAT_TYPES[info.qtype]).astype(np.float32))
 
-    def rows(self, name: str, expected_in: int, *, any_type: bool = False) -> tuple[Tensor, TensorInfo]:
+    def rows(self, name: str, expected_in: int, *, any_type: bool = False,
+             row_range: tuple[int, int] | None = None) -> tuple[Tensor, TensorInfo]:
         """Raw blocks ``[out, row_bytes]`` uint8 of a 2-D weight with rows of ``expected_in`` values
-        (``any_type``: also block types the kernels do not multiply)."""
+        (``any_type``: also block types the kernels do not multiply; ``row_range``: only rows
+        ``start .. stop - 1`` (clipped), mapped by themselves)."""
         info = self.tensor(name)
         if len(info.shape) != 2 or info.shape[0] != expected_in:
             raise ModelIntegrityError(f"{name} in {self.path} has shape {list(info.shape)}, expected rows of {expected_in}")
@@ -199,7 +203,12 @@ class _Loader:
                 f"{name} in {self.path} is stored as {info.type_name}, which the gguf runner does not multiply "
                 f"(it supports {supported}): use --runner int8 or llamacpp"
             )
-        return self.raw(info).view(int(info.shape[1]), -1), info
+        out_features = int(info.shape[1])
+        if row_range is None:
+            return self.raw(info).view(out_features, -1), info
+        row_bytes = info.n_bytes // out_features
+        start, stop = max(0, row_range[0]), min(out_features, row_range[1])
+        return self.raw(info, start * row_bytes, (stop - start) * row_bytes).view(stop - start, row_bytes), info
 
     def linear(self, names: Sequence[str], in_features: int, *, permute_heads: Sequence[int | None] = (),
                bias: Tensor | None = None, row_ids: Tensor | None = None) -> GGUFLinear:
@@ -263,6 +272,7 @@ class _Loader:
                 gate_up=self.linear([p + "ffn_gate.weight", p + "ffn_up.weight"], hidden),
                 down=self.linear([p + "ffn_down.weight"], ffn),
             ))
+            release_freed_memory()
         embed_info = self.tensor("token_embd.weight")
         embedding = GGUFEmbedding(self.raw(embed_info).view(int(embed_info.shape[1]), -1), embed_info.qtype, hidden)
         head_name = "output.weight" if "output.weight" in self.header.tensors else "token_embd.weight"
@@ -289,8 +299,18 @@ def int8_weights_from_gguf(path: Path, max_positions: int, *, head_token_ids: Te
     """
     from verispec.runners.int8_ops import Int8Weight, quantize_weight_rows
 
+    if head_token_ids is not None and not bool((head_token_ids[1:] > head_token_ids[:-1]).all()):
+        raise InvalidParameterError("head_token_ids must be strictly increasing")
     loader = _Loader(read_gguf_header(Path(path)))
     kernels = _kernels()
+
+    def int8_of(raw: Tensor, info: TensorInfo, in_features: int) -> tuple[Tensor, Tensor]:
+        if info.qtype in SUPPORTED_TYPES:
+            return kernels.requantize_int8(raw.contiguous().view(-1), info.qtype, raw.shape[0], in_features)
+        # other block types: gguf's numpy de-quantization, a few thousand rows at a time
+        parts = [quantize_weight_rows(_dequantize(kernels, raw[s : s + 8192].contiguous(), info.qtype, in_features))
+                 for s in range(0, raw.shape[0], 8192)]
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
     def int8_rows(names: Sequence[str], in_features: int, heads: Sequence[int | None] = ()) -> tuple[Tensor, Tensor]:
         pieces, scales = [], []
@@ -298,12 +318,7 @@ def int8_weights_from_gguf(path: Path, max_positions: int, *, head_token_ids: Te
             raw, info = loader.rows(name, in_features, any_type=True)
             if index < len(heads) and heads[index] is not None:
                 raw = raw[_unpermute_rows(raw.shape[0], heads[index])]
-            if info.qtype in SUPPORTED_TYPES:
-                int8, scale = kernels.requantize_int8(raw.contiguous().view(-1), info.qtype, raw.shape[0], in_features)
-            else:  # other block types: gguf's numpy de-quantization, a few thousand rows at a time
-                parts = [quantize_weight_rows(_dequantize(kernels, raw[s : s + 8192].contiguous(), info.qtype, in_features))
-                         for s in range(0, raw.shape[0], 8192)]
-                int8, scale = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+            int8, scale = int8_of(raw, info, in_features)
             pieces.append(int8)
             scales.append(scale)
         return (torch.cat(pieces), torch.cat(scales)) if len(pieces) > 1 else (pieces[0], scales[0])
@@ -324,20 +339,73 @@ def int8_weights_from_gguf(path: Path, max_positions: int, *, head_token_ids: Te
             gate_up=linear([p + "ffn_gate.weight", p + "ffn_up.weight"], hidden),
             down=linear([p + "ffn_down.weight"], ffn),
         ))
+        release_freed_memory()
     embed_info = loader.tensor("token_embd.weight")
     # the embedding stays in the file's own blocks (mapped, rows de-quantized per lookup, as the
     # gguf runner does): only the looked-up rows are ever resident
     embedding = GGUFEmbedding(loader.raw(embed_info).view(int(embed_info.shape[1]), -1), embed_info.qtype, hidden)
     rows = None if head_token_ids is None else head_token_ids.long()
-    head_int8, head_scales = int8_rows(["output.weight" if "output.weight" in loader.header.tensors else "token_embd.weight"], hidden)
-    if rows is not None:
-        head_int8, head_scales = head_int8[rows].contiguous(), head_scales[rows].contiguous()
+    head_name = "output.weight" if "output.weight" in loader.header.tensors else "token_embd.weight"
+    head_info = loader.tensor(head_name)
+    parts = []
+    for start in range(0, int(head_info.shape[1]), RowChunks.CHUNK_ROWS):  # a range of rows mapped, re-quantized, packed, dropped
+        raw, info = loader.rows(head_name, hidden, any_type=True, row_range=(start, start + RowChunks.CHUNK_ROWS))
+        int8, scale = int8_of(raw, info, hidden)
+        if rows is not None:  # FR-Spec: the kept rows of this range
+            keep = rows[(rows >= start) & (rows < start + raw.shape[0])] - start
+            int8, scale = int8[keep].contiguous(), scale[keep].contiguous()
+        if int8.shape[0]:
+            parts.append(Int8Weight.from_int8(int8, scale))
+        del raw, int8, scale
+        release_freed_memory()
+    lm_head = RowChunks(parts, hidden)
     cos, sin = rope_tables(loader.head_dim, loader.rope_base, max_positions)
     return GGUFWeights(
         num_heads=loader.num_heads, num_kv_heads=loader.num_kv_heads, head_dim=loader.head_dim, rms_norm_eps=loader.eps,
         embedding=embedding, layers=layers, final_norm=loader.floats("output_norm.weight"),
-        lm_head=Int8Weight.from_int8(head_int8, head_scales), cos=cos, sin=sin, head_token_ids=rows,
+        lm_head=lm_head, cos=cos, sin=sin, head_token_ids=rows,
     )
+
+
+@dataclass
+class RowChunks:
+    """A linear layer stored as consecutive row ranges of its weight (``parts``), so that packing
+    a large matrix (the LM head) holds one range twice at a time, not the whole matrix. Each
+    output column is computed by exactly one part, as the whole matrix would compute it."""
+
+    parts: list
+    in_features: int
+
+    CHUNK_ROWS = 16384
+
+    @property
+    def out_features(self) -> int:
+        return sum(p.out_features for p in self.parts)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        """``x`` ``[rows, in_features]`` float32 -> ``[rows, out_features]`` float32."""
+        return torch.cat([p(x) for p in self.parts], dim=1)
+
+    def nbytes(self) -> int:
+        return sum(p.nbytes() for p in self.parts)
+
+
+def release_freed_memory() -> None:
+    """Hand the C heap's free pages back to the OS (glibc ``malloc_trim``; a no-op elsewhere).
+    Loading frees many medium-sized buffers (raw blocks, re-quantized pieces) that glibc would
+    otherwise keep resident: called after each decoder layer, it lowers the peak RSS."""
+    if not _LIBC:
+        try:
+            import ctypes
+
+            _LIBC.append(getattr(ctypes.CDLL("libc.so.6"), "malloc_trim", None))
+        except OSError:
+            _LIBC.append(None)
+    if _LIBC[0] is not None:
+        _LIBC[0](0)
+
+
+_LIBC: list = []
 
 
 def _dequantize(kernels, raw: Tensor, qtype: int, in_features: int) -> Tensor:
