@@ -219,9 +219,8 @@ def build_runners(pipes: Mapping[str, SpeculativePipeline], config: BenchConfig)
         torch_pipe = next((p for p in pipes.values() if p.target.model is not None), None)
         for method in TRANSFORMERS_METHODS:
             if torch_pipe is None:
-                kinds = ", ".join(pipes)
-                infos.append(RunnerInfo(f"transformers:{method}", "transformers", method,
-                                        f"skipped: the {kinds} runner holds no torch model (add torch to --runner)"))
+                which = f"the {next(iter(pipes))} runner holds no torch model" if len(pipes) == 1 else f"none of the {', '.join(pipes)} runners holds a torch model"
+                infos.append(RunnerInfo(f"transformers:{method}", "transformers", method, f"skipped: {which} (add torch to --runner)"))
                 continue
             if method == "assisted" and torch_pipe.draft is None:
                 infos.append(RunnerInfo(f"transformers:{method}", "transformers", method, "skipped: no draft model loaded"))
