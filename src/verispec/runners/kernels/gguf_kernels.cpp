@@ -784,16 +784,18 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, int64_t qtype, int64
 // Row i attends slots 0 .. start + i (causal) or the slots listed in visible[i] (a token tree),
 // in increasing order; both cases run the same loop over a list of slots, so a tree node's
 // result equals the chain position's with the same keys. Dot products keep 16 partial lanes reduced
-// in one fixed tree; the softmax uses exp_nonpositive below; weighted sums run over the slots in
+// in one fixed tree; the softmax uses exp_clamped below; weighted sums run over the slots in
 // order. The query heads sharing a KV head (GQA) go through the keys together, each with exactly
 // its one-query operations. Nothing depends on the other rows, the thread or the number of rows.
 
 constexpr int LANES = 16;
 constexpr int MAX_GROUP = 16;  // query heads per KV head handled in one pass over the keys
 
-// exp(x) for x <= 0, in plain float operations the compiler can vectorise (no libm call): Cody-Waite
-// range reduction and Cephes' expf polynomial (about 1 ulp). Inputs below -87 give exp(-87).
-inline float exp_nonpositive(float x) {
+// exp(x) in plain float operations the compiler can vectorise (no libm call): Cody-Waite range
+// reduction and Cephes' expf polynomial (about 1 ulp). x is clamped to [-87, 88] first (exp(88) <
+// FLT_MAX): inputs below -87 give exp(-87).
+inline float exp_clamped(float x) {
+    x = x > 88.0f ? 88.0f : x;
     x = x < -87.0f ? -87.0f : x;
     const float n = std::nearbyint(x * 1.44269504088896341f);
     const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
@@ -939,7 +941,7 @@ void attend_group(const float* q, int nq, const float* keys, const float* values
     }
     for (int a = 0; a < nq; ++a) {
         float* sa = scores + a * count;
-        for (int64_t j = 0; j < count; ++j) sa[j] = exp_nonpositive(sa[j] - best[a]);  // vectorised
+        for (int64_t j = 0; j < count; ++j) sa[j] = exp_clamped(sa[j] - best[a]);  // vectorised
         float t = 0.0f;
         for (int64_t j = 0; j < count; ++j) t = t + sa[j];
         total[a] = t;
@@ -1053,29 +1055,6 @@ torch::Tensor rope_store(torch::Tensor qkv, torch::Tensor positions, torch::Tens
 }
 
 // gate_up [rows, 2 * ffn] -> silu(gate) * up [rows, ffn] (SwiGLU, Shazeer 2020).
-// exp(x) for any x, clamped to [-87, 88] first (exp(88) < FLT_MAX): exp_nonpositive's
-// reduction and polynomial, vectorisable.
-inline float exp_clamped(float x) {
-    x = x > 88.0f ? 88.0f : x;
-    x = x < -87.0f ? -87.0f : x;
-    const float n = std::nearbyint(x * 1.44269504088896341f);
-    const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    const float r2 = r * r;
-    p = p * r2;
-    p = p + r;
-    p = p + 1.0f;
-    const int32_t bits = ((int32_t)n + 127) << 23;
-    float scale;
-    std::memcpy(&scale, &bits, 4);
-    return p * scale;
-}
-
 // One row: out[j] = gate[j] / (1 + exp(-gate[j])) * up[j], element by element.
 __attribute__((target_clones("avx512f", "avx2", "default")))
 void silu_mul_row(const float* gate, const float* up, int64_t n, float* out) {
