@@ -114,7 +114,8 @@ def test_skip_reasons_name_commands_that_exist():
 
 @pytest.mark.parametrize("name", ["target", "llama"])
 def test_int8_runner_reads_the_gguf_directly(files, name):
-    from verispec.runners.gguf_runner import GGUFRunner, _Loader, int8_weights_from_gguf
+    from verispec.runners.gguf_runner import GGUFRunner, _Loader
+    from verispec.runners.int8_gguf import int8_weights_from_gguf
     from verispec.models.gguf_file import read_gguf_header
     from verispec.runners.int8_ops import quantize_weight_rows
 
@@ -138,12 +139,12 @@ def test_int8_head_from_the_gguf_in_row_ranges(files, monkeypatch):
     """The int8 LM head is re-quantized and packed range by range (to bound peak memory): the
     logits equal one whole-matrix head's, and a reduced (FR-Spec) head keeps exactly its rows."""
     from verispec.errors import InvalidParameterError
-    from verispec.runners import gguf_runner
-    from verispec.runners.gguf_runner import int8_weights_from_gguf
+    from verispec.runners import int8_gguf
+    from verispec.runners.int8_gguf import int8_weights_from_gguf
 
     prompt = [11, 12, 13, 14, 15]
     whole = Int8Runner(int8_weights_from_gguf(files["target"], 64), max_context_length=64).forward(prompt)
-    monkeypatch.setattr(gguf_runner.RowChunks, "CHUNK_ROWS", 7)  # several ranges, the last one short
+    monkeypatch.setattr(int8_gguf.RowChunks, "CHUNK_ROWS", 7)  # several ranges, the last one short
     weights = int8_weights_from_gguf(files["target"], 64)
     assert len(weights.lm_head.parts) > 2
     assert torch.equal(Int8Runner(weights, max_context_length=64).forward(prompt), whole)

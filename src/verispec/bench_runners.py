@@ -258,7 +258,7 @@ def _build(kind: str, config: RunnersBenchConfig, target_info, draft_info, threa
         target = LlamaCppRunner(target_info.path, max_context_length=CAPACITY, num_threads=threads)
         return target, {"draft": LlamaCppRunner(draft_info.path, max_context_length=CAPACITY, num_threads=threads)}
     if kind == "int8":
-        from verispec.runners.gguf_runner import int8_weights_from_gguf
+        from verispec.runners.int8_gguf import int8_weights_from_gguf
         from verispec.runners.int8 import Int8Runner
 
         def load(info, **options):  # straight from the GGUF blocks, seconds

@@ -94,8 +94,9 @@ class GGUFEmbedding:
 @dataclass
 class GGUFWeights:
     """A Llama/Qwen2 decoder as :class:`Int8Runner` runs it, with the embedding in the GGUF's own
-    blocks and GGUF-block linear layers (:class:`GGUFLinear`; :func:`int8_weights_from_gguf`
-    puts :class:`verispec.runners.int8_ops.Int8Weight` layers here instead).
+    blocks and GGUF-block linear layers (:class:`GGUFLinear`;
+    :func:`verispec.runners.int8_gguf.int8_weights_from_gguf` puts
+    :class:`verispec.runners.int8_ops.Int8Weight` layers here instead).
 
     ``cos``/``sin``: ``[max_positions, head_dim]`` float32 RoPE tables. ``head_token_ids``
     ``[kept]`` int64: the rows a reduced draft head keeps (FR-Spec), None for the full head.
@@ -285,109 +286,6 @@ class _Loader:
             embedding=embedding, layers=layers, final_norm=final_norm, lm_head=lm_head, cos=cos, sin=sin,
             head_token_ids=row_ids,
         )
-
-
-def int8_weights_from_gguf(path: Path, max_positions: int, *, head_token_ids: Tensor | None = None) -> GGUFWeights:
-    """Weights for :class:`verispec.runners.int8.Int8Runner` read straight from a GGUF file, layer
-    by layer: int8 linear layers and LM head (:class:`Int8Weight`), the embedding in the file's
-    own blocks (:class:`GGUFEmbedding`, mapped).
-
-    Each matrix's blocks are de-quantized (ggml's formulas, the values llama.cpp and transformers
-    see) and re-quantized per output row to int8 by the kernels in one pass, then prepacked, so
-    neither a float model nor a second copy of the int8 model is ever held. ``head_token_ids``
-    ``[kept]``: a reduced LM head (FR-Spec). Raises what :meth:`GGUFWeights.from_file` raises.
-    """
-    from verispec.runners.int8_ops import Int8Weight, quantize_weight_rows
-
-    if head_token_ids is not None and not bool((head_token_ids[1:] > head_token_ids[:-1]).all()):
-        raise InvalidParameterError("head_token_ids must be strictly increasing")
-    loader = _Loader(read_gguf_header(Path(path)))
-    kernels = _kernels()
-
-    def int8_of(raw: Tensor, info: TensorInfo, in_features: int) -> tuple[Tensor, Tensor]:
-        if info.qtype in SUPPORTED_TYPES:
-            return kernels.requantize_int8(raw.contiguous().view(-1), info.qtype, raw.shape[0], in_features)
-        # other block types: gguf's numpy de-quantization, a few thousand rows at a time
-        parts = [quantize_weight_rows(_dequantize(kernels, raw[s : s + 8192].contiguous(), info.qtype, in_features))
-                 for s in range(0, raw.shape[0], 8192)]
-        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
-
-    def int8_rows(names: Sequence[str], in_features: int, heads: Sequence[int | None] = ()) -> tuple[Tensor, Tensor]:
-        pieces, scales = [], []
-        for index, name in enumerate(names):
-            raw, info = loader.rows(name, in_features, any_type=True)
-            if index < len(heads) and heads[index] is not None:
-                raw = raw[_unpermute_rows(raw.shape[0], heads[index])]
-            int8, scale = int8_of(raw, info, in_features)
-            pieces.append(int8)
-            scales.append(scale)
-        return (torch.cat(pieces), torch.cat(scales)) if len(pieces) > 1 else (pieces[0], scales[0])
-
-    def linear(names: Sequence[str], in_features: int, heads: Sequence[int | None] = (), bias: Tensor | None = None) -> Int8Weight:
-        return Int8Weight.from_int8(*int8_rows(names, in_features, heads), bias)
-
-    q_heads, hidden = loader.q_heads, loader.hidden
-    layers = []
-    for i in range(loader.num_layers):
-        p = f"blk.{i}."
-        ffn = int(loader.tensor(p + "ffn_down.weight").shape[0])
-        layers.append(Int8Layer(
-            input_norm=loader.floats(p + "attn_norm.weight"),
-            qkv=linear([p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], hidden, q_heads, loader.qkv_bias(p)),
-            o=linear([p + "attn_output.weight"], loader.num_heads * loader.head_dim),
-            post_norm=loader.floats(p + "ffn_norm.weight"),
-            gate_up=linear([p + "ffn_gate.weight", p + "ffn_up.weight"], hidden),
-            down=linear([p + "ffn_down.weight"], ffn),
-        ))
-        release_freed_memory()
-    embed_info = loader.tensor("token_embd.weight")
-    # the embedding stays in the file's own blocks (mapped, rows de-quantized per lookup, as the
-    # gguf runner does): only the looked-up rows are ever resident
-    embedding = GGUFEmbedding(loader.raw(embed_info).view(int(embed_info.shape[1]), -1), embed_info.qtype, hidden)
-    rows = None if head_token_ids is None else head_token_ids.long()
-    head_name = "output.weight" if "output.weight" in loader.header.tensors else "token_embd.weight"
-    head_info = loader.tensor(head_name)
-    parts = []
-    for start in range(0, int(head_info.shape[1]), RowChunks.CHUNK_ROWS):  # a range of rows mapped, re-quantized, packed, dropped
-        raw, info = loader.rows(head_name, hidden, any_type=True, row_range=(start, start + RowChunks.CHUNK_ROWS))
-        int8, scale = int8_of(raw, info, hidden)
-        if rows is not None:  # FR-Spec: the kept rows of this range
-            keep = rows[(rows >= start) & (rows < start + raw.shape[0])] - start
-            int8, scale = int8[keep].contiguous(), scale[keep].contiguous()
-        if int8.shape[0]:
-            parts.append(Int8Weight.from_int8(int8, scale))
-        del raw, int8, scale
-        release_freed_memory()
-    lm_head = RowChunks(parts, hidden)
-    cos, sin = rope_tables(loader.head_dim, loader.rope_base, max_positions)
-    return GGUFWeights(
-        num_heads=loader.num_heads, num_kv_heads=loader.num_kv_heads, head_dim=loader.head_dim, rms_norm_eps=loader.eps,
-        embedding=embedding, layers=layers, final_norm=loader.floats("output_norm.weight"),
-        lm_head=lm_head, cos=cos, sin=sin, head_token_ids=rows,
-    )
-
-
-@dataclass
-class RowChunks:
-    """A linear layer stored as consecutive row ranges of its weight (``parts``), so that packing
-    a large matrix (the LM head) holds one range twice at a time, not the whole matrix. Each
-    output column is computed by exactly one part, as the whole matrix would compute it."""
-
-    parts: list
-    in_features: int
-
-    CHUNK_ROWS = 16384
-
-    @property
-    def out_features(self) -> int:
-        return sum(p.out_features for p in self.parts)
-
-    def __call__(self, x: Tensor) -> Tensor:
-        """``x`` ``[rows, in_features]`` float32 -> ``[rows, out_features]`` float32."""
-        return torch.cat([p(x) for p in self.parts], dim=1)
-
-    def nbytes(self) -> int:
-        return sum(p.nbytes() for p in self.parts)
 
 
 def release_freed_memory() -> None:

@@ -77,7 +77,7 @@ def make_runner(kind: str, loaded, *, max_context_length: int | None = None, hea
             raise InvalidParameterError(f"the llama.cpp runner needs a .gguf model; {loaded.name} is not one")
         return LlamaCppRunner(loaded.path, max_context_length=max_context_length)
     if kind == "int8" and loaded.model is None and loaded.path is not None and Path(loaded.path).suffix == ".gguf":
-        from verispec.runners.gguf_runner import int8_weights_from_gguf
+        from verispec.runners.int8_gguf import int8_weights_from_gguf
         from verispec.runners.int8 import Int8Runner
 
         capacity = max_context_length or min(loaded.context_length, 4096)
