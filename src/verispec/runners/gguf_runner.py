@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -257,23 +257,27 @@ class _Loader:
             values.append(value[_unpermute_rows(value.shape[0], heads)] if heads is not None else value)
         return torch.cat(values)
 
-    def weights(self, max_positions: int, head_token_ids: Tensor | None) -> GGUFWeights:
-        q_heads = self.q_heads
-        hidden = self.hidden
+    def decoder_layers(self, linear: Callable) -> list[Int8Layer]:
+        """One :class:`Int8Layer` per block, its matrices made by ``linear(names, in_features,
+        heads, bias)`` (q, k and v fused; gate and up fused); the C heap trimmed after each."""
         layers = []
         for i in range(self.num_layers):
             p = f"blk.{i}."
             ffn = int(self.tensor(p + "ffn_down.weight").shape[0])
             layers.append(Int8Layer(
                 input_norm=self.floats(p + "attn_norm.weight"),
-                qkv=self.linear([p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], hidden,
-                                permute_heads=q_heads, bias=self.qkv_bias(p)),
-                o=self.linear([p + "attn_output.weight"], self.num_heads * self.head_dim),
+                qkv=linear([p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], self.hidden, self.q_heads, self.qkv_bias(p)),
+                o=linear([p + "attn_output.weight"], self.num_heads * self.head_dim, (), None),
                 post_norm=self.floats(p + "ffn_norm.weight"),
-                gate_up=self.linear([p + "ffn_gate.weight", p + "ffn_up.weight"], hidden),
-                down=self.linear([p + "ffn_down.weight"], ffn),
+                gate_up=linear([p + "ffn_gate.weight", p + "ffn_up.weight"], self.hidden, (), None),
+                down=linear([p + "ffn_down.weight"], ffn, (), None),
             ))
             release_freed_memory()
+        return layers
+
+    def weights(self, max_positions: int, head_token_ids: Tensor | None) -> GGUFWeights:
+        hidden = self.hidden
+        layers = self.decoder_layers(lambda names, in_features, heads, bias: self.linear(names, in_features, permute_heads=heads, bias=bias))
         embed_info = self.tensor("token_embd.weight")
         embedding = GGUFEmbedding(self.raw(embed_info).view(int(embed_info.shape[1]), -1), embed_info.qtype, hidden)
         head_name = "output.weight" if "output.weight" in self.header.tensors else "token_embd.weight"

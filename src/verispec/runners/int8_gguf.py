@@ -27,7 +27,6 @@ from verispec.runners.gguf_runner import (
     release_freed_memory,
     rope_tables,
 )
-from verispec.runners.int8 import Int8Layer
 
 
 def int8_weights_from_gguf(path: Path, max_positions: int, *, head_token_ids: Tensor | None = None) -> GGUFWeights:
@@ -69,20 +68,8 @@ def int8_weights_from_gguf(path: Path, max_positions: int, *, head_token_ids: Te
     def linear(names: Sequence[str], in_features: int, heads: Sequence[int | None] = (), bias: Tensor | None = None) -> Int8Weight:
         return Int8Weight.from_int8(*int8_rows(names, in_features, heads), bias)
 
-    q_heads, hidden = loader.q_heads, loader.hidden
-    layers = []
-    for i in range(loader.num_layers):
-        p = f"blk.{i}."
-        ffn = int(loader.tensor(p + "ffn_down.weight").shape[0])
-        layers.append(Int8Layer(
-            input_norm=loader.floats(p + "attn_norm.weight"),
-            qkv=linear([p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], hidden, q_heads, loader.qkv_bias(p)),
-            o=linear([p + "attn_output.weight"], loader.num_heads * loader.head_dim),
-            post_norm=loader.floats(p + "ffn_norm.weight"),
-            gate_up=linear([p + "ffn_gate.weight", p + "ffn_up.weight"], hidden),
-            down=linear([p + "ffn_down.weight"], ffn),
-        ))
-        release_freed_memory()
+    hidden = loader.hidden
+    layers = loader.decoder_layers(linear)
     embed_info = loader.tensor("token_embd.weight")
     # the embedding stays in the file's own blocks (mapped, rows de-quantized per lookup, as the
     # gguf runner does): only the looked-up rows are ever resident
