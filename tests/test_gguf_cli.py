@@ -155,6 +155,15 @@ def test_int8_head_from_the_gguf_in_row_ranges(files, monkeypatch):
         int8_weights_from_gguf(files["target"], 64, head_token_ids=torch.tensor([3, 1]))
 
 
+def test_files_with_one_tokenizer_share_one_tokenizer_object(files, tmp_path):
+    from verispec.models.gguf_file import cached_tokenizer, read_gguf_header
+
+    target, again, draft = (cached_tokenizer(read_gguf_header(files[n])) for n in ("target", "target", "draft"))
+    assert target is again is draft  # same tokenizer digest: built (or loaded) once per process
+    elsewhere = cached_tokenizer(read_gguf_header(files["target"]), tmp_path / "other-cache")
+    assert elsewhere is not target and elsewhere.get_vocab() == target.get_vocab()
+
+
 def test_int8_gguf_path_through_the_pipeline(files):
     data = generate_json(files, "--method", "draft", "--runner", "int8", "--compare-plain")
     assert data["runner"] == "int8" and data["compare_plain"]["identical"] is True
