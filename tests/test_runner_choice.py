@@ -134,7 +134,8 @@ def test_default_runner_is_unchanged(target_model):
 
 
 def test_bench_runners_decodes_and_formats(target_model):
-    from verispec.bench_runners import MethodResult, _engine, decode_all, format_table
+    from verispec.bench.runners_table import format_table
+    from verispec.bench_runners import MethodResult, _engine, decode_all
     from helpers import CharTokenizer
 
     target = Int8Runner.from_module(target_model, max_context_length=128)

@@ -1,0 +1,70 @@
+"""``verispec advise`` on a terminal: the advice as rich tables and verdict lines."""
+
+from __future__ import annotations
+
+from verispec.advise import Advice
+from verispec.bench.figures import ALL
+
+
+def render(advice: Advice, console) -> None:
+    """Print the advice as rich tables and lines."""
+    import json
+
+    if not console.is_terminal:
+        console.width = max(console.width, 160)  # a log file: do not squeeze the tables
+
+    from rich.table import Table
+
+    def f(value, pattern="{:.2f}"):
+        return "—" if value is None else pattern.format(value)
+
+    console.print("target pass over the pending token + k draft tokens: " + ", ".join(f"k={k} {s * 1e3:.0f} ms" for k, s in advice.verify_curve_s.items()))
+    fitted = Table(title=f"measured per drafter (all prompts; measured speedup at k={advice.num_speculative_tokens})")
+    for name in ("drafter", "α", "drafts on", "c", "break-even α", "Leviathan best k", "Leviathan speedup", "best k (curve)", "predicted", "measured"):
+        fitted.add_column(name, justify="right")
+    for fit in (x for x in advice.fits if x.category == ALL):
+        fitted.add_row(fit.method, f(fit.alpha), f"{fit.coverage:.0%}", f(fit.cost_ratio, "{:.3f}"), f(fit.break_even_alpha), f(fit.leviathan_best_k, "{}"),
+                       f(fit.leviathan_speedup, "{:.2f}×"), f(fit.predicted_best_k, "{}"), f(fit.predicted_speedup, "{:.2f}×"), f(fit.measured_speedup, "{:.2f}×"))
+    console.print(fitted)
+    methods = list(dict.fromkeys(row["method"] for row in advice.table))
+    per_k = Table(title="expected speedup by draft length k (Leviathan: verify cost flat; curve: measured verify cost)")
+    per_k.add_column("k", justify="right")
+    for method in methods:
+        per_k.add_column(f"{method} E(tokens)", justify="right")
+        per_k.add_column(f"{method} Leviathan", justify="right")
+        per_k.add_column(f"{method} curve", justify="right")
+    for k in sorted({row["k"] for row in advice.table}):
+        cells = [str(k)]
+        for method in methods:
+            row = next(r for r in advice.table if r["method"] == method and r["k"] == k)
+            cells += [f(row["expected_tokens"]), f(row["leviathan_speedup"], "{:.2f}×"), f(row["curve_speedup"], "{:.2f}×")]
+        per_k.add_row(*cells)
+    console.print(per_k)
+    decided = Table(title="verdict per category")
+    for name in ("category", "verdict", "method", "k", "reason"):
+        decided.add_column(name)
+    for v in advice.verdicts:
+        color = "green" if v.decision.startswith("GO") else "red"
+        decided.add_row(v.category, f"[{color}]{v.decision}[/{color}]", v.method or "—", f(v.num_speculative_tokens, "{}"), v.reason)
+    console.print(decided)
+    m = advice.memory
+    mib = lambda b: f"{b / 2**20:.0f} MiB"  # noqa: E731
+    line = (f"memory at {m['context_length']} tokens: target {mib(m['target_param_bytes'])} + KV {mib(m['target_kv_bytes'])}, "
+            f"draft {mib(m['draft_param_bytes'])} + KV {mib(m['draft_kv_bytes'])}; total {mib(m['total_bytes'])}; "
+            f"draft overhead {f(m['draft_overhead_pct'], '{:.1f}')} %")
+    if m["budget_bytes"] is not None:
+        line += f"; budget {mib(m['budget_bytes'])}: {'fits' if m['fits'] else 'does NOT fit'}"
+        line += "" if m["fits"] else f" ({'fits' if m['fits_without_draft'] else 'does not fit'} without the draft)"
+    console.print(line)
+    c = advice.cost
+    if c:
+        console.print(f"cost per million tokens: {f(c['before_per_million_tokens'], '{:.2f}')} plain ({f(c['plain_tokens_per_s'])} tok/s) → "
+                      f"{f(c['after_per_million_tokens'], '{:.2f}')} with {c['method']} ({f(c['chosen_tokens_per_s'])} tok/s), at {c['gpu_cost_per_month']:g} per month")
+    overall = advice.verdicts[-1]
+    s = advice.settings.get(overall.method or "", {})
+    if s.get("transformers"):
+        console.print(f"transformers generate kwargs: {json.dumps(s['transformers'])}")
+    if s.get("vllm"):
+        console.print(f"vLLM --speculative-config '{json.dumps(s['vllm'])}'")
+    if overall.method and not s.get("vllm"):
+        console.print(f"{overall.method}: no equivalent setting in transformers / vLLM")

@@ -1,0 +1,83 @@
+"""What ``verispec generate`` prints after the text: the stats table of one generation and the
+``--compare-plain`` comparison with plain decoding of the same prompt. Knows nothing about
+decoding; reads :class:`verispec.engine.GenerationOutput` and its metrics.
+"""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from verispec.engine import GenerationOutput
+from verispec.pipeline import peak_rss_bytes
+
+
+def plain_comparison(output: GenerationOutput, plain: GenerationOutput, *, greedy: bool) -> dict:
+    """Speculative vs plain decoding of the same prompt, measured in this process (tokens/s).
+
+    ``identical`` is None when sampling: the two runs draw different samples from the same
+    distribution, so a token comparison says nothing.
+    """
+    spec_rate, plain_rate = output.metrics.decode_tokens_per_s, plain.metrics.decode_tokens_per_s
+    return {
+        "speculative_decode_tokens_per_s": spec_rate,
+        "plain_decode_tokens_per_s": plain_rate,
+        "speculative_total_tokens_per_s": output.metrics.total_tokens_per_s,
+        "plain_total_tokens_per_s": plain.metrics.total_tokens_per_s,
+        "measured_speedup": spec_rate / plain_rate if spec_rate and plain_rate else None,
+        "identical": list(output.token_ids) == list(plain.token_ids) if greedy else None,
+    }
+
+
+def stats_table(output: GenerationOutput, method: str, models: list[dict], comparison: dict | None = None) -> Table:
+    """The stats a user reads after a generation (ms, tokens/s, MiB)."""
+    m, spec = output.metrics, output.metrics.spec
+    table = Table(title=f"verispec · method={method} · finish={output.finish_reason}", show_header=False)
+    table.add_column("metric", style="cyan")
+    table.add_column("value", justify="right")
+
+    def fmt(value, pattern="{:.1f}"):
+        return "—" if value is None else pattern.format(value)
+
+    rows = [
+        ("prompt / output tokens", f"{m.prompt_tokens} / {m.output_tokens}"),
+        ("TTFT (ms)", fmt(m.ttft_ms)),
+        ("TPOT (ms)", fmt(m.tpot_ms)),
+        ("decode tokens/s", fmt(m.decode_tokens_per_s, "{:.2f}")),
+        ("total tokens/s", fmt(m.total_tokens_per_s, "{:.2f}")),
+        ("target forwards", str(m.num_target_forwards)),
+        ("time in target / draft (ms)", f"{m.target_ms:.0f} / {m.draft_ms:.0f}"),
+    ]
+    if method != "none":
+        rows += [
+            ("drafts / drafted / accepted", f"{spec.num_drafts} / {spec.num_draft_tokens} / {spec.num_accepted_tokens}"),
+            ("acceptance rate", fmt(spec.acceptance_rate, "{:.3f}")),
+            ("mean acceptance length", fmt(spec.mean_acceptance_length, "{:.2f}")),
+            ("acceptance per position", " ".join(f"{r:.2f}" for r in spec.acceptance_rate_per_position)),
+            ("accepted-length histogram", " ".join(str(c) for c in spec.accepted_length_histogram)),
+            ("chosen k histogram (k = 0, 1, ...)", " ".join(str(c) for c in spec.chosen_k_histogram)),
+            # estimates: in units of the controller's plain-step cost, not a plain run (--compare-plain measures one)
+            ("speedup estimate: predicted / from step times", f"{fmt(spec.predicted_speedup, '{:.2f}')} / {fmt(spec.realised_speedup, '{:.2f}')}"),
+        ]
+        for name, drafter in sorted(spec.per_drafter.items()):
+            rows.append(
+                (
+                    f"{name}: drafts / drafted / accepted",
+                    f"{drafter.num_drafts} / {drafter.num_draft_tokens} / {drafter.num_accepted_tokens} "
+                    f"(rate {fmt(drafter.acceptance_rate, '{:.3f}')}, length {fmt(drafter.mean_acceptance_length, '{:.2f}')})",
+                )
+            )
+    for model in models:
+        rows.append(
+            (f"{model['role']}: {model['name']}", f"load {model['load_time_s']:.1f} s · {model['param_bytes'] / 2**20:.0f} MiB")
+        )
+    if comparison is not None:
+        identical = {True: "yes", False: "NO", None: "not compared (sampling)"}[comparison["identical"]]
+        rows += [
+            ("plain decoding, same prompt: decode tokens/s", fmt(comparison["plain_decode_tokens_per_s"], "{:.2f}")),
+            ("measured speedup vs plain (decode)", fmt(comparison["measured_speedup"], "{:.2f}x")),
+            ("tokens identical to plain", identical),
+        ]
+    rows.append(("peak RSS (MiB)", f"{peak_rss_bytes() / 2**20:.0f}"))
+    for name, value in rows:
+        table.add_row(name, value)
+    return table
