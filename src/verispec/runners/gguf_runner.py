@@ -72,23 +72,15 @@ class GGUFLinear:
 
 @dataclass
 class GGUFEmbedding:
-    """Token embedding rows in the file's own format, de-quantized per lookup (``gguf.quants``)."""
+    """Token embedding rows in the file's own format, de-quantized per lookup (:func:`_dequantize`)."""
 
     raw: Tensor  # [vocab, row_bytes] uint8
     qtype: int
     hidden: int
 
     def __call__(self, ids: Tensor) -> Tensor:
-        from gguf import GGMLQuantizationType, quants
-
-        if self.qtype in SUPPORTED_TYPES:  # the kernels' de-quantization: ggml's formulas, one call
-            return _kernels().dequantize(self.raw[ids].contiguous().view(-1), self.qtype, len(ids), self.hidden)
-        rows = self.raw[ids].numpy()
-        if self.qtype in FLOAT_TYPES:
-            values = rows.view(FLOAT_TYPES[self.qtype]).astype(np.float32)
-        else:
-            values = quants.dequantize(rows, GGMLQuantizationType(self.qtype))
-        return torch.from_numpy(np.ascontiguousarray(values.reshape(len(ids), self.hidden), dtype=np.float32))
+        """``ids`` ``[n]`` int64 -> float32 ``[n, hidden]`` (ggml's formulas, as the file holds them)."""
+        return _dequantize(_kernels(), self.raw[ids].contiguous(), self.qtype, self.hidden)
 
 
 @dataclass
@@ -214,9 +206,7 @@ class _Loader:
     def linear(self, names: Sequence[str], in_features: int, *, permute_heads: Sequence[int | None] = (),
                bias: Tensor | None = None, row_ids: Tensor | None = None) -> GGUFLinear:
         """One linear layer from tensors ``names`` stacked along the output (e.g. q, k, v)."""
-        from verispec.runners.kernels import gguf_kernels
-
-        kernels = gguf_kernels()
+        kernels = _kernels()
         groups: list[tuple[int, list[Tensor]]] = []
         for index, name in enumerate(names):
             raw, info = self.rows(name, in_features)
