@@ -141,28 +141,39 @@ class CostModel:
         if num_draft_tokens > 0 and verify_s > 0:
             _ewma(self.draft_ratio, drafter, draft_s / num_draft_tokens / verify_s, self.weight)
 
-    def plain_step_s(self) -> float | None:
-        """Estimated seconds of one plain decoding step; None before any target pass."""
-        return interpolate(self.verify_s, 0) if self.verify_s else None
+    def plain_step_s(self, base_rows: int = 0) -> float | None:
+        """Estimated seconds of one plain decoding step (in a pass that also holds ``base_rows``
+        rows of other requests); None before any target pass."""
+        return interpolate(self.verify_s, base_rows) if self.verify_s else None
 
-    def verify_ratios(self, max_k: int) -> list[float]:
+    def verify_ratios(self, max_k: int, base_rows: int = 0) -> list[float]:
         """``[max_k + 1]`` verify cost of k drafted tokens over a plain step's, never below 1 and
         never falling with k (a pass over more tokens does not cost less; noisy timings taken at
-        different moments can say otherwise)."""
-        plain = interpolate(self.verify_s, 0)
+        different moments can say otherwise).
+
+        ``base_rows``: rows other requests put in the same pass (continuous batching): the pass
+        then has ``base_rows + k + 1`` rows, and the ratio is over the pass with this request's
+        one plain row, so speculation shrinks where the batched pass turns compute-bound."""
+        plain = interpolate(self.verify_s, base_rows)
         ratios, highest = [], 1.0
         for k in range(max_k + 1):
-            highest = max(highest, interpolate(self.verify_s, k) / plain)
+            highest = max(highest, interpolate(self.verify_s, base_rows + k) / plain)
             ratios.append(highest)
         return ratios
 
-    def step_costs(self, drafter: str, max_k: int) -> list[float] | None:
+    def step_costs(self, drafter: str, max_k: int, base_rows: int = 0, batch_size: int = 1) -> list[float] | None:
         """``[max_k + 1]`` step cost of drafting k tokens with ``drafter``, in plain steps.
 
         ``verify_ratios[k] + k * c`` with ``c`` the drafter's per-token cost relative to a
         target pass (:meth:`record_draft_ratio`; else ``draft_token_s / verify_s(0)``).
         Unmeasured verify lengths are interpolated. None until the drafter and the target have
         been timed at least once.
+
+        In a batch of ``batch_size`` requests whose other requests put ``base_rows`` rows in
+        the pass, every second this request adds to the step (its drafting, its rows) delays
+        all of them: ``1 + batch_size * (verify_ratios[k] - 1 + k * c)``. Maximising this
+        request's expected tokens over that cost is then the same test as maximising the
+        batch's tokens per second for a change of this request's k (with the others fixed).
         """
         plain = self.plain_step_s()
         if plain is None or plain <= 0:
@@ -173,7 +184,8 @@ class CostModel:
             per_token = self.draft_token_s[drafter] / plain
         else:
             return None
-        return [ratio + k * per_token for k, ratio in enumerate(self.verify_ratios(max_k))]
+        ratios = self.verify_ratios(max_k, base_rows)
+        return [1.0 + batch_size * (ratio - 1.0 + k * per_token) for k, ratio in enumerate(ratios)]
 
 
 def _ewma(values: dict, key, sample: float, weight: float) -> None:
@@ -181,8 +193,9 @@ def _ewma(values: dict, key, sample: float, weight: float) -> None:
 
 
 class DraftLengthSchedule(Protocol):
-    def next_k(self) -> int:
-        """Draft length for the next step, ``0 .. max``; 0 means a plain decoding step."""
+    def next_k(self, base_rows: int = 0, batch_size: int = 1) -> int:
+        """Draft length for the next step, ``0 .. max``; 0 means a plain decoding step.
+        ``base_rows``, ``batch_size``: the batched pass it joins (:meth:`CostModel.step_costs`)."""
         ...
 
     def update(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
@@ -196,7 +209,7 @@ class ConstantSchedule:
     def __init__(self, num_speculative_tokens: int) -> None:
         self.k = num_speculative_tokens
 
-    def next_k(self) -> int:
+    def next_k(self, base_rows: int = 0, batch_size: int = 1) -> int:
         return self.k
 
     def update(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
@@ -213,7 +226,7 @@ class HeuristicSchedule:
         self.max_k = max_k
         self.k = max_k
 
-    def next_k(self) -> int:
+    def next_k(self, base_rows: int = 0, batch_size: int = 1) -> int:
         return self.k
 
     def update(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
@@ -244,8 +257,8 @@ class CostModelSchedule:
         self._probing: str | None = None  # the last k handed out: "probe", "follow-up" or None
         self._follow_up = False  # the last probe was fully accepted: probe again next step
 
-    def next_k(self) -> int:
-        step_costs = self.costs.step_costs(self.drafter, self.max_k)
+    def next_k(self, base_rows: int = 0, batch_size: int = 1) -> int:
+        step_costs = self.costs.step_costs(self.drafter, self.max_k, base_rows, batch_size)
         if step_costs is None:
             return self.max_k
         k, self.last_predicted_speedup = best_draft_length(self.alpha.alpha, step_costs)

@@ -8,6 +8,8 @@ about how a runner or drafter computes.
 
 Invariant between steps: the target's KV cache holds every committed token except the last one
 (``pending``), whose logits are computed by the next verify pass together with the draft.
+:meth:`SpeculativeEngine.step` advances several requests (each on its own sequence slot) by one
+target pass; a single request is a batch of one, so there is one loop for both.
 """
 
 from __future__ import annotations
@@ -22,10 +24,10 @@ from verispec.control import SCHEDULES, ControllerConfig, CostModel
 from verispec.errors import ContextLengthError, InvalidParameterError
 from verispec.metrics import RequestMetrics, RequestTimes, SpecDecodeStats
 from verispec.output import Detokenizer, OutputBuilder
-from verispec.policy import DraftPolicy, make_policy
-from verispec.proposers import DraftOutput, DraftRequest, Proposer
+from verispec.policy import DraftPolicy, DraftStep, make_policy
+from verispec.proposers import DraftOutput, DraftRequest, Proposer, can_hold_sequences, for_new_sequence
 from verispec.proposers.ngram import NgramProposer, NgramTreeProposer
-from verispec.runners import Runner, prefill
+from verispec.runners import ForwardCall, Runner, forward_batch
 from verispec.sampling import ProcessedRows, SamplingParams, process_logits, sample_from
 from verispec.tree import (
     TokenTree,
@@ -39,6 +41,7 @@ from verispec.verify import VerifyResult, greedy_verify, pad_vocab, rejection_sa
 
 METHODS = ("none", "draft", "ngram", "layer-skip", "auto", "tree")
 MAX_SPECULATIVE_TOKENS = 64
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 256  # prompt tokens per pass while others decode (vLLM's name)
 TARGET_SOURCE = "target"  # token_sources entry of a token the target chose (not a draft token)
 
 
@@ -116,6 +119,62 @@ class StreamChunk:
     output: GenerationOutput | None = None
 
 
+@dataclass
+class Slot:
+    """One sequence slot of an engine: a target sequence and the drafters whose caches follow it.
+
+    The engine's own slot is its ``target`` with its ``proposers``; :meth:`SpeculativeEngine.new_slot`
+    makes more (``new_sequence()`` of the runner and of each stateful drafter) for batching.
+    """
+
+    target: Runner
+    proposers: dict[str, Proposer]
+
+
+@dataclass
+class RequestState:
+    """Everything one request carries between the engine's steps (see :meth:`SpeculativeEngine.step`).
+
+    ``num_prefilled``: prompt tokens already in the target's cache (the prompt is prefilled in
+    chunks when other requests are decoding). ``pending``: the last committed token, not yet in
+    the cache. ``last_rows``: rows this request put in the last pass (for batch-aware control).
+    """
+
+    prompt: list[int]
+    params: SamplingParams
+    spec: SpeculativeConfig
+    slot: Slot
+    policy: DraftPolicy
+    generator: torch.Generator
+    out: OutputBuilder
+    stats: SpecDecodeStats = field(default_factory=SpecDecodeStats)
+    times: RequestTimes = field(default_factory=lambda: RequestTimes(start=time.perf_counter()))
+    sources: list[str] = field(default_factory=list)
+    num_prefilled: int = 0
+    pending: int | None = None
+    last_rows: int = 0
+    output: GenerationOutput | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.output is not None
+
+    @property
+    def prefilling(self) -> bool:
+        return self.pending is None
+
+
+@dataclass
+class _Plan:
+    """What one request does in a pass: a prefill chunk, a chain or a tree verify."""
+
+    state: RequestState
+    call: ForwardCall
+    cached: int = 0
+    limit: int = 0
+    step: DraftStep | None = None
+
+
 class SpeculativeEngine:
     """Generates with a target runner and optional drafters, losslessly.
 
@@ -126,6 +185,9 @@ class SpeculativeEngine:
         proposers: drafters by method name (e.g. ``{"draft": DraftModelProposer(...)}``);
             ``"ngram"`` (prompt lookup, no model) is added with default n-gram sizes if absent.
         controller: knobs of the draft-length controller (:class:`ControllerConfig`).
+        max_num_batched_tokens: prompt tokens prefilled per pass while other requests decode
+            (chunked prefill: a long prompt does not stall the batch); a pass with no decoding
+            request prefills whole prompts.
     """
 
     def __init__(
@@ -136,6 +198,7 @@ class SpeculativeEngine:
         eos_token_ids: Sequence[int],
         proposers: Mapping[str, Proposer] | None = None,
         controller: ControllerConfig | None = None,
+        max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
     ) -> None:
         self.target = target
         self.tokenizer = tokenizer
@@ -146,6 +209,37 @@ class SpeculativeEngine:
             self.proposers.setdefault("ngram-tree", NgramTreeProposer(self.proposers["ngram"]))
         self.controller = controller or ControllerConfig()
         self.cost_model = CostModel(weight=self.controller.cost_weight)  # machine facts: kept across requests
+        if max_num_batched_tokens < 1:
+            raise InvalidParameterError(f"max_num_batched_tokens must be >= 1, got {max_num_batched_tokens}")
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.slot = Slot(target, self.proposers)
+        self.last_decode_rows = 0  # rows the decoding requests put in the last pass (all of them)
+
+    @property
+    def supports_batching(self) -> bool:
+        """The target runner and every drafter can hold more sequences (:meth:`new_slot`)."""
+        return hasattr(self.target, "new_sequence") and all(
+            can_hold_sequences(p) for p in self.proposers.values()
+        )
+
+    def new_slot(self) -> Slot:
+        """Another sequence slot over the same models: a new target sequence, each drafter's own.
+
+        Raises:
+            InvalidParameterError: the target runner or a drafter holds one sequence only.
+        """
+        if not self.supports_batching:
+            raise InvalidParameterError(
+                f"the {type(self.target).__name__} (or a drafter) holds one sequence: batching needs the gguf, "
+                "int8 or torch runner (or --max-num-seqs 1)"
+            )
+        proposers = {name: for_new_sequence(p) for name, p in self.proposers.items() if name != "ngram-tree"}
+        tree = self.proposers.get("ngram-tree")
+        if isinstance(tree, NgramTreeProposer) and isinstance(proposers.get("ngram"), NgramProposer):
+            proposers["ngram-tree"] = NgramTreeProposer(proposers["ngram"])  # shares the slot's index
+        elif tree is not None:
+            proposers["ngram-tree"] = for_new_sequence(tree)
+        return Slot(self.target.new_sequence(), proposers)
 
     def generate(
         self,
@@ -167,8 +261,29 @@ class SpeculativeEngine:
     ) -> Iterator[StreamChunk]:
         """Generate, yielding a chunk per target pass; the last chunk carries the output.
 
-        Greedy output is token-identical to plain greedy decoding; sampled output has the
-        target's distribution (see :mod:`verispec.verify`).
+        A batch of one through :meth:`step`. Greedy output is token-identical to plain greedy
+        decoding; sampled output has the target's distribution (see :mod:`verispec.verify`).
+
+        Raises:
+            InvalidParameterError: empty prompt, or a method whose drafter is not loaded.
+            ContextLengthError: the prompt leaves no room in the target's context window.
+        """
+        state = self.start(prompt_token_ids, params, spec)
+        while True:
+            chunk = self.step([state])[0]
+            if chunk is not None:
+                yield chunk
+            if state.finished:
+                return
+
+    def start(
+        self,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams | None = None,
+        spec: SpeculativeConfig | None = None,
+        slot: Slot | None = None,
+    ) -> RequestState:
+        """A new request on ``slot`` (default: the engine's own), to be advanced by :meth:`step`.
 
         Raises:
             InvalidParameterError: empty prompt, or a method whose drafter is not loaded.
@@ -176,8 +291,9 @@ class SpeculativeEngine:
         """
         params = params or SamplingParams()
         spec = spec or SpeculativeConfig()
+        slot = slot or self.slot
         prompt = [int(t) for t in prompt_token_ids]
-        policy = self._check_request(prompt, spec)
+        policy = self._check_request(prompt, spec, slot)
         generator = torch.Generator()
         generator.manual_seed(params.seed) if params.seed is not None else generator.seed()
         out = OutputBuilder(
@@ -187,58 +303,131 @@ class SpeculativeEngine:
             max_tokens=params.max_tokens,
             ignore_eos=params.ignore_eos,
         )
-        stats = SpecDecodeStats()
-        times = RequestTimes(start=time.perf_counter())
+        return RequestState(prompt, params, spec, slot, policy, generator, out)
 
-        logits = self._timed_target(times, lambda: prefill(self.target, prompt)[None, :])
-        pending = _pick(process_logits(logits, params, prompt, []), generator)
-        out.append(pending)
-        times.first_token = time.perf_counter()
-        committed = list(out.token_ids)
-        sources = [TARGET_SOURCE] * len(out.token_ids)
+    def step(self, states: Sequence[RequestState]) -> list[StreamChunk | None]:
+        """One target pass over every unfinished request of ``states`` (each on its own slot).
 
-        while not out.finished:
-            yield StreamChunk(out.take_delta(), committed)
-            cached = self.target.num_cached_tokens
-            room = self.target.max_context_length - cached - 2  # new tokens land at cached+1...
-            if room < 0:
-                committed = []
-                out.finish("length")
-                break
-            limit = min(params.max_tokens - len(out.token_ids) - 1, room)  # draft tokens that fit
-            request = DraftRequest(prompt, out.token_ids, params, generator, spec.draft_stop_threshold)
-            step = policy.draft(request, limit)
-            times.draft_s += step.draft_s
-            draft_token_ids = step.draft.draft_token_ids
-            start = time.perf_counter()
-            if step.draft.tree is None:
-                logits = self._timed_target(times, lambda: self.target.forward([pending] + draft_token_ids))
-                result = self._verify(logits, draft_token_ids, step.draft, params, prompt, out.token_ids, generator)
-                self.target.truncate(cached + 1 + result.num_accepted_tokens)
+        Each request drafts with its own policy (its draft length chosen for a pass holding the
+        other requests' rows too), then one :func:`verispec.runners.forward_batch` scores every
+        prefill chunk, draft chain and draft tree; each request then verifies, commits, rolls
+        back and stops on its own. On a batch-invariant runner each request's rows are the rows
+        it would get alone, so its output is the output it would have alone.
+
+        Returns, per state, the chunk this pass committed (the last one of a request carries
+        ``output``), or None (a prefill chunk that is not the prompt's last, or finished before).
+        """
+        plans, chunks = [], {}
+        decoding = [s for s in states if not s.finished and not s.prefilling]
+        prefill_budget = self.max_num_batched_tokens if decoding else None
+        for state in states:
+            if state.finished:
+                continue
+            if state.prefilling:
+                plan = self._plan_prefill(state, prefill_budget)
+                if plan is None:
+                    continue
+                if prefill_budget is not None:
+                    prefill_budget -= len(plan.call.token_ids)
             else:
-                result = self._verify_tree(step.draft.tree, times, params, prompt, out.token_ids, generator)
-            verify_s = time.perf_counter() - start
-            accepted_nodes = result.accepted_nodes if step.draft.tree is not None else None
-            realised = policy.observe(step, result.num_accepted_tokens, verify_s, accepted_nodes)
-            stats.record(len(draft_token_ids), result.num_accepted_tokens, len(out.token_ids), step.drafter)
-            if policy.active and limit > 0:  # a step with no room to draft says nothing about control
-                stats.record_control(step.chosen_k, step.predicted, realised)
-            num_before = len(out.token_ids)
-            for i, token_id in enumerate(result.token_ids):
-                finished = out.append(token_id)
-                if len(out.token_ids) > len(sources):
-                    sources.append(step.drafter if i < result.num_accepted_tokens else TARGET_SOURCE)
-                if finished:
-                    break
-            committed = out.token_ids[num_before:]
-            pending = result.token_ids[-1]
+                plan = self._plan_decode(state, self.last_decode_rows - state.last_rows, len(decoding))
+                if plan is None:  # no room left in the context window
+                    chunks[id(state)] = self._finish(state, [])
+                    continue
+            plans.append(plan)
+        if plans:
+            start = time.perf_counter()
+            logits = forward_batch([plan.call for plan in plans])
+            pass_s = time.perf_counter() - start
+            rows = sum(len(plan.call.token_ids) for plan in plans)
+            if len(plans) > 1 and all(plan.step is not None for plan in plans):
+                self.cost_model.record_verify(rows - 1, pass_s)  # the whole pass: rows of all requests
+            self.last_decode_rows = sum(len(plan.call.token_ids) for plan in plans if plan.step is not None)
+            for plan, plan_logits in zip(plans, logits):
+                plan.state.times.target_s += pass_s
+                plan.state.times.num_target_forwards += 1
+                plan.state.last_rows = len(plan.call.token_ids) if plan.step is not None else 0
+                chunk = self._commit(plan, plan_logits, pass_s, rows - len(plan.call.token_ids))
+                if chunk is not None:
+                    chunks[id(plan.state)] = chunk
+        return [chunks.get(id(state)) for state in states]
 
-        times.end = time.perf_counter()
-        metrics = RequestMetrics.from_times(times, len(prompt), len(out.token_ids), stats)
-        output = GenerationOutput(list(out.token_ids), out.text, out.finish_reason or "length", metrics, sources)
-        yield StreamChunk(out.take_delta(), committed, output)
+    def _plan_prefill(self, state: RequestState, budget: int | None) -> _Plan | None:
+        if budget is not None and budget <= 0:
+            return None
+        if state.num_prefilled == 0:
+            state.slot.target.truncate(0)
+        end = len(state.prompt) if budget is None else min(len(state.prompt), state.num_prefilled + budget)
+        chunk = state.prompt[state.num_prefilled : end]
+        return _Plan(state, ForwardCall(state.slot.target, chunk, num_logits=1 if end == len(state.prompt) else 0))
 
-    def _check_request(self, prompt: list[int], spec: SpeculativeConfig) -> DraftPolicy:
+    def _plan_decode(self, state: RequestState, base_rows: int, batch_size: int) -> _Plan | None:
+        target, out = state.slot.target, state.out
+        cached = target.num_cached_tokens
+        room = target.max_context_length - cached - 2  # new tokens land at cached+1...
+        if room < 0:
+            return None
+        limit = min(state.params.max_tokens - len(out.token_ids) - 1, room)  # draft tokens that fit
+        request = DraftRequest(state.prompt, out.token_ids, state.params, state.generator, state.spec.draft_stop_threshold)
+        step = state.policy.draft(request, limit, base_rows=max(0, base_rows), batch_size=batch_size)
+        state.times.draft_s += step.draft_s
+        tree = step.draft.tree
+        if tree is None:
+            call = ForwardCall(target, [state.pending] + step.draft.draft_token_ids)
+        else:
+            call = ForwardCall(
+                target, list(tree.token_ids), None, tree_position_ids(tree, cached), tree_attention_mask(tree, cached)
+            )
+        return _Plan(state, call, cached, limit, step)
+
+    def _commit(self, plan: _Plan, logits: torch.Tensor, pass_s: float, base_rows: int) -> StreamChunk | None:
+        state = plan.state
+        out, params = state.out, state.params
+        if plan.step is None:  # a prefill chunk
+            state.num_prefilled += len(plan.call.token_ids)
+            if state.num_prefilled < len(state.prompt):
+                return None
+            state.pending = _pick(process_logits(logits, params, state.prompt, []), state.generator)
+            out.append(state.pending)
+            state.times.first_token = time.perf_counter()
+            state.sources = [TARGET_SOURCE] * len(out.token_ids)
+            return self._finish(state, list(out.token_ids)) if out.finished else StreamChunk(out.take_delta(), list(out.token_ids))
+        step, target = plan.step, state.slot.target
+        draft_token_ids = step.draft.draft_token_ids
+        if step.draft.tree is None:
+            result = self._verify(logits, draft_token_ids, step.draft, params, state.prompt, out.token_ids, state.generator)
+            target.truncate(plan.cached + 1 + result.num_accepted_tokens)
+            accepted_nodes = None
+        else:
+            result = self._verify_tree(step.draft.tree, logits, plan.cached, target, params, state.prompt, out.token_ids, state.generator)
+            accepted_nodes = result.accepted_nodes
+        realised = state.policy.observe(step, result.num_accepted_tokens, pass_s, accepted_nodes, base_rows=base_rows)
+        state.stats.record(len(draft_token_ids), result.num_accepted_tokens, len(out.token_ids), step.drafter)
+        if state.policy.active and plan.limit > 0:  # a step with no room to draft says nothing about control
+            state.stats.record_control(step.chosen_k, step.predicted, realised)
+        num_before = len(out.token_ids)
+        for i, token_id in enumerate(result.token_ids):
+            finished = out.append(token_id)
+            if len(out.token_ids) > len(state.sources):
+                state.sources.append(step.drafter if i < result.num_accepted_tokens else TARGET_SOURCE)
+            if finished:
+                break
+        committed = out.token_ids[num_before:]
+        state.pending = result.token_ids[-1]
+        if out.finished:
+            return self._finish(state, committed)
+        return StreamChunk(out.take_delta(), committed)
+
+    def _finish(self, state: RequestState, committed: list[int]) -> StreamChunk:
+        out = state.out
+        if not out.finished:
+            out.finish("length")
+        state.times.end = time.perf_counter()
+        metrics = RequestMetrics.from_times(state.times, len(state.prompt), len(out.token_ids), state.stats)
+        state.output = GenerationOutput(list(out.token_ids), out.text, out.finish_reason or "length", metrics, state.sources)
+        return StreamChunk(out.take_delta(), committed, state.output)
+
+    def _check_request(self, prompt: list[int], spec: SpeculativeConfig, slot: Slot) -> DraftPolicy:
         if not prompt:
             raise InvalidParameterError("the prompt is empty: give at least one token")
         if len(prompt) >= self.target.max_context_length:
@@ -251,16 +440,9 @@ class SpeculativeEngine:
                 f"the {type(self.target).__name__} cannot verify token trees: use a chain method or another runner"
             )
         return make_policy(
-            spec.method, self.proposers, spec.schedule, spec.num_speculative_tokens, self.cost_model, self.controller,
+            spec.method, slot.proposers, spec.schedule, spec.num_speculative_tokens, self.cost_model, self.controller,
             trees=hasattr(self.target, "forward_tree"),
         )
-
-    def _timed_target(self, times: RequestTimes, call):
-        start = time.perf_counter()
-        logits = call()
-        times.target_s += time.perf_counter() - start
-        times.num_target_forwards += 1
-        return logits
 
     @staticmethod
     def _verify(
@@ -282,26 +464,18 @@ class SpeculativeEngine:
             target_probs, draft_probs = pad_vocab(target_probs, width), pad_vocab(draft_probs, width)
         return rejection_sample(draft_token_ids, draft_probs, target_probs, generator)
 
-
+    @staticmethod
     def _verify_tree(
-        self,
         tree: TokenTree,
-        times: RequestTimes,
+        logits: torch.Tensor,  # [num_nodes, vocab]
+        cached: int,
+        target: Runner,
         params: SamplingParams,
         prompt: list[int],
         output_token_ids: list[int],
         generator: torch.Generator,
     ) -> TreeVerifyResult:
-        """Score every node of ``tree`` in one target pass, verify, keep the accepted path's KV."""
-        cached = self.target.num_cached_tokens
-        if not hasattr(self.target, "forward_tree"):
-            raise InvalidParameterError("the target runner cannot verify token trees: use a chain method")
-        logits = self._timed_target(
-            times,
-            lambda: self.target.forward_tree(
-                list(tree.token_ids), tree_position_ids(tree, cached), tree_attention_mask(tree, cached)
-            ),
-        )
+        """Verify every node of ``tree`` scored in one pass, keep the accepted path's KV."""
         if params.has_penalties:  # each node's penalties see its own path, as plain decoding would
             rows = [
                 process_logits(
@@ -320,7 +494,7 @@ class SpeculativeEngine:
             result = greedy_tree_verify(tree, processed)
         else:
             result = tree_rejection_sample(tree, processed, generator)
-        self.target.keep_tree_path(cached, [0] + result.accepted_nodes)
+        target.keep_tree_path(cached, [0] + result.accepted_nodes)
         return result
 
 

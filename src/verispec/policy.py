@@ -118,8 +118,12 @@ class DraftPolicy:
         """False for plain decoding (no drafter)."""
         return bool(self._proposers)
 
-    def draft(self, request: DraftRequest, limit: int) -> DraftStep:
-        """Ask the drafters in order; the first non-empty proposal of at most ``limit`` tokens wins."""
+    def draft(self, request: DraftRequest, limit: int, base_rows: int = 0, batch_size: int = 1) -> DraftStep:
+        """Ask the drafters in order; the first non-empty proposal of at most ``limit`` tokens wins.
+
+        ``base_rows``, ``batch_size``: the other requests' rows in the same target pass and the
+        number of requests in it (continuous batching); the schedules price a draft by what it
+        costs the whole batch (:meth:`CostModel.step_costs`)."""
         spent = 0.0
         chosen = None  # chain or tree, decided once the drafters before them drafted nothing
         for name, proposer in self._proposers.items():
@@ -127,11 +131,11 @@ class DraftPolicy:
                 chosen = chosen or self._choose_alternative()
                 if name != chosen:
                     continue
-            k = self.schedules[name].next_k()
+            k = self.schedules[name].next_k(base_rows, batch_size)
             num_tokens = min(k, limit)
             if num_tokens <= 0:
                 continue
-            predicted = self._predicted(name, num_tokens)  # before this step's own timing
+            predicted = self._predicted(name, num_tokens, base_rows, batch_size)  # before this step's own timing
             start = time.perf_counter()
             draft = proposer.propose(request, num_tokens)
             seconds = time.perf_counter() - start
@@ -151,17 +155,25 @@ class DraftPolicy:
         return DraftStep(None, 0, DraftOutput(), spent, plain)
 
     def observe(
-        self, step: DraftStep, num_accepted_tokens: int, verify_s: float, accepted_nodes: Sequence[int] | None = None
+        self,
+        step: DraftStep,
+        num_accepted_tokens: int,
+        verify_s: float,
+        accepted_nodes: Sequence[int] | None = None,
+        base_rows: int = 0,
     ) -> tuple[float, float] | None:
         """Feed back a verified step: costs, acceptance, schedule, drafter.
 
         ``accepted_nodes``: for a tree draft, the accepted path's node indices (a tree
         drafter's ``cost`` schedule learns the accepted length of every smaller budget from it).
+        ``base_rows``: rows of other requests in the same pass; then the engine times the
+        pass once for all of them and ``verify_s`` is not recorded here.
         Returns the realised ``(tokens, cost in plain decoding steps)`` of the step, None while
         no plain step cost is known.
         """
         num_draft = len(step.draft.draft_token_ids)
-        self.costs.record_verify(num_draft, verify_s)
+        if base_rows == 0:
+            self.costs.record_verify(num_draft, verify_s)
         if step.steady:
             self.costs.record_draft_ratio(step.drafter, num_draft, step.drafter_s, verify_s)
         if step.drafter is not None:
@@ -172,7 +184,7 @@ class DraftPolicy:
             if accepted_nodes is not None and isinstance(schedule, TreeBudgetSchedule):
                 schedule.observe_tree(num_draft, accepted_nodes)
             self._proposers[step.drafter].observe(num_accepted_tokens)
-        plain = self.costs.plain_step_s()
+        plain = self.costs.plain_step_s(base_rows)
         realised = (num_accepted_tokens + 1, (step.draft_s + verify_s) / plain) if plain else None
         if realised is not None and step.steady and step.drafter in self._alternatives:
             self.costs.record_rate(step.drafter, realised[0] / realised[1])
@@ -199,8 +211,10 @@ class DraftPolicy:
             return other
         return best
 
-    def _predicted(self, name: str, num_draft_tokens: int) -> tuple[float, float] | None:
-        step_costs = self.costs.step_costs(name, num_draft_tokens)
+    def _predicted(
+        self, name: str, num_draft_tokens: int, base_rows: int = 0, batch_size: int = 1
+    ) -> tuple[float, float] | None:
+        step_costs = self.costs.step_costs(name, num_draft_tokens, base_rows, batch_size)
         if step_costs is None:
             return None
         schedule = self.schedules[name]

@@ -64,6 +64,22 @@ class Proposer(Protocol):
         ...
 
 
+def can_hold_sequences(proposer: Proposer) -> bool:
+    """The drafter can follow another sequence (:func:`for_new_sequence`)."""
+    return getattr(proposer, "new_sequence", None) is not None and getattr(proposer, "holds_sequences", True)
+
+
+def for_new_sequence(proposer: Proposer) -> Proposer:
+    """The same drafter for another sequence: its own caches and state (``new_sequence()``).
+
+    Raises:
+        ValueError: the drafter cannot follow another sequence (:func:`can_hold_sequences`).
+    """
+    if not can_hold_sequences(proposer):
+        raise ValueError(f"{type(proposer).__name__} cannot follow another sequence")
+    return proposer.new_sequence()
+
+
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the longest common prefix of two token sequences."""
     n = min(len(a), len(b))

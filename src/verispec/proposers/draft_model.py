@@ -7,6 +7,8 @@ recomputed) and feeds only what is new. Knows nothing about the target or verifi
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from verispec.proposers import DraftOutput, DraftRequest, common_prefix_length
@@ -24,6 +26,18 @@ class DraftModelProposer:
     def __init__(self, runner: Runner) -> None:
         self.runner = runner
         self._cached_token_ids: list[int] = []
+
+    @property
+    def holds_sequences(self) -> bool:
+        """The draft runner can give another sequence (:meth:`new_sequence`)."""
+        return hasattr(self.runner, "new_sequence")
+
+    def new_sequence(self) -> DraftModelProposer:
+        """This drafter for another request: the same draft weights, its own empty cache."""
+        clone = copy.copy(self)
+        clone.runner = self.runner.new_sequence()
+        clone._cached_token_ids = []
+        return clone
 
     def propose(self, request: DraftRequest, num_speculative_tokens: int) -> DraftOutput:
         if num_speculative_tokens <= 0:

@@ -8,6 +8,8 @@ token as its root (see :mod:`verispec.tree`).
 
 from __future__ import annotations
 
+import copy
+
 import heapq
 from dataclasses import dataclass
 from typing import Sequence
@@ -96,6 +98,18 @@ class DraftTreeProposer:
         self.max_depth = max_depth
         self.choices = validate_tree_choices(choices) if choices is not None else None
         self._cached_token_ids: list[int] = []
+
+    @property
+    def holds_sequences(self) -> bool:
+        """The draft runner can give another sequence (:meth:`new_sequence`)."""
+        return hasattr(self.runner, "new_sequence")
+
+    def new_sequence(self) -> DraftTreeProposer:
+        """This drafter for another request: the same draft weights, its own empty cache."""
+        clone = copy.copy(self)
+        clone.runner = self.runner.new_sequence()
+        clone._cached_token_ids = []
+        return clone
 
     def propose_tree(self, request: DraftRequest, num_nodes: int) -> TokenTree:
         """A tree of at most ``num_nodes`` drafted nodes below the root (the last context token)."""

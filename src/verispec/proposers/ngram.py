@@ -191,6 +191,10 @@ class NgramProposer:
         self.min_ngram, self.max_ngram, self.max_branches = min_ngram, max_ngram, max_branches
         self._index = NgramIndex(min_ngram, max_ngram, max(MAX_OCCURRENCES, max_branches))
 
+    def new_sequence(self) -> NgramProposer:
+        """The same lookup for another request (its own index)."""
+        return NgramProposer(self.min_ngram, self.max_ngram, self.max_branches)
+
     def propose(self, request: DraftRequest, num_speculative_tokens: int) -> DraftOutput:
         """The continuation of the longest recent match, or an empty draft when none has n >= min_ngram."""
         if num_speculative_tokens <= 0:
@@ -241,6 +245,10 @@ class NgramTreeProposer:
 
     def __init__(self, ngram: NgramProposer) -> None:
         self.ngram = ngram
+
+    def new_sequence(self) -> NgramTreeProposer:
+        """The same lookup for another request (its own index)."""
+        return NgramTreeProposer(self.ngram.new_sequence())
 
     def propose(self, request: DraftRequest, num_speculative_tokens: int) -> DraftOutput:
         """A tree of at most ``num_speculative_tokens`` nodes; empty when nothing matches."""

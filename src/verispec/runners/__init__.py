@@ -1,12 +1,16 @@
 """Model execution behind one small protocol the engine calls.
 
-A runner owns one model and its KV cache for one sequence. The engine never branches on the
-runner type: it prefills, forwards new tokens, and rolls back by moving a length. Knows nothing
-about drafting, verification or sampling.
+A runner owns one model and the KV cache of one sequence; :meth:`Runner.new_sequence` (where a
+runner offers it) gives another sequence over the same weights, and :func:`forward_batch` runs
+the new tokens of several sequences in one pass (one pass over the weights where the runner
+can: every row of every sequence through each linear layer at once). The engine never branches
+on the runner type: it prefills, forwards new tokens, and rolls back by moving a length. Knows
+nothing about drafting, verification or sampling.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol, Sequence, runtime_checkable
 
 from torch import Tensor
@@ -44,6 +48,64 @@ class Runner(Protocol):
         ``num_tokens == num_cached_tokens`` is a no-op. Raises ValueError beyond the length.
         """
         ...
+
+
+@dataclass
+class ForwardCall:
+    """The new tokens of one sequence in a batched pass (:func:`forward_batch`).
+
+    Attributes:
+        runner: the sequence (a runner, or one from its ``new_sequence()``).
+        token_ids: ``[num_new]`` appended at positions ``runner.num_cached_tokens ...``.
+        num_logits: rows returned, the last ones (None: all; 0: none, e.g. a prefill chunk
+            that is not the prompt's last).
+        position_ids, attention_mask: set for a token tree (``forward_tree``'s arguments,
+            :mod:`verispec.tree`), None for a chain.
+    """
+
+    runner: Runner
+    token_ids: Sequence[int]
+    num_logits: int | None = None
+    position_ids: Tensor | None = None
+    attention_mask: Tensor | None = None
+
+    @property
+    def is_tree(self) -> bool:
+        return self.attention_mask is not None
+
+
+def forward_batch(calls: Sequence[ForwardCall]) -> list[Tensor]:
+    """Run every call's tokens; returns each call's logits (float32 ``[rows, vocab_size]``).
+
+    Sequences of one batch-capable runner (a class method ``forward_many`` and the same weights,
+    e.g. :class:`verispec.runners.int8.Int8Runner` and its ``new_sequence()`` s) go through one
+    pass; others run one after the other. Either way each sequence's rows equal what its own
+    ``forward`` / ``forward_tree`` would return on a batch-invariant runner.
+
+    Raises:
+        ValueError: no call, a call the runner rejects (see ``forward``), or one sequence twice.
+    """
+    if not calls:
+        raise ValueError("forward_batch needs at least one call")
+    if len({id(call.runner) for call in calls}) != len(calls):
+        raise ValueError("a sequence appears twice in one batch")
+    first = calls[0].runner
+    many = getattr(type(first), "forward_many", None)
+    if len(calls) > 1 and many is not None and all(_same_model(first, call.runner) for call in calls):
+        return many(calls)
+    return [_forward_one(call) for call in calls]
+
+
+def _same_model(a, b) -> bool:
+    return type(a) is type(b) and getattr(a, "weights", None) is getattr(b, "weights", object())
+
+
+def _forward_one(call: ForwardCall) -> Tensor:
+    if call.is_tree:
+        return call.runner.forward_tree(call.token_ids, call.position_ids, call.attention_mask)
+    if call.num_logits == 0:  # a runner's forward returns at least one row
+        return call.runner.forward(call.token_ids, num_logits=1)[:0]
+    return call.runner.forward(call.token_ids, num_logits=call.num_logits)
 
 
 def check_new_tokens(num_cached_tokens: int, num_new_tokens: int, max_context_length: int) -> None:

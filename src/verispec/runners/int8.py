@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from verispec.errors import InvalidParameterError
-from verispec.runners import check_new_tokens
+from verispec.runners import ForwardCall, check_new_tokens
 from verispec.runners.int8_ops import Int8Weight, quantize_weight_rows
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
@@ -261,11 +261,14 @@ class Int8Runner:
     def num_cached_tokens(self) -> int:
         return self._num_cached
 
+    def new_sequence(self) -> Int8Runner:
+        """Another sequence over the same weights: its own empty KV cache of the same capacity
+        (allocated, not touched: pages become resident as tokens are written)."""
+        return type(self)(self.weights, max_context_length=self.max_context_length)
+
     @torch.inference_mode()
     def forward(self, token_ids: Sequence[int], num_logits: int | None = None) -> Tensor:
-        num_new, start = len(token_ids), self._num_cached
-        check_new_tokens(start, num_new, self.max_context_length)
-        return self._run(token_ids, torch.arange(start, start + num_new), None, num_logits)
+        return _run_segments([self._segment(ForwardCall(self, token_ids, num_logits))])[0]
 
     @torch.inference_mode()
     def forward_tree(self, token_ids: Sequence[int], position_ids: Tensor, attention_mask: Tensor) -> Tensor:
@@ -282,15 +285,16 @@ class Int8Runner:
             accepted path gets the logits plain decoding would. Follow with
             :meth:`keep_tree_path`.
         """
-        num_new, start = len(token_ids), self._num_cached
-        if num_new == 0:
-            raise ValueError("forward_tree needs at least one node")
-        if attention_mask.shape != (num_new, start + num_new):
-            raise ValueError(f"mask shape {tuple(attention_mask.shape)} != ({num_new}, {start + num_new})")
-        if start + num_new > self.max_context_length or int(position_ids.max()) >= self.max_context_length:
-            raise ValueError(f"the tree does not fit the context length {self.max_context_length}")
-        visible = [row.nonzero().flatten() for row in attention_mask]
-        return self._run(token_ids, position_ids.long(), visible, None)
+        return _run_segments([self._segment(ForwardCall(self, token_ids, None, position_ids, attention_mask))])[0]
+
+    @staticmethod
+    @torch.inference_mode()
+    def forward_many(calls: Sequence[ForwardCall]) -> list[Tensor]:
+        """Several sequences over the same weights in one pass (:func:`verispec.runners.forward_batch`):
+        all their rows go through each linear layer together, attention runs per sequence over
+        its own cache. Every op is row-local, so each sequence's logits are bit-identical to its
+        own ``forward`` / ``forward_tree``. Raises ValueError as those do, before any cache changes."""
+        return _run_segments([call.runner._segment(call) for call in calls])
 
     def keep_tree_path(self, num_prefix_tokens: int, node_indices: Sequence[int]) -> None:
         """Keep ``num_prefix_tokens`` cache entries plus tree nodes ``node_indices`` (offsets after
@@ -303,30 +307,23 @@ class Int8Runner:
         self._values[:, :, num_prefix_tokens:end] = self._values[:, :, keep]
         self._num_cached = end
 
-    def _run(self, token_ids: Sequence[int], positions: Tensor, visible: list[Tensor] | None, num_logits: int | None) -> Tensor:
-        """The decoder over new tokens at cache slots ``num_cached ..``; ``positions`` ``[rows]`` for
-        RoPE; ``visible``: per-row slot indices for tree attention (None: causal chain)."""
-        w = self.weights
-        num_new, start = len(token_ids), self._num_cached
-        ids = torch.tensor(list(token_ids), dtype=torch.long)
-        x = w.embed(ids)  # [num_new, hidden]
-        rope, tree = self._rope_rows(positions), None if visible is None else self._tree_slots(visible)  # once per pass
-        for index, layer in enumerate(w.layers):
-            qkv = layer.qkv(rms_norm(x, layer.input_norm, w.rms_norm_eps))
-            keys, values = self._keys[index], self._values[index]  # [kv_heads, capacity, head_dim]
-            q = self._rope_store(qkv, rope, keys, values, start)
-            attended = self._attend(q, keys, values, start, tree)
-            x = x + layer.o(attended)
-            gate_up = layer.gate_up(rms_norm(x, layer.post_norm, w.rms_norm_eps))
-            x = x + layer.down(self._swiglu(gate_up))
-        self._num_cached = start + num_new
-        last = x[-(num_logits or num_new) :]
-        logits = w.lm_head(rms_norm(last, w.final_norm, w.rms_norm_eps))
-        if w.head_token_ids is None:
-            return logits
-        full = torch.full((logits.shape[0], self.vocab_size), float("-inf"))
-        full[:, w.head_token_ids] = logits  # tokens outside the kept set get probability 0
-        return full
+    def _segment(self, call: ForwardCall) -> _Segment:
+        """Check ``call`` against this cache and say where its rows go; nothing changes yet."""
+        num_new, start = len(call.token_ids), self._num_cached
+        if not call.is_tree:
+            check_new_tokens(start, num_new, self.max_context_length)
+            if call.num_logits is not None and not 0 <= call.num_logits <= num_new:
+                raise ValueError(f"num_logits {call.num_logits} outside 0..{num_new}")
+            return _Segment(self, list(call.token_ids), torch.arange(start, start + num_new), None, call.num_logits)
+        if num_new == 0:
+            raise ValueError("forward_tree needs at least one node")
+        mask, positions = call.attention_mask, call.position_ids
+        if mask.shape != (num_new, start + num_new):
+            raise ValueError(f"mask shape {tuple(mask.shape)} != ({num_new}, {start + num_new})")
+        if start + num_new > self.max_context_length or int(positions.max()) >= self.max_context_length:
+            raise ValueError(f"the tree does not fit the context length {self.max_context_length}")
+        visible = [row.nonzero().flatten() for row in mask]
+        return _Segment(self, list(call.token_ids), positions.long(), visible, None)
 
     def _rope_rows(self, positions: Tensor):
         """What :meth:`_rope_store` needs for ``positions`` ``[rows]``, computed once per pass:
@@ -384,3 +381,58 @@ class Int8Runner:
         if not 0 <= num_tokens <= self._num_cached:
             raise ValueError(f"cannot truncate a cache of {self._num_cached} tokens to {num_tokens}")
         self._num_cached = num_tokens  # entries past the length are overwritten before they are read
+
+
+@dataclass
+class _Segment:
+    """One sequence's rows in a pass: tokens, RoPE positions ``[rows]``, tree slots or None."""
+
+    runner: Int8Runner
+    token_ids: list[int]
+    positions: Tensor
+    visible: list[Tensor] | None
+    num_logits: int | None
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.token_ids) if self.num_logits is None else self.num_logits
+
+
+def _run_segments(segments: list[_Segment]) -> list[Tensor]:
+    """The decoder over every segment's new tokens (each at its cache's slots ``num_cached ..``):
+    linear layers, norms and the LM head over all rows at once; RoPE, the cache write and
+    attention per segment. Returns each segment's last ``num_rows`` logits rows."""
+    runners = [seg.runner for seg in segments]
+    if len({id(r) for r in runners}) != len(runners):
+        raise ValueError("a sequence appears twice in one pass")
+    w = runners[0].weights
+    sizes = [len(seg.token_ids) for seg in segments]
+    bounds = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
+    x = w.embed(torch.tensor([t for seg in segments for t in seg.token_ids], dtype=torch.long))  # [rows, hidden]
+    ropes = [r._rope_rows(seg.positions) for r, seg in zip(runners, segments)]  # once per pass
+    trees = [None if seg.visible is None else r._tree_slots(seg.visible) for r, seg in zip(runners, segments)]
+    for index, layer in enumerate(w.layers):
+        qkv = layer.qkv(rms_norm(x, layer.input_norm, w.rms_norm_eps))
+        parts = []
+        for i, r in enumerate(runners):
+            keys, values = r._keys[index], r._values[index]  # [kv_heads, capacity, head_dim]
+            q = r._rope_store(qkv[bounds[i] : bounds[i + 1]], ropes[i], keys, values, r._num_cached)
+            parts.append(r._attend(q, keys, values, r._num_cached, trees[i]))
+        x = x + layer.o(parts[0] if len(parts) == 1 else torch.cat(parts))
+        gate_up = layer.gate_up(rms_norm(x, layer.post_norm, w.rms_norm_eps))
+        x = x + layer.down(runners[0]._swiglu(gate_up))
+    for r, size in zip(runners, sizes):
+        r._num_cached += size
+    counts = [seg.num_rows for seg in segments]
+    if sum(counts) == 0:
+        return [torch.empty(0, runners[0].vocab_size) for _ in segments]
+    if len(segments) == 1:
+        last = x[bounds[1] - counts[0] :]
+    else:
+        last = x[torch.cat([torch.arange(bounds[i + 1] - n, bounds[i + 1]) for i, n in enumerate(counts)])]
+    logits = w.lm_head(rms_norm(last, w.final_norm, w.rms_norm_eps))
+    if w.head_token_ids is not None:
+        full = torch.full((logits.shape[0], runners[0].vocab_size), float("-inf"))
+        full[:, w.head_token_ids] = logits  # tokens outside the kept set get probability 0
+        logits = full
+    return list(logits.split(counts)) if len(segments) > 1 else [logits]

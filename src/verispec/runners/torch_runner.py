@@ -37,6 +37,11 @@ class TransformersRunner:
     def num_cached_tokens(self) -> int:
         return self._num_cached
 
+    def new_sequence(self) -> TransformersRunner:
+        """Another sequence over the same model with its own empty cache (batched passes run
+        one sequence after the other: :func:`verispec.runners.forward_batch`)."""
+        return TransformersRunner(self.model, max_context_length=self.max_context_length)
+
     @torch.inference_mode()
     def forward(self, token_ids: Sequence[int], num_logits: int | None = None) -> Tensor:
         num_new = len(token_ids)

@@ -1,0 +1,165 @@
+"""Continuous batching: which requests share the engine's next target pass.
+
+Owns admission (first come, first served: at most ``max_num_seqs`` running, each holding a
+reservation of KV-cache tokens out of a budget; the head of the queue waits until both fit),
+the pool of sequence slots (made on first need and reused, so memory stays flat under load),
+cancellation (the slot is free at once) and one step over the running requests. The step itself
+is the engine's one generate loop (:meth:`verispec.engine.SpeculativeEngine.step`). Knows
+nothing about HTTP, threads or text.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from verispec.engine import RequestState, Slot, SpeculativeConfig, SpeculativeEngine, StreamChunk
+from verispec.errors import InvalidParameterError
+from verispec.sampling import SamplingParams
+
+DEFAULT_MAX_NUM_SEQS = 8
+
+
+@dataclass
+class ScheduledRequest:
+    """One request in the scheduler. ``tag``: the caller's handle (the server's job).
+
+    ``kv_tokens``: cache positions reserved for it (prompt + output + one draft), held from
+    admission to the end. ``state``: the engine's request state once admitted, else None.
+    """
+
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    spec: SpeculativeConfig
+    kv_tokens: int
+    tag: Any = None
+    state: RequestState | None = None
+    slot: Slot | None = field(default=None, repr=False)
+    done: bool = False  # finished, cancelled or failed: out of the scheduler
+
+    @property
+    def running(self) -> bool:
+        """Admitted and not yet done."""
+        return self.state is not None and not self.done
+
+
+class Scheduler:
+    """Runs many requests through one engine, one batched target pass per :meth:`step`.
+
+    Args:
+        engine: the engine; its own sequence slot is the first of the pool.
+        max_num_seqs: requests running at once (vLLM's ``--max-num-seqs``).
+        max_kv_tokens: KV-cache positions the running requests may reserve together;
+            None: ``max_num_seqs`` full context windows.
+    Raises:
+        InvalidParameterError: ``max_num_seqs`` < 1, > 1 on an engine that cannot batch
+            (:attr:`SpeculativeEngine.supports_batching`), or a budget below one context window.
+    """
+
+    def __init__(self, engine: SpeculativeEngine, *, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
+                 max_kv_tokens: int | None = None) -> None:
+        if max_num_seqs < 1:
+            raise InvalidParameterError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
+        if max_num_seqs > 1 and not engine.supports_batching:
+            raise InvalidParameterError(
+                f"the {type(engine.target).__name__} (or a drafter) holds one sequence: use --max-num-seqs 1 "
+                "or the gguf, int8 or torch runner"
+            )
+        context = engine.target.max_context_length
+        budget = max_num_seqs * context if max_kv_tokens is None else max_kv_tokens
+        if budget < context:
+            raise InvalidParameterError(
+                f"max_kv_tokens {budget} is below one context window ({context} tokens): a long request could never run"
+            )
+        self.engine = engine
+        self.max_num_seqs = max_num_seqs
+        self.max_kv_tokens = budget
+        self.waiting: deque[ScheduledRequest] = deque()
+        self.running: list[ScheduledRequest] = []
+        self._free_slots: list[Slot] = [engine.slot]
+        self._num_slots = 1
+        self._reserved = 0
+
+    @property
+    def num_free_seqs(self) -> int:
+        """Requests that could start now if the KV budget allows (running slots not in use)."""
+        return self.max_num_seqs - len(self.running) - len(self.waiting)
+
+    @property
+    def reserved_kv_tokens(self) -> int:
+        return self._reserved
+
+    def add(self, prompt_token_ids: Sequence[int], params: SamplingParams, spec: SpeculativeConfig,
+            tag: Any = None) -> ScheduledRequest:
+        """Queue a request; it starts at a later :meth:`step` when a slot and its KV tokens are free.
+
+        Raises (before queueing anything):
+            InvalidParameterError, ContextLengthError: what :meth:`SpeculativeEngine.start` raises.
+        """
+        prompt = [int(t) for t in prompt_token_ids]
+        self.engine.start(prompt, params, spec)  # validates (the engine's own slot is not touched)
+        context = self.engine.target.max_context_length
+        kv_tokens = min(context, len(prompt) + params.max_tokens + spec.num_speculative_tokens + 1)
+        request = ScheduledRequest(prompt, params, spec, kv_tokens, tag)
+        self.waiting.append(request)
+        return request
+
+    def cancel(self, request: ScheduledRequest) -> None:
+        """Drop ``request`` at once: out of the queue, or its slot and KV tokens freed."""
+        if request in self.waiting:
+            self.waiting.remove(request)
+            request.done = True
+        elif request in self.running:
+            self._release(request)
+
+    def step(self) -> list[tuple[ScheduledRequest, StreamChunk]]:
+        """Admit what fits, run one target pass over the running requests, retire the finished.
+
+        Returns the chunks that pass committed, per request (a finished request's last chunk
+        carries its output). An exception from the engine leaves every running request in
+        :attr:`running`; :meth:`fail_running` then frees them.
+        """
+        self._admit()
+        if not self.running:
+            return []
+        running = list(self.running)
+        chunks = self.engine.step([r.state for r in running])
+        events = []
+        for request, chunk in zip(running, chunks):
+            if chunk is not None:
+                events.append((request, chunk))
+            if request.state.finished:
+                self._release(request)
+        return events
+
+    def fail_running(self) -> list[ScheduledRequest]:
+        """Free every running request (after an engine error); returns them."""
+        failed = list(self.running)
+        for request in failed:
+            self._release(request)
+        return failed
+
+    def _admit(self) -> None:
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            head = self.waiting[0]
+            if self._reserved + head.kv_tokens > self.max_kv_tokens:
+                return  # first come, first served: later requests wait behind the head
+            self.waiting.popleft()
+            head.slot = self._take_slot()
+            head.state = self.engine.start(head.prompt_token_ids, head.params, head.spec, head.slot)
+            self._reserved += head.kv_tokens
+            self.running.append(head)
+
+    def _take_slot(self) -> Slot:
+        if self._free_slots:
+            return self._free_slots.pop()
+        self._num_slots += 1
+        return self.engine.new_slot()
+
+    def _release(self, request: ScheduledRequest) -> None:
+        request.done = True
+        self.running.remove(request)
+        self._reserved -= request.kv_tokens
+        request.slot.target.truncate(0)
+        self._free_slots.append(request.slot)
