@@ -197,11 +197,12 @@ def metric_value(url: str, name: str, **labels: str) -> float:
 
 
 class GatedEngine:
-    """Wraps an engine so a test controls its pace: each chunk waits for one ``permits`` release.
+    """Wraps an engine so a test controls its pace: each pass waits for one ``permits`` release.
 
-    ``fail`` makes the next stream raise (a server fault); ``entered``, ``num_chunks``, ``closed``
-    and ``calls`` (``"generate"``: warm-up or audit, ``"stream"``: a request; in call order) let
-    the test see what the worker did. ``generate`` waits for ``warmup_gate`` only.
+    ``fail`` makes the next pass raise (a server fault); ``entered``, ``num_chunks``, ``closed``
+    and ``calls`` (``"generate"``: warm-up or audit, ``"stream"``: a request starting; in call
+    order) let the test see what the worker did; ``closed``: a request left the engine (finished
+    or dropped). ``generate`` waits for ``warmup_gate`` only.
     """
 
     def __init__(self, engine) -> None:
@@ -217,24 +218,30 @@ class GatedEngine:
         self.warmup_gate = threading.Event()
         self.warmup_gate.set()
 
+    def __getattr__(self, name):  # slot, supports_batching, new_slot, last_pass_*: the engine's
+        return getattr(self.inner, name)
+
     def generate(self, *args, **kwargs):
         assert self.warmup_gate.wait(timeout=30), "the test never opened the warm-up gate"
         self.calls.append("generate")
         return self.inner.generate(*args, **kwargs)
 
-    def stream(self, *args, **kwargs):
-        self.entered.set()
-        self.calls.append("stream")
+    def start(self, *args, **kwargs):
+        state = self.inner.start(*args, **kwargs)
+        if len(args) + len(kwargs) > 3:  # admitted on a slot (the scheduler first validates without one)
+            self.entered.set()
+            self.calls.append("stream")
+        return state
+
+    def step(self, states):
         if self.fail:
             self.fail = False
-            raise RuntimeError("injected fault")
-        try:
-            for chunk in self.inner.stream(*args, **kwargs):
-                assert self.permits.acquire(timeout=30), "the test never released a permit"
-                self.num_chunks += 1
-                yield chunk
-        finally:
             self.closed.set()
+            raise RuntimeError("injected fault")
+        assert self.permits.acquire(timeout=30), "the test never released a permit"
+        chunks = self.inner.step(states)
+        self.num_chunks += sum(chunk is not None for chunk in chunks)
+        return chunks
 
     def reset(self) -> None:
         self.entered.clear()

@@ -70,7 +70,7 @@ def test_rate_zero_audits_nothing(served):
 def test_a_waiting_request_is_served_before_a_queued_audit():
     pipeline = tiny_pipeline()
     engine = pipeline.engine = GatedEngine(pipeline.engine)
-    with LiveServer(create_app(pipeline, audit_rate=1.0, max_queue=1)) as server:
+    with LiveServer(create_app(pipeline, audit_rate=1.0, max_queue=1, max_num_seqs=1)) as server:
         wait_ready(server.url)
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=60)
         ask = lambda: client.completions.create(model=MODEL, prompt="hi", max_tokens=8, temperature=0)  # noqa: E731

@@ -202,6 +202,15 @@ def serve(
     dtype: str = typer.Option("float32", help="float32 or bfloat16."),
     runner: str = typer.Option("auto", help=RUNNER_HELP),
     max_queue: int = typer.Option(64, min=1, help="Requests that may wait for the engine before 429."),
+    max_num_seqs: Optional[int] = typer.Option(
+        None, min=1, help="Requests batched into one target pass (default 8; 1 on the llama.cpp runner)."
+    ),
+    max_kv_tokens: Optional[int] = typer.Option(
+        None, min=1, help="KV-cache tokens the running requests may reserve together (default: a context each)."
+    ),
+    max_num_batched_tokens: int = typer.Option(
+        256, min=1, help="Prompt tokens prefilled per pass while other requests decode (chunked prefill)."
+    ),
     max_tokens_cap: int = typer.Option(2048, min=1, help="Largest max_tokens a request may ask for."),
     max_body_bytes: int = typer.Option(4 * 1024 * 1024, min=1024, help="Largest request body (bytes)."),
     log_level: str = typer.Option("info", help="debug, info, warning or error."),
@@ -238,9 +247,15 @@ def serve(
         err.print(f"[yellow]warning:[/yellow] serving on {host} without --api-key: anyone who can reach it can use it")
     config = ServerConfig(
         api_key=api_key, max_tokens_cap=max_tokens_cap, max_queue=max_queue, max_body_bytes=max_body_bytes,
-        default_spec=spec, audit_rate=audit_rate,
+        default_spec=spec, audit_rate=audit_rate, max_num_seqs=max_num_seqs, max_kv_tokens=max_kv_tokens,
     )
-    uvicorn.run(create_app(pipe, config), host=host, port=port, log_level=log_level.lower())
+    pipe.engine.max_num_batched_tokens = max_num_batched_tokens
+    try:
+        server = create_app(pipe, config)
+    except VerispecError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(2) from None
+    uvicorn.run(server, host=host, port=port, log_level=log_level.lower())
 
 
 _WORKLOAD_HELP = "Built-in workload: specbench (6 tasks), specbench-categories (13), humaneval (default: specbench)."

@@ -214,6 +214,8 @@ class SpeculativeEngine:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.slot = Slot(target, self.proposers)
         self.last_decode_rows = 0  # rows the decoding requests put in the last pass (all of them)
+        self.last_pass_rows = 0  # rows of the last pass: prefill chunks and verify rows
+        self.last_pass_num_seqs = 0  # sequences in the last pass
 
     @property
     def supports_batching(self) -> bool:
@@ -342,6 +344,7 @@ class SpeculativeEngine:
             rows = sum(len(plan.call.token_ids) for plan in plans)
             if len(plans) > 1 and all(plan.step is not None for plan in plans):
                 self.cost_model.record_verify(rows - 1, pass_s)  # the whole pass: rows of all requests
+            self.last_pass_rows, self.last_pass_num_seqs = rows, len(plans)
             self.last_decode_rows = sum(len(plan.call.token_ids) for plan in plans if plan.step is not None)
             for plan, plan_logits in zip(plans, logits):
                 plan.state.times.target_s += pass_s

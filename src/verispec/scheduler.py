@@ -77,6 +77,7 @@ class Scheduler:
         self.max_kv_tokens = budget
         self.waiting: deque[ScheduledRequest] = deque()
         self.running: list[ScheduledRequest] = []
+        self.last_admitted: list[ScheduledRequest] = []  # started by the last step
         self._free_slots: list[Slot] = [engine.slot]
         self._num_slots = 1
         self._reserved = 0
@@ -120,7 +121,7 @@ class Scheduler:
         carries its output). An exception from the engine leaves every running request in
         :attr:`running`; :meth:`fail_running` then frees them.
         """
-        self._admit()
+        self.admit()
         if not self.running:
             return []
         running = list(self.running)
@@ -140,16 +141,21 @@ class Scheduler:
             self._release(request)
         return failed
 
-    def _admit(self) -> None:
+    def admit(self) -> list[ScheduledRequest]:
+        """Start the queued requests that fit now, in order (:meth:`step` does it first too);
+        returns them (also kept as :attr:`last_admitted`)."""
+        self.last_admitted = []
         while self.waiting and len(self.running) < self.max_num_seqs:
             head = self.waiting[0]
             if self._reserved + head.kv_tokens > self.max_kv_tokens:
-                return  # first come, first served: later requests wait behind the head
+                break  # first come, first served: later requests wait behind the head
             self.waiting.popleft()
             head.slot = self._take_slot()
             head.state = self.engine.start(head.prompt_token_ids, head.params, head.spec, head.slot)
             self._reserved += head.kv_tokens
             self.running.append(head)
+            self.last_admitted.append(head)
+        return self.last_admitted
 
     def _take_slot(self) -> Slot:
         if self._free_slots:

@@ -62,6 +62,10 @@ class ServerConfig:
         model_name: the name clients send as ``model`` (default: the target's name).
         audit_rate: fraction of delivered responses re-decoded plainly in idle time, in [0, 1]
             (:mod:`verispec.audit`); counts in ``/metrics`` and ``/health``.
+        max_num_seqs: requests batched into one target pass (continuous batching); None: 8
+            where the runners can hold several sequences, else 1.
+        max_kv_tokens: KV-cache positions the running requests may reserve together; a
+            request that does not fit waits (:class:`verispec.scheduler.Scheduler`).
     """
 
     api_key: str | None = None
@@ -71,6 +75,8 @@ class ServerConfig:
     default_spec: SpeculativeConfig | None = None
     model_name: str | None = None
     audit_rate: float = 0.0
+    max_num_seqs: int | None = None
+    max_kv_tokens: int | None = None
 
 
 class ClientGone(Exception):
@@ -96,6 +102,8 @@ class _State:
             warmup_prompt_token_ids=pipeline.encode("Hello"),
             warmup_spec=self.default_spec,
             auditor=self.auditor,
+            max_num_seqs=config.max_num_seqs,
+            max_kv_tokens=config.max_kv_tokens,
         )
 
 

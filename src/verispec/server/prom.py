@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
 TOKEN_TIME_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 FINISH_REASONS = ("stop", "length", "abort", "error")
+BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+ITERATION_TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 
 
 class ServerMetrics:
@@ -36,7 +38,10 @@ class ServerMetrics:
     Histograms (seconds): verispec_time_to_first_token_seconds (generation start to first
     token), verispec_time_per_output_token_seconds, verispec_e2e_request_latency_seconds
     (arrival to last token, queue included), verispec_request_queue_time_seconds.
-    Gauges: verispec_requests_in_flight (accepted, not yet answered), verispec_num_requests_waiting.
+    Histograms per target pass: verispec_batch_size (requests in the pass),
+    verispec_iteration_tokens_total (rows in the pass: prefill chunks and verify rows; vLLM's name).
+    Gauges: verispec_requests_in_flight (accepted, not yet answered), verispec_num_requests_waiting
+    (queued, not yet in a pass), verispec_num_requests_running (in the batch).
     Quality audits, once :meth:`track_audits` is called: see :class:`AuditCollector`.
     """
 
@@ -83,6 +88,13 @@ class ServerMetrics:
         )
         self.in_flight = Gauge("verispec_requests_in_flight", "Requests accepted and not yet answered.", registry=r)
         self.waiting = Gauge("verispec_num_requests_waiting", "Requests queued for the engine.", registry=r)
+        self.running = Gauge("verispec_num_requests_running", "Requests in the engine's batch.", registry=r)
+        self.batch_size = Histogram(
+            "verispec_batch_size", "Requests per target pass.", buckets=BATCH_BUCKETS, registry=r
+        )
+        self.iteration_tokens = Histogram(
+            "verispec_iteration_tokens_total", "Rows (tokens) per target pass.", buckets=ITERATION_TOKEN_BUCKETS, registry=r
+        )
         for reason in FINISH_REASONS:
             self.requests.labels(finish_reason=reason)  # export zeros from the start
 
@@ -102,6 +114,11 @@ class ServerMetrics:
         self.e2e.observe(e2e_s)
         self.queue_time.observe(queue_s)
         self.requests.labels(finish_reason=finish_reason).inc()
+
+    def observe_pass(self, num_seqs: int, num_rows: int) -> None:
+        """One batched target pass: its requests and rows."""
+        self.batch_size.observe(num_seqs)
+        self.iteration_tokens.observe(num_rows)
 
     def observe_ended(self, finish_reason: str) -> None:
         """Count a request that ended without an output: ``abort`` or ``error``."""

@@ -1,13 +1,14 @@
-"""The engine worker: one thread owns the engine and runs requests one at a time, first come first served.
+"""The engine worker: one thread owns the engine and runs every admitted request in batched passes.
 
-The engine has one KV cache per runner, so generation is serialized here: HTTP handlers put a
-:class:`Job` in a bounded FIFO queue (full -> :class:`QueueFullError`, a 429) and read the
-job's events from an asyncio queue that this thread fills through the event loop. A job whose
-client went away is skipped if still queued, or its ``engine.stream`` generator is closed
-between verify steps and the target's KV cache emptied. Quality audits (plain re-decodes of
-delivered responses, :mod:`verispec.audit`) run here too, one at a time and only while no job
-waits, so they never delay the response they audit and a new request waits at most for the one
-audit already running. Knows nothing about HTTP or JSON.
+HTTP handlers put a :class:`Job` in a bounded FIFO queue (full -> :class:`QueueFullError`, a
+429) and read the job's events from an asyncio queue that this thread fills through the event
+loop. Each turn the thread moves queued jobs into the :class:`verispec.scheduler.Scheduler`
+while it has free sequences (continuous batching: a new request joins at the next pass), drops
+jobs whose client went away (a queued job is skipped, a running one's slot is freed at once),
+and runs one target pass over all running requests. On a batch-invariant runner a request's
+output is the output it would get alone. Quality audits (plain re-decodes of delivered
+responses, :mod:`verispec.audit`) run here too, one at a time and only while no request runs or
+waits, so they never delay the response they audit. Knows nothing about HTTP or JSON.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from verispec.audit import QualityAuditor
 from verispec.engine import SpeculativeConfig, SpeculativeEngine, StreamChunk
 from verispec.errors import VerispecError
 from verispec.sampling import SamplingParams
+from verispec.scheduler import ScheduledRequest, Scheduler
 from verispec.server.prom import ServerMetrics
 
 log = logging.getLogger("verispec.server")
@@ -61,10 +63,11 @@ class Job:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     arrival_s: float = field(default_factory=time.perf_counter)
     queue_s: float = 0.0
+    scheduled: ScheduledRequest | None = None
     _cancelled: threading.Event = field(default_factory=threading.Event)
 
     def cancel(self) -> None:
-        """Stop the job: skipped if still queued, stopped after the current verify step if running."""
+        """Stop the job: skipped if still queued, its slot freed before the next pass if running."""
         self._cancelled.set()
 
     @property
@@ -73,15 +76,21 @@ class Job:
 
 
 class EngineWorker:
-    """The thread that runs :class:`Job` s on ``engine`` in arrival order.
+    """The thread that runs :class:`Job` s on ``engine``, batched, admitted in arrival order.
 
     Args:
         engine: the engine it owns from :meth:`start` on; nothing else may call it.
-        max_queue: jobs that may wait (the running one not counted) before submit refuses.
-        metrics: where finished, aborted and failed requests are counted.
+        max_queue: jobs that may wait (running ones not counted) before submit refuses.
+        metrics: where finished, aborted and failed requests and every pass are counted.
         warmup_prompt_token_ids, warmup_spec: one short greedy generation run before ready.
         auditor: offered every delivered output (it draws which to audit); its pending audits
-            run on ``engine`` while the job queue is empty, one per idle turn. None: no audits.
+            run on ``engine`` while nothing runs or waits, one per idle turn. None: no audits.
+        max_num_seqs: requests in one pass; None: 8 where the engine can batch, else 1.
+        max_kv_tokens: KV-cache positions the running requests may reserve together
+            (:class:`verispec.scheduler.Scheduler`); None: ``max_num_seqs`` context windows.
+    Raises:
+        InvalidParameterError: ``max_num_seqs`` > 1 on an engine that cannot batch, or an
+            impossible budget.
     """
 
     def __init__(
@@ -93,26 +102,31 @@ class EngineWorker:
         warmup_prompt_token_ids: Sequence[int],
         warmup_spec: SpeculativeConfig,
         auditor: QualityAuditor | None = None,
+        max_num_seqs: int | None = None,
+        max_kv_tokens: int | None = None,
     ) -> None:
         self.engine = engine
         self.auditor = auditor
         self.metrics = metrics
+        if max_num_seqs is None:
+            max_num_seqs = 8 if engine.supports_batching else 1
+        self.scheduler = Scheduler(engine, max_num_seqs=max_num_seqs, max_kv_tokens=max_kv_tokens)
         self.ready = threading.Event()
         self._jobs: queue.Queue[Job] = queue.Queue(maxsize=max_queue)
         self._stopping = threading.Event()
-        self._current: Job | None = None
         self._warmup = (list(warmup_prompt_token_ids), warmup_spec)
         self._thread = threading.Thread(target=self._run, name="verispec-engine", daemon=True)
+
+    @property
+    def max_num_seqs(self) -> int:
+        return self.scheduler.max_num_seqs
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop the running job after its current step, drop the queue, and end the thread."""
+        """Stop after the current pass: running and queued jobs are cancelled; end the thread."""
         self._stopping.set()
-        current = self._current
-        if current is not None:
-            current.cancel()
         while True:
             try:
                 self._jobs.get_nowait().cancel()
@@ -131,38 +145,88 @@ class EngineWorker:
     def _run(self) -> None:
         self._warm_up()
         while not self._stopping.is_set():
-            job = self._next_job()
-            if job is None:
-                continue
-            self.metrics.waiting.dec()
+            self._admit()
+            self._drop_cancelled()
+            scheduler = self.scheduler
+            self.metrics.running.set(len(scheduler.running))
+            if scheduler.running or scheduler.waiting:
+                self._step()
+            elif not self._audit():
+                self._admit(wait_s=0.1)
+        for request in list(self.scheduler.running) + list(self.scheduler.waiting):
+            self.scheduler.cancel(request)
+
+    def _admit(self, wait_s: float = 0.0) -> None:
+        """Move queued jobs into the scheduler while it has free sequences (the first one waited
+        for up to ``wait_s``). The waiting gauge counts a job from submit until it runs."""
+        while self.scheduler.num_free_seqs > 0:
+            try:
+                job = self._jobs.get(timeout=wait_s) if wait_s > 0 else self._jobs.get_nowait()
+            except queue.Empty:
+                return
+            wait_s = 0.0
             if job.cancelled:
+                self.metrics.waiting.dec()
                 self.metrics.observe_ended("abort")
                 continue
-            self._current = job
             try:
-                self._execute(job)
-            finally:
-                self._current = None
-                self.engine.target.truncate(0)  # free the KV cache between requests
+                job.scheduled = self.scheduler.add(job.prompt_token_ids, job.params, job.spec, tag=job)
+            except VerispecError as exc:
+                self.metrics.waiting.dec()
+                _emit(job, JobFailed(str(exc), client_error=True))
 
-    def _next_job(self) -> Job | None:
-        """A waiting job if there is one; else run one pending audit (None), else wait 0.1 s for a job."""
+    def _drop_cancelled(self) -> None:
+        for request in list(self.scheduler.running) + list(self.scheduler.waiting):
+            if request.tag.cancelled:
+                if not request.running:
+                    self.metrics.waiting.dec()
+                self.scheduler.cancel(request)
+                self.metrics.observe_ended("abort")
+
+    def _audit(self) -> bool:
+        """Nothing runs or waits: run one pending audit; False when there is none."""
+        if self.auditor is None or not self.auditor.num_pending:
+            return False
         try:
-            return self._jobs.get_nowait()
-        except queue.Empty:
-            pass
-        if self.auditor is not None and self.auditor.num_pending:
-            try:
-                self.auditor.run_pending(self.engine, max_audits=1)
-            except Exception:  # counted as failed by the auditor; serving goes on
-                log.exception("quality audit failed")
-            finally:
-                self.engine.target.truncate(0)
-            return None
+            self.auditor.run_pending(self.engine, max_audits=1)
+        except Exception:  # counted as failed by the auditor; serving goes on
+            log.exception("quality audit failed")
+        finally:
+            self.engine.target.truncate(0)
+        return True
+
+    def _step(self) -> None:
+        scheduler = self.scheduler
+        self._count_admitted(scheduler.admit())  # before the pass: the gauges say what it runs
+        self.metrics.running.set(len(scheduler.running))
         try:
-            return self._jobs.get(timeout=0.1)
-        except queue.Empty:
-            return None
+            events = scheduler.step()
+        except Exception:
+            error_id = uuid.uuid4().hex[:12]
+            log.exception("generation failed (error id %s)", error_id)
+            for request in scheduler.fail_running():
+                self.metrics.observe_ended("error")
+                _emit(request.tag, JobFailed("the server failed to generate", client_error=False, error_id=error_id))
+            return
+        self.metrics.observe_pass(self.engine.last_pass_num_seqs, self.engine.last_pass_rows)
+        for request, chunk in events:
+            job = request.tag
+            if chunk.output is not None:
+                self.metrics.observe_finished(
+                    chunk.output.metrics,
+                    chunk.output.finish_reason,
+                    queue_s=job.queue_s,
+                    e2e_s=time.perf_counter() - job.arrival_s,
+                )
+            _emit(job, chunk)
+            if chunk.output is not None and self.auditor is not None:  # delivered: audit later
+                self.auditor.submit(job.prompt_token_ids, job.params, chunk.output, request_id=job.request_id)
+
+    def _count_admitted(self, admitted: list[ScheduledRequest]) -> None:
+        """Requests that just started: no longer waiting; their queue time."""
+        for request in admitted:
+            self.metrics.waiting.dec()
+            request.tag.queue_s = request.state.times.start - request.tag.arrival_s
 
     def _warm_up(self) -> None:
         prompt, spec = self._warmup
@@ -173,36 +237,8 @@ class EngineWorker:
             log.exception("warm-up failed; requests will report the error")
         finally:
             self.engine.target.truncate(0)
-        log.info("warm-up done in %.2f s; ready", time.perf_counter() - start)
+        log.info("warm-up done in %.2f s; ready (up to %d requests per pass)", time.perf_counter() - start, self.max_num_seqs)
         self.ready.set()
-
-    def _execute(self, job: Job) -> None:
-        job.queue_s = time.perf_counter() - job.arrival_s
-        stream = self.engine.stream(job.prompt_token_ids, job.params, job.spec)
-        try:
-            for chunk in stream:
-                if job.cancelled:
-                    self.metrics.observe_ended("abort")
-                    return
-                if chunk.output is not None:
-                    self.metrics.observe_finished(
-                        chunk.output.metrics,
-                        chunk.output.finish_reason,
-                        queue_s=job.queue_s,
-                        e2e_s=time.perf_counter() - job.arrival_s,
-                    )
-                _emit(job, chunk)
-                if chunk.output is not None and self.auditor is not None:  # delivered: audit later
-                    self.auditor.submit(job.prompt_token_ids, job.params, chunk.output, request_id=job.request_id)
-        except VerispecError as exc:
-            _emit(job, JobFailed(str(exc), client_error=True))
-        except Exception:
-            error_id = uuid.uuid4().hex[:12]
-            log.exception("generation failed (error id %s)", error_id)
-            self.metrics.observe_ended("error")
-            _emit(job, JobFailed("the server failed to generate", client_error=False, error_id=error_id))
-        finally:
-            stream.close()
 
 
 def _emit(job: Job, event: StreamChunk | JobFailed) -> None:
