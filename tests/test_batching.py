@@ -218,3 +218,24 @@ def test_an_engine_that_cannot_batch_says_so():
     with pytest.raises(InvalidParameterError, match="one sequence"):
         Scheduler(engine, max_num_seqs=2)
     assert Scheduler(engine, max_num_seqs=1).max_num_seqs == 1
+
+
+def test_batched_drafts_equal_each_requests_own_drafts(gguf_files):
+    from verispec.proposers import DraftRequest
+    from verispec.proposers.draft_model import propose_batch
+
+    base = DraftModelProposer(GGUFRunner.from_file(gguf_files["draft"], max_context_length=256))
+    # (prompt, output so far, temperature, draft_stop_threshold, k): greedy, sampled, an early stop, no room
+    cases = [(PROMPTS[0], [3, 4], 0.0, 0.0, 5), (PROMPTS[2], [], 0.8, 0.0, 4), (PROMPTS[6], [9], 0.0, 0.9, 6),
+             (PROMPTS[1], [], 1.0, 0.0, 1), ([5] * 255, [], 0.0, 0.0, 3)]
+
+    def requests():
+        return [DraftRequest(p, o, SamplingParams(temperature=t, seed=1), torch.Generator().manual_seed(7 + i), thr)
+                for i, (p, o, t, thr, _) in enumerate(cases)]
+
+    alone = [base.new_sequence().propose(r, c[4]) for r, c in zip(requests(), cases)]
+    batched = propose_batch([(base.new_sequence(), r, c[4]) for r, c in zip(requests(), cases)])
+    assert [d.draft_token_ids for d in batched] == [d.draft_token_ids for d in alone]
+    assert [len(d.draft_token_ids) for d in batched][-1] == 1  # one position of room left
+    assert all((a.draft_probs is None) == (b.draft_probs is None) for a, b in zip(alone, batched))
+    assert all(torch.equal(a.draft_probs, b.draft_probs) for a, b in zip(alone, batched) if a.draft_probs is not None)

@@ -246,6 +246,11 @@ class CostModelSchedule:
     one more in the next step (never more: then the cost model decides again): back-to-back
     drafting is what re-measures the drafter's steady-state cost (an isolated probe also pays
     for catching up on the skipped tokens).
+
+    In a batch (``batch_size`` > 1) a switched-off drafter is not probed: a probe of a model
+    drafter first feeds it every token it skipped (the whole prompt, the first time), a cost
+    the whole batch waits for and the cost model does not see; the estimate is probed again once
+    the request runs alone, or drafts as soon as the batch shrinks enough for the prediction.
     """
 
     def __init__(
@@ -266,6 +271,8 @@ class CostModelSchedule:
         if k > 0:
             self.num_steps_off = 0
             return k
+        if batch_size > 1 and not self._follow_up:
+            return 0  # no probes in a batch (see the class docstring)
         if not self._follow_up:
             self.num_steps_off += 1
         if self._follow_up or self.num_steps_off > self.config.probe_interval:

@@ -90,7 +90,7 @@ class TreeBudgetSchedule:
     size, so after ``probe_interval`` steps below ``max_k`` one step drafts ``max_k`` nodes
     again to refresh the larger budgets. When no budget beats plain decoding (predicted speedup
     <= 1) it drafts nothing, and after ``probe_interval`` such steps drafts a ``probe_length``-node
-    tree once, as :class:`CostModelSchedule` does for chains.
+    tree once, as :class:`CostModelSchedule` does for chains (and, as there, never in a batch).
     """
 
     def __init__(self, drafter: str, max_k: int, costs: CostModel, config: ControllerConfig) -> None:
@@ -106,6 +106,8 @@ class TreeBudgetSchedule:
             return self.max_k
         n, self.last_predicted_speedup = best_tree_budget(self.acceptance.expected(), step_costs)
         if self.last_predicted_speedup <= 1.0:
+            if batch_size > 1:  # no probes in a batch: see CostModelSchedule
+                return 0
             self.num_steps_off += 1
             if self.num_steps_off > self.config.probe_interval:
                 self.num_steps_off = 0

@@ -26,6 +26,7 @@ from verispec.metrics import RequestMetrics, RequestTimes, SpecDecodeStats
 from verispec.output import Detokenizer, OutputBuilder
 from verispec.policy import DraftPolicy, DraftStep, make_policy
 from verispec.proposers import DraftOutput, DraftRequest, Proposer, can_hold_sequences, for_new_sequence
+from verispec.proposers.draft_model import batches, propose_batch
 from verispec.proposers.ngram import NgramProposer, NgramTreeProposer
 from verispec.runners import ForwardCall, Runner, forward_batch
 from verispec.sampling import ProcessedRows, SamplingParams, process_logits, sample_from
@@ -169,10 +170,11 @@ class _Plan:
     """What one request does in a pass: a prefill chunk, a chain or a tree verify."""
 
     state: RequestState
-    call: ForwardCall
+    call: ForwardCall | None
     cached: int = 0
     limit: int = 0
     step: DraftStep | None = None
+    request: DraftRequest | None = None
 
 
 class SpeculativeEngine:
@@ -185,9 +187,10 @@ class SpeculativeEngine:
         proposers: drafters by method name (e.g. ``{"draft": DraftModelProposer(...)}``);
             ``"ngram"`` (prompt lookup, no model) is added with default n-gram sizes if absent.
         controller: knobs of the draft-length controller (:class:`ControllerConfig`).
-        max_num_batched_tokens: prompt tokens prefilled per pass while other requests decode
-            (chunked prefill: a long prompt does not stall the batch); a pass with no decoding
-            request prefills whole prompts.
+        max_num_batched_tokens: prompt tokens prefilled per pass when other requests share it
+            (chunked prefill, first come first served: a long prompt does not stall the batch,
+            and the first request's first token does not wait for the others' prompts); a
+            request alone prefills its whole prompt in one pass.
     """
 
     def __init__(
@@ -321,7 +324,8 @@ class SpeculativeEngine:
         """
         plans, chunks = [], {}
         decoding = [s for s in states if not s.finished and not s.prefilling]
-        prefill_budget = self.max_num_batched_tokens if decoding else None
+        alone = sum(not s.finished for s in states) == 1
+        prefill_budget = None if alone else self.max_num_batched_tokens  # a request alone prefills at once
         for state in states:
             if state.finished:
                 continue
@@ -337,6 +341,11 @@ class SpeculativeEngine:
                     chunks[id(state)] = self._finish(state, [])
                     continue
             plans.append(plan)
+        self._run_deferred_drafts([plan for plan in plans if plan.step is not None and plan.step.deferred])
+        for plan in plans:
+            if plan.step is not None:
+                plan.state.times.draft_s += plan.step.draft_s
+                plan.call = self._verify_call(plan)
         if plans:
             start = time.perf_counter()
             logits = forward_batch([plan.call for plan in plans])
@@ -365,6 +374,8 @@ class SpeculativeEngine:
         return _Plan(state, ForwardCall(state.slot.target, chunk, num_logits=1 if end == len(state.prompt) else 0))
 
     def _plan_decode(self, state: RequestState, base_rows: int, batch_size: int) -> _Plan | None:
+        """The request's draft decision (a model drafter's proposal deferred to
+        :meth:`_run_deferred_drafts`); None when the context window is full."""
         target, out = state.slot.target, state.out
         cached = target.num_cached_tokens
         room = target.max_context_length - cached - 2  # new tokens land at cached+1...
@@ -372,16 +383,31 @@ class SpeculativeEngine:
             return None
         limit = min(state.params.max_tokens - len(out.token_ids) - 1, room)  # draft tokens that fit
         request = DraftRequest(state.prompt, out.token_ids, state.params, state.generator, state.spec.draft_stop_threshold)
-        step = state.policy.draft(request, limit, base_rows=max(0, base_rows), batch_size=batch_size)
-        state.times.draft_s += step.draft_s
-        tree = step.draft.tree
+        defer = [name for name, p in state.slot.proposers.items() if batches(p)]
+        step = state.policy.draft(request, limit, base_rows=max(0, base_rows), batch_size=batch_size, defer=defer)
+        return _Plan(state, None, cached, limit, step, request)
+
+    @staticmethod
+    def _run_deferred_drafts(plans: list[_Plan]) -> None:
+        """The draft model's chains of every request that chose it, one draft pass per position
+        (:func:`verispec.proposers.draft_model.propose_batch`); each request's share of the time."""
+        if not plans:
+            return
+        start = time.perf_counter()
+        items = [(plan.state.policy.proposer(plan.step.drafter), plan.request, plan.step.deferred) for plan in plans]
+        drafts = propose_batch(items)
+        share = (time.perf_counter() - start) / len(plans)
+        for plan, draft in zip(plans, drafts):
+            plan.step = plan.state.policy.complete(plan.step, draft, share)
+
+    @staticmethod
+    def _verify_call(plan: _Plan) -> ForwardCall:
+        """The target rows of a decode step: the pending token and the chain, or the tree."""
+        target, tree = plan.state.slot.target, plan.step.draft.tree
         if tree is None:
-            call = ForwardCall(target, [state.pending] + step.draft.draft_token_ids)
-        else:
-            call = ForwardCall(
-                target, list(tree.token_ids), None, tree_position_ids(tree, cached), tree_attention_mask(tree, cached)
-            )
-        return _Plan(state, call, cached, limit, step)
+            return ForwardCall(target, [plan.state.pending] + plan.step.draft.draft_token_ids)
+        cached = plan.cached
+        return ForwardCall(target, list(tree.token_ids), None, tree_position_ids(tree, cached), tree_attention_mask(tree, cached))
 
     def _commit(self, plan: _Plan, logits: torch.Tensor, pass_s: float, base_rows: int) -> StreamChunk | None:
         state = plan.state

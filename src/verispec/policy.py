@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Collection, Mapping, Sequence
 
 from verispec.control import (
     AcceptanceEstimate,
@@ -66,6 +66,9 @@ class DraftStep:
             decoding steps)``; None before the costs were measured.
         steady: the same drafter drafted the previous step too, so ``drafter_s`` (its own
             proposal's seconds) is a steady-state cost worth measuring.
+        deferred: > 0 when the policy chose a drafter the engine runs for many requests at
+            once (:meth:`DraftPolicy.draft`'s ``defer``): the tokens to ask it for; the engine
+            hands the proposal back through :meth:`DraftPolicy.complete`.
     """
 
     drafter: str | None = None
@@ -75,6 +78,7 @@ class DraftStep:
     predicted: tuple[float, float] | None = None
     steady: bool = False
     drafter_s: float = 0.0
+    deferred: int = 0
 
 
 class DraftPolicy:
@@ -118,12 +122,16 @@ class DraftPolicy:
         """False for plain decoding (no drafter)."""
         return bool(self._proposers)
 
-    def draft(self, request: DraftRequest, limit: int, base_rows: int = 0, batch_size: int = 1) -> DraftStep:
+    def draft(
+        self, request: DraftRequest, limit: int, base_rows: int = 0, batch_size: int = 1, defer: Collection[str] = ()
+    ) -> DraftStep:
         """Ask the drafters in order; the first non-empty proposal of at most ``limit`` tokens wins.
 
         ``base_rows``, ``batch_size``: the other requests' rows in the same target pass and the
         number of requests in it (continuous batching); the schedules price a draft by what it
-        costs the whole batch (:meth:`CostModel.step_costs`)."""
+        costs the whole batch (:meth:`CostModel.step_costs`). ``defer``: drafters the caller
+        runs itself, batched over requests: reaching one, the step comes back with ``deferred``
+        tokens to ask it for, and the caller finishes it with :meth:`complete`."""
         spent = 0.0
         chosen = None  # chain or tree, decided once the drafters before them drafted nothing
         for name, proposer in self._proposers.items():
@@ -136,6 +144,8 @@ class DraftPolicy:
             if num_tokens <= 0:
                 continue
             predicted = self._predicted(name, num_tokens, base_rows, batch_size)  # before this step's own timing
+            if name in defer:
+                return DraftStep(name, k, DraftOutput(), spent, predicted, deferred=num_tokens)
             start = time.perf_counter()
             draft = proposer.propose(request, num_tokens)
             seconds = time.perf_counter() - start
@@ -153,6 +163,24 @@ class DraftPolicy:
         self._previous = None
         plain = (1.0, 1.0) if self.costs.plain_step_s() is not None else None
         return DraftStep(None, 0, DraftOutput(), spent, plain)
+
+    def proposer(self, name: str) -> Proposer:
+        """The drafter called ``name`` (for a deferred step)."""
+        return self._proposers[name]
+
+    def complete(self, step: DraftStep, draft: DraftOutput, seconds: float) -> DraftStep:
+        """Finish a deferred ``step`` with the proposal the caller got (``seconds``: its share of
+        the batched proposal's time). An empty proposal makes it a plain step."""
+        draft = _at_most(draft, step.deferred)
+        if not draft.draft_token_ids:
+            self._previous = None
+            plain = (1.0, 1.0) if self.costs.plain_step_s() is not None else None
+            return DraftStep(None, 0, DraftOutput(), step.draft_s + seconds, plain)
+        steady = self._previous == step.drafter
+        if steady:
+            self.costs.record_draft(step.drafter, len(draft.draft_token_ids), seconds)
+        self._previous = step.drafter
+        return DraftStep(step.drafter, step.chosen_k, draft, step.draft_s + seconds, step.predicted, steady, seconds)
 
     def observe(
         self,

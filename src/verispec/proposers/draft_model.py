@@ -8,11 +8,12 @@ recomputed) and feeds only what is new. Knows nothing about the target or verifi
 from __future__ import annotations
 
 import copy
+from typing import Sequence
 
 import torch
 
 from verispec.proposers import DraftOutput, DraftRequest, common_prefix_length
-from verispec.runners import Runner
+from verispec.runners import ForwardCall, Runner, forward_batch
 from verispec.sampling import ProcessedRows, process_logits, sample_from
 
 
@@ -40,26 +41,52 @@ class DraftModelProposer:
         return clone
 
     def propose(self, request: DraftRequest, num_speculative_tokens: int) -> DraftOutput:
-        if num_speculative_tokens <= 0:
-            return DraftOutput()
+        return propose_batch([(self, request, num_speculative_tokens)])[0]
+
+    def observe(self, num_accepted_tokens: int) -> None:
+        """Nothing to do: the next ``propose`` rolls the cache back to the shared prefix."""
+
+
+def batches(proposer) -> bool:
+    """``proposer`` drafts through :func:`propose_batch` (a :class:`DraftModelProposer` whose
+    ``propose`` is the stock one), so an engine may run it for many requests at once."""
+    return isinstance(proposer, DraftModelProposer) and type(proposer).propose is DraftModelProposer.propose
+
+
+def propose_batch(items: Sequence[tuple[DraftModelProposer, DraftRequest, int]]) -> list[DraftOutput]:
+    """Draft for several requests at once, each with its own proposer (its own draft sequence).
+
+    Every draft position is one :func:`verispec.runners.forward_batch` over all requests still
+    drafting (the first also feeds what each draft cache has not seen yet), so on a batch-capable
+    draft runner k draft tokens for N requests cost k draft passes, not N k. Each request gets
+    the tokens :meth:`DraftModelProposer.propose` alone would give it: its rows are processed
+    with its own parameters and drawn with its own generator, and the runner's rows do not
+    depend on the batch (batch-invariant runners). ``items``: ``(proposer, request, k)``, the
+    proposers distinct. Returns one :class:`DraftOutput` per item, in order (empty for k <= 0 or
+    no room in the draft's context).
+    """
+    outputs = [DraftOutput() for _ in items]
+    active = []  # [index, pending token ids, tokens left, draft tokens, draft rows]
+    for index, (proposer, request, k) in enumerate(items):
         context = request.context
-        room = self.runner.max_context_length - len(context)
-        num_tokens = min(num_speculative_tokens, room)
+        num_tokens = min(k, proposer.runner.max_context_length - len(context))
         if num_tokens <= 0:
-            return DraftOutput()
+            continue
         # Keep the shared prefix, but always re-feed the last context token: its logits are needed.
-        keep = min(common_prefix_length(self._cached_token_ids, context), len(context) - 1)
-        self.runner.truncate(keep)
-        self._cached_token_ids = self._cached_token_ids[:keep]
-        pending = context[keep:]
-        draft_token_ids: list[int] = []
-        draft_rows = []
-        for i in range(num_tokens):
-            logits = self.runner.forward(pending, num_logits=1)
-            self._cached_token_ids.extend(pending)
+        keep = min(common_prefix_length(proposer._cached_token_ids, context), len(context) - 1)
+        proposer.runner.truncate(keep)
+        proposer._cached_token_ids = proposer._cached_token_ids[:keep]
+        active.append([index, context[keep:], num_tokens, [], []])
+    while active:
+        logits = forward_batch([ForwardCall(items[a[0]][0].runner, a[1], num_logits=1) for a in active])
+        still = []
+        for entry, row in zip(active, logits):
+            index, pending, left, draft_token_ids, draft_rows = entry
+            proposer, request, _ = items[index]
+            proposer._cached_token_ids.extend(pending)
             # The draft's row is processed like the target's would be at this point of the chain.
             rows = process_logits(
-                logits, request.params, request.prompt_token_ids, list(request.output_token_ids) + draft_token_ids
+                row, request.params, request.prompt_token_ids, list(request.output_token_ids) + draft_token_ids
             )
             if rows.probs is None:
                 token = int(rows.greedy_token_ids[0])
@@ -67,14 +94,13 @@ class DraftModelProposer:
                 token = sample_from(rows.probs[0], request.generator)
                 draft_rows.append(rows.probs[0])
             draft_token_ids.append(token)
-            pending = [token]
-            if request.draft_stop_threshold > 0 and top_probability(logits[0], rows) < request.draft_stop_threshold:
-                break  # the draft is unsure: later tokens would rarely be accepted
-        draft_probs = torch.stack(draft_rows) if draft_rows else None
-        return DraftOutput(draft_token_ids=draft_token_ids, draft_probs=draft_probs)
-
-    def observe(self, num_accepted_tokens: int) -> None:
-        """Nothing to do: the next ``propose`` rolls the cache back to the shared prefix."""
+            unsure = request.draft_stop_threshold > 0 and top_probability(row[0], rows) < request.draft_stop_threshold
+            if left > 1 and not unsure:  # unsure: later tokens would rarely be accepted
+                still.append([index, [token], left - 1, draft_token_ids, draft_rows])
+            else:
+                outputs[index] = DraftOutput(draft_token_ids, torch.stack(draft_rows) if draft_rows else None)
+        active = still
+    return outputs
 
 
 def top_probability(logits: torch.Tensor, rows: ProcessedRows) -> float:
