@@ -93,7 +93,10 @@ def test_load_checkpoint_directory(checkpoint):
     loaded = load_model(str(checkpoint))
     assert (loaded.name, loaded.path) == (checkpoint.name, checkpoint.resolve())
     assert (loaded.vocab_size, loaded.context_length) == (CHECKPOINT_VOCAB, 128)
-    assert loaded.eos_token_ids == (1, 2)  # generation_config's list, tokenizer's eos included
+    # generation_config's list (the tokenizer's eos included), then the special <|endoftext|> that
+    # transformers' Qwen2 tokenizer adds past the 64 words
+    assert loaded.eos_token_ids == (1, 2, 64)
+    assert loaded.tokenizer.convert_ids_to_tokens(64) == "<|endoftext|>"
     assert loaded.model.training is False
     assert not any(p.requires_grad for p in loaded.model.parameters())
     assert next(loaded.model.parameters()).dtype == torch.float32
@@ -122,7 +125,7 @@ def test_loading_prints_no_transformers_progress_bars(which, request, capfd):
 def test_load_gguf_file(tiny_gguf):
     loaded = load_model(str(tiny_gguf))
     assert (loaded.name, loaded.vocab_size, loaded.context_length) == ("tiny.gguf", GGUF_VOCAB, 64)
-    assert loaded.eos_token_ids == (1,)
+    assert loaded.eos_token_ids == (1, 0)  # the GGUF's eos (<|im_end|>), then the special <|endoftext|>
     assert loaded.tokenizer.convert_ids_to_tokens([1, 2]) == ["<|im_end|>", "ab"]
     logits = loaded.model(torch.tensor([[3, 4, 5]])).logits  # [batch, tokens, vocab]
     assert logits.shape == (1, 3, GGUF_VOCAB)
@@ -145,7 +148,7 @@ def test_load_builtin_name_fetches_through_the_store(tiny_gguf, tmp_path):
                              progress=False)
     loaded = load_model("tiny", store=model_store)
     assert (loaded.name, loaded.path) == ("tiny", tmp_path / "models" / "tiny" / "tiny.gguf")
-    assert loaded.eos_token_ids == (1,)
+    assert loaded.eos_token_ids == (1, 0)  # the GGUF's eos (<|im_end|>), then the special <|endoftext|>
 
 
 def gguf_bytes(tmp_path: Path, data: bytes) -> str:
@@ -216,3 +219,18 @@ def test_bad_references(why, make_ref, error, message, tmp_path, checkpoint, tin
 def test_bad_parameters(checkpoint, options, message):
     with pytest.raises(InvalidParameterError, match=message):
         load_model(str(checkpoint), **options)
+
+
+def test_stop_tokens_include_the_vocabularys_special_end_of_generation_tokens():
+    from tokenizers import Tokenizer, models
+    from transformers import AddedToken, PreTrainedTokenizerFast
+
+    from verispec.models.loading import stop_token_ids
+
+    vocab = {"a": 0, "b": 1, "<|im_end|>": 2, "<|endoftext|>": 3, "<|file_sep|>": 4, "<|fim_pad|>": 5}
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="a")), eos_token="<|im_end|>")
+    tokenizer.add_tokens([AddedToken("<|endoftext|>", special=True), AddedToken("<|file_sep|>", special=True)])
+    tokenizer.add_tokens([AddedToken("<|fim_pad|>", special=False)])  # not special: ordinary text
+    # the GGUF names one EOS (<|im_end|>); a raw completion of a coder model ends with <|endoftext|>
+    assert stop_token_ids(tokenizer, 2, None) == (2, 3, 4)
+    assert stop_token_ids(tokenizer, [4, 2]) == (4, 2, 3)  # the given order first, no duplicates

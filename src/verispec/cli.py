@@ -196,6 +196,9 @@ def serve(
     draft: str = typer.Option(DEFAULT_DRAFT, help="Draft model reference, or 'none' to serve plain decoding."),
     method: Optional[str] = typer.Option(None, help="Default method of requests without 'speculative' (draft if a draft is loaded)."),
     num_speculative_tokens: int = typer.Option(5, "--num-speculative-tokens", "-k", help="Default draft tokens per target pass."),
+    schedule: str = typer.Option(
+        "cost", help="Default draft-length schedule: cost (batch-aware cost model), heuristic or constant."
+    ),
     host: str = typer.Option("127.0.0.1", help="Address to bind; loopback unless you say otherwise."),
     port: int = typer.Option(8000, help="TCP port."),
     api_key: Optional[str] = typer.Option(None, envvar="VERISPEC_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1."),
@@ -237,7 +240,10 @@ def serve(
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     use_draft = draft.lower() != "none"
     try:
-        spec = SpeculativeConfig(method=method or ("draft" if use_draft else "none"), num_speculative_tokens=num_speculative_tokens)
+        spec = SpeculativeConfig(
+            method=method or ("draft" if use_draft else "none"), num_speculative_tokens=num_speculative_tokens,
+            schedule=schedule,
+        )
         with err.status(f"loading {target}" + (f" + {draft}" if use_draft else "")):
             pipe = SpeculativePipeline.load(target, draft if use_draft else None, dtype=dtype, runners=RunnerOptions(kind=runner))
     except VerispecError as exc:

@@ -137,7 +137,7 @@ class RequestState:
     """Everything one request carries between the engine's steps (see :meth:`SpeculativeEngine.step`).
 
     ``num_prefilled``: prompt tokens already in the target's cache (the prompt is prefilled in
-    chunks when other requests are decoding). ``pending``: the last committed token, not yet in
+    chunks when other requests share the passes). ``pending``: the last committed token, not yet in
     the cache. ``last_rows``: rows this request put in the last pass (for batch-aware control).
     """
 

@@ -217,23 +217,43 @@ def _param_bytes(model: torch.nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+# Special tokens that end generation wherever a vocabulary has them (llama.cpp's end-of-generation
+# list, src/llama-vocab.cpp: a GGUF names one EOS, e.g. Qwen2.5 instruct's <|im_end|>, but a raw
+# completion ends with <|endoftext|> and FIM-trained coders emit their file markers)
+END_OF_GENERATION_TOKENS = (
+    "<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "<|end_of_text|>",
+    "<EOT>", "<end_of_utterance>", "<\uff5cend\u2581of\u2581sentence\uff5c>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>",
+)
+
+
 def _eos_token_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:
-    """Stop tokens: generation_config's EOS id(s) first, then the model config's and tokenizer's.
+    """Stop tokens of a transformers model: generation_config's EOS id(s) first, then the model
+    config's, then :func:`stop_token_ids`'s."""
+    generation_config = getattr(model, "generation_config", None)
+    return stop_token_ids(
+        tokenizer, getattr(generation_config, "eos_token_id", None), getattr(model.config, "eos_token_id", None)
+    )
+
+
+def stop_token_ids(tokenizer: Any, *candidates) -> tuple[int, ...]:
+    """Stop tokens: ``candidates`` (ids, lists of ids or None) first, then the tokenizer's EOS,
+    then the vocabulary's special end-of-generation tokens (:data:`END_OF_GENERATION_TOKENS`).
 
     Order is kept and duplicates dropped, so the first id is the primary EOS.
     """
-    generation_config = getattr(model, "generation_config", None)
-    candidates = [
-        getattr(generation_config, "eos_token_id", None),
-        getattr(model.config, "eos_token_id", None),
-        tokenizer.eos_token_id,
-    ]
     ids: list[int] = []
-    for candidate in candidates:
+    for candidate in (*candidates, tokenizer.eos_token_id, _special_end_tokens(tokenizer)):
         for token_id in candidate if isinstance(candidate, (list, tuple)) else [candidate]:
             if token_id is not None and int(token_id) not in ids:
                 ids.append(int(token_id))
     return tuple(ids)
+
+
+def _special_end_tokens(tokenizer: Any) -> list[int]:
+    """Ids of the tokenizer's *special* added tokens named in :data:`END_OF_GENERATION_TOKENS`."""
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    return sorted(int(i) for i, token in added.items()
+                  if getattr(token, "special", False) and str(token) in END_OF_GENERATION_TOKENS)
 
 
 def _context_length(model: Any) -> int:

@@ -191,7 +191,7 @@ def load_gguf_info(ref: str, *, store=None, runner: str = "llama.cpp"):
     (ModelNotFoundError, ModelIntegrityError, ModelFetchError).
     """
     from verispec.models.gguf_file import cached_tokenizer, read_gguf_header
-    from verispec.models.loading import LoadedModel
+    from verispec.models.loading import LoadedModel, stop_token_ids
     from verispec.models.store import ModelStore
 
     source = (store or ModelStore()).resolve(ref)
@@ -200,10 +200,7 @@ def load_gguf_info(ref: str, *, store=None, runner: str = "llama.cpp"):
     start = time.perf_counter()
     header = read_gguf_header(source.path)
     tokenizer = cached_tokenizer(header)
-    eos: list[int] = []
-    for candidate in (header.metadata.get("tokenizer.ggml.eos_token_id"), tokenizer.eos_token_id):
-        if candidate is not None and int(candidate) not in eos:
-            eos.append(int(candidate))
+    eos = stop_token_ids(tokenizer, *(header.metadata.get(f"tokenizer.ggml.{name}_token_id") for name in ("eos", "eot", "eom")))
     embedding = header.tensors.get("output.weight") or header.tensors.get("token_embd.weight")
     vocab_size = int(embedding.shape[1]) if embedding is not None and len(embedding.shape) == 2 else len(tokenizer)
     return LoadedModel(
@@ -213,7 +210,7 @@ def load_gguf_info(ref: str, *, store=None, runner: str = "llama.cpp"):
         path=source.path,
         load_time_s=time.perf_counter() - start,
         param_bytes=source.path.stat().st_size,
-        eos_token_ids=tuple(eos),
+        eos_token_ids=eos,
         context_length=int(header.arch_value("context_length", 2048)),
         vocab_size=vocab_size,
     )
