@@ -25,6 +25,7 @@ from typing import Sequence
 from verispec.audit import QualityAuditor
 from verispec.engine import SpeculativeConfig, SpeculativeEngine, StreamChunk
 from verispec.errors import VerispecError
+from verispec.runners.openmp import release_thread_pool
 from verispec.sampling import SamplingParams
 from verispec.scheduler import ScheduledRequest, Scheduler
 from verispec.server.prom import ServerMetrics
@@ -122,6 +123,10 @@ class EngineWorker:
         return self.scheduler.max_num_seqs
 
     def start(self) -> None:
+        """Start the engine thread (call it on the thread that loaded the models: that thread's
+        OpenMP pool is released so the engine thread's passes get the cores, see
+        :mod:`verispec.runners.openmp`)."""
+        release_thread_pool()
         self._thread.start()
 
     def stop(self, timeout_s: float = 10.0) -> None:
