@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import openai
 
@@ -49,12 +50,19 @@ def _alone(reference, prompt, max_tokens, method, stream, stop):
     return reference.engine.generate(reference.encode(prompt), params, SpeculativeConfig(method=method)).text
 
 
-def test_concurrent_clients_share_passes_and_get_their_alone_output(reference):
+@contextmanager
+def gated_server(**options):
+    """A live server over the tiny pair whose engine runs one pass per released permit:
+    yields (server, engine, openai client)."""
     pipeline = tiny_pipeline()
     engine = pipeline.engine = GatedEngine(pipeline.engine)
-    with LiveServer(create_app(pipeline, max_num_seqs=4, max_queue=16)) as server:
+    with LiveServer(create_app(pipeline, max_num_seqs=4, **options)) as server:
         wait_ready(server.url)
-        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=60)
+        yield server, engine, openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=60)
+
+
+def test_concurrent_clients_share_passes_and_get_their_alone_output(reference):
+    with gated_server(max_queue=16) as (server, engine, client):
         with ThreadPoolExecutor(len(REQUESTS)) as pool:
             futures = [pool.submit(_ask, client, *r) for r in REQUESTS]
             # the first pass is held (with the requests that had arrived); the others queue behind it
@@ -71,11 +79,7 @@ def test_concurrent_clients_share_passes_and_get_their_alone_output(reference):
 
 
 def test_a_client_leaving_mid_stream_changes_nothing_for_the_others(reference):
-    pipeline = tiny_pipeline()
-    engine = pipeline.engine = GatedEngine(pipeline.engine)
-    with LiveServer(create_app(pipeline, max_num_seqs=4, max_tokens_cap=200)) as server:
-        wait_ready(server.url)
-        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=60)
+    with gated_server(max_tokens_cap=200) as (server, engine, client):
         others = REQUESTS[:3]
         with ThreadPoolExecutor(len(others)) as pool:
             host, port = server.url.removeprefix("http://").split(":")

@@ -7,6 +7,7 @@ Knows nothing about verification or about the target model.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
@@ -62,6 +63,23 @@ class Proposer(Protocol):
     def observe(self, num_accepted_tokens: int) -> None:
         """Feedback after verification of the last proposal."""
         ...
+
+
+class DraftCacheSequences:
+    """For drafters that own a draft runner's cache (``runner``, ``_cached_token_ids``): another
+    sequence is the same drafter over ``runner.new_sequence()`` with an empty cache."""
+
+    @property
+    def holds_sequences(self) -> bool:
+        """The draft runner can give another sequence."""
+        return hasattr(self.runner, "new_sequence")
+
+    def new_sequence(self):
+        """This drafter for another request: the same draft weights, its own empty cache."""
+        clone = copy.copy(self)
+        clone.runner = self.runner.new_sequence()
+        clone._cached_token_ids = []
+        return clone
 
 
 def can_hold_sequences(proposer: Proposer) -> bool:

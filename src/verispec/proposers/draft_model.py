@@ -7,17 +7,16 @@ recomputed) and feeds only what is new. Knows nothing about the target or verifi
 
 from __future__ import annotations
 
-import copy
 from typing import Sequence
 
 import torch
 
-from verispec.proposers import DraftOutput, DraftRequest, common_prefix_length
+from verispec.proposers import DraftCacheSequences, DraftOutput, DraftRequest, common_prefix_length
 from verispec.runners import ForwardCall, Runner, forward_batch
 from verispec.sampling import ProcessedRows, process_logits, sample_from
 
 
-class DraftModelProposer:
+class DraftModelProposer(DraftCacheSequences):
     """Chain drafting with a draft model (Leviathan et al. 2023, §2.3; Chen et al. 2023, §2).
 
     Args:
@@ -27,18 +26,6 @@ class DraftModelProposer:
     def __init__(self, runner: Runner) -> None:
         self.runner = runner
         self._cached_token_ids: list[int] = []
-
-    @property
-    def holds_sequences(self) -> bool:
-        """The draft runner can give another sequence (:meth:`new_sequence`)."""
-        return hasattr(self.runner, "new_sequence")
-
-    def new_sequence(self) -> DraftModelProposer:
-        """This drafter for another request: the same draft weights, its own empty cache."""
-        clone = copy.copy(self)
-        clone.runner = self.runner.new_sequence()
-        clone._cached_token_ids = []
-        return clone
 
     def propose(self, request: DraftRequest, num_speculative_tokens: int) -> DraftOutput:
         return propose_batch([(self, request, num_speculative_tokens)])[0]

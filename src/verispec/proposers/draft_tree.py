@@ -8,8 +8,6 @@ token as its root (see :mod:`verispec.tree`).
 
 from __future__ import annotations
 
-import copy
-
 import heapq
 from dataclasses import dataclass
 from typing import Sequence
@@ -17,7 +15,7 @@ from typing import Sequence
 import torch
 
 from verispec.errors import InvalidParameterError
-from verispec.proposers import DraftOutput, DraftRequest, common_prefix_length
+from verispec.proposers import DraftCacheSequences, DraftOutput, DraftRequest, common_prefix_length
 from verispec.sampling import process_logits
 from verispec.tree import TokenTree, tree_attention_mask, tree_position_ids
 
@@ -72,7 +70,7 @@ def validate_tree_choices(choices) -> tuple[tuple[int, ...], ...]:
     return tuple(sorted(paths, key=lambda p: (len(p), p)))
 
 
-class DraftTreeProposer:
+class DraftTreeProposer(DraftCacheSequences):
     """Dynamic-tree drafting (EAGLE-2 style): expand the top ``branching`` children of each
     frontier node, keep the best nodes by path probability, level by level.
 
@@ -98,18 +96,6 @@ class DraftTreeProposer:
         self.max_depth = max_depth
         self.choices = validate_tree_choices(choices) if choices is not None else None
         self._cached_token_ids: list[int] = []
-
-    @property
-    def holds_sequences(self) -> bool:
-        """The draft runner can give another sequence (:meth:`new_sequence`)."""
-        return hasattr(self.runner, "new_sequence")
-
-    def new_sequence(self) -> DraftTreeProposer:
-        """This drafter for another request: the same draft weights, its own empty cache."""
-        clone = copy.copy(self)
-        clone.runner = self.runner.new_sequence()
-        clone._cached_token_ids = []
-        return clone
 
     def propose_tree(self, request: DraftRequest, num_nodes: int) -> TokenTree:
         """A tree of at most ``num_nodes`` drafted nodes below the root (the last context token)."""
