@@ -20,104 +20,32 @@ from typing import Iterator, Mapping, Sequence
 
 import torch
 
-from verispec.control import SCHEDULES, ControllerConfig, CostModel
+from verispec.control import ControllerConfig, CostModel
 from verispec.errors import ContextLengthError, InvalidParameterError
 from verispec.metrics import RequestMetrics, RequestTimes, SpecDecodeStats
 from verispec.output import Detokenizer, OutputBuilder
-from verispec.policy import DraftPolicy, DraftStep, make_policy
-from verispec.proposers import DraftOutput, DraftRequest, Proposer, can_hold_sequences, for_new_sequence
+from verispec.policy import DraftPolicy, DraftStep, drafter_order, make_policy
+from verispec.proposers import DraftRequest, Proposer, can_hold_sequences, for_new_sequence
 from verispec.proposers.draft_model import batches, propose_batch
 from verispec.proposers.ngram import NgramProposer, NgramTreeProposer
-from verispec.runners import ForwardCall, Runner, forward_batch
-from verispec.sampling import ProcessedRows, SamplingParams, process_logits, sample_from
-from verispec.tree import (
-    TokenTree,
-    TreeVerifyResult,
-    greedy_tree_verify,
-    tree_attention_mask,
-    tree_position_ids,
-    tree_rejection_sample,
+from verispec.request import (  # re-exported: the engine's public types
+    MAX_SPECULATIVE_TOKENS,
+    METHODS,
+    GenerationOutput,
+    SpeculativeConfig,
+    StreamChunk,
 )
-from verispec.verify import VerifyResult, greedy_verify, pad_vocab, rejection_sample
+from verispec.runners import ForwardCall, Runner, forward_batch
+from verispec.sampling import SamplingParams, process_logits
+from verispec.tree import tree_attention_mask, tree_position_ids
+from verispec.verify_step import pick_token, verify_chain, verify_tree
 
-METHODS = ("none", "draft", "ngram", "layer-skip", "auto", "tree")
-MAX_SPECULATIVE_TOKENS = 64
+__all__ = [
+    "MAX_SPECULATIVE_TOKENS", "METHODS", "GenerationOutput", "RequestState", "Slot", "SpeculativeConfig",
+    "SpeculativeEngine", "StreamChunk",
+]
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 256  # prompt tokens per pass while others decode (vLLM's name)
 TARGET_SOURCE = "target"  # token_sources entry of a token the target chose (not a draft token)
-
-
-@dataclass(frozen=True)
-class SpeculativeConfig:
-    """How to speculate for one request.
-
-    Attributes:
-        method: ``"none"`` (plain decoding), the name of a loaded drafter (``"draft"``,
-            ``"ngram"``, ``"layer-skip"``) or ``"auto"`` (n-gram lookup when it matches, else
-            the draft model, else layer skip; decided per step) or ``"tree"`` (token trees:
-            n-gram branches when the lookup matches, else the draft model's tree; per step).
-        num_speculative_tokens: tokens drafted per target pass, 1..64 (ignored for ``none``):
-            the draft length of the ``constant`` schedule, the upper bound of the others; for
-            ``tree``, the number of tree nodes verified per target pass.
-        schedule: ``"constant"``, ``"heuristic"`` (+2 after a full accept, -1 otherwise) or
-            ``"cost"`` (the k maximising expected tokens per unit of measured time; may switch
-            speculation off; for ``tree``, the node budget maximising the realised accepted
-            length per unit time, also switching off: :class:`verispec.control_tree.TreeBudgetSchedule`);
-            see :mod:`verispec.control`.
-        draft_stop_threshold: a model drafter stops drafting once its own top probability for
-            the token it just drafted is below this, in [0, 1); 0 disables.
-    Raises:
-        InvalidParameterError: unknown method or schedule, or an out-of-range number.
-    """
-
-    method: str = "draft"
-    num_speculative_tokens: int = 5
-    schedule: str = "constant"
-    draft_stop_threshold: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise InvalidParameterError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
-        if not 1 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
-            raise InvalidParameterError(
-                f"num_speculative_tokens must be in [1, {MAX_SPECULATIVE_TOKENS}], got {self.num_speculative_tokens}"
-            )
-        if self.schedule not in SCHEDULES:
-            raise InvalidParameterError(f"unknown schedule {self.schedule!r}; choose one of {', '.join(SCHEDULES)}")
-        if not 0.0 <= self.draft_stop_threshold < 1.0:
-            raise InvalidParameterError(f"draft_stop_threshold must be in [0, 1), got {self.draft_stop_threshold}")
-
-
-@dataclass
-class GenerationOutput:
-    """Result of one request: ``token_ids`` ``[output_tokens]``, its text, why it ended, metrics.
-
-    ``token_sources`` ``[output_tokens]``: for each output token, the drafter whose accepted
-    draft token it was, or ``"target"`` (first token, recovered and bonus tokens, plain steps).
-    """
-
-    token_ids: list[int]
-    text: str
-    finish_reason: str
-    metrics: RequestMetrics
-    token_sources: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        return {
-            "text": self.text,
-            "token_ids": self.token_ids,
-            "finish_reason": self.finish_reason,
-            "metrics": self.metrics.to_dict(),
-            "token_sources": self.token_sources,
-        }
-
-
-@dataclass
-class StreamChunk:
-    """What one verify step committed: new visible text and token ids; ``output`` on the last."""
-
-    text: str
-    token_ids: list[int] = field(default_factory=list)
-    output: GenerationOutput | None = None
 
 
 @dataclass
@@ -130,6 +58,10 @@ class Slot:
 
     target: Runner
     proposers: dict[str, Proposer]
+    batched_drafters: list[str] = field(init=False)  # run for many requests at once (:func:`batches`)
+
+    def __post_init__(self) -> None:
+        self.batched_drafters = [name for name, p in self.proposers.items() if batches(p)]
 
 
 @dataclass
@@ -298,7 +230,11 @@ class SpeculativeEngine:
         spec = spec or SpeculativeConfig()
         slot = slot or self.slot
         prompt = [int(t) for t in prompt_token_ids]
-        policy = self._check_request(prompt, spec, slot)
+        self.check_request(prompt, spec)
+        policy = make_policy(
+            spec.method, slot.proposers, spec.schedule, spec.num_speculative_tokens, self.cost_model, self.controller,
+            trees=hasattr(self.target, "forward_tree"),
+        )
         generator = torch.Generator()
         generator.manual_seed(params.seed) if params.seed is not None else generator.seed()
         out = OutputBuilder(
@@ -351,8 +287,8 @@ class SpeculativeEngine:
             logits = forward_batch([plan.call for plan in plans])
             pass_s = time.perf_counter() - start
             rows = sum(len(plan.call.token_ids) for plan in plans)
-            if len(plans) > 1 and all(plan.step is not None for plan in plans):
-                self.cost_model.record_verify(rows - 1, pass_s)  # the whole pass: rows of all requests
+            if all(plan.step is not None for plan in plans):  # a verify pass (prefill passes are not)
+                self.cost_model.record_verify(rows - 1, pass_s)  # rows of all requests: once per pass
             self.last_pass_rows, self.last_pass_num_seqs = rows, len(plans)
             self.last_decode_rows = sum(len(plan.call.token_ids) for plan in plans if plan.step is not None)
             for plan, plan_logits in zip(plans, logits):
@@ -383,8 +319,9 @@ class SpeculativeEngine:
             return None
         limit = min(state.params.max_tokens - len(out.token_ids) - 1, room)  # draft tokens that fit
         request = DraftRequest(state.prompt, out.token_ids, state.params, state.generator, state.spec.draft_stop_threshold)
-        defer = [name for name, p in state.slot.proposers.items() if batches(p)]
-        step = state.policy.draft(request, limit, base_rows=max(0, base_rows), batch_size=batch_size, defer=defer)
+        step = state.policy.draft(
+            request, limit, base_rows=max(0, base_rows), batch_size=batch_size, defer=state.slot.batched_drafters
+        )
         return _Plan(state, None, cached, limit, step, request)
 
     @staticmethod
@@ -416,7 +353,7 @@ class SpeculativeEngine:
             state.num_prefilled += len(plan.call.token_ids)
             if state.num_prefilled < len(state.prompt):
                 return None
-            state.pending = _pick(process_logits(logits, params, state.prompt, []), state.generator)
+            state.pending = pick_token(process_logits(logits, params, state.prompt, []), state.generator)
             out.append(state.pending)
             state.times.first_token = time.perf_counter()
             state.sources = [TARGET_SOURCE] * len(out.token_ids)
@@ -424,11 +361,12 @@ class SpeculativeEngine:
         step, target = plan.step, state.slot.target
         draft_token_ids = step.draft.draft_token_ids
         if step.draft.tree is None:
-            result = self._verify(logits, draft_token_ids, step.draft, params, state.prompt, out.token_ids, state.generator)
+            result = verify_chain(logits, step.draft, params, state.prompt, out.token_ids, state.generator)
             target.truncate(plan.cached + 1 + result.num_accepted_tokens)
             accepted_nodes = None
         else:
-            result = self._verify_tree(step.draft.tree, logits, plan.cached, target, params, state.prompt, out.token_ids, state.generator)
+            result = verify_tree(step.draft.tree, logits, params, state.prompt, out.token_ids, state.generator)
+            target.keep_tree_path(plan.cached, [0] + result.accepted_nodes)  # the accepted path's KV
             accepted_nodes = result.accepted_nodes
         realised = state.policy.observe(step, result.num_accepted_tokens, pass_s, accepted_nodes, base_rows=base_rows)
         state.stats.record(len(draft_token_ids), result.num_accepted_tokens, len(out.token_ids), step.drafter)
@@ -456,7 +394,14 @@ class SpeculativeEngine:
         state.output = GenerationOutput(list(out.token_ids), out.text, out.finish_reason or "length", metrics, state.sources)
         return StreamChunk(out.take_delta(), committed, state.output)
 
-    def _check_request(self, prompt: list[int], spec: SpeculativeConfig, slot: Slot) -> DraftPolicy:
+    def check_request(self, prompt: Sequence[int], spec: SpeculativeConfig) -> None:
+        """What :meth:`start` refuses, checked without starting anything.
+
+        Raises:
+            InvalidParameterError: empty prompt, trees on a runner without them, or a method whose
+                drafter is not loaded.
+            ContextLengthError: the prompt leaves no room in the target's context window.
+        """
         if not prompt:
             raise InvalidParameterError("the prompt is empty: give at least one token")
         if len(prompt) >= self.target.max_context_length:
@@ -468,67 +413,4 @@ class SpeculativeEngine:
             raise InvalidParameterError(
                 f"the {type(self.target).__name__} cannot verify token trees: use a chain method or another runner"
             )
-        return make_policy(
-            spec.method, slot.proposers, spec.schedule, spec.num_speculative_tokens, self.cost_model, self.controller,
-            trees=hasattr(self.target, "forward_tree"),
-        )
-
-    @staticmethod
-    def _verify(
-        logits: torch.Tensor,  # [num_draft + 1, vocab]
-        draft_token_ids: list[int],
-        draft: DraftOutput,
-        params: SamplingParams,
-        prompt: list[int],
-        output_token_ids: list[int],
-        generator: torch.Generator,
-    ) -> VerifyResult:
-        rows = process_logits(logits, params, prompt, output_token_ids, draft_token_ids)
-        if rows.probs is None:
-            return greedy_verify(draft_token_ids, rows.greedy_token_ids)
-        target_probs, draft_probs = rows.probs, draft.draft_probs
-        if draft_probs is not None:
-            draft_probs = draft_probs[: len(draft_token_ids)]
-            width = max(target_probs.shape[-1], draft_probs.shape[-1])
-            target_probs, draft_probs = pad_vocab(target_probs, width), pad_vocab(draft_probs, width)
-        return rejection_sample(draft_token_ids, draft_probs, target_probs, generator)
-
-    @staticmethod
-    def _verify_tree(
-        tree: TokenTree,
-        logits: torch.Tensor,  # [num_nodes, vocab]
-        cached: int,
-        target: Runner,
-        params: SamplingParams,
-        prompt: list[int],
-        output_token_ids: list[int],
-        generator: torch.Generator,
-    ) -> TreeVerifyResult:
-        """Verify every node of ``tree`` scored in one pass, keep the accepted path's KV."""
-        if params.has_penalties:  # each node's penalties see its own path, as plain decoding would
-            rows = [
-                process_logits(
-                    logits[i : i + 1], params, prompt,
-                    list(output_token_ids) + [tree.token_ids[j] for j in tree.path_to(i)],
-                )
-                for i in range(tree.num_nodes)
-            ]
-            greedy = rows[0].greedy_token_ids is not None
-            processed = torch.cat([r.greedy_token_ids if greedy else r.probs for r in rows])
-        else:
-            rows1 = process_logits(logits, params, prompt, output_token_ids)
-            greedy = rows1.greedy_token_ids is not None
-            processed = rows1.greedy_token_ids if greedy else rows1.probs
-        if greedy:
-            result = greedy_tree_verify(tree, processed)
-        else:
-            result = tree_rejection_sample(tree, processed, generator)
-        target.keep_tree_path(cached, [0] + result.accepted_nodes)
-        return result
-
-
-def _pick(rows: ProcessedRows, generator: torch.Generator) -> int:
-    """The token plain decoding takes from a single processed row."""
-    if rows.greedy_token_ids is not None:
-        return int(rows.greedy_token_ids[0])
-    return sample_from(rows.probs[0], generator)
+        drafter_order(spec.method, list(self.proposers), hasattr(self.target, "forward_tree"))

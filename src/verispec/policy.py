@@ -161,8 +161,11 @@ class DraftPolicy:
                 self._previous = name
                 return DraftStep(name, k, draft, spent, predicted, steady, seconds)
         self._previous = None
-        plain = (1.0, 1.0) if self.costs.plain_step_s() is not None else None
-        return DraftStep(None, 0, DraftOutput(), spent, plain)
+        return self._plain_step(spent)
+
+    def _plain_step(self, spent: float) -> DraftStep:
+        """A step without a draft (``spent``: seconds of the proposals that came back empty)."""
+        return DraftStep(None, 0, DraftOutput(), spent, (1.0, 1.0) if self.costs.plain_step_s() is not None else None)
 
     def proposer(self, name: str) -> Proposer:
         """The drafter called ``name`` (for a deferred step)."""
@@ -174,8 +177,7 @@ class DraftPolicy:
         draft = _at_most(draft, step.deferred)
         if not draft.draft_token_ids:
             self._previous = None
-            plain = (1.0, 1.0) if self.costs.plain_step_s() is not None else None
-            return DraftStep(None, 0, DraftOutput(), step.draft_s + seconds, plain)
+            return self._plain_step(step.draft_s + seconds)
         steady = self._previous == step.drafter
         if steady:
             self.costs.record_draft(step.drafter, len(draft.draft_token_ids), seconds)
@@ -190,18 +192,16 @@ class DraftPolicy:
         accepted_nodes: Sequence[int] | None = None,
         base_rows: int = 0,
     ) -> tuple[float, float] | None:
-        """Feed back a verified step: costs, acceptance, schedule, drafter.
+        """Feed back a verified step: draft cost, acceptance, schedule, drafter (the target pass
+        itself is timed once per pass by the engine: :meth:`CostModel.record_verify`).
 
-        ``accepted_nodes``: for a tree draft, the accepted path's node indices (a tree
-        drafter's ``cost`` schedule learns the accepted length of every smaller budget from it).
-        ``base_rows``: rows of other requests in the same pass; then the engine times the
-        pass once for all of them and ``verify_s`` is not recorded here.
-        Returns the realised ``(tokens, cost in plain decoding steps)`` of the step, None while
-        no plain step cost is known.
+        ``verify_s``: seconds of the target pass. ``accepted_nodes``: for a tree draft, the
+        accepted path's node indices (a tree drafter's ``cost`` schedule learns the accepted
+        length of every smaller budget from it). ``base_rows``: rows of other requests in the
+        same pass. Returns the realised ``(tokens, cost in plain decoding steps)`` of the step,
+        None while no plain step cost is known.
         """
         num_draft = len(step.draft.draft_token_ids)
-        if base_rows == 0:
-            self.costs.record_verify(num_draft, verify_s)
         if step.steady:
             self.costs.record_draft_ratio(step.drafter, num_draft, step.drafter_s, verify_s)
         if step.drafter is not None:

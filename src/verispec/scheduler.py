@@ -96,10 +96,10 @@ class Scheduler:
         """Queue a request; it starts at a later :meth:`step` when a slot and its KV tokens are free.
 
         Raises (before queueing anything):
-            InvalidParameterError, ContextLengthError: what :meth:`SpeculativeEngine.start` raises.
+            InvalidParameterError, ContextLengthError: :meth:`SpeculativeEngine.check_request`.
         """
         prompt = [int(t) for t in prompt_token_ids]
-        self.engine.start(prompt, params, spec)  # validates (the engine's own slot is not touched)
+        self.engine.check_request(prompt, spec)
         context = self.engine.target.max_context_length
         kv_tokens = min(context, len(prompt) + params.max_tokens + spec.num_speculative_tokens + 1)
         request = ScheduledRequest(prompt, params, spec, kv_tokens, tag)

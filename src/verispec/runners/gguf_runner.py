@@ -24,7 +24,8 @@ from torch import Tensor
 
 from verispec.errors import InvalidParameterError, ModelIntegrityError
 from verispec.models.gguf_file import GGUFHeader, TensorInfo, read_gguf_header
-from verispec.runners.int8 import DEFAULT_MAX_CONTEXT, Int8Layer, Int8Runner, decoder_nbytes
+from verispec.runners.int8 import Int8Runner
+from verispec.runners.int8_weights import DEFAULT_MAX_CONTEXT, Int8Layer, decoder_nbytes
 
 # ggml type ids the kernels multiply (ggml.h: enum ggml_type)
 SUPPORTED_TYPES = {12: "Q4_K", 14: "Q6_K", 6: "Q5_0", 8: "Q8_0"}

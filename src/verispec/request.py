@@ -1,0 +1,88 @@
+"""What a request asks for and what it gets back: the speculation config, the output, the
+stream chunks. Plain data with their own checks; knows nothing about models or decoding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from verispec.control import SCHEDULES
+from verispec.errors import InvalidParameterError
+from verispec.metrics import RequestMetrics
+
+METHODS = ("none", "draft", "ngram", "layer-skip", "auto", "tree")
+MAX_SPECULATIVE_TOKENS = 64
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """How to speculate for one request.
+
+    Attributes:
+        method: ``"none"`` (plain decoding), the name of a loaded drafter (``"draft"``,
+            ``"ngram"``, ``"layer-skip"``) or ``"auto"`` (n-gram lookup when it matches, else
+            the draft model, else layer skip; decided per step) or ``"tree"`` (token trees:
+            n-gram branches when the lookup matches, else the draft model's tree; per step).
+        num_speculative_tokens: tokens drafted per target pass, 1..64 (ignored for ``none``):
+            the draft length of the ``constant`` schedule, the upper bound of the others; for
+            ``tree``, the number of tree nodes verified per target pass.
+        schedule: ``"constant"``, ``"heuristic"`` (+2 after a full accept, -1 otherwise) or
+            ``"cost"`` (the k maximising expected tokens per unit of measured time; may switch
+            speculation off; for ``tree``, the node budget maximising the realised accepted
+            length per unit time, also switching off: :class:`verispec.control_tree.TreeBudgetSchedule`);
+            see :mod:`verispec.control`.
+        draft_stop_threshold: a model drafter stops drafting once its own top probability for
+            the token it just drafted is below this, in [0, 1); 0 disables.
+    Raises:
+        InvalidParameterError: unknown method or schedule, or an out-of-range number.
+    """
+
+    method: str = "draft"
+    num_speculative_tokens: int = 5
+    schedule: str = "constant"
+    draft_stop_threshold: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise InvalidParameterError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
+        if not 1 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
+            raise InvalidParameterError(
+                f"num_speculative_tokens must be in [1, {MAX_SPECULATIVE_TOKENS}], got {self.num_speculative_tokens}"
+            )
+        if self.schedule not in SCHEDULES:
+            raise InvalidParameterError(f"unknown schedule {self.schedule!r}; choose one of {', '.join(SCHEDULES)}")
+        if not 0.0 <= self.draft_stop_threshold < 1.0:
+            raise InvalidParameterError(f"draft_stop_threshold must be in [0, 1), got {self.draft_stop_threshold}")
+
+
+@dataclass
+class GenerationOutput:
+    """Result of one request: ``token_ids`` ``[output_tokens]``, its text, why it ended, metrics.
+
+    ``token_sources`` ``[output_tokens]``: for each output token, the drafter whose accepted
+    draft token it was, or ``"target"`` (first token, recovered and bonus tokens, plain steps).
+    """
+
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    metrics: RequestMetrics
+    token_sources: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "finish_reason": self.finish_reason,
+            "metrics": self.metrics.to_dict(),
+            "token_sources": self.token_sources,
+        }
+
+
+@dataclass
+class StreamChunk:
+    """What one verify step committed: new visible text and token ids; ``output`` on the last."""
+
+    text: str
+    token_ids: list[int] = field(default_factory=list)
+    output: GenerationOutput | None = None
