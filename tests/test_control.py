@@ -111,6 +111,23 @@ def test_step_costs_in_plain_steps():
     assert costs.step_costs("ngram", 4) is None  # that drafter was never timed
 
 
+def test_batched_step_costs_price_every_request_drafting_against_none():
+    # A pass is flat up to 8 rows and then compute-bound (+10 ms a row): batch of 4 requests.
+    costs = measured_costs(0.002, {0: 0.08, 3: 0.08, 7: 0.08, 11: 0.12, 15: 0.16})
+    # k = 1 for all: 8 rows (key 7) over 4 rows (key 3) = 1.0; k = 2: 12 rows = 1.5; k = 3: 2.0;
+    # drafting: 4 requests x k tokens x 2 ms over the 80 ms plain pass.
+    assert costs.step_costs("draft", 3, batch_size=4) == pytest.approx([1.0, 1.1, 1.7, 2.3])
+    # Alone, the same curve is flat for the request's own few rows.
+    assert costs.step_costs("draft", 3) == pytest.approx([1.0, 1.025, 1.05, 1.075])
+
+
+def test_cost_schedule_switches_off_in_a_compute_bound_batch():
+    costs = measured_costs(0.002, {0: 0.03, 7: 0.035, 15: 0.07, 23: 0.105, 39: 0.175})  # 8 requests
+    assert cost_schedule(0.7, costs, max_k=4).next_k(batch_size=1) > 0  # alone: drafting pays
+    # 8 requests: every drafted token of each adds 8 rows to a compute-bound pass.
+    assert cost_schedule(0.7, costs, max_k=4).next_k(batch_size=8) == 0
+
+
 def cost_schedule(alpha, costs, max_k=16, **config):
     return CostModelSchedule("draft", max_k, AcceptanceEstimate(alpha, 0.2), costs, ControllerConfig(**config))
 

@@ -146,22 +146,23 @@ class CostModel:
         rows of other requests); None before any target pass."""
         return interpolate(self.verify_s, base_rows) if self.verify_s else None
 
-    def verify_ratios(self, max_k: int, base_rows: int = 0) -> list[float]:
+    def verify_ratios(self, max_k: int, batch_size: int = 1) -> list[float]:
         """``[max_k + 1]`` verify cost of k drafted tokens over a plain step's, never below 1 and
         never falling with k (a pass over more tokens does not cost less; noisy timings taken at
         different moments can say otherwise).
 
-        ``base_rows``: rows other requests put in the same pass (continuous batching): the pass
-        then has ``base_rows + k + 1`` rows, and the ratio is over the pass with this request's
-        one plain row, so speculation shrinks where the batched pass turns compute-bound."""
-        plain = interpolate(self.verify_s, base_rows)
+        ``batch_size``: requests decoding in the same pass (continuous batching). The ratio is
+        then the pass where each of them drafts k tokens (``batch_size * (k + 1)`` rows) over
+        the pass where none drafts (``batch_size`` rows), so speculation shrinks where the
+        batched pass turns compute-bound."""
+        plain = interpolate(self.verify_s, batch_size - 1)
         ratios, highest = [], 1.0
         for k in range(max_k + 1):
-            highest = max(highest, interpolate(self.verify_s, base_rows + k) / plain)
+            highest = max(highest, interpolate(self.verify_s, batch_size - 1 + batch_size * k) / plain)
             ratios.append(highest)
         return ratios
 
-    def step_costs(self, drafter: str, max_k: int, base_rows: int = 0, batch_size: int = 1) -> list[float] | None:
+    def step_costs(self, drafter: str, max_k: int, batch_size: int = 1) -> list[float] | None:
         """``[max_k + 1]`` step cost of drafting k tokens with ``drafter``, in plain steps.
 
         ``verify_ratios[k] + k * c`` with ``c`` the drafter's per-token cost relative to a
@@ -169,23 +170,26 @@ class CostModel:
         Unmeasured verify lengths are interpolated. None until the drafter and the target have
         been timed at least once.
 
-        In a batch of ``batch_size`` requests whose other requests put ``base_rows`` rows in
-        the pass, every second this request adds to the step (its drafting, its rows) delays
-        all of them: ``1 + batch_size * (verify_ratios[k] - 1 + k * c)``. Maximising this
-        request's expected tokens over that cost is then the same test as maximising the
-        batch's tokens per second for a change of this request's k (with the others fixed).
+        In a batch of ``batch_size`` decoding requests the cost is the batch's: every request
+        drafting k (``verify_ratios(max_k, batch_size)[k] + batch_size * k * c``, with ``c``
+        one request's share of a drafted token, ``draft_token_s``, over the batch's plain pass)
+        against none drafting, so the expected tokens per cost is the batch's tokens per second
+        over plain decoding's. Pricing one request's k with the others' drafts held fixed
+        instead is a trap: the others' rows make the pass, and so this request's plain step,
+        long, which makes its own draft look cheap to every request in turn; all of them then
+        draft into a compute-bound pass slower than plain decoding of the batch.
         """
-        plain = self.plain_step_s()
+        plain = self.plain_step_s(batch_size - 1)
         if plain is None or plain <= 0:
             return None
-        if drafter in self.draft_ratio:
+        if drafter in self.draft_ratio and (batch_size == 1 or drafter not in self.draft_token_s):
             per_token = self.draft_ratio[drafter]
         elif drafter in self.draft_token_s:
             per_token = self.draft_token_s[drafter] / plain
         else:
             return None
-        ratios = self.verify_ratios(max_k, base_rows)
-        return [1.0 + batch_size * (ratio - 1.0 + k * per_token) for k, ratio in enumerate(ratios)]
+        ratios = self.verify_ratios(max_k, batch_size)
+        return [ratio + batch_size * k * per_token for k, ratio in enumerate(ratios)]
 
 
 def _ewma(values: dict, key, sample: float, weight: float) -> None:
@@ -193,9 +197,9 @@ def _ewma(values: dict, key, sample: float, weight: float) -> None:
 
 
 class DraftLengthSchedule(Protocol):
-    def next_k(self, base_rows: int = 0, batch_size: int = 1) -> int:
+    def next_k(self, batch_size: int = 1) -> int:
         """Draft length for the next step, ``0 .. max``; 0 means a plain decoding step.
-        ``base_rows``, ``batch_size``: the batched pass it joins (:meth:`CostModel.step_costs`)."""
+        ``batch_size``: decoding requests in the pass it joins (:meth:`CostModel.step_costs`)."""
         ...
 
     def update(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
@@ -209,7 +213,7 @@ class ConstantSchedule:
     def __init__(self, num_speculative_tokens: int) -> None:
         self.k = num_speculative_tokens
 
-    def next_k(self, base_rows: int = 0, batch_size: int = 1) -> int:
+    def next_k(self, batch_size: int = 1) -> int:
         return self.k
 
     def update(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
@@ -226,7 +230,7 @@ class HeuristicSchedule:
         self.max_k = max_k
         self.k = max_k
 
-    def next_k(self, base_rows: int = 0, batch_size: int = 1) -> int:
+    def next_k(self, batch_size: int = 1) -> int:
         return self.k
 
     def update(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
@@ -262,8 +266,8 @@ class CostModelSchedule:
         self._probing: str | None = None  # the last k handed out: "probe", "follow-up" or None
         self._follow_up = False  # the last probe was fully accepted: probe again next step
 
-    def next_k(self, base_rows: int = 0, batch_size: int = 1) -> int:
-        step_costs = self.costs.step_costs(self.drafter, self.max_k, base_rows, batch_size)
+    def next_k(self, batch_size: int = 1) -> int:
+        step_costs = self.costs.step_costs(self.drafter, self.max_k, batch_size)
         if step_costs is None:
             return self.max_k
         k, self.last_predicted_speedup = best_draft_length(self.alpha.alpha, step_costs)

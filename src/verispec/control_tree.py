@@ -100,8 +100,8 @@ class TreeBudgetSchedule:
         self.num_steps_small = 0  # steps since the last full-size tree
         self.num_steps_off = 0  # switched-off steps since the last probe
 
-    def next_k(self, base_rows: int = 0, batch_size: int = 1) -> int:
-        step_costs = self.costs.step_costs(self.drafter, self.max_k, base_rows, batch_size)
+    def next_k(self, batch_size: int = 1) -> int:
+        step_costs = self.costs.step_costs(self.drafter, self.max_k, batch_size)
         if step_costs is None:
             return self.max_k
         n, self.last_predicted_speedup = best_tree_budget(self.acceptance.expected(), step_costs)

@@ -70,7 +70,7 @@ class RequestState:
 
     ``num_prefilled``: prompt tokens already in the target's cache (the prompt is prefilled in
     chunks when other requests share the passes). ``pending``: the last committed token, not yet in
-    the cache. ``last_rows``: rows this request put in the last pass (for batch-aware control).
+    the cache.
     """
 
     prompt: list[int]
@@ -85,7 +85,6 @@ class RequestState:
     sources: list[str] = field(default_factory=list)
     num_prefilled: int = 0
     pending: int | None = None
-    last_rows: int = 0
     output: GenerationOutput | None = None
 
     @property
@@ -148,7 +147,6 @@ class SpeculativeEngine:
             raise InvalidParameterError(f"max_num_batched_tokens must be >= 1, got {max_num_batched_tokens}")
         self.max_num_batched_tokens = max_num_batched_tokens
         self.slot = Slot(target, self.proposers)
-        self.last_decode_rows = 0  # rows the decoding requests put in the last pass (all of them)
         self.last_pass_rows = 0  # rows of the last pass: prefill chunks and verify rows
         self.last_pass_num_seqs = 0  # sequences in the last pass
 
@@ -272,7 +270,7 @@ class SpeculativeEngine:
                 if prefill_budget is not None:
                     prefill_budget -= len(plan.call.token_ids)
             else:
-                plan = self._plan_decode(state, self.last_decode_rows - state.last_rows, len(decoding))
+                plan = self._plan_decode(state, len(decoding))
                 if plan is None:  # no room left in the context window
                     chunks[id(state)] = self._finish(state, [])
                     continue
@@ -290,11 +288,9 @@ class SpeculativeEngine:
             if all(plan.step is not None for plan in plans):  # a verify pass (prefill passes are not)
                 self.cost_model.record_verify(rows - 1, pass_s)  # rows of all requests: once per pass
             self.last_pass_rows, self.last_pass_num_seqs = rows, len(plans)
-            self.last_decode_rows = sum(len(plan.call.token_ids) for plan in plans if plan.step is not None)
             for plan, plan_logits in zip(plans, logits):
                 plan.state.times.target_s += pass_s
                 plan.state.times.num_target_forwards += 1
-                plan.state.last_rows = len(plan.call.token_ids) if plan.step is not None else 0
                 chunk = self._commit(plan, plan_logits, pass_s, rows - len(plan.call.token_ids))
                 if chunk is not None:
                     chunks[id(plan.state)] = chunk
@@ -309,7 +305,7 @@ class SpeculativeEngine:
         chunk = state.prompt[state.num_prefilled : end]
         return _Plan(state, ForwardCall(state.slot.target, chunk, num_logits=1 if end == len(state.prompt) else 0))
 
-    def _plan_decode(self, state: RequestState, base_rows: int, batch_size: int) -> _Plan | None:
+    def _plan_decode(self, state: RequestState, batch_size: int) -> _Plan | None:
         """The request's draft decision (a model drafter's proposal deferred to
         :meth:`_run_deferred_drafts`); None when the context window is full."""
         target, out = state.slot.target, state.out
@@ -320,7 +316,7 @@ class SpeculativeEngine:
         limit = min(state.params.max_tokens - len(out.token_ids) - 1, room)  # draft tokens that fit
         request = DraftRequest(state.prompt, out.token_ids, state.params, state.generator, state.spec.draft_stop_threshold)
         step = state.policy.draft(
-            request, limit, base_rows=max(0, base_rows), batch_size=batch_size, defer=state.slot.batched_drafters
+            request, limit, batch_size=batch_size, defer=state.slot.batched_drafters
         )
         return _Plan(state, None, cached, limit, step, request)
 

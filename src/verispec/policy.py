@@ -123,13 +123,12 @@ class DraftPolicy:
         return bool(self._proposers)
 
     def draft(
-        self, request: DraftRequest, limit: int, base_rows: int = 0, batch_size: int = 1, defer: Collection[str] = ()
+        self, request: DraftRequest, limit: int, batch_size: int = 1, defer: Collection[str] = ()
     ) -> DraftStep:
         """Ask the drafters in order; the first non-empty proposal of at most ``limit`` tokens wins.
 
-        ``base_rows``, ``batch_size``: the other requests' rows in the same target pass and the
-        number of requests in it (continuous batching); the schedules price a draft by what it
-        costs the whole batch (:meth:`CostModel.step_costs`). ``defer``: drafters the caller
+        ``batch_size``: requests decoding in the same target pass (continuous batching); the
+        schedules price a draft by what it costs the whole batch (:meth:`CostModel.step_costs`). ``defer``: drafters the caller
         runs itself, batched over requests: reaching one, the step comes back with ``deferred``
         tokens to ask it for, and the caller finishes it with :meth:`complete`."""
         spent = 0.0
@@ -139,11 +138,11 @@ class DraftPolicy:
                 chosen = chosen or self._choose_alternative()
                 if name != chosen:
                     continue
-            k = self.schedules[name].next_k(base_rows, batch_size)
+            k = self.schedules[name].next_k(batch_size)
             num_tokens = min(k, limit)
             if num_tokens <= 0:
                 continue
-            predicted = self._predicted(name, num_tokens, base_rows, batch_size)  # before this step's own timing
+            predicted = self._predicted(name, num_tokens, batch_size)  # before this step's own timing
             if name in defer:
                 return DraftStep(name, k, DraftOutput(), spent, predicted, deferred=num_tokens)
             start = time.perf_counter()
@@ -240,9 +239,9 @@ class DraftPolicy:
         return best
 
     def _predicted(
-        self, name: str, num_draft_tokens: int, base_rows: int = 0, batch_size: int = 1
+        self, name: str, num_draft_tokens: int, batch_size: int = 1
     ) -> tuple[float, float] | None:
-        step_costs = self.costs.step_costs(name, num_draft_tokens, base_rows, batch_size)
+        step_costs = self.costs.step_costs(name, num_draft_tokens, batch_size)
         if step_costs is None:
             return None
         schedule = self.schedules[name]
