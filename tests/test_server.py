@@ -242,6 +242,6 @@ def test_metrics_counters_move_by_the_request(client, served):
 def test_openai_client_raises_typed_errors(client):
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="gpt-4", prompt="hi")
-    with pytest.raises(openai.BadRequestError, match="not supported yet"):
-        client.completions.create(model=MODEL, prompt="hi", n=2)
+    with pytest.raises(openai.BadRequestError, match="suffix"):
+        client.completions.create(model=MODEL, prompt="hi", suffix="!")
     assert client.completions.create(model=MODEL, prompt="hi", max_tokens=3, temperature=0).choices[0].text

@@ -36,7 +36,18 @@ BAD_INPUTS = [
     (C, {**OK, "temperature": "hot"}, 400, "temperature"),  # wrong type
     (C, {**OK, "max_tokens": 2.5}, 400, "max_tokens"),  # float for an int
     (C, {**OK, "stream": "yes"}, 400, "stream"),  # string for a bool
-    (C, {**OK, "logit_bias": {"1": 5}}, 400, "logit_bias"),  # unknown field
+    (C, {**OK, "logit_bias": {"a": 5}}, 400, "logit_bias"),  # keys are token ids
+    (C, {**OK, "logit_bias": {"1": 500}}, 400, "logit_bias"),  # bias outside [-100, 100]
+    (C, {**OK, "logit_bias": {"1000000": 5}}, 400, "logit_bias"),  # id outside the vocabulary
+    (C, {**OK, "suffix": "x"}, 400, "suffix"),  # unsupported field (insertion)
+    (C, {**OK, "logprobs": 21}, 400, "logprobs"),  # more alternatives than OpenAI allows
+    (CHAT, {**CHAT_OK, "top_logprobs": 2}, 400, "top_logprobs"),  # alternatives without logprobs
+    (C, {**OK, "min_tokens": 5}, 400, None),  # min_tokens above max_tokens
+    (C, {**OK, "response_format": {"type": "json_schema"}}, 400, "response_format"),  # no schema
+    (C, {**OK, "response_format": {"type": "regex", "regex": "("}}, 400, "response_format"),  # does not compile
+    (C, {**OK, "response_format": {"type": "xml"}}, 400, "response_format"),
+    (CHAT, {**CHAT_OK, "tools": [{"type": "function", "function": {"name": "f"}}],
+            "tool_choice": {"type": "function", "function": {"name": "g"}}}, 400, "tool_choice"),  # unknown tool
     (C, {**OK, "temperature": -0.5}, 400, "temperature"),  # temperature < 0
     (C, {**OK, "top_p": 0.0}, 400, "top_p"),  # top_p outside (0, 1]
     (C, {**OK, "top_p": 1.5}, 400, "top_p"),
@@ -47,11 +58,12 @@ BAD_INPUTS = [
     (CHAT, {**CHAT_OK, "messages": [{"role": "user", "content": "x" * 300}]}, 400, "context_length_exceeded"),
     (C, {**OK, "model": "gpt-4"}, 404, "model_not_found"),  # unknown model
     (CHAT, {**CHAT_OK, "model": "../etc/passwd"}, 404, "model_not_found"),  # never a path
-    (C, {**OK, "n": 2}, 400, "n"),  # n > 1: not supported yet
+    (C, {**OK, "n": 17}, 400, "n"),  # above the server's limit
     (C, {**OK, "n": 0}, 400, "n"),
     (C, {"prompt": "hi"}, 400, "model"),  # missing model
     (C, {**OK, "prompt": ""}, 400, "prompt"),  # empty prompt
-    (C, {**OK, "prompt": ["a", "b"]}, 400, "prompt"),  # batched prompts
+    (C, {**OK, "prompt": ["a"] * 17}, 400, "prompt"),  # more prompts than the server's limit
+    (C, {**OK, "prompt": ["a", ""]}, 400, "prompt"),  # one empty prompt among several
     (C, {**OK, "prompt": [1, 10**6]}, 400, "prompt"),  # token id outside the vocabulary
     (C, {**OK, "prompt": [1, -1]}, 400, "prompt"),
     (C, b'{"model": "tiny-target", "prompt": "\\ud800"}', 400, "prompt"),  # lone surrogate
@@ -67,7 +79,7 @@ BAD_INPUTS = [
     (C, {**OK, "speculative": {"num_speculative_tokens": 0}}, 400, "speculative"),
     (C, {**OK, "speculative": {"k": 3}}, 400, "speculative"),
     (CHAT, {**CHAT_OK, "messages": []}, 400, "messages"),  # no messages
-    (CHAT, {**CHAT_OK, "messages": [{"role": "tool", "content": "x"}]}, 400, "messages"),  # unsupported role
+    (CHAT, {**CHAT_OK, "messages": [{"role": "robot", "content": "x"}]}, 400, "messages"),  # unknown role
     (
         CHAT,
         {**CHAT_OK, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},

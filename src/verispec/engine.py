@@ -14,12 +14,14 @@ target pass; a single request is a batch of one, so there is one loop for both.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Iterator, Mapping, Sequence
 
 import torch
 
+from verispec.constraints import GrammarCompiler, TokenConstraints
 from verispec.control import ControllerConfig, CostModel
 from verispec.errors import ContextLengthError, InvalidParameterError
 from verispec.metrics import RequestMetrics, RequestTimes, SpecDecodeStats
@@ -36,7 +38,7 @@ from verispec.request import (  # re-exported: the engine's public types
     StreamChunk,
 )
 from verispec.runners import ForwardCall, Runner, forward_batch
-from verispec.sampling import SamplingParams, process_logits
+from verispec.sampling import SamplingParams, TokenLogprob, process_logits, token_logprobs
 from verispec.tree import tree_attention_mask, tree_position_ids
 from verispec.verify_step import pick_token, verify_chain, verify_tree
 
@@ -70,7 +72,8 @@ class RequestState:
 
     ``num_prefilled``: prompt tokens already in the target's cache (the prompt is prefilled in
     chunks when other requests share the passes). ``pending``: the last committed token, not yet in
-    the cache.
+    the cache. ``constraints``: the request's token masks (min_tokens, grammar). ``logprobs``:
+    per output token, ``prompt_logprobs`` per prompt token after the first, when asked for.
     """
 
     prompt: list[int]
@@ -80,12 +83,15 @@ class RequestState:
     policy: DraftPolicy
     generator: torch.Generator
     out: OutputBuilder
+    constraints: TokenConstraints
     stats: SpecDecodeStats = field(default_factory=SpecDecodeStats)
     times: RequestTimes = field(default_factory=lambda: RequestTimes(start=time.perf_counter()))
     sources: list[str] = field(default_factory=list)
     num_prefilled: int = 0
     pending: int | None = None
     output: GenerationOutput | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
 
     @property
     def finished(self) -> bool:
@@ -149,6 +155,7 @@ class SpeculativeEngine:
         self.slot = Slot(target, self.proposers)
         self.last_pass_rows = 0  # rows of the last pass: prefill chunks and verify rows
         self.last_pass_num_seqs = 0  # sequences in the last pass
+        self._grammar_compiler: GrammarCompiler | None = None
 
     @property
     def supports_batching(self) -> bool:
@@ -242,7 +249,21 @@ class SpeculativeEngine:
             max_tokens=params.max_tokens,
             ignore_eos=params.ignore_eos,
         )
-        return RequestState(prompt, params, spec, slot, policy, generator, out)
+        return RequestState(prompt, params, spec, slot, policy, generator, out, self._constraints(params))
+
+    def _constraints(self, params: SamplingParams) -> TokenConstraints:
+        """The request's masks; its grammar compiled against the target's tokenizer (built once).
+
+        Raises:
+            InvalidParameterError: the structured output does not compile.
+        """
+        matcher = None
+        if params.structured_output is not None:
+            if self._grammar_compiler is None:
+                self._grammar_compiler = GrammarCompiler(self.tokenizer, self.target.vocab_size, self.eos_token_ids)
+            matcher = self._grammar_compiler.matcher(params.structured_output)
+        stop_ids = () if params.ignore_eos else self.eos_token_ids
+        return TokenConstraints(self.target.vocab_size, stop_ids, params.min_tokens, matcher)
 
     def step(self, states: Sequence[RequestState]) -> list[StreamChunk | None]:
         """One target pass over every unfinished request of ``states`` (each on its own slot).
@@ -279,6 +300,7 @@ class SpeculativeEngine:
         for plan in plans:
             if plan.step is not None:
                 plan.state.times.draft_s += plan.step.draft_s
+                plan.step = self._constrain_draft(plan.state, plan.step)
                 plan.call = self._verify_call(plan)
         if plans:
             start = time.perf_counter()
@@ -303,7 +325,10 @@ class SpeculativeEngine:
             state.slot.target.truncate(0)
         end = len(state.prompt) if budget is None else min(len(state.prompt), state.num_prefilled + budget)
         chunk = state.prompt[state.num_prefilled : end]
-        return _Plan(state, ForwardCall(state.slot.target, chunk, num_logits=1 if end == len(state.prompt) else 0))
+        num_logits = 1 if end == len(state.prompt) else 0
+        if state.params.prompt_logprobs is not None:
+            num_logits = len(chunk)  # every row scores the next prompt token
+        return _Plan(state, ForwardCall(state.slot.target, chunk, num_logits=num_logits))
 
     def _plan_decode(self, state: RequestState, batch_size: int) -> _Plan | None:
         """The request's draft decision (a model drafter's proposal deferred to
@@ -314,7 +339,10 @@ class SpeculativeEngine:
         if room < 0:
             return None
         limit = min(state.params.max_tokens - len(out.token_ids) - 1, room)  # draft tokens that fit
-        request = DraftRequest(state.prompt, out.token_ids, state.params, state.generator, state.spec.draft_stop_threshold)
+        request = DraftRequest(
+            state.prompt, out.token_ids, state.params, state.generator, state.spec.draft_stop_threshold,
+            state.constraints if state.constraints.active else None,
+        )
         step = state.policy.draft(
             request, limit, batch_size=batch_size, defer=state.slot.batched_drafters
         )
@@ -346,24 +374,40 @@ class SpeculativeEngine:
         state = plan.state
         out, params = state.out, state.params
         if plan.step is None:  # a prefill chunk
+            first = state.num_prefilled
             state.num_prefilled += len(plan.call.token_ids)
+            if params.prompt_logprobs is not None:  # row j scores prompt token first + j + 1
+                for j, position in enumerate(range(first + 1, min(state.num_prefilled + 1, len(state.prompt)))):
+                    state.prompt_logprobs.append(token_logprobs(logits[j], state.prompt[position], params.prompt_logprobs))
             if state.num_prefilled < len(state.prompt):
                 return None
-            state.pending = pick_token(process_logits(logits, params, state.prompt, []), state.generator)
+            rows = process_logits(logits[-1:], params, state.prompt, [], allowed=state.constraints.masks(0))
+            state.pending = pick_token(rows, state.generator)
             out.append(state.pending)
+            self._record_logprobs(state, rows.logits, [state.pending])
+            state.constraints.commit(out.token_ids)
             state.times.first_token = time.perf_counter()
             state.sources = [TARGET_SOURCE] * len(out.token_ids)
-            return self._finish(state, list(out.token_ids)) if out.finished else StreamChunk(out.take_delta(), list(out.token_ids))
+            if out.finished:
+                return self._finish(state, list(out.token_ids))
+            return StreamChunk(out.take_delta(), list(out.token_ids), logprobs=self._chunk_logprobs(state, out.token_ids))
         step, target = plan.step, state.slot.target
         draft_token_ids = step.draft.draft_token_ids
-        if step.draft.tree is None:
-            result = verify_chain(logits, step.draft, params, state.prompt, out.token_ids, state.generator)
+        constraints = state.constraints
+        tree = step.draft.tree
+        if tree is None:
+            allowed = constraints.masks(len(out.token_ids), draft_token_ids)
+            result, rows = verify_chain(logits, step.draft, params, state.prompt, out.token_ids, state.generator, allowed)
             target.truncate(plan.cached + 1 + result.num_accepted_tokens)
             accepted_nodes = None
+            scoring_rows = list(range(len(result.token_ids)))
         else:
-            result = verify_tree(step.draft.tree, logits, params, state.prompt, out.token_ids, state.generator)
+            paths = [[tree.token_ids[j] for j in tree.path_to(i)] for i in range(tree.num_nodes)] if constraints.active else []
+            allowed = constraints.path_masks(len(out.token_ids), paths)
+            result, rows = verify_tree(tree, logits, params, state.prompt, out.token_ids, state.generator, allowed)
             target.keep_tree_path(plan.cached, [0] + result.accepted_nodes)  # the accepted path's KV
             accepted_nodes = result.accepted_nodes
+            scoring_rows = [0] + list(result.accepted_nodes)
         realised = state.policy.observe(step, result.num_accepted_tokens, pass_s, accepted_nodes, base_rows=base_rows)
         state.stats.record(len(draft_token_ids), result.num_accepted_tokens, len(out.token_ids), step.drafter)
         if state.policy.active and plan.limit > 0:  # a step with no room to draft says nothing about control
@@ -376,10 +420,12 @@ class SpeculativeEngine:
             if finished:
                 break
         committed = out.token_ids[num_before:]
+        self._record_logprobs(state, rows, committed, scoring_rows)
+        constraints.commit(committed)
         state.pending = result.token_ids[-1]
         if out.finished:
             return self._finish(state, committed)
-        return StreamChunk(out.take_delta(), committed)
+        return StreamChunk(out.take_delta(), committed, logprobs=self._chunk_logprobs(state, committed))
 
     def _finish(self, state: RequestState, committed: list[int]) -> StreamChunk:
         out = state.out
@@ -387,15 +433,50 @@ class SpeculativeEngine:
             out.finish("length")
         state.times.end = time.perf_counter()
         metrics = RequestMetrics.from_times(state.times, len(state.prompt), len(out.token_ids), state.stats)
-        state.output = GenerationOutput(list(out.token_ids), out.text, out.finish_reason or "length", metrics, state.sources)
-        return StreamChunk(out.take_delta(), committed, state.output)
+        state.output = GenerationOutput(
+            list(out.token_ids), out.text, out.finish_reason or "length", metrics, state.sources,
+            list(state.logprobs) if state.params.logprobs is not None else None,
+            list(state.prompt_logprobs) if state.params.prompt_logprobs is not None else None,
+        )
+        return StreamChunk(out.take_delta(), committed, state.output, self._chunk_logprobs(state, committed))
 
-    def check_request(self, prompt: Sequence[int], spec: SpeculativeConfig) -> None:
+    @staticmethod
+    def _record_logprobs(state: RequestState, rows: torch.Tensor, committed: list[int], scoring_rows: Sequence[int] = (0,)) -> None:
+        """Log-probabilities of the ``committed`` tokens, token i from processed row ``scoring_rows[i]``."""
+        if state.params.logprobs is None:
+            return
+        for token_id, row in zip(committed, scoring_rows):
+            state.logprobs.append(token_logprobs(rows[row], token_id, state.params.logprobs))
+
+    @staticmethod
+    def _chunk_logprobs(state: RequestState, committed: list[int]) -> list[TokenLogprob] | None:
+        if state.params.logprobs is None:
+            return None
+        return state.logprobs[len(state.logprobs) - len(committed):] if committed else []
+
+    @staticmethod
+    def _constrain_draft(state: RequestState, step: DraftStep) -> DraftStep:
+        """Cut a chain at the first token the constraints refuse, where that is lossless: greedy
+        requests and drafts without probabilities (the refused token would be rejected for
+        certain, and what the target then takes is what it takes after the cut). A sampled
+        model draft keeps its tokens: its own rows are masked too (:class:`DraftRequest`)."""
+        draft = step.draft
+        if not state.constraints.active or draft.tree is not None or not draft.draft_token_ids:
+            return step
+        if draft.draft_probs is not None and not state.params.is_greedy:
+            return step
+        valid = state.constraints.valid_prefix_length(len(state.out.token_ids), draft.draft_token_ids)
+        if valid == len(draft.draft_token_ids):
+            return step
+        probs = draft.draft_probs[:valid] if draft.draft_probs is not None else None
+        return dataclasses.replace(step, draft=dataclasses.replace(draft, draft_token_ids=draft.draft_token_ids[:valid], draft_probs=probs))
+
+    def check_request(self, prompt: Sequence[int], spec: SpeculativeConfig, params: SamplingParams | None = None) -> None:
         """What :meth:`start` refuses, checked without starting anything.
 
         Raises:
-            InvalidParameterError: empty prompt, trees on a runner without them, or a method whose
-                drafter is not loaded.
+            InvalidParameterError: empty prompt, trees on a runner without them, a method whose
+                drafter is not loaded, or a structured output that does not compile.
             ContextLengthError: the prompt leaves no room in the target's context window.
         """
         if not prompt:
@@ -410,3 +491,5 @@ class SpeculativeEngine:
                 f"the {type(self.target).__name__} cannot verify token trees: use a chain method or another runner"
             )
         drafter_order(spec.method, list(self.proposers), hasattr(self.target, "forward_tree"))
+        if params is not None and params.structured_output is not None:
+            self._constraints(params)  # compiles the grammar: its errors before anything queues

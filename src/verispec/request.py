@@ -61,6 +61,9 @@ class GenerationOutput:
 
     ``token_sources`` ``[output_tokens]``: for each output token, the drafter whose accepted
     draft token it was, or ``"target"`` (first token, recovered and bonus tokens, plain steps).
+    ``logprobs`` ``[output_tokens]``: each token's :class:`~verispec.sampling.TokenLogprob`
+    when the request asked (``SamplingParams.logprobs``), else None; ``prompt_logprobs``
+    ``[prompt_tokens - 1]`` likewise for the prompt's tokens after the first.
     """
 
     token_ids: list[int]
@@ -68,6 +71,8 @@ class GenerationOutput:
     finish_reason: str
     metrics: RequestMetrics
     token_sources: list[str] = field(default_factory=list)
+    logprobs: list | None = None
+    prompt_logprobs: list | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -81,8 +86,10 @@ class GenerationOutput:
 
 @dataclass
 class StreamChunk:
-    """What one verify step committed: new visible text and token ids; ``output`` on the last."""
+    """What one verify step committed: new visible text and token ids; ``output`` on the last.
+    ``logprobs``: the committed tokens' log-probabilities when the request asked, else None."""
 
     text: str
     token_ids: list[int] = field(default_factory=list)
     output: GenerationOutput | None = None
+    logprobs: list | None = None

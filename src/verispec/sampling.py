@@ -10,7 +10,7 @@ nowhere else. Knows nothing about models, KV caches or tokenization.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -20,6 +20,7 @@ from verispec.errors import InvalidParameterError
 
 MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-5, 100.0
 MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 100.0
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit on top_logprobs
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,16 @@ class SamplingParams:
         stop: stop strings; output text ends before the earliest one found.
         seed: seeds the request's ``torch.Generator``; None draws a fresh seed.
         ignore_eos: keep generating past EOS (benchmarks).
+        min_tokens: the stop tokens (EOS) are masked while the output has fewer tokens; stop
+            strings still end it (vLLM's semantics).
+        logit_bias: ``{token_id: bias}`` added to the logits after the penalties (OpenAI's
+            ``logit_bias``: bias in [-100, 100]); stored as sorted ``(token_id, bias)`` pairs.
+        logprobs: None, or the number of most likely alternatives (0..20) to report with each
+            output token's log-probability (:func:`token_logprobs`).
+        structured_output: the grammar the output must follow
+            (:class:`verispec.constraints.StructuredOutput`), or None.
+        prompt_logprobs: None, or alternatives per prompt token: each prompt token after the
+            first gets its raw log-probability (no penalties or masks) from the prefill's rows.
 
     Raises:
         InvalidParameterError: on any value outside its range.
@@ -54,8 +65,17 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     ignore_eos: bool = False
+    min_tokens: int = 0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: int | None = None
+    structured_output: object | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.logit_bias, Mapping):
+            object.__setattr__(self, "logit_bias", tuple(sorted((int(t), float(b)) for t, b in self.logit_bias.items())))
+        elif not isinstance(self.logit_bias, tuple):
+            object.__setattr__(self, "logit_bias", tuple(tuple(pair) for pair in self.logit_bias))
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         elif not isinstance(self.stop, tuple):
@@ -76,6 +96,19 @@ class SamplingParams:
             (-2 <= self.frequency_penalty <= 2, f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}"),
             (self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}"),
             (all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings"),
+            (0 <= self.min_tokens <= self.max_tokens, f"min_tokens must be in [0, max_tokens = {self.max_tokens}], got {self.min_tokens}"),
+            (
+                all(t >= 0 and -100 <= b <= 100 for t, b in self.logit_bias),
+                "logit_bias maps token ids (>= 0) to biases in [-100, 100]",
+            ),
+            (
+                self.logprobs is None or 0 <= self.logprobs <= MAX_TOP_LOGPROBS,
+                f"logprobs (alternatives per token) must be in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs}",
+            ),
+            (
+                self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_TOP_LOGPROBS,
+                f"prompt_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.prompt_logprobs}",
+            ),
         ]
         for ok, message in checks:
             if not ok:
@@ -164,10 +197,29 @@ def sample_from(probs: Tensor, generator: torch.Generator) -> int:
 
 @dataclass
 class ProcessedRows:
-    """Target or draft rows after processing: ``token_ids`` for greedy, ``probs`` for sampling."""
+    """Target or draft rows after processing: ``token_ids`` for greedy, ``probs`` for sampling.
+
+    ``logits``: ``[num_rows, vocab]`` float32 after penalties, ``logit_bias`` and masks, before
+    temperature, top-k and top-p (what :func:`token_logprobs` reports).
+    """
 
     greedy_token_ids: Tensor | None  # [num_rows] int64, greedy only
     probs: Tensor | None  # [num_rows, vocab] float32, sampling only
+    logits: Tensor | None = None
+
+
+def apply_logit_bias(logits: Tensor, params: SamplingParams) -> Tensor:
+    """``logits`` (``[num_rows, vocab]`` float32) plus ``params.logit_bias`` in every row; ids past
+    the vocabulary are ignored (OpenAI refuses them; the server checks). Returns a new tensor."""
+    if not params.logit_bias:
+        return logits
+    vocab = logits.shape[-1]
+    pairs = [(t, b) for t, b in params.logit_bias if t < vocab]
+    if not pairs:
+        return logits
+    bias = torch.zeros(vocab)
+    bias[torch.tensor([t for t, _ in pairs])] = torch.tensor([b for _, b in pairs])
+    return logits + bias
 
 
 def process_logits(
@@ -176,9 +228,49 @@ def process_logits(
     prompt_token_ids: Sequence[int],
     output_token_ids: Sequence[int],
     appended_token_ids: Sequence[int] = (),
+    allowed: Tensor | None = None,  # [num_rows, vocab] bool, or None: every token allowed
 ) -> ProcessedRows:
-    """The one path from raw logits to what a decoder needs (argmax ids or probabilities)."""
+    """The one path from raw logits to what a decoder needs (argmax ids or probabilities).
+
+    Order: penalties (:func:`apply_penalties`), ``logit_bias``, the ``allowed`` mask (min_tokens
+    and grammar: :class:`verispec.constraints.TokenConstraints`) as ``-inf``, then greedy argmax
+    or temperature / top-k / top-p (:func:`logits_to_probs`). Row i is the step after
+    ``output + appended[:i]``; the caller's ``allowed[i]`` must be that step's mask too.
+    """
     logits = apply_penalties(logits.float(), params, prompt_token_ids, output_token_ids, appended_token_ids)
+    logits = apply_logit_bias(logits, params)
+    if allowed is not None:
+        if allowed.shape != logits.shape:
+            raise ValueError(f"allowed mask {tuple(allowed.shape)} does not match the logits {tuple(logits.shape)}")
+        logits = logits.masked_fill(~allowed, float("-inf"))
     if params.is_greedy:
-        return ProcessedRows(greedy_token_ids=torch.argmax(logits, dim=-1), probs=None)
-    return ProcessedRows(greedy_token_ids=None, probs=logits_to_probs(logits, params))
+        return ProcessedRows(greedy_token_ids=torch.argmax(logits, dim=-1), probs=None, logits=logits)
+    return ProcessedRows(greedy_token_ids=None, probs=logits_to_probs(logits, params), logits=logits)
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One output token's log-probability and its most likely alternatives.
+
+    ``logprob``: natural log of the token's probability under the processed row
+    (:attr:`ProcessedRows.logits`: penalties, ``logit_bias`` and masks applied; temperature,
+    top-k and top-p not). ``top``: ``[(token_id, logprob)]``, most likely first, masked tokens
+    left out.
+    """
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+def token_logprobs(row_logits: Tensor, token_id: int, num_top: int) -> TokenLogprob:
+    """:class:`TokenLogprob` of ``token_id`` from one processed row (``[vocab]`` float32).
+
+    One row at a time, so a verify row gives bit for bit what plain decoding's single row gives.
+    """
+    logprobs = torch.log_softmax(row_logits.reshape(1, -1), dim=-1)[0]
+    top: tuple[tuple[int, float], ...] = ()
+    if num_top > 0:
+        values, ids = torch.topk(logprobs, min(num_top, logprobs.numel()))
+        top = tuple((int(i), float(v)) for i, v in zip(ids.tolist(), values.tolist()) if v != float("-inf"))
+    return TokenLogprob(int(token_id), float(logprobs[token_id]), top)

@@ -99,7 +99,7 @@ class Scheduler:
             InvalidParameterError, ContextLengthError: :meth:`SpeculativeEngine.check_request`.
         """
         prompt = [int(t) for t in prompt_token_ids]
-        self.engine.check_request(prompt, spec)
+        self.engine.check_request(prompt, spec, params)
         context = self.engine.target.max_context_length
         kv_tokens = min(context, len(prompt) + params.max_tokens + spec.num_speculative_tokens + 1)
         request = ScheduledRequest(prompt, params, spec, kv_tokens, tag)

@@ -41,7 +41,9 @@ class DraftRequest:
     """What a drafter sees of the request: the context, split as the penalties need it.
 
     ``draft_stop_threshold``: a drafter with probabilities stops after a token whose own top
-    probability is below this (draft-side early stop); 0 disables.
+    probability is below this (draft-side early stop); 0 disables. ``constraints``: the
+    request's token masks (:class:`verispec.constraints.TokenConstraints`), which a model
+    drafter applies to its own rows (:meth:`allowed_after`) so it drafts what the target may emit.
     """
 
     prompt_token_ids: Sequence[int]
@@ -49,6 +51,19 @@ class DraftRequest:
     params: SamplingParams
     generator: torch.Generator
     draft_stop_threshold: float = 0.0
+    constraints: object | None = None
+
+    def allowed_after(self, appended_token_ids: Sequence[int], width: int) -> torch.Tensor | None:
+        """``[1, width]`` bool: the tokens allowed after the output and ``appended_token_ids``
+        (a draft row's mask), or None when nothing is masked."""
+        if self.constraints is None:
+            return None
+        mask = self.constraints.path_masks(len(self.output_token_ids), [list(appended_token_ids)])
+        if mask is None:
+            return None
+        if mask.shape[-1] >= width:
+            return mask[:, :width]
+        return torch.nn.functional.pad(mask, (0, width - mask.shape[-1]), value=False)
 
     @property
     def context(self) -> list[int]:

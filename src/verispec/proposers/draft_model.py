@@ -73,7 +73,8 @@ def propose_batch(items: Sequence[tuple[DraftModelProposer, DraftRequest, int]])
             proposer._cached_token_ids.extend(pending)
             # The draft's row is processed like the target's would be at this point of the chain.
             rows = process_logits(
-                row, request.params, request.prompt_token_ids, list(request.output_token_ids) + draft_token_ids
+                row, request.params, request.prompt_token_ids, list(request.output_token_ids) + draft_token_ids,
+                allowed=request.allowed_after(draft_token_ids, row.shape[-1]),
             )
             if rows.probs is None:
                 token = int(rows.greedy_token_ids[0])

@@ -121,8 +121,11 @@ class DraftTreeProposer(DraftCacheSequences):
         """The ``count`` most probable draft tokens after ``node`` (``logits``: ``[1, vocab]``
         float32, the draft's row for the node): their log-probabilities and ids, best first."""
         path = [tree.token_ids[i] for i in tree.path_to(node)]
-        rows = process_logits(logits, request.params, request.prompt_token_ids, list(request.output_token_ids) + path)
-        dist = torch.log_softmax(logits, -1)[0] if rows.probs is None else rows.probs[0].log()
+        rows = process_logits(
+            logits, request.params, request.prompt_token_ids, list(request.output_token_ids) + path,
+            allowed=request.allowed_after(path, logits.shape[-1]),
+        )
+        dist = torch.log_softmax(rows.logits, -1)[0] if rows.probs is None else rows.probs[0].log()
         top = torch.topk(dist, min(count, dist.shape[-1]))
         return top.values.tolist(), top.indices.tolist()
 

@@ -28,7 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from verispec.audit import QualityAuditor
 from verispec.engine import SpeculativeConfig, StreamChunk
 from verispec.pipeline import peak_rss_bytes
-from verispec.server import protocol
+from verispec.server import logprobs, protocol, tools
 from verispec.server.limits import BodyLimitMiddleware, validation_error
 from verispec.server.prom import ServerMetrics
 from verispec.server.protocol import APIError
@@ -90,6 +90,7 @@ class _State:
         self.model_name = config.model_name or pipeline.target.name
         self.created = int(time.time())
         self.metrics = ServerMetrics()
+        self.token_texts = logprobs.TokenText(pipeline.tokenizer)
         self.auditor = QualityAuditor(config.audit_rate)
         self.metrics.track_audits(self.auditor)
         self.default_spec = config.default_spec or SpeculativeConfig(
@@ -185,8 +186,8 @@ def create_app(pipeline, config: ServerConfig | None = None, **options) -> FastA
     )
     async def completions(body: CompletionRequest, request: Request):
         _check_model(state, body.model)
-        prompt_ids = protocol.completion_prompt_ids(pipeline, body.prompt)
-        return await _serve(state, request, body, prompt_ids, protocol.ResponseHeader(chat=False, model=body.model))
+        prompts = protocol.completion_prompts(pipeline, body.prompt)
+        return await _serve(state, request, body, prompts, protocol.ResponseHeader(chat=False, model=body.model))
 
     @app.post(
         "/v1/chat/completions",
@@ -196,8 +197,8 @@ def create_app(pipeline, config: ServerConfig | None = None, **options) -> FastA
     )
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         _check_model(state, body.model)
-        prompt_ids = protocol.chat_prompt_ids(pipeline, body.messages)
-        return await _serve(state, request, body, prompt_ids, protocol.ResponseHeader(chat=True, model=body.model))
+        prompts = [protocol.chat_prompt_ids(pipeline, body)]
+        return await _serve(state, request, body, prompts, protocol.ResponseHeader(chat=True, model=body.model))
 
     app.openapi = _openapi_without_422(app)
     return app
@@ -213,67 +214,179 @@ def _check_model(state: _State, name: str, param: str | None = "model") -> None:
         )
 
 
-async def _serve(state: _State, request: Request, body, prompt_ids: list[int], header: protocol.ResponseHeader):
-    """Validate, queue, then answer with JSON or SSE. Errors before the first token are HTTP errors."""
+@dataclasses.dataclass
+class _Choice:
+    """One choice of a response: its index, which prompt it continues, its job."""
+
+    index: int
+    prompt_index: int
+    prompt_ids: list[int]
+    job: Job
+
+
+async def _serve(state: _State, request: Request, body, prompts: list[list[int]], header: protocol.ResponseHeader):
+    """Validate, queue every choice (``n`` per prompt), then answer with JSON or SSE. Errors
+    before the first token are HTTP errors."""
     if not state.worker.ready.is_set():
         raise APIError(
             503, "the server is still loading the models: retry shortly", type="server_error", code="not_ready"
         )
-    params = protocol.sampling_params(body, max_tokens=protocol.max_tokens_of(body, cap=state.config.max_tokens_cap))
+    structured = protocol.structured_output(body)
+    params = protocol.sampling_params(
+        body, max_tokens=protocol.max_tokens_of(body, cap=state.config.max_tokens_cap),
+        vocab_size=state.pipeline.target.vocab_size, structured=structured,
+    )
     spec = protocol.speculative_config(body.speculative, state.default_spec)
-    protocol.check_context(prompt_ids, state.pipeline.target.context_length, "messages" if header.chat else "prompt")
-    job = Job(prompt_ids, params, spec, loop=asyncio.get_running_loop(), request_id=header.id)
+    for prompt_ids in prompts:
+        protocol.check_context(prompt_ids, state.pipeline.target.context_length, "messages" if header.chat else "prompt")
+    loop = asyncio.get_running_loop()
+    choices = [
+        _Choice(i * body.n + j, i, prompt_ids, Job(prompt_ids, protocol.choice_params(params, i * body.n + j), spec, loop=loop, request_id=header.id))
+        for i, prompt_ids in enumerate(prompts)
+        for j in range(body.n)
+    ]
+    submitted = []
     try:
-        state.worker.submit(job)
+        for choice in choices:
+            state.worker.submit(choice.job)
+            submitted.append(choice)
     except QueueFullError as exc:
+        for choice in submitted:
+            choice.job.cancel()
         raise APIError(429, f"{exc}: retry later", type="rate_limit_error", code="queue_full") from None
     state.metrics.in_flight.inc()
     try:
-        first = await _next_event(job, request)
+        firsts = [await _next_event(choice.job, request) for choice in choices]
     except BaseException:
         state.metrics.in_flight.dec()
-        job.cancel()
+        for choice in choices:
+            choice.job.cancel()
         raise
+    view = _ChoiceView(state, body, header)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(_sse(state, job, header, first, include_usage), media_type="text/event-stream")
+        return StreamingResponse(_sse(state, choices, firsts, view, include_usage), media_type="text/event-stream")
+    outputs = []
     try:
-        chunk = first
-        while chunk.output is None:
-            chunk = await _next_event(job, request)
+        for choice, chunk in zip(choices, firsts):
+            while chunk.output is None:
+                chunk = await _next_event(choice.job, request)
+            outputs.append(chunk.output)
     finally:
         state.metrics.in_flight.dec()
-        job.cancel()
-    output = chunk.output
-    return JSONResponse(header.body(output.text, output.finish_reason, protocol.usage(output.metrics, job.queue_s)))
+        for choice in choices:
+            choice.job.cancel()
+    bodies = [view.choice_body(choice, output) for choice, output in zip(choices, outputs)]
+    results = [(c.prompt_index, o.metrics, c.job.queue_s) for c, o in zip(choices, outputs)]
+    return JSONResponse(header.body(bodies, protocol.usage(results)))
+
+
+class _ChoiceView:
+    """How one response shows its choices: echo, logprobs in the endpoint's shape, tool calls."""
+
+    def __init__(self, state: _State, body, header: protocol.ResponseHeader) -> None:
+        self.texts = state.token_texts
+        self.tokenizer = state.pipeline.tokenizer
+        self.header = header
+        self.echo = bool(getattr(body, "echo", False))
+        self.tools = body.tools if header.chat and body.tools and body.tool_choice != "none" else None
+
+    def prompt_text(self, choice: _Choice) -> str:
+        return self.tokenizer.decode(choice.prompt_ids, skip_special_tokens=False) if self.echo else ""
+
+    def logprobs(self, choice: _Choice, token_ids, entries, offset: int = 0, prompt_entries=None):
+        """The ``logprobs`` of ``token_ids`` (``entries``: theirs; None: not asked for);
+        ``prompt_entries``: echo's prompt tokens after the first, shown before them."""
+        if entries is None:
+            return None
+        if self.header.chat:
+            return logprobs.chat_logprobs(self.texts, entries)
+        if prompt_entries is not None and self.echo:
+            token_ids, entries = list(choice.prompt_ids) + list(token_ids), [None] + list(prompt_entries) + list(entries)
+        return logprobs.completion_logprobs(self.texts, entries, token_ids, offset)
+
+    def choice_body(self, choice: _Choice, output) -> dict:
+        text, finish_reason, calls = output.text, output.finish_reason, None
+        if self.tools is not None:
+            text, calls = tools.parse_tool_calls(text, self.tools)
+            finish_reason = "tool_calls" if calls else finish_reason
+        entries = self.logprobs(choice, output.token_ids, output.logprobs, prompt_entries=output.prompt_logprobs or [])
+        if not self.header.chat:
+            text = self.prompt_text(choice) + text
+        return self.header.choice(choice.index, text, finish_reason, entries, calls)
 
 
 async def _sse(
-    state: _State, job: Job, header: protocol.ResponseHeader, chunk: StreamChunk, include_usage: bool
+    state: _State, choices: list[_Choice], firsts: list[StreamChunk], view: _ChoiceView, include_usage: bool
 ) -> AsyncIterator[str]:
-    """Server-Sent Events: text deltas as accepted, a finish chunk, usage if asked, ``[DONE]``.
-
-    A client that disconnects cancels this generator; ``finally`` then cancels the job.
+    """Server-Sent Events: text deltas as accepted (each with its choice's index), a finish chunk
+    per choice, usage if asked, ``[DONE]``. With tools, a choice's text is held until it ends
+    and then sent as content or as ``tool_calls``. A client that disconnects cancels this
+    generator; ``finally`` then cancels the jobs.
     """
+    header = view.header
+    held = {choice.index: "" for choice in choices}
+    offsets = {choice.index: 0 for choice in choices}
+    results = []
     try:
         if header.chat:
-            yield _frame(header.chunk("", role=True))
-        while True:
-            if chunk.text:
-                yield _frame(header.chunk(chunk.text))
+            for choice in choices:
+                yield _frame(header.chunk("", role=True, index=choice.index))
+        elif view.echo:
+            for choice in choices:
+                text = view.prompt_text(choice)
+                offsets[choice.index] = len(text)
+                yield _frame(header.chunk(text, index=choice.index))
+        async for choice, chunk in _merged_events(choices, firsts):
+            entries = view.logprobs(choice, chunk.token_ids, chunk.logprobs, offsets[choice.index])
+            if not header.chat and chunk.logprobs is not None:
+                offsets[choice.index] += sum(len(view.texts.text(t)) for t in chunk.token_ids)
+            if view.tools is not None:
+                held[choice.index] += chunk.text
+            elif chunk.text or entries:
+                yield _frame(header.chunk(chunk.text, index=choice.index, logprobs=entries))
             if chunk.output is not None:
-                yield _frame(header.chunk(None if header.chat else "", chunk.output.finish_reason))
-                if include_usage:
-                    yield _frame(header.usage_chunk(protocol.usage(chunk.output.metrics, job.queue_s)))
-                break
-            chunk = await _next_event(job, None)
+                finish_reason, calls = chunk.output.finish_reason, None
+                if view.tools is not None:
+                    content, calls = tools.parse_tool_calls(held[choice.index], view.tools)
+                    finish_reason = "tool_calls" if calls else finish_reason
+                    if content:
+                        yield _frame(header.chunk(content, index=choice.index))
+                    if calls:
+                        yield _frame(header.chunk(None, index=choice.index, tool_calls=calls))
+                yield _frame(header.chunk(None if header.chat else "", finish_reason, index=choice.index))
+                results.append((choice.prompt_index, chunk.output.metrics, choice.job.queue_s))
+        if include_usage:
+            yield _frame(header.usage_chunk(protocol.usage(results)))
     except APIError as exc:  # the response has started: the error travels as an event
         state.metrics.http_errors.labels(status=str(exc.status)).inc()
         yield _frame(exc.body())
     finally:
         state.metrics.in_flight.dec()
-        job.cancel()
+        for choice in choices:
+            choice.job.cancel()
     yield "data: [DONE]\n\n"
+
+
+async def _merged_events(choices: list[_Choice], firsts: list[StreamChunk]):
+    """``(choice, chunk)`` of every job as they come (each job's own chunks in order)."""
+    getters = {}
+    try:
+        for choice, first in zip(choices, firsts):
+            yield choice, first
+            if first.output is None:
+                getters[asyncio.ensure_future(_next_event(choice.job, None))] = choice
+        while getters:
+            done, _ = await asyncio.wait(getters, return_when=asyncio.FIRST_COMPLETED)
+            for getter in done:
+                choice = getters.pop(getter)
+                chunk = getter.result()
+                yield choice, chunk
+                if chunk.output is None:
+                    getters[asyncio.ensure_future(_next_event(choice.job, None))] = choice
+    finally:
+        for getter in getters:
+            getter.cancel()
 
 
 def _frame(payload: dict) -> str:

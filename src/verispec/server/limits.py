@@ -64,6 +64,19 @@ class BodyLimitMiddleware:
         await send({"type": "http.response.body", "body": data})
 
 
+# OpenAI fields this server refuses, and why (the README's server section lists every field).
+NOT_SUPPORTED = {
+    "suffix": "insertion needs a fill-in-the-middle prompt format; send the whole prompt instead",
+    "best_of": "use n and pick among the choices on the client",
+    "audio": "text models only",
+    "modalities": "text models only",
+    "prediction": "predicted outputs are drafts: use speculative.method (ngram)",
+    "web_search_options": "no web access",
+    "functions": "deprecated by OpenAI: use tools",
+    "function_call": "deprecated by OpenAI: use tool_choice",
+}
+
+
 def validation_error(errors: Sequence[dict[str, Any]]) -> APIError:
     """One 400 from FastAPI's validation errors: the first error, named by its parameter."""
     if not errors:
@@ -75,7 +88,10 @@ def validation_error(errors: Sequence[dict[str, Any]]) -> APIError:
     if kind == "json_invalid":
         return APIError(400, f"the body is not valid JSON: {first.get('ctx', {}).get('error', first.get('msg'))}")
     if kind == "extra_forbidden":
-        return APIError(400, f"Unrecognized request argument supplied: {'.'.join(loc)}", param=param)
+        name = ".".join(loc)
+        if name in NOT_SUPPORTED:
+            return APIError(400, f"{name} is not supported by verispec: {NOT_SUPPORTED[name]}", param=param)
+        return APIError(400, f"Unrecognized request argument supplied: {name}", param=param)
     if kind == "missing" and not loc:
         return APIError(400, "the request needs a JSON body")
     where = ".".join(_readable(loc)) or "body"

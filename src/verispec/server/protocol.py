@@ -14,13 +14,14 @@ import time
 import uuid
 from typing import Any, Sequence
 
+from verispec.constraints import StructuredOutput
 from verispec.engine import SpeculativeConfig
 from verispec.errors import InvalidParameterError, VerispecError
 from verispec.metrics import RequestMetrics
 from verispec.sampling import SamplingParams
+from verispec.server import tools
 from verispec.server.schemas import (
     ChatCompletionRequest,
-    ChatMessage,
     CompletionRequest,
     SpeculativeOptions,
     Usage,
@@ -52,11 +53,25 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return APIError(400, message, param=param, code=code)
 
 
-def sampling_params(body: CompletionRequest | ChatCompletionRequest, *, max_tokens: int) -> SamplingParams:
-    """SamplingParams of a request. Raises APIError 400 for n != 1 or an out-of-range value."""
-    if body.n != 1:
-        raise bad_request(f"n = {body.n} is not supported yet: verispec returns one choice per request (n = 1)", "n")
+def sampling_params(body: CompletionRequest | ChatCompletionRequest, *, max_tokens: int, vocab_size: int,
+                    structured: StructuredOutput | None = None) -> SamplingParams:
+    """SamplingParams of a request (``structured``: its grammar, :func:`structured_output`).
+
+    Raises APIError 400 for a ``logit_bias`` id outside the vocabulary or an out-of-range value.
+    """
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    bias = {int(token): value for token, value in (body.logit_bias or {}).items()}
+    bad = [t for t in bias if t >= vocab_size]
+    if bad:
+        raise bad_request(f"logit_bias token id {bad[0]} is outside the vocabulary [0, {vocab_size})", "logit_bias")
+    if isinstance(body, ChatCompletionRequest):
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        if body.top_logprobs is not None and not body.logprobs:
+            raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
+        prompt_logprobs = None
+    else:
+        logprobs = body.logprobs
+        prompt_logprobs = body.logprobs if body.echo and body.logprobs is not None else None
     try:
         return SamplingParams(
             temperature=body.temperature,
@@ -68,9 +83,62 @@ def sampling_params(body: CompletionRequest | ChatCompletionRequest, *, max_toke
             max_tokens=max_tokens,
             stop=stop,
             seed=body.seed,
+            ignore_eos=body.ignore_eos,
+            min_tokens=body.min_tokens,
+            logit_bias=bias,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+            structured_output=structured,
         )
     except InvalidParameterError as exc:
         raise bad_request(str(exc)) from None
+
+
+def choice_params(params: SamplingParams, index: int) -> SamplingParams:
+    """Choice ``index``'s parameters: its own generator, seeded ``seed + index`` when seeded."""
+    if params.seed is None or index == 0:
+        return params
+    return dataclasses.replace(params, seed=params.seed + index)
+
+
+def structured_output(body: CompletionRequest | ChatCompletionRequest) -> StructuredOutput | None:
+    """The grammar ``response_format`` (or, in chat, a forced ``tool_choice``) asks for.
+
+    Raises APIError 400 for a format without its schema, regex or grammar, or one that does not
+    compile (checked without a tokenizer; the engine checks again with it).
+    """
+    fmt = body.response_format
+    forced = isinstance(body, ChatCompletionRequest) and body.tools and body.tool_choice not in (None, "none", "auto")
+    if forced:
+        if fmt is not None and fmt.type != "text":
+            raise bad_request("response_format cannot be combined with a forced tool_choice", "response_format")
+        name = None if body.tool_choice == "required" else body.tool_choice.function.name
+        if name is not None and name not in {t.function.name for t in body.tools}:
+            raise bad_request(f"tool_choice names {name!r}, which is not in tools", "tool_choice")
+        output = tools.forced_call_grammar(body.tools, name)
+    elif fmt is None or fmt.type == "text":
+        return None
+    else:
+        try:
+            if fmt.type == "json_object":
+                output = StructuredOutput("json_object")
+            elif fmt.type == "json_schema":
+                if fmt.json_schema is None:
+                    raise bad_request("response_format json_schema needs its json_schema", "response_format")
+                output = StructuredOutput.json_schema(fmt.json_schema.schema_)
+            else:
+                text = getattr(fmt, fmt.type)
+                if not text:
+                    raise bad_request(f"response_format {fmt.type} needs its {fmt.type} text", "response_format")
+                output = StructuredOutput(fmt.type, text)
+        except InvalidParameterError as exc:
+            raise bad_request(str(exc), "response_format") from None
+    import llguidance
+
+    error = llguidance.LLMatcher.validate_grammar(output.grammar())
+    if error and not error.startswith("WARNING"):
+        raise bad_request(f"the {output.kind} does not compile: {error}", "response_format")
+    return output
 
 
 def max_tokens_of(body: CompletionRequest | ChatCompletionRequest, *, cap: int) -> int:
@@ -100,17 +168,19 @@ def speculative_config(options: SpeculativeOptions | None, default: SpeculativeC
         raise bad_request(str(exc), "speculative") from None
 
 
-def completion_prompt_ids(pipeline, prompt: str | list[str] | list[int]) -> list[int]:
-    """Token ids of a completions ``prompt``: text, a one-element list of text, or token ids.
+def completion_prompts(pipeline, prompt) -> list[list[int]]:
+    """Token ids of each prompt of a completions ``prompt``: text, token ids, or a list of either.
 
-    Raises APIError 400 for batches, ids outside the vocabulary, or an empty prompt.
+    Raises APIError 400 for ids outside the vocabulary or an empty prompt.
     """
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
-        if len(prompt) != 1:
-            raise bad_request(
-                f"batched prompts ({len(prompt)}) are not supported yet: send one prompt per request", "prompt"
-            )
-        prompt = prompt[0]
+    if isinstance(prompt, str) or (isinstance(prompt, list) and (not prompt or isinstance(prompt[0], int))):
+        prompts = [prompt]
+    else:
+        prompts = list(prompt)
+    return [_prompt_ids(pipeline, p) for p in prompts]
+
+
+def _prompt_ids(pipeline, prompt: str | list[int]) -> list[int]:
     if isinstance(prompt, list):
         vocab_size = pipeline.target.vocab_size
         bad = [t for t in prompt if not 0 <= t < vocab_size]
@@ -125,14 +195,20 @@ def completion_prompt_ids(pipeline, prompt: str | list[str] | list[int]) -> list
         raise bad_request(str(exc), "prompt") from None
 
 
-def chat_prompt_ids(pipeline, messages: Sequence[ChatMessage]) -> list[int]:
-    """Token ids of ``messages`` through the target's chat template, ready for the assistant turn."""
+def chat_prompt_ids(pipeline, body: ChatCompletionRequest) -> list[int]:
+    """Token ids of the messages (and ``tools``, unless ``tool_choice`` is "none") through the
+    target's chat template, ready for the assistant turn."""
     tokenizer = pipeline.tokenizer
     if not getattr(tokenizer, "chat_template", None):
         raise bad_request(f"{pipeline.target.name} has no chat template: use /v1/completions", "messages")
-    conversation = [{"role": m.role, "content": m.text()} for m in messages]
+    conversation = [tools.template_message(m) for m in body.messages]
+    options = {}
+    if body.tools and body.tool_choice != "none":
+        options["tools"] = tools.template_tools(body.tools)
     try:
-        ids = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True, return_dict=False)
+        ids = tokenizer.apply_chat_template(
+            conversation, add_generation_prompt=True, tokenize=True, return_dict=False, **options
+        )
     except Exception as exc:  # jinja raises TemplateError for conversations a template refuses
         raise bad_request(f"the chat template rejected the messages: {exc}", "messages") from None
     return list(ids)
@@ -148,20 +224,32 @@ def check_context(prompt_token_ids: Sequence[int], context_length: int, param: s
         )
 
 
-def usage(metrics: RequestMetrics, queue_s: float) -> Usage:
-    spec = metrics.spec
+def usage(results: Sequence[tuple[int, RequestMetrics, float]]) -> Usage:
+    """Usage of one response: ``(prompt index, metrics, queue seconds)`` per choice.
+
+    Prompt tokens count once per prompt, completion tokens per choice; the speculative counts are
+    sums (rates recomputed from them); with several choices ``ttft_ms`` and ``tpot_ms`` are means
+    over the choices and ``queue_ms`` the longest wait.
+    """
+    prompts = {index: metrics.prompt_tokens for index, metrics, _ in results}
+    prompt_tokens = sum(prompts.values())
+    completion_tokens = sum(metrics.output_tokens for _, metrics, _ in results)
+    drafts = sum(metrics.spec.num_drafts for _, metrics, _ in results)
+    drafted = sum(metrics.spec.num_draft_tokens for _, metrics, _ in results)
+    accepted = sum(metrics.spec.num_accepted_tokens for _, metrics, _ in results)
+    tpots = [metrics.tpot_ms for _, metrics, _ in results if metrics.tpot_ms is not None]
     return Usage(
-        prompt_tokens=metrics.prompt_tokens,
-        completion_tokens=metrics.output_tokens,
-        total_tokens=metrics.prompt_tokens + metrics.output_tokens,
-        num_drafts=spec.num_drafts,
-        num_draft_tokens=spec.num_draft_tokens,
-        num_accepted_tokens=spec.num_accepted_tokens,
-        acceptance_rate=spec.acceptance_rate,
-        mean_acceptance_length=spec.mean_acceptance_length,
-        ttft_ms=metrics.ttft_ms,
-        tpot_ms=metrics.tpot_ms,
-        queue_ms=queue_s * 1e3,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+        num_drafts=drafts,
+        num_draft_tokens=drafted,
+        num_accepted_tokens=accepted,
+        acceptance_rate=accepted / drafted if drafted else None,
+        mean_acceptance_length=1 + accepted / drafts if drafts else None,
+        ttft_ms=sum(metrics.ttft_ms for _, metrics, _ in results) / len(results),
+        tpot_ms=sum(tpots) / len(tpots) if tpots else None,
+        queue_ms=max(queue_s for _, _, queue_s in results) * 1e3,
     )
 
 
@@ -177,28 +265,32 @@ class ResponseHeader:
     def __post_init__(self) -> None:
         self.id = self.id or ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex
 
-    def body(self, text: str, finish_reason: str, usage_: Usage) -> dict[str, Any]:
-        """The non-streaming response."""
+    def choice(self, index: int, text: str | None, finish_reason: str | None, logprobs: dict | None = None,
+               tool_calls: list | None = None) -> dict[str, Any]:
+        """One choice of a non-streaming response."""
         if self.chat:
-            choice = {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": None,
-                "finish_reason": finish_reason,
-            }
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        return self._frame("chat.completion" if self.chat else "text_completion", [choice], usage_.model_dump())
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if tool_calls:
+                message["tool_calls"] = tool_calls
+            return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
-    def chunk(self, text: str | None, finish_reason: str | None = None, *, role: bool = False) -> dict[str, Any]:
+    def body(self, choices: list[dict[str, Any]], usage_: Usage) -> dict[str, Any]:
+        """The non-streaming response."""
+        return self._frame("chat.completion" if self.chat else "text_completion", choices, usage_.model_dump())
+
+    def chunk(self, text: str | None, finish_reason: str | None = None, *, role: bool = False, index: int = 0,
+              logprobs: dict | None = None, tool_calls: list | None = None) -> dict[str, Any]:
         """One streamed chunk; ``text=None`` sends an empty delta (chat's closing chunk)."""
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
             if text is not None:
                 delta["content"] = text
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            if tool_calls:
+                delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(tool_calls)]
+            choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
         return self._frame("chat.completion.chunk" if self.chat else "text_completion", [choice])
 
     def usage_chunk(self, usage_: Usage) -> dict[str, Any]:

@@ -9,7 +9,7 @@ is a 400, as with OpenAI. Knows nothing about models, queues or decoding.
 from __future__ import annotations
 
 import dataclasses
-from typing import Annotated, Literal, get_type_hints
+from typing import Annotated, Any, Literal, get_type_hints
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, create_model, field_validator
 
@@ -72,6 +72,27 @@ class StreamOptions(_Request):
     include_usage: bool = False
 
 
+MAX_N = 16
+MAX_PROMPTS = 16
+
+
+class JsonSchemaFormat(_Request):
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Request):
+    """OpenAI's ``response_format``, plus the extensions ``regex`` and ``grammar`` (Lark, llguidance's
+    dialect): the output follows it exactly, speculated tokens included."""
+
+    type: Literal["text", "json_object", "json_schema", "regex", "grammar"]
+    json_schema: JsonSchemaFormat | None = None
+    regex: str | None = None
+    grammar: str | None = None
+
+
 class _SamplingRequest(_Request):
     """Fields shared by completions and chat completions (OpenAI names and defaults)."""
 
@@ -82,7 +103,7 @@ class _SamplingRequest(_Request):
     top_k: Integer = Field(0, ge=0, description="extension: keep the k most likely tokens (0 = off)")
     seed: Integer | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
-    n: Integer = Field(1, ge=1, description="only 1 is supported")
+    n: Integer = Field(1, ge=1, le=MAX_N, description="choices per prompt, each with its own generator (seed + index)")
     stream: bool = False
     stream_options: StreamOptions | None = None
     presence_penalty: float = Field(0.0, ge=-2, le=2)
@@ -95,6 +116,20 @@ class _SamplingRequest(_Request):
     )
     speculative: SpeculativeOptions | None = None
     user: str | None = None
+    logit_bias: dict[str, float] | None = Field(None, description="token id (as a string) -> bias in [-100, 100]")
+    min_tokens: Integer = Field(0, ge=0, description="extension: EOS is masked until the output has this many tokens")
+    ignore_eos: bool = Field(False, description="extension: keep generating past EOS")
+    response_format: ResponseFormat | None = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, bias):
+        for token, value in (bias or {}).items():
+            if not token.isdigit():
+                raise ValueError(f"keys are token ids as strings, got {token!r}")
+            if not -100 <= value <= 100:
+                raise ValueError(f"biases are in [-100, 100], got {value}")
+        return bias
 
     @field_validator("temperature")
     @classmethod
@@ -112,9 +147,13 @@ class _SamplingRequest(_Request):
 
 
 class CompletionRequest(_SamplingRequest):
-    """``POST /v1/completions``. ``prompt``: text, a one-element list of text, or token ids."""
+    """``POST /v1/completions``. ``prompt``: text, token ids, or a list of either (one choice set each)."""
 
-    prompt: str | list[str] | list[Integer]
+    prompt: str | Annotated[list[str], Field(min_length=1, max_length=MAX_PROMPTS)] | list[Integer] | Annotated[
+        list[list[Integer]], Field(min_length=1, max_length=MAX_PROMPTS)
+    ]
+    echo: bool = False
+    logprobs: Integer | None = Field(None, ge=0, le=20, description="alternatives per token (0..20) with log-probabilities")
 
     @field_validator("prompt")
     @classmethod
@@ -135,10 +174,23 @@ class TextPart(_Request):
         return _check_text(text)
 
 
+class FunctionCall(_Request):
+    name: str
+    arguments: str
+
+
+class ToolCall(_Request):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Request):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
 
     @field_validator("content")
     @classmethod
@@ -146,7 +198,30 @@ class ChatMessage(_Request):
         return _check_text(content) if isinstance(content, str) else content
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+
+
+class FunctionDefinition(_Request):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    strict: bool | None = None
+
+
+class Tool(_Request):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Request):
+    name: str
+
+
+class NamedToolChoice(_Request):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ChatCompletionRequest(_SamplingRequest):
@@ -154,6 +229,11 @@ class ChatCompletionRequest(_SamplingRequest):
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Integer | None = Field(None, ge=1, description="preferred over max_tokens")
+    logprobs: bool = False
+    top_logprobs: Integer | None = Field(None, ge=0, le=20, description="alternatives per token, with logprobs")
+    tools: list[Tool] | None = Field(None, max_length=64)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
 
 # ----- responses -----
@@ -175,10 +255,17 @@ class Usage(BaseModel):
     queue_ms: float = Field(description="time the request waited for the engine, ms")
 
 
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: Literal["stop", "length"] | None
 
 
@@ -193,14 +280,29 @@ class CompletionResponse(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[dict[str, Any]] | None = None
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class TokenLogprobEntry(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprobEntry]
 
 
 class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
-    logprobs: None = None
-    finish_reason: Literal["stop", "length"]
+    logprobs: ChatLogprobs | None = None
+    finish_reason: Literal["stop", "length", "tool_calls"]
 
 
 class ChatCompletionResponse(BaseModel):
