@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from test_batching import PROMPTS, gguf_engine, gguf_files, run_batched  # noqa: F401
+from test_batching import PROMPTS, gguf_engine, gguf_files  # noqa: F401
 from verispec.engine import SpeculativeConfig
 from verispec.sampling import SamplingParams
 from verispec.scheduler import Scheduler

@@ -19,10 +19,13 @@ import json
 from dataclasses import dataclass
 from typing import Sequence
 
+import dataclasses
+
 import torch
 from torch import Tensor
 
 from verispec.errors import InvalidParameterError
+from verispec.proposers import DraftOutput
 
 STRUCTURED_KINDS = ("json_object", "json_schema", "regex", "grammar")
 # JSON as compact as json.dumps: ", " and ": ", no other whitespace (a sampled model otherwise
@@ -35,29 +38,29 @@ class StructuredOutput:
     """The grammar an output must follow.
 
     Attributes:
-        kind: ``"json_object"`` (any JSON object), ``"json_schema"`` (``spec``: the schema as
-            JSON text), ``"regex"`` (``spec``: the pattern the whole output matches) or
-            ``"grammar"`` (``spec``: a Lark grammar in llguidance's dialect, which also embeds
-            JSON schemas as ``%json { ... }``).
-        spec: see ``kind``; ignored for ``json_object``.
+        kind: ``"json_object"`` (any JSON object), ``"json_schema"`` (``definition``: the schema
+            as JSON text), ``"regex"`` (``definition``: the pattern the whole output matches) or
+            ``"grammar"`` (``definition``: a Lark grammar in llguidance's dialect, which also
+            embeds JSON schemas as ``%json { ... }``).
+        definition: see ``kind``; ignored for ``json_object``.
     Raises:
         InvalidParameterError: unknown kind, or a json_schema that is not a JSON object.
     """
 
     kind: str
-    spec: str = ""
+    definition: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in STRUCTURED_KINDS:
             raise InvalidParameterError(f"unknown structured output {self.kind!r}; choose one of {', '.join(STRUCTURED_KINDS)}")
         if self.kind == "json_schema":
             try:
-                schema = json.loads(self.spec)
+                schema = json.loads(self.definition)
             except json.JSONDecodeError as exc:
                 raise InvalidParameterError(f"the JSON schema is not valid JSON: {exc}") from None
             if not isinstance(schema, dict):
                 raise InvalidParameterError("the JSON schema must be a JSON object")
-        elif self.kind != "json_object" and not self.spec:
+        elif self.kind != "json_object" and not self.definition:
             raise InvalidParameterError(f"a {self.kind} structured output needs its {self.kind} text")
 
     @classmethod
@@ -71,10 +74,10 @@ class StructuredOutput:
         if self.kind == "json_object":
             return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS)
         if self.kind == "json_schema":
-            return llguidance.LLMatcher.grammar_from_json_schema(self.spec, defaults=JSON_OPTIONS)
+            return llguidance.LLMatcher.grammar_from_json_schema(self.definition, defaults=JSON_OPTIONS)
         if self.kind == "regex":
-            return llguidance.LLMatcher.grammar_from_regex(self.spec)
-        return llguidance.LLMatcher.grammar_from_lark(self.spec)
+            return llguidance.LLMatcher.grammar_from_regex(self.definition)
+        return llguidance.LLMatcher.grammar_from_lark(self.definition)
 
 
 class GrammarCompiler:
@@ -213,6 +216,27 @@ class TokenConstraints:
         if self.stop_token_ids.numel():
             mask[self.stop_token_ids] = self.matcher.is_accepting() or self.matcher.is_stopped()
         return mask
+
+
+def cut_draft(constraints: TokenConstraints, num_output: int, draft: DraftOutput, greedy: bool) -> DraftOutput:
+    """``draft`` cut before its first token the constraints refuse, where that is lossless; else
+    ``draft`` itself.
+
+    Lossless for greedy requests and for drafts without probabilities (one-hot): the refused
+    token has target probability 0, so it would be rejected for certain, and the token the
+    target then takes (argmax, or the residual of a one-hot draft: the target itself) is the one
+    it takes after the cut. A sampled draft with probabilities is not cut: its residual
+    ``max(0, p - q)`` differs from ``p``, so a cut would change the distribution; the draft
+    model masks its own rows instead (:meth:`verispec.proposers.DraftRequest.allowed_after`).
+    Trees are not cut (their nodes are masked along their paths).
+    """
+    if draft.tree is not None or not draft.draft_token_ids or (draft.draft_probs is not None and not greedy):
+        return draft
+    valid = constraints.valid_prefix_length(num_output, draft.draft_token_ids)
+    if valid == len(draft.draft_token_ids):
+        return draft
+    probs = draft.draft_probs[:valid] if draft.draft_probs is not None else None
+    return dataclasses.replace(draft, draft_token_ids=draft.draft_token_ids[:valid], draft_probs=probs)
 
 
 _BIT = torch.tensor([1 << b for b in range(8)], dtype=torch.uint8)

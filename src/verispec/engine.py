@@ -21,7 +21,7 @@ from typing import Iterator, Mapping, Sequence
 
 import torch
 
-from verispec.constraints import GrammarCompiler, TokenConstraints
+from verispec.constraints import GrammarCompiler, TokenConstraints, cut_draft
 from verispec.control import ControllerConfig, CostModel
 from verispec.errors import ContextLengthError, InvalidParameterError
 from verispec.metrics import RequestMetrics, RequestTimes, SpecDecodeStats
@@ -456,20 +456,12 @@ class SpeculativeEngine:
 
     @staticmethod
     def _constrain_draft(state: RequestState, step: DraftStep) -> DraftStep:
-        """Cut a chain at the first token the constraints refuse, where that is lossless: greedy
-        requests and drafts without probabilities (the refused token would be rejected for
-        certain, and what the target then takes is what it takes after the cut). A sampled
-        model draft keeps its tokens: its own rows are masked too (:class:`DraftRequest`)."""
-        draft = step.draft
-        if not state.constraints.active or draft.tree is not None or not draft.draft_token_ids:
+        """The step with its chain cut where the request's constraints refuse a token
+        (:func:`verispec.constraints.cut_draft`)."""
+        if not state.constraints.active:
             return step
-        if draft.draft_probs is not None and not state.params.is_greedy:
-            return step
-        valid = state.constraints.valid_prefix_length(len(state.out.token_ids), draft.draft_token_ids)
-        if valid == len(draft.draft_token_ids):
-            return step
-        probs = draft.draft_probs[:valid] if draft.draft_probs is not None else None
-        return dataclasses.replace(step, draft=dataclasses.replace(draft, draft_token_ids=draft.draft_token_ids[:valid], draft_probs=probs))
+        draft = cut_draft(state.constraints, len(state.out.token_ids), step.draft, state.params.is_greedy)
+        return step if draft is step.draft else dataclasses.replace(step, draft=draft)
 
     def check_request(self, prompt: Sequence[int], spec: SpeculativeConfig, params: SamplingParams | None = None) -> None:
         """What :meth:`start` refuses, checked without starting anything.
