@@ -82,7 +82,22 @@ class Proposer(Protocol):
 
 class DraftCacheSequences:
     """For drafters that own a draft runner's cache (``runner``, ``_cached_token_ids``): another
-    sequence is the same drafter over ``runner.new_sequence()`` with an empty cache."""
+    sequence is the same drafter over ``runner.new_sequence()`` with an empty cache.
+
+    ``context_window``: prompt tokens the draft model sees, the last ones (None: all). The draft
+    prefills what it sees before its first proposal, outside the target's passes; on long
+    prompts (RAG, summarization) that prefill costs more than the draft then saves. A shorter
+    context can only lower acceptance, never change the output (the target verifies).
+    """
+
+    context_window: int | None = None
+
+    def draft_context(self, request: DraftRequest) -> list[int]:
+        """The token ids the draft continues: the prompt's last ``context_window`` and the output."""
+        prompt = request.prompt_token_ids
+        if self.context_window is not None and len(prompt) > self.context_window:
+            prompt = prompt[len(prompt) - self.context_window :]
+        return list(prompt) + list(request.output_token_ids)
 
     @property
     def holds_sequences(self) -> bool:

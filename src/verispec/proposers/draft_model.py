@@ -21,10 +21,13 @@ class DraftModelProposer(DraftCacheSequences):
 
     Args:
         runner: the draft model's runner; this proposer owns its cache.
+        context_window: prompt tokens the draft sees, the last ones; None: all
+            (:class:`~verispec.proposers.DraftCacheSequences`).
     """
 
-    def __init__(self, runner: Runner) -> None:
+    def __init__(self, runner: Runner, context_window: int | None = None) -> None:
         self.runner = runner
+        self.context_window = context_window
         self._cached_token_ids: list[int] = []
 
     def propose(self, request: DraftRequest, num_speculative_tokens: int) -> DraftOutput:
@@ -55,7 +58,7 @@ def propose_batch(items: Sequence[tuple[DraftModelProposer, DraftRequest, int]])
     outputs = [DraftOutput() for _ in items]
     active = []  # [index, pending token ids, tokens left, draft tokens, draft rows]
     for index, (proposer, request, k) in enumerate(items):
-        context = request.context
+        context = proposer.draft_context(request)
         num_tokens = min(k, proposer.runner.max_context_length - len(context))
         if num_tokens <= 0:
             continue

@@ -86,12 +86,15 @@ class DraftTreeProposer(DraftCacheSequences):
             its first paths in (length, ranks) order. ``branching`` and ``max_depth`` are then
             unused. Nodes the processed draft distribution gives probability 0 (top-k/top-p)
             are left out, with their subtrees.
+        context_window: prompt tokens the draft sees, the last ones; None: all
+            (:class:`~verispec.proposers.DraftCacheSequences`).
     """
 
-    def __init__(self, runner, *, branching: int = 2, max_depth: int = 6, choices=None) -> None:
+    def __init__(self, runner, *, branching: int = 2, max_depth: int = 6, choices=None, context_window: int | None = None) -> None:
         if branching < 1 or max_depth < 1:
             raise ValueError("branching and max_depth must be >= 1")
         self.runner = runner
+        self.context_window = context_window
         self.branching = branching
         self.max_depth = max_depth
         self.choices = validate_tree_choices(choices) if choices is not None else None
@@ -99,7 +102,7 @@ class DraftTreeProposer(DraftCacheSequences):
 
     def propose_tree(self, request: DraftRequest, num_nodes: int) -> TokenTree:
         """A tree of at most ``num_nodes`` drafted nodes below the root (the last context token)."""
-        context = request.context
+        context = self.draft_context(request)
         root = TokenTree((context[-1],), (-1,))
         room = self.runner.max_context_length - len(context) - 1
         num_nodes = min(num_nodes, room)
@@ -110,9 +113,9 @@ class DraftTreeProposer(DraftCacheSequences):
         root_logits = self.runner.forward(context[keep:], num_logits=1)
         self._cached_token_ids = list(context)
         if self.choices is not None:
-            tree = self._static_tree(request, num_nodes, root_logits)
+            tree = self._static_tree(request, len(context) - 1, num_nodes, root_logits)
         else:
-            tree = self._dynamic_tree(request, num_nodes, root_logits)
+            tree = self._dynamic_tree(request, len(context) - 1, num_nodes, root_logits)
         self.runner.truncate(len(context))  # drop the drafted nodes; the context stays cached
         return tree
 
@@ -136,9 +139,9 @@ class DraftTreeProposer(DraftCacheSequences):
         positions = tree_position_ids(tree, num_prefix)[first_new:]
         return self.runner.forward_tree(token_ids[first_new:], positions, mask)
 
-    def _static_tree(self, request: DraftRequest, num_nodes: int, root_logits) -> TokenTree:
-        """Expand exactly the first ``num_nodes`` paths of :attr:`choices`, one level per pass."""
-        num_prefix = len(request.context) - 1
+    def _static_tree(self, request: DraftRequest, num_prefix: int, num_nodes: int, root_logits) -> TokenTree:
+        """Expand exactly the first ``num_nodes`` paths of :attr:`choices`, one level per pass
+        (``num_prefix``: the draft cache slot of the root)."""
         choices = self.choices[:num_nodes]
         token_ids, parents, node_of = [request.context[-1]], [-1], {(): 0}
         logits_of = {0: root_logits}  # node -> its draft logits [1, vocab]
@@ -166,10 +169,10 @@ class DraftTreeProposer(DraftCacheSequences):
             logits_of.update({node: logits[row : row + 1] for row, node in enumerate(new_nodes)})
         return TokenTree(tuple(token_ids), tuple(parents))
 
-    def _dynamic_tree(self, request: DraftRequest, num_nodes: int, root_logits) -> TokenTree:
-        """EAGLE-2 expansion: top ``branching`` children per frontier node, best nodes kept."""
+    def _dynamic_tree(self, request: DraftRequest, num_prefix: int, num_nodes: int, root_logits) -> TokenTree:
+        """EAGLE-2 expansion: top ``branching`` children per frontier node, best nodes kept
+        (``num_prefix``: the draft cache slot of the root)."""
         context = request.context
-        num_prefix = len(context) - 1  # the root sits at cache slot num_prefix
         token_ids, parents, log_probs = [context[-1]], [-1], [0.0]
         frontier, frontier_logits = [0], root_logits
         for _ in range(self.max_depth):

@@ -4,7 +4,8 @@ Owns the FastAPI app built by :func:`create_app`: ``/v1/completions`` and
 ``/v1/chat/completions`` (JSON or Server-Sent Events), ``/v1/models``, ``/health``,
 ``/metrics`` and ``/openapi.json``; OpenAI-shaped errors for every failure (client mistakes are
 4xx, never 500); the optional Bearer key on ``/v1``; the request body limit. Generation is the
-engine worker's (:mod:`verispec.server.worker`); wire translation is :mod:`~verispec.server.protocol`'s.
+engine worker's (:mod:`verispec.server.worker`); wire translation is :mod:`~verispec.server.protocol`'s,
+the shape of choices and event streams :mod:`~verispec.server.responses`'.
 Knows nothing about decoding.
 """
 
@@ -13,12 +14,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hmac
-import json
 import logging
 import time
 import uuid
 from contextlib import asynccontextmanager
-from typing import AsyncIterator
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -26,12 +25,13 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from verispec.audit import QualityAuditor
-from verispec.engine import SpeculativeConfig, StreamChunk
+from verispec.engine import SpeculativeConfig
 from verispec.pipeline import peak_rss_bytes
-from verispec.server import logprobs, protocol, tools
+from verispec.server import logprobs, protocol
 from verispec.server.limits import BodyLimitMiddleware, validation_error
 from verispec.server.prom import ServerMetrics
 from verispec.server.protocol import APIError
+from verispec.server.responses import Choice, ChoiceView, ClientGone, next_event, sse
 from verispec.server.schemas import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -41,10 +41,9 @@ from verispec.server.schemas import (
     ModelCard,
     ModelList,
 )
-from verispec.server.worker import EngineWorker, Job, JobFailed, QueueFullError
+from verispec.server.worker import EngineWorker, Job, QueueFullError
 
 log = logging.getLogger("verispec.server")
-DISCONNECT_POLL_S = 0.25
 ERROR_RESPONSES = {status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 429, 500, 503)}
 GENERATE_RESPONSES = {**ERROR_RESPONSES, 200: {"content": {"text/event-stream": {}}}}
 
@@ -77,10 +76,6 @@ class ServerConfig:
     audit_rate: float = 0.0
     max_num_seqs: int | None = None
     max_kv_tokens: int | None = None
-
-
-class ClientGone(Exception):
-    """The client disconnected while its request was queued or generating."""
 
 
 class _State:
@@ -214,16 +209,6 @@ def _check_model(state: _State, name: str, param: str | None = "model") -> None:
         )
 
 
-@dataclasses.dataclass
-class _Choice:
-    """One choice of a response: its index, which prompt it continues, its job."""
-
-    index: int
-    prompt_index: int
-    prompt_ids: list[int]
-    job: Job
-
-
 async def _serve(state: _State, request: Request, body, prompts: list[list[int]], header: protocol.ResponseHeader):
     """Validate, queue every choice (``n`` per prompt), then answer with JSON or SSE. Errors
     before the first token are HTTP errors."""
@@ -241,7 +226,7 @@ async def _serve(state: _State, request: Request, body, prompts: list[list[int]]
         protocol.check_context(prompt_ids, state.pipeline.target.context_length, "messages" if header.chat else "prompt")
     loop = asyncio.get_running_loop()
     choices = [
-        _Choice(i * body.n + j, i, prompt_ids, Job(prompt_ids, protocol.choice_params(params, i * body.n + j), spec, loop=loop, request_id=header.id))
+        Choice(i * body.n + j, i, prompt_ids, Job(prompt_ids, protocol.choice_params(params, i * body.n + j), spec, loop=loop, request_id=header.id))
         for i, prompt_ids in enumerate(prompts)
         for j in range(body.n)
     ]
@@ -256,21 +241,21 @@ async def _serve(state: _State, request: Request, body, prompts: list[list[int]]
         raise APIError(429, f"{exc}: retry later", type="rate_limit_error", code="queue_full") from None
     state.metrics.in_flight.inc()
     try:
-        firsts = [await _next_event(choice.job, request) for choice in choices]
+        firsts = [await next_event(choice.job, request) for choice in choices]
     except BaseException:
         state.metrics.in_flight.dec()
         for choice in choices:
             choice.job.cancel()
         raise
-    view = _ChoiceView(state, body, header)
+    view = ChoiceView(state.token_texts, state.pipeline.tokenizer, body, header)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(_sse(state, choices, firsts, view, include_usage), media_type="text/event-stream")
+        return StreamingResponse(sse(state.metrics, choices, firsts, view, include_usage), media_type="text/event-stream")
     outputs = []
     try:
         for choice, chunk in zip(choices, firsts):
             while chunk.output is None:
-                chunk = await _next_event(choice.job, request)
+                chunk = await next_event(choice.job, request)
             outputs.append(chunk.output)
     finally:
         state.metrics.in_flight.dec()
@@ -279,138 +264,6 @@ async def _serve(state: _State, request: Request, body, prompts: list[list[int]]
     bodies = [view.choice_body(choice, output) for choice, output in zip(choices, outputs)]
     results = [(c.prompt_index, o.metrics, c.job.queue_s) for c, o in zip(choices, outputs)]
     return JSONResponse(header.body(bodies, protocol.usage(results)))
-
-
-class _ChoiceView:
-    """How one response shows its choices: echo, logprobs in the endpoint's shape, tool calls."""
-
-    def __init__(self, state: _State, body, header: protocol.ResponseHeader) -> None:
-        self.texts = state.token_texts
-        self.tokenizer = state.pipeline.tokenizer
-        self.header = header
-        self.echo = bool(getattr(body, "echo", False))
-        self.tools = body.tools if header.chat and body.tools and body.tool_choice != "none" else None
-
-    def prompt_text(self, choice: _Choice) -> str:
-        return self.tokenizer.decode(choice.prompt_ids, skip_special_tokens=False) if self.echo else ""
-
-    def logprobs(self, choice: _Choice, token_ids, entries, offset: int = 0, prompt_entries=None):
-        """The ``logprobs`` of ``token_ids`` (``entries``: theirs; None: not asked for);
-        ``prompt_entries``: echo's prompt tokens after the first, shown before them."""
-        if entries is None:
-            return None
-        if self.header.chat:
-            return logprobs.chat_logprobs(self.texts, entries)
-        if prompt_entries is not None and self.echo:
-            token_ids, entries = list(choice.prompt_ids) + list(token_ids), [None] + list(prompt_entries) + list(entries)
-        return logprobs.completion_logprobs(self.texts, entries, token_ids, offset)
-
-    def choice_body(self, choice: _Choice, output) -> dict:
-        text, finish_reason, calls = output.text, output.finish_reason, None
-        if self.tools is not None:
-            text, calls = tools.parse_tool_calls(text, self.tools)
-            finish_reason = "tool_calls" if calls else finish_reason
-        entries = self.logprobs(choice, output.token_ids, output.logprobs, prompt_entries=output.prompt_logprobs or [])
-        if not self.header.chat:
-            text = self.prompt_text(choice) + text
-        return self.header.choice(choice.index, text, finish_reason, entries, calls)
-
-
-async def _sse(
-    state: _State, choices: list[_Choice], firsts: list[StreamChunk], view: _ChoiceView, include_usage: bool
-) -> AsyncIterator[str]:
-    """Server-Sent Events: text deltas as accepted (each with its choice's index), a finish chunk
-    per choice, usage if asked, ``[DONE]``. With tools, a choice's text is held until it ends
-    and then sent as content or as ``tool_calls``. A client that disconnects cancels this
-    generator; ``finally`` then cancels the jobs.
-    """
-    header = view.header
-    held = {choice.index: "" for choice in choices}
-    offsets = {choice.index: 0 for choice in choices}
-    results = []
-    try:
-        if header.chat:
-            for choice in choices:
-                yield _frame(header.chunk("", role=True, index=choice.index))
-        elif view.echo:
-            for choice in choices:
-                text = view.prompt_text(choice)
-                offsets[choice.index] = len(text)
-                yield _frame(header.chunk(text, index=choice.index))
-        async for choice, chunk in _merged_events(choices, firsts):
-            entries = view.logprobs(choice, chunk.token_ids, chunk.logprobs, offsets[choice.index])
-            if not header.chat and chunk.logprobs is not None:
-                offsets[choice.index] += sum(len(view.texts.text(t)) for t in chunk.token_ids)
-            if view.tools is not None:
-                held[choice.index] += chunk.text
-            elif chunk.text or entries:
-                yield _frame(header.chunk(chunk.text, index=choice.index, logprobs=entries))
-            if chunk.output is not None:
-                finish_reason, calls = chunk.output.finish_reason, None
-                if view.tools is not None:
-                    content, calls = tools.parse_tool_calls(held[choice.index], view.tools)
-                    finish_reason = "tool_calls" if calls else finish_reason
-                    if content:
-                        yield _frame(header.chunk(content, index=choice.index))
-                    if calls:
-                        yield _frame(header.chunk(None, index=choice.index, tool_calls=calls))
-                yield _frame(header.chunk(None if header.chat else "", finish_reason, index=choice.index))
-                results.append((choice.prompt_index, chunk.output.metrics, choice.job.queue_s))
-        if include_usage:
-            yield _frame(header.usage_chunk(protocol.usage(results)))
-    except APIError as exc:  # the response has started: the error travels as an event
-        state.metrics.http_errors.labels(status=str(exc.status)).inc()
-        yield _frame(exc.body())
-    finally:
-        state.metrics.in_flight.dec()
-        for choice in choices:
-            choice.job.cancel()
-    yield "data: [DONE]\n\n"
-
-
-async def _merged_events(choices: list[_Choice], firsts: list[StreamChunk]):
-    """``(choice, chunk)`` of every job as they come (each job's own chunks in order)."""
-    getters = {}
-    try:
-        for choice, first in zip(choices, firsts):
-            yield choice, first
-            if first.output is None:
-                getters[asyncio.ensure_future(_next_event(choice.job, None))] = choice
-        while getters:
-            done, _ = await asyncio.wait(getters, return_when=asyncio.FIRST_COMPLETED)
-            for getter in done:
-                choice = getters.pop(getter)
-                chunk = getter.result()
-                yield choice, chunk
-                if chunk.output is None:
-                    getters[asyncio.ensure_future(_next_event(choice.job, None))] = choice
-    finally:
-        for getter in getters:
-            getter.cancel()
-
-
-def _frame(payload: dict) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
-
-
-async def _next_event(job: Job, request: Request | None) -> StreamChunk:
-    """The job's next chunk. Raises APIError for a failed job, ClientGone if ``request`` disconnected."""
-    getter = asyncio.ensure_future(job.events.get())
-    try:
-        while True:
-            done, _ = await asyncio.wait({getter}, timeout=DISCONNECT_POLL_S)
-            if done:
-                break
-            if request is not None and await request.is_disconnected():
-                raise ClientGone()
-    finally:
-        getter.cancel()
-    event = getter.result()
-    if isinstance(event, JobFailed):
-        if event.client_error:
-            raise APIError(400, event.message)
-        raise APIError(500, f"{event.message} (error id {event.error_id})", type="server_error", code="server_error")
-    return event
 
 
 def _install_error_handlers(app: FastAPI, state: _State) -> None:

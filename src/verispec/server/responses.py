@@ -1,0 +1,170 @@
+"""Shaping one response's choices: non-streaming bodies and Server-Sent Events.
+
+Owns: the choices of a request (``n`` per prompt, each with its job), what a choice shows (echo,
+logprobs in the endpoint's shape, parsed tool calls), the merged event stream of several jobs,
+and reading a job's next event (a failed job becomes an :class:`APIError`, a client that left
+:class:`ClientGone`). Knows nothing about routes or decoding.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from typing import AsyncIterator
+
+from fastapi import Request
+
+from verispec.engine import StreamChunk
+from verispec.server import logprobs, protocol, tools
+from verispec.server.prom import ServerMetrics
+from verispec.server.protocol import APIError
+from verispec.server.worker import Job, JobFailed
+
+DISCONNECT_POLL_S = 0.25
+
+
+class ClientGone(Exception):
+    """The client disconnected while its request was queued or generating."""
+
+
+@dataclasses.dataclass
+class Choice:
+    """One choice of a response: its index, which prompt it continues, its job."""
+
+    index: int
+    prompt_index: int
+    prompt_ids: list[int]
+    job: Job
+
+
+class ChoiceView:
+    """How one response shows its choices: echo, logprobs in the endpoint's shape, tool calls."""
+
+    def __init__(self, texts: logprobs.TokenText, tokenizer, body, header: protocol.ResponseHeader) -> None:
+        self.texts = texts
+        self.tokenizer = tokenizer
+        self.header = header
+        self.echo = bool(getattr(body, "echo", False))
+        self.tools = body.tools if header.chat and body.tools and body.tool_choice != "none" else None
+
+    def prompt_text(self, choice: Choice) -> str:
+        return self.tokenizer.decode(choice.prompt_ids, skip_special_tokens=False) if self.echo else ""
+
+    def logprobs(self, choice: Choice, token_ids, entries, offset: int = 0, prompt_entries=None):
+        """The ``logprobs`` of ``token_ids`` (``entries``: theirs; None: not asked for);
+        ``prompt_entries``: echo's prompt tokens after the first, shown before them."""
+        if entries is None:
+            return None
+        if self.header.chat:
+            return logprobs.chat_logprobs(self.texts, entries)
+        if prompt_entries is not None and self.echo:
+            token_ids, entries = list(choice.prompt_ids) + list(token_ids), [None] + list(prompt_entries) + list(entries)
+        return logprobs.completion_logprobs(self.texts, entries, token_ids, offset)
+
+    def choice_body(self, choice: Choice, output) -> dict:
+        text, finish_reason, calls = output.text, output.finish_reason, None
+        if self.tools is not None:
+            text, calls = tools.parse_tool_calls(text, self.tools)
+            finish_reason = "tool_calls" if calls else finish_reason
+        entries = self.logprobs(choice, output.token_ids, output.logprobs, prompt_entries=output.prompt_logprobs or [])
+        if not self.header.chat:
+            text = self.prompt_text(choice) + text
+        return self.header.choice(choice.index, text, finish_reason, entries, calls)
+
+
+async def sse(
+    metrics: ServerMetrics, choices: list[Choice], firsts: list[StreamChunk], view: ChoiceView, include_usage: bool
+) -> AsyncIterator[str]:
+    """Server-Sent Events: text deltas as accepted (each with its choice's index), a finish chunk
+    per choice, usage if asked, ``[DONE]``. With tools, a choice's text is held until it ends
+    and then sent as content or as ``tool_calls``. A client that disconnects cancels this
+    generator; ``finally`` then cancels the jobs.
+    """
+    header = view.header
+    held = {choice.index: "" for choice in choices}
+    offsets = {choice.index: 0 for choice in choices}
+    results = []
+    try:
+        if header.chat:
+            for choice in choices:
+                yield frame(header.chunk("", role=True, index=choice.index))
+        elif view.echo:
+            for choice in choices:
+                text = view.prompt_text(choice)
+                offsets[choice.index] = len(text)
+                yield frame(header.chunk(text, index=choice.index))
+        async for choice, chunk in merged_events(choices, firsts):
+            entries = view.logprobs(choice, chunk.token_ids, chunk.logprobs, offsets[choice.index])
+            if not header.chat and chunk.logprobs is not None:
+                offsets[choice.index] += sum(len(view.texts.text(t)) for t in chunk.token_ids)
+            if view.tools is not None:
+                held[choice.index] += chunk.text
+            elif chunk.text or entries:
+                yield frame(header.chunk(chunk.text, index=choice.index, logprobs=entries))
+            if chunk.output is not None:
+                finish_reason, calls = chunk.output.finish_reason, None
+                if view.tools is not None:
+                    content, calls = tools.parse_tool_calls(held[choice.index], view.tools)
+                    finish_reason = "tool_calls" if calls else finish_reason
+                    if content:
+                        yield frame(header.chunk(content, index=choice.index))
+                    if calls:
+                        yield frame(header.chunk(None, index=choice.index, tool_calls=calls))
+                yield frame(header.chunk(None if header.chat else "", finish_reason, index=choice.index))
+                results.append((choice.prompt_index, chunk.output.metrics, choice.job.queue_s))
+        if include_usage:
+            yield frame(header.usage_chunk(protocol.usage(results)))
+    except APIError as exc:  # the response has started: the error travels as an event
+        metrics.http_errors.labels(status=str(exc.status)).inc()
+        yield frame(exc.body())
+    finally:
+        metrics.in_flight.dec()
+        for choice in choices:
+            choice.job.cancel()
+    yield "data: [DONE]\n\n"
+
+
+async def merged_events(choices: list[Choice], firsts: list[StreamChunk]):
+    """``(choice, chunk)`` of every job as they come (each job's own chunks in order)."""
+    getters = {}
+    try:
+        for choice, first in zip(choices, firsts):
+            yield choice, first
+            if first.output is None:
+                getters[asyncio.ensure_future(next_event(choice.job, None))] = choice
+        while getters:
+            done, _ = await asyncio.wait(getters, return_when=asyncio.FIRST_COMPLETED)
+            for getter in done:
+                choice = getters.pop(getter)
+                chunk = getter.result()
+                yield choice, chunk
+                if chunk.output is None:
+                    getters[asyncio.ensure_future(next_event(choice.job, None))] = choice
+    finally:
+        for getter in getters:
+            getter.cancel()
+
+
+def frame(payload: dict) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+async def next_event(job: Job, request: Request | None) -> StreamChunk:
+    """The job's next chunk. Raises APIError for a failed job, ClientGone if ``request`` disconnected."""
+    getter = asyncio.ensure_future(job.events.get())
+    try:
+        while True:
+            done, _ = await asyncio.wait({getter}, timeout=DISCONNECT_POLL_S)
+            if done:
+                break
+            if request is not None and await request.is_disconnected():
+                raise ClientGone()
+    finally:
+        getter.cancel()
+    event = getter.result()
+    if isinstance(event, JobFailed):
+        if event.client_error:
+            raise APIError(400, event.message)
+        raise APIError(500, f"{event.message} (error id {event.error_id})", type="server_error", code="server_error")
+    return event

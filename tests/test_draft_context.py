@@ -1,0 +1,38 @@
+"""The draft model's context window: it sees only the prompt's last tokens (less to prefill on
+long prompts), and the output is still exactly plain decoding's."""
+
+from __future__ import annotations
+
+import pytest
+
+from test_batching import PROMPTS, gguf_engine, gguf_files  # noqa: F401
+from verispec.engine import SpeculativeConfig
+from verispec.errors import InvalidParameterError
+from verispec.pipeline import DrafterOptions
+from verispec.proposers import DraftRequest
+from verispec.sampling import SamplingParams
+
+
+@pytest.mark.parametrize("method", ["draft", "tree", "auto"])
+@pytest.mark.parametrize("window", [1, 4, None])
+def test_a_short_draft_context_keeps_the_output(gguf_files, method, window):  # noqa: F811
+    engine = gguf_engine(gguf_files)
+    for name in ("draft", "tree"):
+        engine.proposers[name].context_window = window
+    prompt = PROMPTS[6]  # 37 tokens
+    params = SamplingParams(max_tokens=24)
+    plain = engine.generate(prompt, params, SpeculativeConfig(method="none"))
+    got = engine.generate(prompt, params, SpeculativeConfig(method=method, num_speculative_tokens=4))
+    assert got.token_ids == plain.token_ids
+    assert got.metrics.spec.num_draft_tokens > 0
+
+
+def test_the_draft_sees_the_prompts_last_tokens_and_the_output(gguf_files):  # noqa: F811
+    proposer = gguf_engine(gguf_files).proposers["draft"]
+    proposer.context_window = 3
+    request = DraftRequest([1, 2, 3, 4, 5], [6, 7], SamplingParams(), None)
+    assert proposer.draft_context(request) == [3, 4, 5, 6, 7]
+    proposer.propose(request, 2)
+    assert proposer._cached_token_ids[:5] == [3, 4, 5, 6, 7]  # the cache starts at the window, not the prompt
+    with pytest.raises(InvalidParameterError, match="draft_context_window"):
+        DrafterOptions(draft_context_window=0)
