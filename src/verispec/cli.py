@@ -44,7 +44,8 @@ def generate(
     method: str = typer.Option(
         "auto",
         help="auto (n-gram lookup when it matches, else the draft model, else layer skip; per step), "
-        "draft, ngram, layer-skip, tree (token trees: n-gram branches, else the draft's tree), or none (plain decoding).",
+        "draft, ngram, suffix (continuations seen in earlier requests and this one), layer-skip, "
+        "tree (token trees: n-gram branches, else the draft's tree), or none (plain decoding).",
     ),
     num_speculative_tokens: int = typer.Option(
         8, "--num-speculative-tokens", "-k", help="Draft tokens per target pass: fixed (constant) or at most."
@@ -215,6 +216,9 @@ def serve(
         256, min=1, help="Prompt tokens prefilled per pass while other requests decode (chunked prefill)."
     ),
     max_tokens_cap: int = typer.Option(2048, min=1, help="Largest max_tokens a request may ask for."),
+    suffix_cache: Optional[Path] = typer.Option(
+        None, help="File for the suffix drafter's cache of past requests: loaded at start if present, written at shutdown."
+    ),
     max_body_bytes: int = typer.Option(4 * 1024 * 1024, min=1024, help="Largest request body (bytes)."),
     log_level: str = typer.Option("info", help="debug, info, warning or error."),
     audit_rate: float = typer.Option(
@@ -254,7 +258,9 @@ def serve(
     config = ServerConfig(
         api_key=api_key, max_tokens_cap=max_tokens_cap, max_queue=max_queue, max_body_bytes=max_body_bytes,
         default_spec=spec, audit_rate=audit_rate, max_num_seqs=max_num_seqs, max_kv_tokens=max_kv_tokens,
+        suffix_cache=None if suffix_cache is None else str(suffix_cache),
     )
+
     pipe.engine.max_num_batched_tokens = max_num_batched_tokens
     try:
         server = create_app(pipe, config)

@@ -30,6 +30,7 @@ from verispec.policy import DraftPolicy, DraftStep, drafter_order, make_policy
 from verispec.proposers import DraftRequest, Proposer, can_hold_sequences, for_new_sequence
 from verispec.proposers.draft_model import batches, propose_batch
 from verispec.proposers.ngram import NgramProposer, NgramTreeProposer
+from verispec.proposers.suffix import SuffixProposer, SuffixTreeProposer
 from verispec.request import (  # re-exported: the engine's public types
     MAX_SPECULATIVE_TOKENS,
     METHODS,
@@ -147,6 +148,9 @@ class SpeculativeEngine:
         self.proposers.setdefault("ngram", NgramProposer())
         if isinstance(self.proposers["ngram"], NgramProposer):  # method "tree": its branches first
             self.proposers.setdefault("ngram-tree", NgramTreeProposer(self.proposers["ngram"]))
+        self.proposers.setdefault("suffix", SuffixProposer())  # one cache of past requests per engine
+        if isinstance(self.proposers["suffix"], SuffixProposer):
+            self.proposers.setdefault("suffix-tree", SuffixTreeProposer(self.proposers["suffix"]))
         self.controller = controller or ControllerConfig()
         self.cost_model = CostModel(weight=self.controller.cost_weight)  # machine facts: kept across requests
         if max_num_batched_tokens < 1:
@@ -175,12 +179,14 @@ class SpeculativeEngine:
                 f"the {type(self.target).__name__} (or a drafter) holds one sequence: batching needs the gguf, "
                 "int8 or torch runner (or --max-num-seqs 1)"
             )
-        proposers = {name: for_new_sequence(p) for name, p in self.proposers.items() if name != "ngram-tree"}
-        tree = self.proposers.get("ngram-tree")
-        if isinstance(tree, NgramTreeProposer) and isinstance(proposers.get("ngram"), NgramProposer):
-            proposers["ngram-tree"] = NgramTreeProposer(proposers["ngram"])  # shares the slot's index
-        elif tree is not None:
-            proposers["ngram-tree"] = for_new_sequence(tree)
+        wrappers = {"ngram-tree": (NgramTreeProposer, "ngram", NgramProposer), "suffix-tree": (SuffixTreeProposer, "suffix", SuffixProposer)}
+        proposers = {name: for_new_sequence(p) for name, p in self.proposers.items() if name not in wrappers}
+        for name, (wrapper, base, base_type) in wrappers.items():
+            tree = self.proposers.get(name)
+            if isinstance(tree, wrapper) and isinstance(proposers.get(base), base_type):
+                proposers[name] = wrapper(proposers[base])  # shares the slot's index
+            elif tree is not None:
+                proposers[name] = for_new_sequence(tree)
         return Slot(self.target.new_sequence(), proposers)
 
     def generate(
@@ -432,6 +438,10 @@ class SpeculativeEngine:
         if not out.finished:
             out.finish("length")
         state.times.end = time.perf_counter()
+        for proposer in state.slot.proposers.values():  # drafters that learn across requests (suffix)
+            end_request = getattr(proposer, "end_request", None)
+            if end_request is not None:
+                end_request(state.prompt, out.token_ids)
         metrics = RequestMetrics.from_times(state.times, len(state.prompt), len(out.token_ids), state.stats)
         state.output = GenerationOutput(
             list(out.token_ids), out.text, out.finish_reason or "length", metrics, state.sources,

@@ -45,6 +45,8 @@ def drafter_order(method: str, loaded: Sequence[str], trees: bool = False) -> li
         if trees and fallback == ["draft"] and "tree" in loaded:
             fallback = list(ALTERNATIVE_DRAFTERS)
         return (["ngram"] if "ngram" in loaded else []) + fallback
+    if method == "suffix" and "suffix" in loaded:  # its frequency-scored tree where the target verifies trees
+        return ["suffix-tree"] if trees and "suffix-tree" in loaded else ["suffix"]
     if method == "tree" and any(name in loaded for name in TREE_DRAFTERS):
         return [name for name in TREE_DRAFTERS if name in loaded]
     if method not in loaded:
@@ -108,7 +110,7 @@ class DraftPolicy:
             for name in self._proposers
         }
         self.schedules = {
-            name: make_schedule(schedule, name, max_k, self.alphas[name], costs, config, tree=name in TREE_DRAFTERS)
+            name: make_schedule(schedule, name, max_k, self.alphas[name], costs, config, tree=name in TREE_DRAFTERS or name == "suffix-tree")
             for name in self._proposers
         }
         self._previous: str | None = None  # drafter of the previous step

@@ -10,7 +10,7 @@ from verispec.control import SCHEDULES
 from verispec.errors import InvalidParameterError
 from verispec.metrics import RequestMetrics
 
-METHODS = ("none", "draft", "ngram", "layer-skip", "auto", "tree")
+METHODS = ("none", "draft", "ngram", "suffix", "layer-skip", "auto", "tree")
 MAX_SPECULATIVE_TOKENS = 64
 
 
@@ -20,7 +20,8 @@ class SpeculativeConfig:
 
     Attributes:
         method: ``"none"`` (plain decoding), the name of a loaded drafter (``"draft"``,
-            ``"ngram"``, ``"layer-skip"``) or ``"auto"`` (n-gram lookup when it matches, else
+            ``"ngram"``, ``"suffix"``: suffix drafting over earlier requests and this one,
+            ``"layer-skip"``) or ``"auto"`` (n-gram lookup when it matches, else
             the draft model, else layer skip; decided per step) or ``"tree"`` (token trees:
             n-gram branches when the lookup matches, else the draft model's tree; per step).
         num_speculative_tokens: tokens drafted per target pass, 1..64 (ignored for ``none``):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hmac
+import os
 import logging
 import time
 import uuid
@@ -65,6 +66,8 @@ class ServerConfig:
             where the runners can hold several sequences, else 1.
         max_kv_tokens: KV-cache positions the running requests may reserve together; a
             request that does not fit waits (:class:`verispec.scheduler.Scheduler`).
+        suffix_cache: a file holding the suffix drafter's cache of past requests: loaded at
+            start when it exists, written at shutdown (:class:`verispec.proposers.suffix.SuffixCache`).
     """
 
     api_key: str | None = None
@@ -76,6 +79,7 @@ class ServerConfig:
     audit_rate: float = 0.0
     max_num_seqs: int | None = None
     max_kv_tokens: int | None = None
+    suffix_cache: str | None = None
 
 
 class _State:
@@ -108,10 +112,14 @@ def create_app(pipeline, config: ServerConfig | None = None, **options) -> FastA
 
     ``options`` override fields of ``config`` (e.g. ``create_app(pipe, api_key="k", max_queue=4)``).
     The engine worker starts, warms up and stops with the app's lifespan; ``/health`` answers
-    503 until the warm-up is done. Raises InvalidParameterError for an audit rate outside [0, 1].
+    503 until the warm-up is done. Raises InvalidParameterError for an audit rate outside [0, 1]
+    or a ``suffix_cache`` file that is not one.
     """
     config = dataclasses.replace(config or ServerConfig(), **options)
     state = _State(pipeline, config)
+    cache = _suffix_cache(pipeline)
+    if config.suffix_cache is not None and cache is not None and os.path.exists(config.suffix_cache):
+        log.info("suffix cache: %d past requests from %s", cache.load(config.suffix_cache), config.suffix_cache)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -127,6 +135,9 @@ def create_app(pipeline, config: ServerConfig | None = None, **options) -> FastA
         state.worker.start()
         yield
         state.worker.stop()
+        if config.suffix_cache is not None and cache is not None:
+            cache.save(config.suffix_cache)
+            log.info("suffix cache: %d past requests written to %s", cache.num_sequences, config.suffix_cache)
 
     app = FastAPI(
         title="verispec", version="0.1.0", lifespan=lifespan, summary="OpenAI-compatible lossless speculative decoding"
@@ -197,6 +208,12 @@ def create_app(pipeline, config: ServerConfig | None = None, **options) -> FastA
 
     app.openapi = _openapi_without_422(app)
     return app
+
+
+def _suffix_cache(pipeline):
+    """The engine's shared suffix cache (None without a suffix drafter)."""
+    suffix = pipeline.engine.proposers.get("suffix")
+    return getattr(suffix, "cache", None)
 
 
 def _check_model(state: _State, name: str, param: str | None = "model") -> None:

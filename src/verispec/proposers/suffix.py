@@ -1,0 +1,286 @@
+"""Suffix drafting (SuffixDecoding): continuations of the context's tail found in earlier requests
+and in the request itself, scored by how often each continuation followed.
+
+Owns the global :class:`SuffixCache` (token sequences of finished requests, indexed by their
+n-grams, bounded in tokens with the oldest requests evicted, shared by all requests of an engine
+under a lock) and the per-request :class:`SuffixProposer` (the cache plus the request's own
+prompt and output, as n-gram lookup has). A proposal takes the longest n-gram of the context's
+tail found anywhere, gathers what followed each occurrence, and returns the most frequent
+continuation (a chain) or the frequency-scored tree of them (SuffixDecoding, Oliaro et al.
+2025, §3: the speculation tree of the matched suffix, nodes scored by empirical continuation
+frequency, its size following the match length). Drafts are deterministic (no probabilities):
+verification's one-hot path keeps them lossless. Knows nothing about models or verification.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import deque
+from typing import Sequence
+
+from verispec.errors import InvalidParameterError
+from verispec.proposers import DraftOutput, DraftRequest
+from verispec.proposers.ngram import NgramIndex, copy_continuation, ngram_tree
+from verispec.tree import TokenTree
+
+DEFAULT_MAX_TOKENS = 262_144  # tokens of past requests kept
+
+
+class SuffixCache:
+    """Token sequences of finished requests and an index of their n-grams.
+
+    For n in ``[min_ngram, max_ngram]`` a dict maps an n-gram to the ``max_occurrences`` most
+    recent places it occurred, as ``(sequence id, start of what followed)``. Sequences are kept
+    while their total stays within ``max_tokens``; the oldest are evicted first, and the index
+    is rebuilt from the kept sequences once evicted entries could make up half of it. Every
+    method takes the cache's lock, so concurrent requests (or threads) may share one cache.
+
+    Raises:
+        InvalidParameterError: a bad n-gram range, occurrence count or token budget.
+    """
+
+    def __init__(self, max_tokens: int = DEFAULT_MAX_TOKENS, min_ngram: int = 2, max_ngram: int = 8,
+                 max_occurrences: int = 8) -> None:
+        if not 1 <= min_ngram <= max_ngram:
+            raise InvalidParameterError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        if max_occurrences < 1 or max_tokens < 1:
+            raise InvalidParameterError("max_occurrences and max_tokens must be >= 1")
+        self.max_tokens, self.min_ngram, self.max_ngram, self.max_occurrences = max_tokens, min_ngram, max_ngram, max_occurrences
+        self._lock = threading.Lock()
+        self._sequences: deque[tuple[int, list[int]]] = deque()  # (id, tokens), oldest first
+        self._next_id = 0
+        self._num_tokens = 0
+        self._evicted_since_rebuild = 0
+        self._index: dict[tuple[int, ...], list[tuple[int, int]]] = {}
+        self._by_id: dict[int, list[int]] = {}
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens held (all kept sequences)."""
+        return self._num_tokens
+
+    @property
+    def num_sequences(self) -> int:
+        return len(self._sequences)
+
+    @property
+    def index_size(self) -> int:
+        """Index entries (occurrences), stale ones included until the next rebuild."""
+        return sum(len(v) for v in self._index.values())
+
+    def add(self, token_ids: Sequence[int]) -> None:
+        """Keep ``token_ids`` (a finished request's output, or prompt + output) for later lookups;
+        a sequence longer than ``max_tokens`` keeps its last ``max_tokens`` tokens."""
+        tokens = [int(t) for t in token_ids][-self.max_tokens :]
+        if len(tokens) <= self.min_ngram:
+            return
+        with self._lock:
+            sequence_id = self._next_id
+            self._next_id += 1
+            self._sequences.append((sequence_id, tokens))
+            self._by_id[sequence_id] = tokens
+            self._num_tokens += len(tokens)
+            self._index_sequence(sequence_id, tokens)
+            while self._num_tokens > self.max_tokens:
+                old_id, old = self._sequences.popleft()
+                del self._by_id[old_id]
+                self._num_tokens -= len(old)
+                self._evicted_since_rebuild += len(old)
+            if self._evicted_since_rebuild * 2 > self.max_tokens:
+                self._rebuild()
+
+    def continuations(self, context: Sequence[int], length: int) -> tuple[int, list[list[int]]]:
+        """``(n, continuations)``: the longest n-gram of ``context``'s tail (n in the range) that
+        occurred in a kept sequence, and up to ``length`` tokens that followed each of its
+        occurrences, most recent first; ``(0, [])`` when none occurred."""
+        with self._lock:
+            for n in range(min(self.max_ngram, len(context)), self.min_ngram - 1, -1):
+                places = self._index.get(tuple(int(t) for t in context[len(context) - n :]))
+                if not places:
+                    continue
+                found = []
+                for sequence_id, start in reversed(places):
+                    tokens = self._by_id.get(sequence_id)
+                    if tokens is not None and start < len(tokens):
+                        found.append(tokens[start : start + length])
+                if found:
+                    return n, found
+        return 0, []
+
+    def sequences(self) -> list[list[int]]:
+        """The kept sequences, oldest first (to persist the cache)."""
+        with self._lock:
+            return [list(tokens) for _, tokens in self._sequences]
+
+    def save(self, path) -> None:
+        """Write the kept sequences to ``path`` (``.npz``: the tokens end to end and their lengths),
+        atomically (a temporary file renamed over it)."""
+        import os
+
+        import numpy as np
+
+        sequences = self.sequences()
+        tokens = np.array([t for seq in sequences for t in seq], dtype=np.int64)
+        lengths = np.array([len(seq) for seq in sequences], dtype=np.int64)
+        temporary = f"{path}.tmp-{os.getpid()}"
+        with open(temporary, "wb") as f:
+            np.savez(f, tokens=tokens, lengths=lengths, format=np.array([1]))
+        os.replace(temporary, path)
+
+    def load(self, path) -> int:
+        """Add the sequences saved in ``path`` (:meth:`save`), oldest first; returns how many.
+
+        Raises:
+            InvalidParameterError: the file is missing, not a suffix cache, or corrupt.
+        """
+        import zipfile
+
+        import numpy as np
+
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                tokens, lengths = data["tokens"], data["lengths"]
+        except FileNotFoundError:
+            raise InvalidParameterError(f"no suffix cache at {path}") from None
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
+            raise InvalidParameterError(f"{path} is not a verispec suffix cache ({exc})") from None
+        if lengths.ndim != 1 or tokens.ndim != 1 or int(lengths.sum()) != len(tokens) or (lengths < 0).any() or (tokens < 0).any():
+            raise InvalidParameterError(f"{path} is corrupt: its lengths do not match its tokens")
+        offset = 0
+        for length in lengths.tolist():
+            self.add(tokens[offset : offset + length].tolist())
+            offset += length
+        return len(lengths)
+
+    def _index_sequence(self, sequence_id: int, tokens: list[int]) -> None:
+        for start in range(1, len(tokens)):
+            for n in range(self.min_ngram, min(self.max_ngram, start) + 1):
+                places = self._index.setdefault(tuple(tokens[start - n : start]), [])
+                places.append((sequence_id, start))
+                if len(places) > self.max_occurrences:
+                    del places[0]
+
+    def _rebuild(self) -> None:
+        self._index = {}
+        for sequence_id, tokens in self._sequences:
+            self._index_sequence(sequence_id, tokens)
+        self._evicted_since_rebuild = 0
+
+
+class SuffixProposer:
+    """Suffix drafting for one request over a shared :class:`SuffixCache`.
+
+    Each proposal looks up the context's tail in the request's own prompt and output (an
+    :class:`~verispec.proposers.ngram.NgramIndex`) and in the cache; the longer match wins (the
+    request's own on a tie), and every occurrence with that match length votes for its
+    continuation. The draft budget follows the match length: at most ``ceil(spec_factor * n)``
+    tokens for an n-token match (SuffixDecoding's ``max_spec_factor``).
+
+    Args:
+        cache: the engine's shared cache (finished requests are added by :meth:`end_request`).
+        min_ngram, max_ngram: tail lengths tried, longest first.
+        spec_factor: draft tokens per matched token.
+        add_prompts: also keep each finished request's prompt in the cache (the output always).
+    """
+
+    def __init__(self, cache: SuffixCache | None = None, min_ngram: int = 2, max_ngram: int = 8,
+                 spec_factor: float = 2.0, add_prompts: bool = False) -> None:
+        if not 1 <= min_ngram <= max_ngram:
+            raise InvalidParameterError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        if spec_factor <= 0:
+            raise InvalidParameterError(f"spec_factor must be > 0, got {spec_factor}")
+        self.cache = cache if cache is not None else SuffixCache(min_ngram=min_ngram, max_ngram=max_ngram)
+        self.min_ngram, self.max_ngram, self.spec_factor, self.add_prompts = min_ngram, max_ngram, spec_factor, add_prompts
+        self._index = NgramIndex(min_ngram, max_ngram, 8)
+
+    def new_sequence(self) -> SuffixProposer:
+        """The same drafter for another request: the same shared cache, its own context index."""
+        return SuffixProposer(self.cache, self.min_ngram, self.max_ngram, self.spec_factor, self.add_prompts)
+
+    def propose(self, request: DraftRequest, num_speculative_tokens: int) -> DraftOutput:
+        """The most frequent continuation (a chain) of at most ``num_speculative_tokens``."""
+        tree = self.propose_tree(request, num_speculative_tokens, chain=True)
+        return DraftOutput(draft_token_ids=list(tree.token_ids[1:]))
+
+    def propose_tree(self, request: DraftRequest, num_nodes: int, chain: bool = False) -> TokenTree:
+        """The frequency-scored tree of the continuations (at most ``num_nodes`` nodes below the
+        root, the last context token); with ``chain``, its most frequent path only."""
+        index = self._sync(request)
+        context = index.token_ids
+        root = int(context[-1])
+        n, continuations = self._continuations(index, num_nodes)
+        budget = min(num_nodes, math.ceil(self.spec_factor * n)) if n else 0
+        if budget <= 0 or not continuations:
+            return TokenTree((root,), (-1,))
+        if chain:
+            return _chain_tree(root, most_frequent_path(continuations, budget))
+        return ngram_tree(root, continuations, budget, branch_decay=1.0, depth_decay=1.0)
+
+    def observe(self, num_accepted_tokens: int) -> None:
+        """Nothing to learn within a request: finished requests reach the cache through :meth:`end_request`."""
+
+    def end_request(self, prompt_token_ids: Sequence[int], output_token_ids: Sequence[int]) -> None:
+        """Keep the finished request for later requests (its output; its prompt too with ``add_prompts``)."""
+        self.cache.add((list(prompt_token_ids) if self.add_prompts else []) + list(output_token_ids))
+
+    def _continuations(self, index: NgramIndex, length: int) -> tuple[int, list[list[int]]]:
+        context = index.token_ids
+        local = index.matches(8)
+        local_n = local[0][0] if local else 0
+        global_n, found = self.cache.continuations(context, length)
+        if local_n >= global_n and local_n:
+            return local_n, [copy_continuation(context, start, length) for n, start in local if n == local_n]
+        return global_n, found
+
+    def _sync(self, request: DraftRequest) -> NgramIndex:
+        """Extend the request's index by its new tokens; start over for another context."""
+        indexed = self._index.token_ids
+        context = list(request.prompt_token_ids) + list(request.output_token_ids)
+        if indexed != context[: len(indexed)] or len(indexed) > len(context):
+            self._index = NgramIndex(self.min_ngram, self.max_ngram, 8)
+        self._index.extend(context[len(self._index.token_ids) :])
+        return self._index
+
+
+class SuffixTreeProposer:
+    """The proposer protocol over :meth:`SuffixProposer.propose_tree` (drafter ``"suffix-tree"``),
+    for runners that verify token trees. Shares the wrapped proposer's index and cache."""
+
+    def __init__(self, suffix: SuffixProposer) -> None:
+        self.suffix = suffix
+
+    def new_sequence(self) -> SuffixTreeProposer:
+        return SuffixTreeProposer(self.suffix.new_sequence())
+
+    def propose(self, request: DraftRequest, num_speculative_tokens: int) -> DraftOutput:
+        tree = self.suffix.propose_tree(request, num_speculative_tokens)
+        if tree.num_nodes == 1:
+            return DraftOutput()
+        return DraftOutput(draft_token_ids=list(tree.token_ids[1:]), tree=tree)
+
+    def observe(self, num_accepted_tokens: int) -> None:
+        """Nothing to learn within a request."""
+
+
+def most_frequent_path(continuations: Sequence[Sequence[int]], length: int) -> list[int]:
+    """The path of at most ``length`` tokens that, token by token, the most continuations share:
+    at each step the most frequent next token among the continuations still on the path (ties:
+    the one seen first, i.e. the most recent occurrence)."""
+    path: list[int] = []
+    alive = [list(c) for c in continuations]
+    while len(path) < length:
+        counts: dict[int, int] = {}
+        for tokens in alive:
+            if len(tokens) > len(path):
+                counts[tokens[len(path)]] = counts.get(tokens[len(path)], 0) + 1
+        if not counts:
+            break
+        best = max(counts, key=counts.__getitem__)  # dicts keep insertion order: first seen wins ties
+        path.append(best)
+        alive = [tokens for tokens in alive if len(tokens) >= len(path) and tokens[len(path) - 1] == best]
+    return path
+
+
+def _chain_tree(root: int, path: list[int]) -> TokenTree:
+    return TokenTree(tuple([root] + path), tuple(range(-1, len(path))))
