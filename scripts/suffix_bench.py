@@ -2,7 +2,8 @@
 
 For each method (plain ``none``, ``ngram``, ``suffix``) the suffix cache starts empty, then every
 prompt is asked twice in a row (pass 1, then pass 2: the same request again, as a returning
-user). Greedy, ``--max-tokens`` new tokens, one engine, alone on the machine. Prints tokens/s of
+user); with ``--datastore DIR``, ``suffix`` once more reading that corpus too. Greedy,
+``--max-tokens`` new tokens, one engine, alone on the machine. Prints tokens/s of
 each pass, the speedup over plain decoding's same pass, acceptance and whether every output
 equals plain decoding's. Run: ``../shared/tools/alone python scripts/suffix_bench.py``.
 """
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from verispec.engine import SpeculativeConfig
 from verispec.pipeline import SpeculativePipeline
+from verispec.proposers.datastore import Datastore
 from verispec.proposers.suffix import SuffixCache
 from verispec.runners.select import RunnerOptions
 from verispec.sampling import SamplingParams
@@ -29,6 +31,7 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=10)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--methods", default="none,ngram,suffix")
+    parser.add_argument("--datastore", default=None, help="also run suffix with this datastore (verispec datastore build)")
     parser.add_argument("--out", default="suffix_bench.json")
     args = parser.parse_args()
     pipe = SpeculativePipeline.load(runners=RunnerOptions(kind=args.runner))
@@ -37,8 +40,10 @@ def main() -> None:
     pipe.engine.generate(pipe.encode(prompts[-1]), SamplingParams(max_tokens=8))  # warm-up
     suffix = pipe.engine.proposers["suffix"]
     rows, plain = [], {}
-    for method in args.methods.split(","):
+    runs = [(m, None) for m in args.methods.split(",")] + ([("suffix", args.datastore)] if args.datastore else [])
+    for method, datastore in runs:
         suffix.cache = SuffixCache(suffix.cache.max_tokens, suffix.cache.min_ngram, suffix.cache.max_ngram)
+        suffix.datastore = Datastore(datastore) if datastore else None
         spec = SpeculativeConfig(method=method, schedule="cost", num_speculative_tokens=8)
         passes = {1: [], 2: []}
         seconds = {1: 0.0, 2: 0.0}
@@ -56,7 +61,7 @@ def main() -> None:
             if method == "none":
                 plain[p] = (tokens / seconds[p], [o.token_ids for o in outs])
             row = {
-                "method": method, "pass": p, "tokens": tokens, "seconds": round(seconds[p], 2),
+                "method": method + ("+datastore" if datastore else ""), "pass": p, "tokens": tokens, "seconds": round(seconds[p], 2),
                 "tokens_per_s": round(tokens / seconds[p], 2),
                 "speedup_vs_plain": round(tokens / seconds[p] / plain[p][0], 3) if p in plain else None,
                 "acceptance_rate": round(accepted / drafted, 3) if drafted else None,

@@ -181,3 +181,38 @@ def test_server_keeps_its_suffix_cache_across_restarts(tmp_path):
     path.write_bytes(b"junk")
     with pytest.raises(InvalidParameterError):
         create_app(tiny_pipeline(), suffix_cache=str(path))
+
+
+def test_datastore_finds_the_longest_tail_in_the_corpus(tmp_path):
+    from verispec.proposers.datastore import Datastore, build_datastore
+
+    documents = [[1, 2, 3, 4, 5, 6], [9, 2, 3, 4, 7], [3, 4, 5, 8], [], [2, 3]]
+    summary = build_datastore(documents, tmp_path / "ds", depth=4)
+    assert summary == {"format": 1, "num_tokens": 17, "num_documents": 4, "depth": 4}
+    store = Datastore(tmp_path / "ds")
+    n, found = store.continuations([0, 2, 3, 4], 3, min_ngram=2, max_ngram=8)
+    assert n == 3 and sorted(found) == [[5, 6], [7]]  # never past a document's end
+    n, found = store.continuations([7, 3, 4], 2)
+    assert n == 2 and sorted(found) == [[5, 6], [5, 8], [7]]
+    assert store.continuations([6, 1], 2) == (0, [])  # 6 1 spans two documents: no match
+    # the suffix drafter reads it when neither the request nor the cache matches longer
+    proposer = SuffixProposer(SuffixCache(), datastore=store)
+    assert proposer.propose(request([0, 2, 3, 4]), 8).draft_token_ids in ([5, 6], [7])
+    with pytest.raises(InvalidParameterError, match="not a verispec datastore"):
+        Datastore(tmp_path)
+
+
+def test_datastore_agrees_with_a_brute_force_search(tmp_path):
+    import random
+
+    from verispec.proposers.datastore import Datastore, build_datastore
+
+    rng = random.Random(0)
+    documents = [[rng.randrange(5) for _ in range(rng.randrange(1, 40))] for _ in range(30)]
+    build_datastore(documents, tmp_path / "ds", depth=3)
+    store = Datastore(tmp_path / "ds")
+    for _ in range(200):
+        pattern = [rng.randrange(5) for _ in range(3)]
+        expected = sum(1 for d in documents for i in range(len(d) - 2) if d[i : i + 3] == pattern)
+        lo, hi = store._range(pattern)
+        assert hi - lo == expected

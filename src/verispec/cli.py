@@ -19,6 +19,7 @@ from verispec.audit import QualityAuditor, describe_audit
 from verispec.engine import SpeculativeConfig
 from verispec.errors import InvalidParameterError, VerispecError
 from verispec.generate_stats import plain_comparison, stats_table
+from verispec.datastore_cli import datastore_app
 from verispec.models.cli import models_app
 from verispec.pipeline import DEFAULT_DRAFT, DEFAULT_TARGET, DrafterOptions, SpeculativePipeline, peak_rss_bytes
 from verispec.runners.select import RunnerOptions
@@ -33,6 +34,7 @@ RUNNER_HELP = (
 
 app = typer.Typer(help="verispec: lossless speculative decoding.", no_args_is_help=True, add_completion=False)
 app.add_typer(models_app, name="models")
+app.add_typer(datastore_app, name="datastore")
 err = Console(stderr=True)
 
 
@@ -219,6 +221,7 @@ def serve(
     suffix_cache: Optional[Path] = typer.Option(
         None, help="File for the suffix drafter's cache of past requests: loaded at start if present, written at shutdown."
     ),
+    datastore: Optional[Path] = typer.Option(None, help="A corpus datastore (verispec datastore build) the suffix drafter also reads."),
     max_body_bytes: int = typer.Option(4 * 1024 * 1024, min=1024, help="Largest request body (bytes)."),
     log_level: str = typer.Option("info", help="debug, info, warning or error."),
     audit_rate: float = typer.Option(
@@ -262,6 +265,14 @@ def serve(
     )
 
     pipe.engine.max_num_batched_tokens = max_num_batched_tokens
+    if datastore is not None:
+        from verispec.proposers.datastore import Datastore
+
+        try:
+            pipe.engine.proposers["suffix"].datastore = Datastore(datastore)
+        except VerispecError as exc:
+            err.print(f"[red]error:[/red] {exc}", highlight=False)
+            raise typer.Exit(2) from None
     try:
         server = create_app(pipe, config)
     except VerispecError as exc:

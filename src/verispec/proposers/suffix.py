@@ -182,21 +182,24 @@ class SuffixProposer:
         min_ngram, max_ngram: tail lengths tried, longest first.
         spec_factor: draft tokens per matched token.
         add_prompts: also keep each finished request's prompt in the cache (the output always).
+        datastore: a static corpus (:class:`verispec.proposers.datastore.Datastore`) looked up
+            too; the request's own context, then the cache, win a tie with it.
     """
 
     def __init__(self, cache: SuffixCache | None = None, min_ngram: int = 2, max_ngram: int = 8,
-                 spec_factor: float = 2.0, add_prompts: bool = False) -> None:
+                 spec_factor: float = 2.0, add_prompts: bool = False, datastore=None) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise InvalidParameterError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         if spec_factor <= 0:
             raise InvalidParameterError(f"spec_factor must be > 0, got {spec_factor}")
         self.cache = cache if cache is not None else SuffixCache(min_ngram=min_ngram, max_ngram=max_ngram)
         self.min_ngram, self.max_ngram, self.spec_factor, self.add_prompts = min_ngram, max_ngram, spec_factor, add_prompts
+        self.datastore = datastore
         self._index = NgramIndex(min_ngram, max_ngram, 8)
 
     def new_sequence(self) -> SuffixProposer:
         """The same drafter for another request: the same shared cache, its own context index."""
-        return SuffixProposer(self.cache, self.min_ngram, self.max_ngram, self.spec_factor, self.add_prompts)
+        return SuffixProposer(self.cache, self.min_ngram, self.max_ngram, self.spec_factor, self.add_prompts, self.datastore)
 
     def propose(self, request: DraftRequest, num_speculative_tokens: int) -> DraftOutput:
         """The most frequent continuation (a chain) of at most ``num_speculative_tokens``."""
@@ -230,8 +233,14 @@ class SuffixProposer:
         local_n = local[0][0] if local else 0
         global_n, found = self.cache.continuations(context, length)
         if local_n >= global_n and local_n:
-            return local_n, [copy_continuation(context, start, length) for n, start in local if n == local_n]
-        return global_n, found
+            best = local_n, [copy_continuation(context, start, length) for n, start in local if n == local_n]
+        else:
+            best = global_n, found
+        if self.datastore is not None:
+            corpus_n, corpus = self.datastore.continuations(context, length, self.min_ngram, self.max_ngram)
+            if corpus_n > best[0]:
+                return corpus_n, corpus
+        return best
 
     def _sync(self, request: DraftRequest) -> NgramIndex:
         """Extend the request's index by its new tokens; start over for another context."""

@@ -1,0 +1,68 @@
+"""``verispec datastore build``: a corpus (files, directories) tokenized with the target's
+tokenizer into a suffix-array datastore for the ``suffix`` drafter (``--datastore DIR``)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import List
+
+import typer
+from rich.console import Console
+
+from verispec.errors import VerispecError
+from verispec.pipeline import DEFAULT_TARGET
+
+datastore_app = typer.Typer(help="Static corpora for suffix drafting (REST-style retrieval).", no_args_is_help=True)
+err = Console(stderr=True)
+TEXT_SUFFIXES = (".py", ".txt", ".md", ".rst", ".json", ".jsonl", ".c", ".h", ".cpp", ".js", ".ts", ".java", ".go", ".rs", ".html", ".yaml", ".yml", ".toml", ".cfg", ".sh")
+
+
+def corpus_files(paths: List[Path], exclude: List[str] = ()) -> list[Path]:
+    """The files named, and the text files (by suffix) under the directories named, sorted,
+    without those below a directory named in ``exclude`` (e.g. ``site-packages``)."""
+    files = []
+    skip = set(exclude)
+    for path in paths:
+        if path.is_dir():
+            files += sorted(
+                p for p in path.rglob("*")
+                if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES and not skip & set(p.relative_to(path).parts[:-1])
+            )
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise typer.BadParameter(f"{path} does not exist")
+    return files
+
+
+@datastore_app.command("build")
+def build(
+    corpus: List[Path] = typer.Argument(..., help="Files and directories (their text files, recursively)."),
+    out: Path = typer.Option(..., help="Directory to write the datastore to."),
+    target: str = typer.Option(DEFAULT_TARGET, help="The model whose tokenizer tokenizes the corpus (the target you serve)."),
+    depth: int = typer.Option(8, min=1, max=32, help="Longest n-gram the datastore can match."),
+    exclude: List[str] = typer.Option([], help="Directory names to skip inside the corpus directories (repeatable)."),
+) -> None:
+    """Tokenize CORPUS with the target's tokenizer and write its suffix array to --out."""
+    from verispec.proposers.datastore import build_datastore
+    from verispec.runners.llamacpp import load_gguf_info
+
+    try:
+        files = corpus_files(corpus, exclude)
+        if not files:
+            raise typer.BadParameter("no text files in the corpus")
+        tokenizer = load_gguf_info(target, runner="gguf").tokenizer
+        start = time.perf_counter()
+
+        def documents():
+            for path in files:
+                text = path.read_text(encoding="utf-8", errors="replace")
+                if text.strip():
+                    yield tokenizer.encode(text, add_special_tokens=False)
+
+        summary = build_datastore(documents(), out, depth=depth)
+    except VerispecError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(2) from None
+    err.print(f"{summary['num_documents']} documents, {summary['num_tokens']} tokens -> {out} in {time.perf_counter() - start:.1f} s")
