@@ -239,3 +239,24 @@ def test_batched_drafts_equal_each_requests_own_drafts(gguf_files):
     assert [len(d.draft_token_ids) for d in batched][-1] == 1  # one position of room left
     assert all((a.draft_probs is None) == (b.draft_probs is None) for a, b in zip(alone, batched))
     assert all(torch.equal(a.draft_probs, b.draft_probs) for a, b in zip(alone, batched) if a.draft_probs is not None)
+
+
+def test_a_request_the_engine_cannot_start_fails_alone(gguf_files):
+    engine = gguf_engine(gguf_files)
+    start = engine.start
+
+    def picky(prompt, params, spec, slot):
+        if prompt == PROMPTS[1]:
+            raise RuntimeError("cannot start this one")
+        return start(prompt, params, spec, slot)
+
+    engine.start = picky
+    scheduler = Scheduler(engine, max_num_seqs=4)
+    handles = [scheduler.add(PROMPTS[i], SamplingParams(max_tokens=6), SpeculativeConfig(method="draft"), tag=i) for i in range(3)]
+    done = {}
+    while scheduler.running or scheduler.waiting:
+        for handle, chunk in scheduler.step():
+            if chunk.output is not None:
+                done[handle.tag] = chunk.output.token_ids
+    assert [(r.tag, str(e)) for r, e in scheduler.failed] == [(1, "cannot start this one")]
+    assert sorted(done) == [0, 2] and handles[1].done and scheduler.num_free_seqs == 4

@@ -28,6 +28,10 @@ OK = {"model": MODEL, "prompt": "hi", "max_tokens": 2, "temperature": 0}
 CHAT_OK = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 C, CHAT = "/v1/completions", "/v1/chat/completions"
 
+DEEP_SCHEMA: dict = {"type": "integer"}
+for _ in range(130):
+    DEEP_SCHEMA = {"type": "array", "items": DEEP_SCHEMA}
+
 BAD_INPUTS = [
     # (path, body (dict, or raw bytes), status, param or code expected in the error)
     (C, b'{"model": "tiny-target", "prompt": ', 400, None),  # malformed JSON
@@ -38,6 +42,13 @@ BAD_INPUTS = [
     (C, {**OK, "stream": "yes"}, 400, "stream"),  # string for a bool
     (C, {**OK, "logit_bias": {"a": 5}}, 400, "logit_bias"),  # keys are token ids
     (C, {**OK, "logit_bias": {"1": 500}}, 400, "logit_bias"),  # bias outside [-100, 100]
+    (C, {**OK, "logit_bias": {"\u00b2": 5}}, 400, "logit_bias"),  # a Unicode digit is not a token id
+    (C, {**OK, "logit_bias": {"9" * 5000: 5}}, 400, "logit_bias"),  # beyond any vocabulary
+    (C, {**OK, "n": 16, "prompt": ["a"] * 16}, 400, "n"),  # more choices than the queue holds
+    (C, {**OK, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": DEEP_SCHEMA}}}, 400,
+     "response_format"),  # nested beyond the grammar compiler's limit
+    (CHAT, {**CHAT_OK, "tool_choice": "required"}, 400, "tool_choice"),  # no tools
+    (CHAT, {**CHAT_OK, "tools": [{"type": "function", "function": {"name": "f"}}] * 2}, 400, "tools"),  # twice f
     (C, {**OK, "logit_bias": {"1000000": 5}}, 400, "logit_bias"),  # id outside the vocabulary
     (C, {**OK, "suffix": "x"}, 400, "suffix"),  # unsupported field (insertion)
     (C, {**OK, "logprobs": 21}, 400, "logprobs"),  # more alternatives than OpenAI allows

@@ -308,3 +308,45 @@ def test_tool_results_go_back_through_the_template(client):
     ]
     response = chat(client, "draft", messages=messages, tools=[WEATHER], max_tokens=8)
     assert response.choices[0].message.content is not None or response.choices[0].message.tool_calls
+
+
+# ----- edge cases found by trying to break it -----
+
+
+def test_seeds_of_later_choices_wrap_and_the_server_keeps_serving(client):
+    got = completion(client, "draft", n=3, temperature=1.0, seed=2**64 - 2, max_tokens=6)
+    assert len(got.choices) == 3
+    assert completion(client, "none", max_tokens=2).usage.completion_tokens == 2  # still serving
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_complete_grammar_with_ignore_eos_equals_plain(client, method):
+    fmt = {"type": "regex", "regex": "ab"}
+    plain = completion(client, "none", response_format=fmt, ignore_eos=True, max_tokens=6, logprobs=0)
+    got = completion(client, method, response_format=fmt, ignore_eos=True, max_tokens=6, logprobs=0)
+    assert completion_view(got) == completion_view(plain) and got.choices[0].text == "ab"
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("method", ["none", "draft", "tree"])
+def test_min_tokens_beyond_the_grammar_ends_the_output_with_it(client, method, temperature):
+    fmt = {"type": "regex", "regex": "ab"}
+    got = completion(client, method, response_format=fmt, min_tokens=5, max_tokens=8, logprobs=1,
+                     temperature=temperature, seed=3)
+    assert got.choices[0].text == "ab" and got.choices[0].finish_reason == "stop"
+    assert all(v is not None and v <= 0 for v in got.choices[0].logprobs.token_logprobs)
+
+
+def test_tool_parameters_with_defs_can_be_forced(client):
+    tool = {"type": "function", "function": {"name": "f", "parameters": {
+        "$defs": {"city": {"enum": ["Paris", "Oslo"]}}, "type": "object",
+        "properties": {"city": {"$ref": "#/$defs/city"}}, "required": ["city"], "additionalProperties": False}}}
+    response = chat(client, "draft", tools=[tool], tool_choice="required", max_tokens=120)
+    (call,) = response.choices[0].message.tool_calls
+    assert json.loads(call.function.arguments)["city"] in ("Paris", "Oslo")
+
+
+def test_text_offsets_count_characters_of_the_text(client):
+    got = completion(client, "none", max_tokens=12, logprobs=0)
+    lp, text = got.choices[0].logprobs, got.choices[0].text
+    assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[-1] <= len(text)

@@ -127,15 +127,25 @@ class TokenConstraints:
 
     Args:
         vocab_size: width of the logits rows (masks are ``[rows, vocab_size]`` bool, True = allowed).
-        stop_token_ids: the tokens ``min_tokens`` masks and an accepting grammar allows.
+        stop_token_ids: the tokens ``min_tokens`` masks (none with ``ignore_eos``).
         min_tokens: output length below which the stop tokens are masked.
         matcher: the grammar state after the tokens committed so far, or None.
+        end_token_ids: the model's end tokens (default: ``stop_token_ids``): an accepting grammar
+            allows them, and they leave the grammar's state as it is (with ``ignore_eos`` the
+            output goes on, and the grammar, complete, keeps allowing only them).
+
+    A row the masks would leave empty (``min_tokens`` against a grammar that allows only the end,
+    or a grammar that cannot go on) allows the end tokens: the output ends rather than sample
+    from nothing, in plain decoding and in every verify row alike.
     """
 
-    def __init__(self, vocab_size: int, stop_token_ids: Sequence[int], min_tokens: int = 0, matcher=None) -> None:
+    def __init__(self, vocab_size: int, stop_token_ids: Sequence[int], min_tokens: int = 0, matcher=None,
+                 end_token_ids: Sequence[int] | None = None) -> None:
         self.vocab_size = vocab_size
-        self.stop_token_ids = torch.tensor(sorted({t for t in stop_token_ids if 0 <= t < vocab_size}), dtype=torch.long)
+        self.stop_token_ids = _ids(stop_token_ids, vocab_size)
+        self.end_token_ids = self.stop_token_ids if end_token_ids is None else _ids(end_token_ids, vocab_size)
         self._stop_set = frozenset(self.stop_token_ids.tolist())
+        self._end_set = frozenset(self.end_token_ids.tolist())
         self.min_tokens = min_tokens
         self.matcher = matcher
 
@@ -155,16 +165,20 @@ class TokenConstraints:
             return None
         rows = torch.ones(num_rows, self.vocab_size, dtype=torch.bool)
         if self.matcher is not None:
-            consumed = 0
+            fed = 0
             for i in range(num_rows):
                 rows[i] = self._grammar_mask()
-                if i == num_rows - 1 or not self._consume(appended_token_ids[i]):
+                if i == num_rows - 1:
                     break
-                consumed += 1
-            self.matcher.rollback(consumed)
+                ok, n = self._feed([appended_token_ids[i]])
+                fed += n
+                if not ok:
+                    break
+            self.matcher.rollback(fed)
         for i in range(num_rows):
             if num_output + i < self.min_tokens and self.stop_token_ids.numel():
                 rows[i, self.stop_token_ids] = False
+            self._never_empty(rows[i])
         return rows
 
     def path_masks(self, num_output: int, paths: Sequence[Sequence[int]]) -> Tensor | None:
@@ -175,12 +189,13 @@ class TokenConstraints:
         rows = torch.ones(len(paths), self.vocab_size, dtype=torch.bool)
         for j, path in enumerate(paths):
             if self.matcher is not None:
-                consumed = self.matcher.try_consume_tokens(list(path)) if path else 0
-                if consumed == len(path):
+                ok, fed = self._feed(path)
+                if ok:
                     rows[j] = self._grammar_mask()
-                self.matcher.rollback(consumed)
+                self.matcher.rollback(fed)
             if num_output + len(path) < self.min_tokens and self.stop_token_ids.numel():
                 rows[j, self.stop_token_ids] = False
+            self._never_empty(rows[j])
         return rows
 
     def valid_prefix_length(self, num_output: int, token_ids: Sequence[int]) -> int:
@@ -195,27 +210,46 @@ class TokenConstraints:
         return valid
 
     def commit(self, token_ids: Sequence[int]) -> None:
-        """Advance the grammar by the tokens the output committed (a stop token ends it)."""
+        """Advance the grammar by the tokens the output committed (end tokens leave it as it is)."""
         if self.matcher is None:
             return
         for token in token_ids:
-            if token in self._stop_set:
-                return
             self._consume(token)
 
     def _consume(self, token: int) -> bool:
-        if token in self._stop_set:
-            return False
-        return self.matcher.try_consume_tokens([token]) == 1
+        return self._feed([token])[0]
+
+    def _feed(self, token_ids: Sequence[int]) -> tuple[bool, int]:
+        """Feed ``token_ids`` to the grammar until one is refused: ``(all taken, tokens fed)``
+        (what :meth:`rollback` must undo). An end token is taken only where the grammar accepts,
+        and feeds nothing."""
+        fed = 0
+        for token in token_ids:
+            if token in self._end_set:
+                if not (self.matcher.is_accepting() or self.matcher.is_stopped()):
+                    return False, fed
+                continue
+            if self.matcher.try_consume_tokens([int(token)]) != 1:
+                return False, fed
+            fed += 1
+        return True, fed
+
+    def _never_empty(self, row: Tensor) -> None:
+        if not bool(row.any()) and self.end_token_ids.numel():
+            row[self.end_token_ids] = True
 
     def _grammar_mask(self) -> Tensor:
         bits = torch.frombuffer(bytearray(self.matcher.compute_bitmask()), dtype=torch.uint8)
         mask = _unpack_bits(bits)[: self.vocab_size]
         if mask.numel() < self.vocab_size:
             mask = torch.nn.functional.pad(mask, (0, self.vocab_size - mask.numel()), value=False)
-        if self.stop_token_ids.numel():
-            mask[self.stop_token_ids] = self.matcher.is_accepting() or self.matcher.is_stopped()
+        if self.end_token_ids.numel():
+            mask[self.end_token_ids] = self.matcher.is_accepting() or self.matcher.is_stopped()
         return mask
+
+
+def _ids(token_ids: Sequence[int], vocab_size: int) -> Tensor:
+    return torch.tensor(sorted({int(t) for t in token_ids if 0 <= t < vocab_size}), dtype=torch.long)
 
 
 def cut_draft(constraints: TokenConstraints, num_output: int, draft: DraftOutput, greedy: bool) -> DraftOutput:

@@ -269,7 +269,7 @@ class SpeculativeEngine:
                 self._grammar_compiler = GrammarCompiler(self.tokenizer, self.target.vocab_size, self.eos_token_ids)
             matcher = self._grammar_compiler.matcher(params.structured_output)
         stop_ids = () if params.ignore_eos else self.eos_token_ids
-        return TokenConstraints(self.target.vocab_size, stop_ids, params.min_tokens, matcher)
+        return TokenConstraints(self.target.vocab_size, stop_ids, params.min_tokens, matcher, end_token_ids=self.eos_token_ids)
 
     def step(self, states: Sequence[RequestState]) -> list[StreamChunk | None]:
         """One target pass over every unfinished request of ``states`` (each on its own slot).

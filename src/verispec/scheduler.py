@@ -78,6 +78,7 @@ class Scheduler:
         self.waiting: deque[ScheduledRequest] = deque()
         self.running: list[ScheduledRequest] = []
         self.last_admitted: list[ScheduledRequest] = []  # started by the last step
+        self.failed: list[tuple[ScheduledRequest, Exception]] = []  # refused by engine.start; the caller empties it
         self._free_slots: list[Slot] = [engine.slot]
         self._num_slots = 1
         self._reserved = 0
@@ -143,7 +144,8 @@ class Scheduler:
 
     def admit(self) -> list[ScheduledRequest]:
         """Start the queued requests that fit now, in order (:meth:`step` does it first too);
-        returns them (also kept as :attr:`last_admitted`)."""
+        returns them (also kept as :attr:`last_admitted`). A request the engine refuses to
+        start goes to :attr:`failed` with its exception (the caller takes them from there)."""
         self.last_admitted = []
         while self.waiting and len(self.running) < self.max_num_seqs:
             head = self.waiting[0]
@@ -151,7 +153,13 @@ class Scheduler:
                 break  # first come, first served: later requests wait behind the head
             self.waiting.popleft()
             head.slot = self._take_slot()
-            head.state = self.engine.start(head.prompt_token_ids, head.params, head.spec, head.slot)
+            try:
+                head.state = self.engine.start(head.prompt_token_ids, head.params, head.spec, head.slot)
+            except Exception as exc:  # that request fails; the others go on
+                self._free_slots.append(head.slot)
+                head.done = True
+                self.failed.append((head, exc))
+                continue
             self._reserved += head.kv_tokens
             self.running.append(head)
             self.last_admitted.append(head)

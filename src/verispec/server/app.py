@@ -247,6 +247,11 @@ async def _serve(state: _State, request: Request, body, prompts: list[list[int]]
         for i, prompt_ids in enumerate(prompts)
         for j in range(body.n)
     ]
+    if len(choices) > state.config.max_queue:
+        raise APIError(
+            400, f"n x prompts = {len(choices)} choices exceed this server's queue of {state.config.max_queue}: "
+            "send fewer per request", param="n",
+        )
     submitted = []
     try:
         for choice in choices:

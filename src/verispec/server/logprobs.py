@@ -56,18 +56,26 @@ class TokenText:
 
 
 def completion_logprobs(texts: TokenText, entries: Sequence[TokenLogprob | None], token_ids: Sequence[int],
-                        text_offset: int = 0) -> dict[str, Any]:
-    """The completions ``logprobs`` object; an entry None (the prompt's first token) is null."""
+                        prefix: bytes = b"") -> dict[str, Any]:
+    """The completions ``logprobs`` object; an entry None (the prompt's first token) is null.
+
+    ``text_offset[i]``: characters of the text before token i (``prefix``: the bytes of the text
+    before ``token_ids``); a character split across tokens counts at the token completing it.
+    """
     tokens, token_logprobs, top, offsets = [], [], [], []
-    offset = text_offset
+    data = bytearray(prefix)
     for token_id, entry in zip(token_ids, entries):
-        text = texts.text(token_id)
-        tokens.append(text)
-        offsets.append(offset)
-        offset += len(text)
+        tokens.append(texts.text(token_id))
+        offsets.append(len(bytes(data).decode("utf-8", errors="ignore")))
+        data += bytes(texts.bytes(token_id))
         token_logprobs.append(None if entry is None else entry.logprob)
         top.append(None if entry is None else {texts.text(t): lp for t, lp in entry.top})
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
+
+
+def token_bytes(texts: TokenText, token_ids: Sequence[int]) -> bytes:
+    """The bytes of ``token_ids``' text, end to end."""
+    return b"".join(bytes(texts.bytes(t)) for t in token_ids)
 
 
 def chat_logprobs(texts: TokenText, entries: Sequence[TokenLogprob]) -> dict[str, Any]:

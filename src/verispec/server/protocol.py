@@ -60,7 +60,7 @@ def sampling_params(body: CompletionRequest | ChatCompletionRequest, *, max_toke
     Raises APIError 400 for a ``logit_bias`` id outside the vocabulary or an out-of-range value.
     """
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
-    bias = {int(token): value for token, value in (body.logit_bias or {}).items()}
+    bias = {int(token): value for token, value in (body.logit_bias or {}).items()}  # keys checked: ASCII digits
     bad = [t for t in bias if t >= vocab_size]
     if bad:
         raise bad_request(f"logit_bias token id {bad[0]} is outside the vocabulary [0, {vocab_size})", "logit_bias")
@@ -95,10 +95,12 @@ def sampling_params(body: CompletionRequest | ChatCompletionRequest, *, max_toke
 
 
 def choice_params(params: SamplingParams, index: int) -> SamplingParams:
-    """Choice ``index``'s parameters: its own generator, seeded ``seed + index`` when seeded."""
+    """Choice ``index``'s parameters: its own generator, seeded ``seed + index`` when seeded
+    (modulo 2**64, within the seeds a generator takes: ``2**64 - 1`` then 0)."""
     if params.seed is None or index == 0:
         return params
-    return dataclasses.replace(params, seed=params.seed + index)
+    seed = (params.seed + index) % 2**64
+    return dataclasses.replace(params, seed=seed)
 
 
 def structured_output(body: CompletionRequest | ChatCompletionRequest) -> StructuredOutput | None:
@@ -108,6 +110,13 @@ def structured_output(body: CompletionRequest | ChatCompletionRequest) -> Struct
     compile (checked without a tokenizer; the engine checks again with it).
     """
     fmt = body.response_format
+    param = "response_format"
+    if isinstance(body, ChatCompletionRequest) and body.tool_choice not in (None, "none", "auto") and not body.tools:
+        raise bad_request("tool_choice needs tools", "tool_choice")
+    if isinstance(body, ChatCompletionRequest) and body.tools:
+        names = [t.function.name for t in body.tools]
+        if len(set(names)) != len(names):
+            raise bad_request("tools has two functions of the same name", "tools")
     forced = isinstance(body, ChatCompletionRequest) and body.tools and body.tool_choice not in (None, "none", "auto")
     if forced:
         if fmt is not None and fmt.type != "text":
@@ -115,7 +124,7 @@ def structured_output(body: CompletionRequest | ChatCompletionRequest) -> Struct
         name = None if body.tool_choice == "required" else body.tool_choice.function.name
         if name is not None and name not in {t.function.name for t in body.tools}:
             raise bad_request(f"tool_choice names {name!r}, which is not in tools", "tool_choice")
-        output = tools.forced_call_grammar(body.tools, name)
+        output, param = tools.forced_call_grammar(body.tools, name), "tools"
     elif fmt is None or fmt.type == "text":
         return None
     else:
@@ -135,9 +144,12 @@ def structured_output(body: CompletionRequest | ChatCompletionRequest) -> Struct
             raise bad_request(str(exc), "response_format") from None
     import llguidance
 
-    error = llguidance.LLMatcher.validate_grammar(output.grammar())
+    try:
+        error = llguidance.LLMatcher.validate_grammar(output.grammar())
+    except (ValueError, RecursionError) as exc:  # e.g. a schema nested beyond the compiler's limit
+        error = str(exc)
     if error and not error.startswith("WARNING"):
-        raise bad_request(f"the {output.kind} does not compile: {error}", "response_format")
+        raise bad_request(f"the {output.kind} does not compile: {error}", param)
     return output
 
 

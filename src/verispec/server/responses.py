@@ -51,7 +51,7 @@ class ChoiceView:
     def prompt_text(self, choice: Choice) -> str:
         return self.tokenizer.decode(choice.prompt_ids, skip_special_tokens=False) if self.echo else ""
 
-    def logprobs(self, choice: Choice, token_ids, entries, offset: int = 0, prompt_entries=None):
+    def logprobs(self, choice: Choice, token_ids, entries, prefix: bytes = b"", prompt_entries=None):
         """The ``logprobs`` of ``token_ids`` (``entries``: theirs; None: not asked for);
         ``prompt_entries``: echo's prompt tokens after the first, shown before them."""
         if entries is None:
@@ -60,7 +60,7 @@ class ChoiceView:
             return logprobs.chat_logprobs(self.texts, entries)
         if prompt_entries is not None and self.echo:
             token_ids, entries = list(choice.prompt_ids) + list(token_ids), [None] + list(prompt_entries) + list(entries)
-        return logprobs.completion_logprobs(self.texts, entries, token_ids, offset)
+        return logprobs.completion_logprobs(self.texts, entries, token_ids, prefix)
 
     def choice_body(self, choice: Choice, output) -> dict:
         text, finish_reason, calls = output.text, output.finish_reason, None
@@ -83,7 +83,7 @@ async def sse(
     """
     header = view.header
     held = {choice.index: "" for choice in choices}
-    offsets = {choice.index: 0 for choice in choices}
+    shown = {choice.index: b"" for choice in choices}  # bytes of each choice's text so far (offsets)
     results = []
     try:
         if header.chat:
@@ -92,12 +92,12 @@ async def sse(
         elif view.echo:
             for choice in choices:
                 text = view.prompt_text(choice)
-                offsets[choice.index] = len(text)
+                shown[choice.index] = text.encode("utf-8")
                 yield frame(header.chunk(text, index=choice.index))
         async for choice, chunk in merged_events(choices, firsts):
-            entries = view.logprobs(choice, chunk.token_ids, chunk.logprobs, offsets[choice.index])
+            entries = view.logprobs(choice, chunk.token_ids, chunk.logprobs, shown[choice.index])
             if not header.chat and chunk.logprobs is not None:
-                offsets[choice.index] += sum(len(view.texts.text(t)) for t in chunk.token_ids)
+                shown[choice.index] += logprobs.token_bytes(view.texts, chunk.token_ids)
             if view.tools is not None:
                 held[choice.index] += chunk.text
             elif chunk.text or entries:

@@ -125,7 +125,7 @@ class _SamplingRequest(_Request):
     @classmethod
     def _logit_bias(cls, bias):
         for token, value in (bias or {}).items():
-            if not token.isdigit():
+            if not (token.isascii() and token.isdigit() and len(token) <= 12):
                 raise ValueError(f"keys are token ids as strings, got {token!r}")
             if not -100 <= value <= 100:
                 raise ValueError(f"biases are in [-100, 100], got {value}")

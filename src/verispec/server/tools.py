@@ -30,12 +30,15 @@ def forced_call_grammar(tools: Sequence, name: str | None) -> StructuredOutput:
     chosen = [t for t in tools if name is None or t.function.name == name]
     alternatives = []
     for tool in chosen:
+        parameters = dict(tool.function.parameters)
+        definitions = {key: parameters.pop(key) for key in ("$defs", "definitions") if key in parameters}
         schema = {
             "type": "object",
-            "properties": {"name": {"const": tool.function.name}, "arguments": tool.function.parameters},
+            "properties": {"name": {"const": tool.function.name}, "arguments": parameters},
             "required": ["name", "arguments"],
             "additionalProperties": False,
             "x-guidance": JSON_OPTIONS,
+            **definitions,  # "#/$defs/..." references resolve at the root, as in the tool's own schema
         }
         alternatives.append(f"%json {json.dumps(schema)}")
     rules = "\n".join(f"call{i}: {alt}" for i, alt in enumerate(alternatives))
@@ -64,7 +67,7 @@ def parse_tool_calls(text: str, tools: Sequence) -> tuple[str | None, list[dict[
         calls.append({
             "id": "call_" + uuid.uuid4().hex[:24],
             "type": "function",
-            "function": {"name": payload["name"], "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments)},
+            "function": {"name": payload["name"], "arguments": _json_text(arguments)},
         })
     kept.append(text[last:])
     content = "".join(kept).strip() if calls else text
@@ -84,6 +87,18 @@ def template_message(message) -> dict[str, Any]:
     if message.name is not None:
         entry["name"] = message.name
     return entry
+
+
+def _json_text(arguments) -> str:
+    """``arguments`` as JSON text: an object stays one; a string holding a JSON object (some
+    models quote it) is kept as it is; any other value is encoded."""
+    if isinstance(arguments, str):
+        try:
+            if isinstance(json.loads(arguments), dict):
+                return arguments
+        except json.JSONDecodeError:
+            pass
+    return json.dumps(arguments)
 
 
 def _arguments(text: str):

@@ -150,16 +150,39 @@ class EngineWorker:
     def _run(self) -> None:
         self._warm_up()
         while not self._stopping.is_set():
-            self._admit()
-            self._drop_cancelled()
-            scheduler = self.scheduler
-            self.metrics.running.set(len(scheduler.running))
-            if scheduler.running or scheduler.waiting:
-                self._step()
-            elif not self._audit():
-                self._admit(wait_s=0.1)
+            try:
+                self._turn()
+            except Exception:  # never let the engine thread die: fail what runs, go on
+                error_id = uuid.uuid4().hex[:12]
+                log.exception("engine loop error (error id %s)", error_id)
+                for request in self.scheduler.fail_running():
+                    self.metrics.observe_ended("error")
+                    _emit(request.tag, JobFailed("the server failed to generate", client_error=False, error_id=error_id))
         for request in list(self.scheduler.running) + list(self.scheduler.waiting):
             self.scheduler.cancel(request)
+
+    def _turn(self) -> None:
+        self._admit()
+        self._drop_cancelled()
+        scheduler = self.scheduler
+        self.metrics.running.set(len(scheduler.running))
+        if scheduler.running or scheduler.waiting:
+            self._step()
+        elif not self._audit():
+            self._admit(wait_s=0.1)
+
+    def _report_failed_starts(self) -> None:
+        """Requests the engine refused to start (:attr:`Scheduler.failed`): each gets its error."""
+        for request, exc in self.scheduler.failed:
+            self.metrics.waiting.dec()
+            client = isinstance(exc, VerispecError)
+            error_id = None if client else uuid.uuid4().hex[:12]
+            if not client:
+                log.error("a request failed to start (error id %s)", error_id, exc_info=exc)
+            self.metrics.observe_ended("error")
+            message = str(exc) if client else "the server failed to start the request"
+            _emit(request.tag, JobFailed(message, client_error=client, error_id=error_id))
+        self.scheduler.failed.clear()
 
     def _admit(self, wait_s: float = 0.0) -> None:
         """Move queued jobs into the scheduler while it has free sequences (the first one waited
@@ -203,6 +226,7 @@ class EngineWorker:
     def _step(self) -> None:
         scheduler = self.scheduler
         self._count_admitted(scheduler.admit())  # before the pass: the gauges say what it runs
+        self._report_failed_starts()
         self.metrics.running.set(len(scheduler.running))
         try:
             events = scheduler.step()
@@ -213,6 +237,7 @@ class EngineWorker:
                 self.metrics.observe_ended("error")
                 _emit(request.tag, JobFailed("the server failed to generate", client_error=False, error_id=error_id))
             return
+        self._report_failed_starts()  # admitted by step() itself
         self.metrics.observe_pass(self.engine.last_pass_num_seqs, self.engine.last_pass_rows)
         for request, chunk in events:
             job = request.tag
