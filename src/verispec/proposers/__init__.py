@@ -35,6 +35,13 @@ class DraftOutput:
     draft_probs: Tensor | None = None
     tree: TokenTree | None = None
 
+    @classmethod
+    def of_tree(cls, tree: TokenTree) -> DraftOutput:
+        """A deterministic tree as a draft: its nodes below the root; empty for the root alone."""
+        if tree.num_nodes == 1:
+            return cls()
+        return cls(draft_token_ids=list(tree.token_ids[1:]), tree=tree)
+
 
 @dataclass
 class DraftRequest:

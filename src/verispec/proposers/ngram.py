@@ -252,10 +252,7 @@ class NgramTreeProposer:
 
     def propose(self, request: DraftRequest, num_speculative_tokens: int) -> DraftOutput:
         """A tree of at most ``num_speculative_tokens`` nodes; empty when nothing matches."""
-        tree = self.ngram.propose_tree(request, num_speculative_tokens)
-        if tree.num_nodes == 1:
-            return DraftOutput()
-        return DraftOutput(draft_token_ids=list(tree.token_ids[1:]), tree=tree)
+        return DraftOutput.of_tree(self.ngram.propose_tree(request, num_speculative_tokens))
 
     def observe(self, num_accepted_tokens: int) -> None:
         """Nothing to learn."""

@@ -263,10 +263,7 @@ class SuffixTreeProposer:
         return SuffixTreeProposer(self.suffix.new_sequence())
 
     def propose(self, request: DraftRequest, num_speculative_tokens: int) -> DraftOutput:
-        tree = self.suffix.propose_tree(request, num_speculative_tokens)
-        if tree.num_nodes == 1:
-            return DraftOutput()
-        return DraftOutput(draft_token_ids=list(tree.token_ids[1:]), tree=tree)
+        return DraftOutput.of_tree(self.suffix.propose_tree(request, num_speculative_tokens))
 
     def observe(self, num_accepted_tokens: int) -> None:
         """Nothing to learn within a request."""
