@@ -350,3 +350,15 @@ def test_text_offsets_count_characters_of_the_text(client):
     got = completion(client, "none", max_tokens=12, logprobs=0)
     lp, text = got.choices[0].logprobs, got.choices[0].text
     assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[-1] <= len(text)
+
+
+def test_streamed_echo_sends_the_prompts_logprobs_first(client):
+    whole = completion(client, "draft", prompt="Hello 你", echo=True, logprobs=1, max_tokens=4)
+    tokens, values = [], []
+    for chunk in completion(client, "draft", prompt="Hello 你", echo=True, logprobs=1, max_tokens=4, stream=True):
+        for choice in chunk.choices:
+            if choice.logprobs is not None:
+                tokens += choice.logprobs.tokens
+                values += choice.logprobs.token_logprobs
+    assert tokens == whole.choices[0].logprobs.tokens
+    assert rounded(values) == rounded(whole.choices[0].logprobs.token_logprobs) and values[0] is None

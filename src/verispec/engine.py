@@ -396,7 +396,9 @@ class SpeculativeEngine:
             state.sources = [TARGET_SOURCE] * len(out.token_ids)
             if out.finished:
                 return self._finish(state, list(out.token_ids))
-            return StreamChunk(out.take_delta(), list(out.token_ids), logprobs=self._chunk_logprobs(state, out.token_ids))
+            prompt_logprobs = list(state.prompt_logprobs) if params.prompt_logprobs is not None else None
+            return StreamChunk(out.take_delta(), list(out.token_ids), logprobs=self._chunk_logprobs(state, out.token_ids),
+                               prompt_logprobs=prompt_logprobs)
         step, target = plan.step, state.slot.target
         draft_token_ids = step.draft.draft_token_ids
         constraints = state.constraints

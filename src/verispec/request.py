@@ -88,9 +88,11 @@ class GenerationOutput:
 @dataclass
 class StreamChunk:
     """What one verify step committed: new visible text and token ids; ``output`` on the last.
-    ``logprobs``: the committed tokens' log-probabilities when the request asked, else None."""
+    ``logprobs``: the committed tokens' log-probabilities when the request asked, else None;
+    ``prompt_logprobs``: on the first chunk, the prompt's (``SamplingParams.prompt_logprobs``)."""
 
     text: str
     token_ids: list[int] = field(default_factory=list)
     output: GenerationOutput | None = None
     logprobs: list | None = None
+    prompt_logprobs: list | None = None

@@ -90,10 +90,14 @@ async def sse(
             for choice in choices:
                 yield frame(header.chunk("", role=True, index=choice.index))
         elif view.echo:
-            for choice in choices:
+            for choice, first in zip(choices, firsts):
                 text = view.prompt_text(choice)
                 shown[choice.index] = text.encode("utf-8")
-                yield frame(header.chunk(text, index=choice.index))
+                prompt = first.prompt_logprobs if first.output is None else first.output.prompt_logprobs
+                entries = None
+                if prompt is not None:  # echo with logprobs: the prompt's tokens, the first one null
+                    entries = logprobs.completion_logprobs(view.texts, [None] + list(prompt), choice.prompt_ids)
+                yield frame(header.chunk(text, index=choice.index, logprobs=entries))
         async for choice, chunk in merged_events(choices, firsts):
             entries = view.logprobs(choice, chunk.token_ids, chunk.logprobs, shown[choice.index])
             if not header.chat and chunk.logprobs is not None:
