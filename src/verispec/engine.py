@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterator, Mapping, Sequence
 
 import torch
@@ -24,11 +24,11 @@ import torch
 from verispec.constraints import GrammarCompiler, TokenConstraints, cut_draft
 from verispec.control import ControllerConfig, CostModel
 from verispec.errors import ContextLengthError, InvalidParameterError
-from verispec.metrics import RequestMetrics, RequestTimes, SpecDecodeStats
+from verispec.metrics import RequestMetrics
 from verispec.output import Detokenizer, OutputBuilder
-from verispec.policy import DraftPolicy, DraftStep, drafter_order, make_policy
+from verispec.policy import DraftStep, drafter_order, make_policy
 from verispec.proposers import DraftRequest, Proposer, can_hold_sequences, for_new_sequence
-from verispec.proposers.draft_model import batches, propose_batch
+from verispec.proposers.draft_model import propose_batch
 from verispec.proposers.ngram import NgramProposer, NgramTreeProposer
 from verispec.proposers.suffix import SuffixProposer, SuffixTreeProposer
 from verispec.request import (  # re-exported: the engine's public types
@@ -38,8 +38,9 @@ from verispec.request import (  # re-exported: the engine's public types
     SpeculativeConfig,
     StreamChunk,
 )
+from verispec.request_state import RequestState, Slot  # re-exported
 from verispec.runners import ForwardCall, Runner, forward_batch
-from verispec.sampling import SamplingParams, TokenLogprob, process_logits, token_logprobs
+from verispec.sampling import SamplingParams, process_logits, token_logprobs
 from verispec.tree import tree_attention_mask, tree_position_ids
 from verispec.verify_step import pick_token, verify_chain, verify_tree
 
@@ -49,58 +50,6 @@ __all__ = [
 ]
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 256  # prompt tokens per pass while others decode (vLLM's name)
 TARGET_SOURCE = "target"  # token_sources entry of a token the target chose (not a draft token)
-
-
-@dataclass
-class Slot:
-    """One sequence slot of an engine: a target sequence and the drafters whose caches follow it.
-
-    The engine's own slot is its ``target`` with its ``proposers``; :meth:`SpeculativeEngine.new_slot`
-    makes more (``new_sequence()`` of the runner and of each stateful drafter) for batching.
-    """
-
-    target: Runner
-    proposers: dict[str, Proposer]
-    batched_drafters: list[str] = field(init=False)  # run for many requests at once (:func:`batches`)
-
-    def __post_init__(self) -> None:
-        self.batched_drafters = [name for name, p in self.proposers.items() if batches(p)]
-
-
-@dataclass
-class RequestState:
-    """Everything one request carries between the engine's steps (see :meth:`SpeculativeEngine.step`).
-
-    ``num_prefilled``: prompt tokens already in the target's cache (the prompt is prefilled in
-    chunks when other requests share the passes). ``pending``: the last committed token, not yet in
-    the cache. ``constraints``: the request's token masks (min_tokens, grammar). ``logprobs``:
-    per output token, ``prompt_logprobs`` per prompt token after the first, when asked for.
-    """
-
-    prompt: list[int]
-    params: SamplingParams
-    spec: SpeculativeConfig
-    slot: Slot
-    policy: DraftPolicy
-    generator: torch.Generator
-    out: OutputBuilder
-    constraints: TokenConstraints
-    stats: SpecDecodeStats = field(default_factory=SpecDecodeStats)
-    times: RequestTimes = field(default_factory=lambda: RequestTimes(start=time.perf_counter()))
-    sources: list[str] = field(default_factory=list)
-    num_prefilled: int = 0
-    pending: int | None = None
-    output: GenerationOutput | None = None
-    logprobs: list[TokenLogprob] = field(default_factory=list)
-    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
-
-    @property
-    def finished(self) -> bool:
-        return self.output is not None
-
-    @property
-    def prefilling(self) -> bool:
-        return self.pending is None
 
 
 @dataclass
@@ -390,14 +339,14 @@ class SpeculativeEngine:
             rows = process_logits(logits[-1:], params, state.prompt, [], allowed=state.constraints.masks(0))
             state.pending = pick_token(rows, state.generator)
             out.append(state.pending)
-            self._record_logprobs(state, rows.logits, [state.pending])
+            state.record_logprobs(rows.logits, [state.pending])
             state.constraints.commit(out.token_ids)
             state.times.first_token = time.perf_counter()
             state.sources = [TARGET_SOURCE] * len(out.token_ids)
             if out.finished:
                 return self._finish(state, list(out.token_ids))
             prompt_logprobs = list(state.prompt_logprobs) if params.prompt_logprobs is not None else None
-            return StreamChunk(out.take_delta(), list(out.token_ids), logprobs=self._chunk_logprobs(state, out.token_ids),
+            return StreamChunk(out.take_delta(), list(out.token_ids), logprobs=state.chunk_logprobs(out.token_ids),
                                prompt_logprobs=prompt_logprobs)
         step, target = plan.step, state.slot.target
         draft_token_ids = step.draft.draft_token_ids
@@ -428,12 +377,12 @@ class SpeculativeEngine:
             if finished:
                 break
         committed = out.token_ids[num_before:]
-        self._record_logprobs(state, rows, committed, scoring_rows)
+        state.record_logprobs(rows, committed, scoring_rows)
         constraints.commit(committed)
         state.pending = result.token_ids[-1]
         if out.finished:
             return self._finish(state, committed)
-        return StreamChunk(out.take_delta(), committed, logprobs=self._chunk_logprobs(state, committed))
+        return StreamChunk(out.take_delta(), committed, logprobs=state.chunk_logprobs(committed))
 
     def _finish(self, state: RequestState, committed: list[int]) -> StreamChunk:
         out = state.out
@@ -450,21 +399,7 @@ class SpeculativeEngine:
             list(state.logprobs) if state.params.logprobs is not None else None,
             list(state.prompt_logprobs) if state.params.prompt_logprobs is not None else None,
         )
-        return StreamChunk(out.take_delta(), committed, state.output, self._chunk_logprobs(state, committed))
-
-    @staticmethod
-    def _record_logprobs(state: RequestState, rows: torch.Tensor, committed: list[int], scoring_rows: Sequence[int] = (0,)) -> None:
-        """Log-probabilities of the ``committed`` tokens, token i from processed row ``scoring_rows[i]``."""
-        if state.params.logprobs is None:
-            return
-        for token_id, row in zip(committed, scoring_rows):
-            state.logprobs.append(token_logprobs(rows[row], token_id, state.params.logprobs))
-
-    @staticmethod
-    def _chunk_logprobs(state: RequestState, committed: list[int]) -> list[TokenLogprob] | None:
-        if state.params.logprobs is None:
-            return None
-        return state.logprobs[len(state.logprobs) - len(committed):] if committed else []
+        return StreamChunk(out.take_delta(), committed, state.output, state.chunk_logprobs(committed))
 
     @staticmethod
     def _constrain_draft(state: RequestState, step: DraftStep) -> DraftStep:

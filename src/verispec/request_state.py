@@ -1,0 +1,90 @@
+"""What the engine keeps per sequence slot and per request between its steps.
+
+Owns :class:`Slot` (a target sequence and the drafters that follow it) and :class:`RequestState`
+(one request's prompt, parameters, policy, generator, output, masks, logprobs and metrics).
+Knows nothing about running a pass (:mod:`verispec.engine` does).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from verispec.constraints import TokenConstraints
+from verispec.metrics import RequestTimes, SpecDecodeStats
+from verispec.output import OutputBuilder
+from verispec.policy import DraftPolicy
+from verispec.proposers import Proposer
+from verispec.proposers.draft_model import batches
+from verispec.request import GenerationOutput, SpeculativeConfig
+from verispec.runners import Runner
+from verispec.sampling import SamplingParams, TokenLogprob, token_logprobs
+
+
+@dataclass
+class Slot:
+    """One sequence slot of an engine: a target sequence and the drafters whose caches follow it.
+
+    The engine's own slot is its ``target`` with its ``proposers``; :meth:`SpeculativeEngine.new_slot`
+    makes more (``new_sequence()`` of the runner and of each stateful drafter) for batching.
+    """
+
+    target: Runner
+    proposers: dict[str, Proposer]
+    batched_drafters: list[str] = field(init=False)  # run for many requests at once (:func:`batches`)
+
+    def __post_init__(self) -> None:
+        self.batched_drafters = [name for name, p in self.proposers.items() if batches(p)]
+
+
+@dataclass
+class RequestState:
+    """Everything one request carries between the engine's steps (see :meth:`SpeculativeEngine.step`).
+
+    ``num_prefilled``: prompt tokens already in the target's cache (the prompt is prefilled in
+    chunks when other requests share the passes). ``pending``: the last committed token, not yet in
+    the cache. ``constraints``: the request's token masks (min_tokens, grammar). ``logprobs``:
+    per output token, ``prompt_logprobs`` per prompt token after the first, when asked for.
+    """
+
+    prompt: list[int]
+    params: SamplingParams
+    spec: SpeculativeConfig
+    slot: Slot
+    policy: DraftPolicy
+    generator: torch.Generator
+    out: OutputBuilder
+    constraints: TokenConstraints
+    stats: SpecDecodeStats = field(default_factory=SpecDecodeStats)
+    times: RequestTimes = field(default_factory=lambda: RequestTimes(start=time.perf_counter()))
+    sources: list[str] = field(default_factory=list)
+    num_prefilled: int = 0
+    pending: int | None = None
+    output: GenerationOutput | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return self.output is not None
+
+    @property
+    def prefilling(self) -> bool:
+        return self.pending is None
+
+    def record_logprobs(self, rows: torch.Tensor, committed: Sequence[int], scoring_rows: Sequence[int] = (0,)) -> None:
+        """Log-probabilities of the ``committed`` tokens, token i from processed row ``scoring_rows[i]``
+        (``rows``: ``[rows, vocab]`` float32, :attr:`verispec.sampling.ProcessedRows.logits`)."""
+        if self.params.logprobs is None:
+            return
+        for token_id, row in zip(committed, scoring_rows):
+            self.logprobs.append(token_logprobs(rows[row], token_id, self.params.logprobs))
+
+    def chunk_logprobs(self, committed: Sequence[int]) -> list[TokenLogprob] | None:
+        """The last ``len(committed)`` entries (a stream chunk's); None when not asked for."""
+        if self.params.logprobs is None:
+            return None
+        return self.logprobs[len(self.logprobs) - len(committed):] if committed else []
