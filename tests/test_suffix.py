@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 import torch
 
@@ -216,3 +217,66 @@ def test_datastore_agrees_with_a_brute_force_search(tmp_path):
         expected = sum(1 for d in documents for i in range(len(d) - 2) if d[i : i + 3] == pattern)
         lo, hi = store._range(pattern)
         assert hi - lo == expected
+
+
+@pytest.mark.parametrize("arrays", [
+    None,  # an empty file
+    {"tokens": np.array([1.0, 2.0]), "lengths": np.array([2])},  # float tokens
+    {"tokens": np.array([1, 2, 3, 4]), "lengths": np.array([2**63 - 1, 2**63 - 1, 6])},  # lengths that overflow int64
+    {"tokens": np.array([2**40, 1]), "lengths": np.array([2])},  # ids beyond any vocabulary
+    {"tokens": np.array([[1, 2]]), "lengths": np.array([2])},  # not 1-D
+    {"tokens": np.array(["a", "b"]), "lengths": np.array([2])},
+])
+def test_bad_cache_files_are_clear_errors(tmp_path, arrays):
+    path = tmp_path / "c.npz"
+    if arrays is None:
+        path.write_bytes(b"")
+    else:
+        np.savez(path, **arrays)
+    with pytest.raises(InvalidParameterError):
+        SuffixCache().load(path)
+    np.save(tmp_path / "plain.npy", np.arange(4))
+    with pytest.raises(InvalidParameterError, match="not a verispec suffix cache"):
+        SuffixCache().load(tmp_path / "plain.npy")
+
+
+def test_damaged_datastores_are_clear_errors(tmp_path):
+    import json as json_module
+
+    from verispec.proposers.datastore import Datastore, build_datastore
+
+    build_datastore([[1, 2, 3, 4]], tmp_path / "ds", depth=2)
+    Datastore(tmp_path / "ds")
+    np.save(tmp_path / "ds" / "suffixes.npy", np.load(tmp_path / "ds" / "suffixes.npy").reshape(1, -1))
+    with pytest.raises(InvalidParameterError, match="damaged"):
+        Datastore(tmp_path / "ds")
+    for summary in ([1], {"format": 1}, {"format": 1, "depth": "x"}, {"format": 1, "depth": 0}):
+        build_datastore([[1, 2, 3, 4]], tmp_path / "ds", depth=2)
+        (tmp_path / "ds" / "datastore.json").write_text(json_module.dumps(summary))
+        with pytest.raises(InvalidParameterError):
+            Datastore(tmp_path / "ds")
+
+
+def test_datastore_build_refuses_an_out_that_is_not_a_new_directory(tmp_path):
+    from typer.testing import CliRunner
+
+    from verispec.cli import app
+
+    (tmp_path / "corpus.txt").write_text("x = 1\n")
+    (tmp_path / "file").write_text("keep me")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("keep me too")
+    for out in (tmp_path / "file", tmp_path / "other"):
+        result = CliRunner().invoke(app, ["datastore", "build", str(tmp_path / "corpus.txt"), "--out", str(out)])
+        assert result.exit_code == 2 and "must be a new or empty directory" in " ".join(result.output.split())
+    assert (tmp_path / "file").read_text() == "keep me"
+
+
+def test_server_refuses_an_unwritable_suffix_cache_path(tmp_path):
+    from server_support import tiny_pipeline
+    from verispec.server import create_app
+
+    with pytest.raises(InvalidParameterError, match="cannot be written"):
+        create_app(tiny_pipeline(), suffix_cache=str(tmp_path / "missing-dir" / "c.npz"))
+    with pytest.raises(InvalidParameterError, match="cannot be written"):
+        create_app(tiny_pipeline(), suffix_cache=str(tmp_path))

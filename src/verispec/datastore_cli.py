@@ -48,6 +48,9 @@ def build(
     from verispec.proposers.datastore import build_datastore
     from verispec.runners.llamacpp import load_gguf_info
 
+    if not str(out) or out.is_file() or (out.is_dir() and any(out.iterdir()) and not (out / "datastore.json").exists()):
+        err.print(f"[red]error:[/red] --out {str(out)!r} must be a new or empty directory, or an earlier datastore", highlight=False)
+        raise typer.Exit(2)
     try:
         files = corpus_files(corpus, exclude)
         if not files:
@@ -62,7 +65,7 @@ def build(
                     yield tokenizer.encode(text, add_special_tokens=False)
 
         summary = build_datastore(documents(), out, depth=depth)
-    except VerispecError as exc:
+    except (VerispecError, OSError) as exc:
         err.print(f"[red]error:[/red] {exc}", highlight=False)
         raise typer.Exit(2) from None
     err.print(f"{summary['num_documents']} documents, {summary['num_tokens']} tokens -> {out} in {time.perf_counter() - start:.1f} s")

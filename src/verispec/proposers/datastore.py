@@ -72,10 +72,13 @@ class Datastore:
             self.suffixes = np.load(path / "suffixes.npy", mmap_mode="r")
         except FileNotFoundError:
             raise InvalidParameterError(f"{path} is not a verispec datastore (build one: verispec datastore build)") from None
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, EOFError, TypeError) as exc:
             raise InvalidParameterError(f"{path} is not a readable verispec datastore ({exc})") from None
-        if self.summary.get("format") != FORMAT or self.tokens.dtype != np.int32 or self.suffixes.dtype != np.int64:
-            raise InvalidParameterError(f"{path} is a datastore of another format: rebuild it")
+        summary = self.summary
+        if (not isinstance(summary, dict) or summary.get("format") != FORMAT or not isinstance(summary.get("depth"), int)
+                or summary["depth"] < 1 or self.tokens.dtype != np.int32 or self.suffixes.dtype != np.int64
+                or self.tokens.ndim != 1 or self.suffixes.ndim != 1):
+            raise InvalidParameterError(f"{path} is a damaged datastore or one of another format: rebuild it")
         if len(self.suffixes) and (int(self.suffixes.max()) >= len(self.tokens) or int(self.suffixes.min()) < 0):
             raise InvalidParameterError(f"{path} is corrupt: its suffix array points outside its tokens")
         self.depth = int(self.summary["depth"])

@@ -24,7 +24,7 @@ from verispec.proposers import DraftOutput, DraftRequest
 from verispec.proposers.ngram import NgramIndex, copy_continuation, ngram_tree
 from verispec.tree import TokenTree
 
-DEFAULT_MAX_TOKENS = 262_144  # tokens of past requests kept
+DEFAULT_MAX_TOKENS = 65_536  # tokens of past requests kept (the index costs up to ~2-3 KB a token)
 
 
 class SuffixCache:
@@ -124,9 +124,13 @@ class SuffixCache:
         tokens = np.array([t for seq in sequences for t in seq], dtype=np.int64)
         lengths = np.array([len(seq) for seq in sequences], dtype=np.int64)
         temporary = f"{path}.tmp-{os.getpid()}"
-        with open(temporary, "wb") as f:
-            np.savez(f, tokens=tokens, lengths=lengths, format=np.array([1]))
-        os.replace(temporary, path)
+        try:
+            with open(temporary, "wb") as f:
+                np.savez(f, tokens=tokens, lengths=lengths, format=np.array([1]))
+            os.replace(temporary, path)
+        finally:
+            if os.path.exists(temporary):
+                os.remove(temporary)
 
     def load(self, path) -> int:
         """Add the sequences saved in ``path`` (:meth:`save`), oldest first; returns how many.
@@ -139,19 +143,28 @@ class SuffixCache:
         import numpy as np
 
         try:
-            with np.load(path, allow_pickle=False) as data:
+            data = np.load(path, allow_pickle=False)
+            if not isinstance(data, np.lib.npyio.NpzFile):
+                raise ValueError("not an .npz archive")
+            with data:
                 tokens, lengths = data["tokens"], data["lengths"]
         except FileNotFoundError:
             raise InvalidParameterError(f"no suffix cache at {path}") from None
-        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
+        except (OSError, ValueError, KeyError, EOFError, TypeError, zipfile.BadZipFile) as exc:
             raise InvalidParameterError(f"{path} is not a verispec suffix cache ({exc})") from None
-        if lengths.ndim != 1 or tokens.ndim != 1 or int(lengths.sum()) != len(tokens) or (lengths < 0).any() or (tokens < 0).any():
+        integral = all(np.issubdtype(a.dtype, np.integer) and a.ndim == 1 for a in (tokens, lengths))
+        if not integral:
+            raise InvalidParameterError(f"{path} is corrupt: tokens and lengths must be 1-D integer arrays")
+        lengths_list, tokens_list = [int(n) for n in lengths.tolist()], [int(t) for t in tokens.tolist()]
+        if any(n < 0 for n in lengths_list) or sum(lengths_list) != len(tokens_list):
             raise InvalidParameterError(f"{path} is corrupt: its lengths do not match its tokens")
+        if any(not 0 <= t < 2**31 for t in tokens_list):
+            raise InvalidParameterError(f"{path} is corrupt: token ids outside [0, 2**31)")
         offset = 0
-        for length in lengths.tolist():
-            self.add(tokens[offset : offset + length].tolist())
+        for length in lengths_list:
+            self.add(tokens_list[offset : offset + length])
             offset += length
-        return len(lengths)
+        return len(lengths_list)
 
     def _index_sequence(self, sequence_id: int, tokens: list[int]) -> None:
         for start in range(1, len(tokens)):
@@ -203,6 +216,8 @@ class SuffixProposer:
 
     def propose(self, request: DraftRequest, num_speculative_tokens: int) -> DraftOutput:
         """The most frequent continuation (a chain) of at most ``num_speculative_tokens``."""
+        if not request.prompt_token_ids and not request.output_token_ids:
+            return DraftOutput()
         tree = self.propose_tree(request, num_speculative_tokens, chain=True)
         return DraftOutput(draft_token_ids=list(tree.token_ids[1:]))
 
@@ -263,6 +278,8 @@ class SuffixTreeProposer:
         return SuffixTreeProposer(self.suffix.new_sequence())
 
     def propose(self, request: DraftRequest, num_speculative_tokens: int) -> DraftOutput:
+        if not request.prompt_token_ids and not request.output_token_ids:
+            return DraftOutput()
         return DraftOutput.of_tree(self.suffix.propose_tree(request, num_speculative_tokens))
 
     def observe(self, num_accepted_tokens: int) -> None:

@@ -27,6 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from verispec.audit import QualityAuditor
 from verispec.engine import SpeculativeConfig
+from verispec.errors import InvalidParameterError
 from verispec.pipeline import peak_rss_bytes
 from verispec.server import logprobs, protocol
 from verispec.server.limits import BodyLimitMiddleware, validation_error
@@ -118,8 +119,10 @@ def create_app(pipeline, config: ServerConfig | None = None, **options) -> FastA
     config = dataclasses.replace(config or ServerConfig(), **options)
     state = _State(pipeline, config)
     cache = _suffix_cache(pipeline)
-    if config.suffix_cache is not None and cache is not None and os.path.exists(config.suffix_cache):
-        log.info("suffix cache: %d past requests from %s", cache.load(config.suffix_cache), config.suffix_cache)
+    if config.suffix_cache is not None and cache is not None:
+        _check_writable(config.suffix_cache)
+        if os.path.exists(config.suffix_cache):
+            log.info("suffix cache: %d past requests from %s", cache.load(config.suffix_cache), config.suffix_cache)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -136,8 +139,11 @@ def create_app(pipeline, config: ServerConfig | None = None, **options) -> FastA
         yield
         state.worker.stop()
         if config.suffix_cache is not None and cache is not None:
-            cache.save(config.suffix_cache)
-            log.info("suffix cache: %d past requests written to %s", cache.num_sequences, config.suffix_cache)
+            try:
+                cache.save(config.suffix_cache)
+                log.info("suffix cache: %d past requests written to %s", cache.num_sequences, config.suffix_cache)
+            except OSError as exc:
+                log.error("suffix cache: could not write %s: %s", config.suffix_cache, exc)
 
     app = FastAPI(
         title="verispec", version="0.1.0", lifespan=lifespan, summary="OpenAI-compatible lossless speculative decoding"
@@ -208,6 +214,14 @@ def create_app(pipeline, config: ServerConfig | None = None, **options) -> FastA
 
     app.openapi = _openapi_without_422(app)
     return app
+
+
+def _check_writable(path: str) -> None:
+    """Raises InvalidParameterError unless ``path`` can be written at shutdown (not a
+    directory, its directory exists and is writable)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path) or not os.path.isdir(directory) or not os.access(directory, os.W_OK):
+        raise InvalidParameterError(f"the suffix cache {path} cannot be written: give a file in a writable directory")
 
 
 def _suffix_cache(pipeline):
