@@ -32,9 +32,9 @@ class SuffixCache:
 
     For n in ``[min_ngram, max_ngram]`` a dict maps an n-gram to the ``max_occurrences`` most
     recent places it occurred, as ``(sequence id, start of what followed)``. Sequences are kept
-    while their total stays within ``max_tokens``; the oldest are evicted first, and the index
-    is rebuilt from the kept sequences once evicted entries could make up half of it. Every
-    method takes the cache's lock, so concurrent requests (or threads) may share one cache.
+    while their total stays within ``max_tokens``; the oldest are evicted first, their entries
+    removed with them (in time proportional to their length: no global rebuild, no pause).
+    Every method takes the cache's lock, so concurrent requests (or threads) may share one cache.
 
     Raises:
         InvalidParameterError: a bad n-gram range, occurrence count or token budget.
@@ -51,7 +51,6 @@ class SuffixCache:
         self._sequences: deque[tuple[int, list[int]]] = deque()  # (id, tokens), oldest first
         self._next_id = 0
         self._num_tokens = 0
-        self._evicted_since_rebuild = 0
         self._index: dict[tuple[int, ...], list[tuple[int, int]]] = {}
         self._by_id: dict[int, list[int]] = {}
 
@@ -66,7 +65,7 @@ class SuffixCache:
 
     @property
     def index_size(self) -> int:
-        """Index entries (occurrences), stale ones included until the next rebuild."""
+        """Index entries (occurrences)."""
         return sum(len(v) for v in self._index.values())
 
     def add(self, token_ids: Sequence[int]) -> None:
@@ -86,9 +85,7 @@ class SuffixCache:
                 old_id, old = self._sequences.popleft()
                 del self._by_id[old_id]
                 self._num_tokens -= len(old)
-                self._evicted_since_rebuild += len(old)
-            if self._evicted_since_rebuild * 2 > self.max_tokens:
-                self._rebuild()
+                self._unindex_sequence(old_id, old)
 
     def continuations(self, context: Sequence[int], length: int) -> tuple[int, list[list[int]]]:
         """``(n, continuations)``: the longest n-gram of ``context``'s tail (n in the range) that
@@ -174,11 +171,17 @@ class SuffixCache:
                 if len(places) > self.max_occurrences:
                     del places[0]
 
-    def _rebuild(self) -> None:
-        self._index = {}
-        for sequence_id, tokens in self._sequences:
-            self._index_sequence(sequence_id, tokens)
-        self._evicted_since_rebuild = 0
+    def _unindex_sequence(self, sequence_id: int, tokens: list[int]) -> None:
+        """Drop an evicted sequence's entries (and keys left empty): O(its length), no pause."""
+        for start in range(1, len(tokens)):
+            for n in range(self.min_ngram, min(self.max_ngram, start) + 1):
+                key = tuple(tokens[start - n : start])
+                places = self._index.get(key)
+                if places is None:
+                    continue
+                places[:] = [place for place in places if place[0] != sequence_id]
+                if not places:
+                    del self._index[key]
 
 
 class SuffixProposer:
