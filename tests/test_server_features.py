@@ -362,3 +362,9 @@ def test_streamed_echo_sends_the_prompts_logprobs_first(client):
                 values += choice.logprobs.token_logprobs
     assert tokens == whole.choices[0].logprobs.tokens
     assert rounded(values) == rounded(whole.choices[0].logprobs.token_logprobs) and values[0] is None
+
+
+def test_a_grammar_only_the_tokenizer_refuses_is_a_400(client):
+    with pytest.raises(openai.BadRequestError, match="does not compile"):
+        completion(client, "draft", response_format={"type": "grammar", "grammar": "start: <[99999]>"}, max_tokens=4)
+    assert completion(client, "none", max_tokens=2).usage.completion_tokens == 2

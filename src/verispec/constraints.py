@@ -201,8 +201,15 @@ class TokenConstraints:
     def valid_prefix_length(self, num_output: int, token_ids: Sequence[int]) -> int:
         """How many leading ``token_ids`` the constraints allow after the output."""
         valid = len(token_ids)
-        if self.matcher is not None:
-            valid = self.matcher.validate_tokens(list(token_ids))
+        if self.matcher is not None:  # the masks' rule token by token (end tokens included), then undone
+            fed = 0
+            for i, token in enumerate(token_ids):
+                ok, n = self._feed([token])
+                fed += n
+                if not ok:
+                    valid = i
+                    break
+            self.matcher.rollback(fed)
         if self.min_tokens > num_output:
             for i, token in enumerate(token_ids[:valid]):
                 if num_output + i < self.min_tokens and token in self._stop_set:
@@ -213,11 +220,7 @@ class TokenConstraints:
         """Advance the grammar by the tokens the output committed (end tokens leave it as it is)."""
         if self.matcher is None:
             return
-        for token in token_ids:
-            self._consume(token)
-
-    def _consume(self, token: int) -> bool:
-        return self._feed([token])[0]
+        self._feed(token_ids)  # stops at a token the grammar refuses (never one the masks allowed)
 
     def _feed(self, token_ids: Sequence[int]) -> tuple[bool, int]:
         """Feed ``token_ids`` to the grammar until one is refused: ``(all taken, tokens fed)``

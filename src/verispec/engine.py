@@ -410,12 +410,13 @@ class SpeculativeEngine:
         draft = cut_draft(state.constraints, len(state.out.token_ids), step.draft, state.params.is_greedy)
         return step if draft is step.draft else dataclasses.replace(step, draft=draft)
 
-    def check_request(self, prompt: Sequence[int], spec: SpeculativeConfig, params: SamplingParams | None = None) -> None:
-        """What :meth:`start` refuses, checked without starting anything.
+    def check_request(self, prompt: Sequence[int], spec: SpeculativeConfig) -> None:
+        """What :meth:`start` refuses, checked without starting anything (a grammar is compiled,
+        and refused, only by :meth:`start`).
 
         Raises:
-            InvalidParameterError: empty prompt, trees on a runner without them, a method whose
-                drafter is not loaded, or a structured output that does not compile.
+            InvalidParameterError: empty prompt, trees on a runner without them, or a method whose
+                drafter is not loaded.
             ContextLengthError: the prompt leaves no room in the target's context window.
         """
         if not prompt:
@@ -430,5 +431,3 @@ class SpeculativeEngine:
                 f"the {type(self.target).__name__} cannot verify token trees: use a chain method or another runner"
             )
         drafter_order(spec.method, list(self.proposers), hasattr(self.target, "forward_tree"))
-        if params is not None and params.structured_output is not None:
-            self._constraints(params)  # compiles the grammar: its errors before anything queues

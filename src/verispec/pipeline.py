@@ -53,10 +53,11 @@ class DrafterOptions:
             the dynamic EAGLE-2-style tree.
         draft_context_window: prompt tokens the draft model sees (the last ones; None: all). The
             draft prefills them outside the target's passes before its first proposal; measured
-            on 20 Spec-Bench JSON prompts (gguf pair, alone), ``auto`` decoded at 32.71 and 35.38
-            tokens/s with the whole prompt, 49.17 and 43.35 with 256, 42.95 with 128, plain
-            decoding 43.8: the long RAG and summarization prompts' draft prefill cost more than
-            the draft saved. Output never changes (the target verifies).
+            on 20 Spec-Bench JSON prompts (gguf pair, alone, decode tokens/s of ``auto``, windows
+            compared within each run): 32.71 with the whole prompt, 49.17 with 256 and 40.4 with 512
+            in one run; 43.35 with 256, 42.95 with 128 and 35.38 with the whole prompt in another
+            (plain decoding, in a third run: 43.8). The long RAG and summarization prompts' draft
+            prefill cost more than the draft saved. Output never changes (the target verifies).
     Raises:
         InvalidParameterError: an unknown quantization, a negative layer count, bad tree choices
             or a window below 1.

@@ -98,9 +98,10 @@ class Scheduler:
 
         Raises (before queueing anything):
             InvalidParameterError, ContextLengthError: :meth:`SpeculativeEngine.check_request`.
+        What only starting can refuse (a grammar that does not compile) lands in :attr:`failed`.
         """
         prompt = [int(t) for t in prompt_token_ids]
-        self.engine.check_request(prompt, spec, params)
+        self.engine.check_request(prompt, spec)
         context = self.engine.target.max_context_length
         kv_tokens = min(context, len(prompt) + params.max_tokens + spec.num_speculative_tokens + 1)
         request = ScheduledRequest(prompt, params, spec, kv_tokens, tag)

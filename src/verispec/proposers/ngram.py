@@ -199,7 +199,7 @@ class NgramProposer:
         """The continuation of the longest recent match, or an empty draft when none has n >= min_ngram."""
         if num_speculative_tokens <= 0:
             return DraftOutput()
-        index = self._sync(request)
+        index = self.index_for(request)
         match = index.match()
         if match is None:
             return DraftOutput()
@@ -208,7 +208,7 @@ class NgramProposer:
     def propose_tree(self, request: DraftRequest, num_nodes: int) -> TokenTree:
         """A tree of at most ``num_nodes`` nodes from up to ``max_branches`` matches
         (:func:`ngram_tree`); only the root (the last context token) when nothing matches."""
-        index = self._sync(request)
+        index = self.index_for(request)
         root = int(index.token_ids[-1])
         if num_nodes <= 0:
             return TokenTree((root,), (-1,))
@@ -218,8 +218,9 @@ class NgramProposer:
     def observe(self, num_accepted_tokens: int) -> None:
         """Nothing to learn: accepted tokens arrive with the next request's context."""
 
-    def _sync(self, request: DraftRequest) -> NgramIndex:
-        """Extend the index by the new context tokens; start over when the context is not an extension."""
+    def index_for(self, request: DraftRequest) -> NgramIndex:
+        """The index of ``request``'s context (prompt + output): extended by the new tokens, or
+        started over when the context is not an extension of what it holds."""
         indexed = self._index.token_ids
         num_prompt = len(request.prompt_token_ids)
         is_extension = (

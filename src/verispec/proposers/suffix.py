@@ -21,7 +21,7 @@ from typing import Sequence
 
 from verispec.errors import InvalidParameterError
 from verispec.proposers import DraftOutput, DraftRequest
-from verispec.proposers.ngram import NgramIndex, copy_continuation, ngram_tree
+from verispec.proposers.ngram import NgramIndex, NgramProposer, copy_continuation, ngram_tree
 from verispec.tree import TokenTree
 
 DEFAULT_MAX_TOKENS = 65_536  # tokens of past requests kept (the index costs up to ~2-3 KB a token)
@@ -187,8 +187,8 @@ class SuffixCache:
 class SuffixProposer:
     """Suffix drafting for one request over a shared :class:`SuffixCache`.
 
-    Each proposal looks up the context's tail in the request's own prompt and output (an
-    :class:`~verispec.proposers.ngram.NgramIndex`) and in the cache; the longer match wins (the
+    Each proposal looks up the context's tail in the request's own prompt and output (as
+    :class:`~verispec.proposers.ngram.NgramProposer` indexes it) and in the cache; the longer match wins (the
     request's own on a tie), and every occurrence with that match length votes for its
     continuation. The draft budget follows the match length: at most ``ceil(spec_factor * n)``
     tokens for an n-token match (SuffixDecoding's ``max_spec_factor``).
@@ -211,7 +211,7 @@ class SuffixProposer:
         self.cache = cache if cache is not None else SuffixCache(min_ngram=min_ngram, max_ngram=max_ngram)
         self.min_ngram, self.max_ngram, self.spec_factor, self.add_prompts = min_ngram, max_ngram, spec_factor, add_prompts
         self.datastore = datastore
-        self._index = NgramIndex(min_ngram, max_ngram, 8)
+        self._local = NgramProposer(min_ngram, max_ngram, max_branches=8)  # the request's own context
 
     def new_sequence(self) -> SuffixProposer:
         """The same drafter for another request: the same shared cache, its own context index."""
@@ -227,7 +227,7 @@ class SuffixProposer:
     def propose_tree(self, request: DraftRequest, num_nodes: int, chain: bool = False) -> TokenTree:
         """The frequency-scored tree of the continuations (at most ``num_nodes`` nodes below the
         root, the last context token); with ``chain``, its most frequent path only."""
-        index = self._sync(request)
+        index = self._local.index_for(request)
         context = index.token_ids
         root = int(context[-1])
         n, continuations = self._continuations(index, num_nodes)
@@ -259,15 +259,6 @@ class SuffixProposer:
             if corpus_n > best[0]:
                 return corpus_n, corpus
         return best
-
-    def _sync(self, request: DraftRequest) -> NgramIndex:
-        """Extend the request's index by its new tokens; start over for another context."""
-        indexed = self._index.token_ids
-        context = list(request.prompt_token_ids) + list(request.output_token_ids)
-        if indexed != context[: len(indexed)] or len(indexed) > len(context):
-            self._index = NgramIndex(self.min_ngram, self.max_ngram, 8)
-        self._index.extend(context[len(self._index.token_ids) :])
-        return self._index
 
 
 class SuffixTreeProposer:
