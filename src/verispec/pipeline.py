@@ -52,12 +52,14 @@ class DrafterOptions:
             child ranks, :func:`verispec.proposers.draft_tree.validate_tree_choices`); None =
             the dynamic EAGLE-2-style tree.
         draft_context_window: prompt tokens the draft model sees (the last ones; None: all). The
-            draft prefills them outside the target's passes before its first proposal; measured
-            on 20 Spec-Bench JSON prompts (gguf pair, alone, decode tokens/s of ``auto``, windows
-            compared within each run): 32.71 with the whole prompt, 49.17 with 256 and 40.4 with 512
-            in one run; 43.35 with 256, 42.95 with 128 and 35.38 with the whole prompt in another
-            (plain decoding, in a third run: 43.8). The long RAG and summarization prompts' draft
-            prefill cost more than the draft saved. Output never changes (the target verifies).
+            draft prefills them outside the target's passes before its first proposal, which short
+            answers to long prompts never earn back. Measured on 3 Spec-Bench questions of each of
+            10 categories (gguf pair, alone, decode speedup of ``auto`` over plain, all windows
+            interleaved per question in one run): rag 1.031 / 1.031 / 0.791 and extraction 1.194 /
+            1.169 / 0.956 with windows 32 / 64 / 256, the other 8 categories within noise of each
+            other (sum of the 10 speedups 11.551 / 11.653 / 10.937). Earlier, on 20 JSON prompts,
+            the whole prompt gave 32.71 decode tokens/s against 49.17 with 256. The long RAG and
+            summarization prompts' draft prefill cost more than the draft saved. Output never changes (the target verifies).
     Raises:
         InvalidParameterError: an unknown quantization, a negative layer count, bad tree choices
             or a window below 1.
@@ -68,7 +70,7 @@ class DrafterOptions:
     layer_skip_layers: int | None = None
     draft_quantization: str = "none"
     tree_choices: tuple[tuple[int, ...], ...] | None = None
-    draft_context_window: int | None = 256
+    draft_context_window: int | None = 64
 
     def __post_init__(self) -> None:
         if self.draft_context_window is not None and self.draft_context_window < 1:
