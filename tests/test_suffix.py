@@ -114,6 +114,13 @@ def test_greedy_suffix_equals_plain_and_warms_across_requests(tree, k):
     assert second.metrics.spec.num_accepted_tokens > 0
 
 
+def test_a_drafter_loaded_under_two_names_learns_each_answer_once():
+    suffix = SuffixProposer()
+    engine = cycle_engine({"suffix": suffix, "ngram": suffix})  # auto's lookup drafter is the suffix drafter
+    out = engine.generate([6, 7], SamplingParams(max_tokens=12), SpeculativeConfig(method="auto", num_speculative_tokens=4))
+    assert suffix.cache.num_sequences == 1 and suffix.cache.num_tokens == len(out.token_ids)
+
+
 def test_suffix_batched_equals_alone(gguf_files):  # noqa: F811
     engine = gguf_engine(gguf_files)
     warm = SamplingParams(max_tokens=20)

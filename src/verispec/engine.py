@@ -389,7 +389,8 @@ class SpeculativeEngine:
         if not out.finished:
             out.finish("length")
         state.times.end = time.perf_counter()
-        for proposer in state.slot.proposers.values():  # drafters that learn across requests (suffix)
+        # drafters that learn across requests (suffix), each once even if loaded under two names
+        for proposer in {id(p): p for p in state.slot.proposers.values()}.values():
             end_request = getattr(proposer, "end_request", None)
             if end_request is not None:
                 end_request(state.prompt, out.token_ids)
