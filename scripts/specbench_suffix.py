@@ -105,6 +105,10 @@ def main() -> None:
     questions = [json.loads(line) for line in DATA.open()][: args.limit]
     out = Path(args.out)
     done = [json.loads(line) for line in out.open()] if out.exists() else []
+    complete = {q for q in {r["question"] for r in done} if {r["config"] for r in done if r["question"] == q} >= set(names)}
+    done = [r for r in done if r["question"] in complete]  # a question cut short is asked again, whole
+    if out.exists():
+        out.write_text("".join(json.dumps(r) + "\n" for r in done))
     pipe = SpeculativePipeline.load(runners=RunnerOptions(kind=args.runner))
     runs = engines(pipe, names)
     answered = collections.defaultdict(dict)

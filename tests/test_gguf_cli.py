@@ -182,11 +182,23 @@ def test_bench_and_advise_measure_the_runner_asked_for(files, tmp_path):
     assert data["exactness"]["all_equal"] is True
     skipped = [r["status"] for r in data["runners"] if r["family"] == "transformers"]
     assert skipped and all("holds no torch model" in status for status in skipped)  # said, not silently dropped
+    exported = tmp_path / "vllm.json"
     advise = cli.invoke(app, ["advise", "--prompts", str(prompts), "--max-tokens", "8", "--max-k", "4", "--runner", "gguf",
-                              "--json", *models])
+                              "--json", "--export", "vllm", "--export-file", str(exported), *models])
     assert advise.exit_code == 0, advise.output
     advice = json.loads(advise.stdout.strip().splitlines()[-1])
     assert [v["category"] for v in advice["verdicts"]] == ["code", "all"]
+    setup, overall = json.loads(exported.read_text()), advice["verdicts"][-1]
+    assert setup["tool"] == "vllm" and setup["config"]["model"] == models[1]  # a local file is passed through
+    spec = setup["config"]["speculative_config"]
+    if overall["method"] is None:  # NO-GO: plain decoding
+        assert spec is None
+    else:
+        assert spec["method"] == {"draft": "draft_model", "ngram": "ngram"}[overall["method"]]
+        assert spec["num_speculative_tokens"] == overall["num_speculative_tokens"]
+    assert "vllm serve" in advise.output
+    bad = cli.invoke(app, ["advise", "--prompts", str(prompts), "--export", "tgi", *models])
+    assert bad.exit_code == 2 and "--export must be one of vllm, sglang, transformers" in bad.output
 
 
 def test_bench_compares_several_runners_in_one_run(files, tmp_path):

@@ -18,6 +18,7 @@ from typing import Sequence
 from verispec.bench.figures import ALL, SummaryRow
 from verispec.bench.run import VERISPEC_FAMILIES, RunRecord
 from verispec.control import CostModel, best_draft_length, expected_tokens
+from verispec.errors import InvalidParameterError
 from verispec.runners import Runner, prefill
 
 SECONDS_PER_MONTH = 30 * 24 * 3600
@@ -104,19 +105,19 @@ def cost_per_million_tokens(cost_per_month: float, tokens_per_s: float) -> float
 
 def equivalent_settings(method: str, num_speculative_tokens: int, draft_ref: str | None, min_ngram: int = 2, max_ngram: int = 4) -> dict:
     """``{"transformers": generate kwargs, "vllm": --speculative-config JSON}`` for ``method``
-    (None where the other tool has no equivalent)."""
-    k = num_speculative_tokens
-    if method == NGRAM:
-        return {
-            "transformers": {"prompt_lookup_num_tokens": k, "max_matching_ngram_size": max_ngram},
-            "vllm": {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": min_ngram, "prompt_lookup_max": max_ngram},
-        }
-    if method == "draft":
-        return {
-            "transformers": {"assistant_model": f"<AutoModelForCausalLM of {draft_ref}>", "num_assistant_tokens": k, "num_assistant_tokens_schedule": "constant"},
-            "vllm": {"model": draft_ref, "num_speculative_tokens": k},
-        }
-    return {"transformers": None, "vllm": None}
+    (None where the other tool has no equivalent); :func:`verispec.export.export_setup` has
+    the whole configuration of each tool (``advise --export``)."""
+    from verispec.export import export_setup
+
+    out: dict = {}
+    for tool in ("transformers", "vllm"):
+        try:
+            setup = export_setup(tool, method, num_speculative_tokens, "target", draft_ref, min_ngram=min_ngram, max_ngram=max_ngram)
+        except InvalidParameterError:
+            out[tool] = None
+            continue
+        out[tool] = setup.config["generate_kwargs"] if tool == "transformers" else setup.config["speculative_config"]
+    return out
 
 
 # --- measurement --------------------------------------------------------------------------
@@ -325,6 +326,13 @@ def memory_advice(target_config, draft_config, target_param_bytes: int, draft_pa
     }
 
 
+def model_ref(loaded) -> str:
+    """The reference a loaded model was asked for: its built-in name, else its path."""
+    from verispec.models.registry import BUILTIN_MODELS
+
+    return loaded.name if loaded.name in BUILTIN_MODELS else str(loaded.path or loaded.name)
+
+
 def advise(pipe, items, config, *, max_k: int = 10, context_length: int = 4096, memory_budget_bytes: int | None = None, gpu_cost_per_month: float | None = None, on_run=None) -> Advice:
     """Measure ``config``'s methods (a :class:`BenchConfig` without peers) on ``items`` and the
     target's verify curve, then fit, predict and decide. Raises as :func:`run_bench` does."""
@@ -360,7 +368,7 @@ def advise(pipe, items, config, *, max_k: int = 10, context_length: int = 4096, 
             "before_per_million_tokens": cost_per_million_tokens(gpu_cost_per_month, plain),
             "after_per_million_tokens": cost_per_million_tokens(gpu_cost_per_month, fast),
         }
-    draft_ref = str(pipe.draft.path or pipe.draft.name) if pipe.draft else None
+    draft_ref = model_ref(pipe.draft) if pipe.draft else None
     best_k = {f.method: f.predicted_best_k or config.num_speculative_tokens for f in fits if f.category == ALL}
     settings = {m: equivalent_settings(m, best_k[m], draft_ref, pipe.drafters.min_ngram, pipe.drafters.max_ngram) for m in drafters}
     return Advice(config.num_speculative_tokens, curve, fits, speedup_table(fits, curve, max_k), verdicts, memory, cost, settings)

@@ -68,3 +68,27 @@ def render(advice: Advice, console) -> None:
         console.print(f"vLLM --speculative-config '{json.dumps(s['vllm'])}'")
     if overall.method and not s.get("vllm"):
         console.print(f"{overall.method}: no equivalent setting in transformers / vLLM")
+
+
+def export_advice(advice, tool: str, path, target: str, draft: str | None, drafters, console) -> None:
+    """``advise --export``: the overall verdict's setup as ``tool``'s configuration
+    (:func:`verispec.export.export_setup`), JSON on stdout or in ``path``; the command and the
+    notes on ``console``. Raises what ``export_setup`` raises, and VerispecError when ``path``
+    cannot be written."""
+    from verispec.errors import VerispecError
+    from verispec.export import export_setup
+
+    overall = advice.verdicts[-1]
+    setup = export_setup(tool, overall.method, overall.num_speculative_tokens, target, draft,
+                         min_ngram=drafters.min_ngram, max_ngram=drafters.max_ngram)
+    if path is None:
+        print(setup.to_json())
+    else:
+        try:
+            path.write_text(setup.to_json() + "\n")
+        except OSError as exc:
+            raise VerispecError(f"cannot write {path}: {exc.strerror or exc}") from None
+        console.print(f"{tool} configuration written to {path}", highlight=False, markup=False)
+    console.print(f"{tool}: {setup.command}", highlight=False, markup=False)
+    for note in setup.notes:
+        console.print(f"note: {note}", highlight=False, markup=False)

@@ -227,6 +227,12 @@ def serve(
     audit_rate: float = typer.Option(
         0.0, help="Fraction of responses re-decoded plainly when the engine is idle, to count agreement (0 = off)."
     ),
+    replicas: Optional[int] = typer.Option(None, help="Serve N replicas on Ray Serve, each its own batched engine (needs verispec[ray])."),
+    ray_address: Optional[str] = typer.Option(None, help="Join this Ray cluster (e.g. auto or ray://host:10001) instead of starting one."),
+    min_replicas: Optional[int] = typer.Option(None, help="Autoscale replicas from this many (Ray Serve autoscaling)."),
+    max_replicas: Optional[int] = typer.Option(None, help="Autoscale replicas up to this many."),
+    target_ongoing_requests: Optional[float] = typer.Option(None, help="Requests in flight per replica the autoscaler aims at."),
+    replica_cpus: float = typer.Option(1.0, help="CPUs Ray reserves for each replica (its runners' threads)."),
 ) -> None:
     """Serve the models over an OpenAI-compatible HTTP API (completions, chat, streaming, /metrics)."""
     import logging
@@ -246,6 +252,22 @@ def serve(
         raise typer.Exit(2)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     use_draft = draft.lower() != "none"
+    if host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
+        err.print(f"[yellow]warning:[/yellow] serving on {host} without --api-key: anyone who can reach it can use it")
+    if any(v is not None for v in (replicas, ray_address, min_replicas, max_replicas, target_ongoing_requests)):
+        from verispec.server.replicas import serve_replicas_command
+
+        code = serve_replicas_command(
+            err, target=target, draft=draft if use_draft else None, dtype=dtype, runner=runner, host=host, port=port,
+            ray_address=ray_address, suffix_cache=suffix_cache, datastore=datastore,
+            max_num_batched_tokens=max_num_batched_tokens, replicas=replicas, min_replicas=min_replicas,
+            max_replicas=max_replicas, target_ongoing_requests=target_ongoing_requests, replica_cpus=replica_cpus,
+            server=dict(api_key=api_key, max_tokens_cap=max_tokens_cap, max_queue=max_queue, max_body_bytes=max_body_bytes,
+                        audit_rate=audit_rate, max_num_seqs=max_num_seqs, max_kv_tokens=max_kv_tokens),
+            spec=dict(method=method or ("draft" if use_draft else "none"), num_speculative_tokens=num_speculative_tokens,
+                      schedule=schedule),
+        )
+        raise typer.Exit(code)
     try:
         spec = SpeculativeConfig(
             method=method or ("draft" if use_draft else "none"), num_speculative_tokens=num_speculative_tokens,
@@ -256,8 +278,6 @@ def serve(
     except VerispecError as exc:
         err.print(f"[red]error:[/red] {exc}", highlight=False)
         raise typer.Exit(2) from None
-    if host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
-        err.print(f"[yellow]warning:[/yellow] serving on {host} without --api-key: anyone who can reach it can use it")
     config = ServerConfig(
         api_key=api_key, max_tokens_cap=max_tokens_cap, max_queue=max_queue, max_body_bytes=max_body_bytes,
         default_spec=spec, audit_rate=audit_rate, max_num_seqs=max_num_seqs, max_kv_tokens=max_kv_tokens,
@@ -415,6 +435,8 @@ def advise(
     dtype: str = typer.Option("float32", help="float32 or bfloat16."),
     runner: str = typer.Option("auto", help="The runner advised on (as generate's --runner): the one you would run."),
     as_json: bool = typer.Option(False, "--json", help="Also print the advice as one JSON object on stdout."),
+    export: Optional[str] = typer.Option(None, help="Write the advised setup for vllm, sglang or transformers (JSON)."),
+    export_file: Optional[Path] = typer.Option(None, help="File for --export's JSON (default: stdout)."),
 ) -> None:
     """Measure α and costs on a workload sample and say whether speculation pays, per category."""
     from verispec.advise import advise as run_advice
@@ -423,6 +445,14 @@ def advise(
     from verispec.bench.run import BenchConfig
     from verispec.bench.workload import load_workload
 
+    from verispec.export import EXPORT_TOOLS
+
+    if export is not None and export not in EXPORT_TOOLS:
+        err.print(f"[red]error:[/red] --export must be one of {', '.join(EXPORT_TOOLS)}, got {export!r}", highlight=False)
+        raise typer.Exit(2)
+    if export is not None and as_json and export_file is None:
+        err.print("[red]error:[/red] --json and --export both write to stdout: give --export-file", highlight=False)
+        raise typer.Exit(2)
     try:
         items = load_workload(None if prompts else workload or "specbench", prompts, split(categories), limit)
         config = BenchConfig(
@@ -443,6 +473,14 @@ def advise(
     render(advice, err)
     if as_json:
         print(json.dumps(advice.to_dict()))
+    if export is not None:
+        from verispec.advise_render import export_advice
+
+        try:
+            export_advice(advice, export, export_file, target, None if draft.lower() == "none" else draft, pipe.drafters, err)
+        except VerispecError as exc:
+            err.print(f"[red]error:[/red] {exc}", highlight=False)
+            raise typer.Exit(2) from None
 
 
 def main() -> None:  # pragma: no cover - console script entry

@@ -46,6 +46,7 @@ class BuiltinModel:
     size_bytes: int
     role: str | None = None
     license: str = "Apache-2.0"
+    hub_id: str | None = None  # the Hugging Face checkpoint the GGUF was converted from (for GPU engines)
 
 
 def _numbered_parts(package_prefix: str, version: str, count: int) -> tuple[WheelPart, ...]:
@@ -77,6 +78,7 @@ BUILTIN_MODELS: Mapping[str, BuiltinModel] = {
             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
             size_bytes=1_117_320_768,
             role="default target",
+            hub_id="Qwen/Qwen2.5-Coder-1.5B-Instruct",
         ),
         BuiltinModel(
             name="qwen2.5-coder-0.5b-instruct",
@@ -87,6 +89,7 @@ BUILTIN_MODELS: Mapping[str, BuiltinModel] = {
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             size_bytes=491_400_064,
             role="default draft",
+            hub_id="Qwen/Qwen2.5-Coder-0.5B-Instruct",
         ),
         BuiltinModel(
             name="smollm2-135m-instruct",
@@ -98,6 +101,7 @@ BUILTIN_MODELS: Mapping[str, BuiltinModel] = {
             ),
             sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
             size_bytes=98_362_432,
+            hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
         ),
     )
 }

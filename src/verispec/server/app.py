@@ -108,10 +108,12 @@ class _State:
         )
 
 
-def create_app(pipeline, config: ServerConfig | None = None, **options) -> FastAPI:
+def create_app(pipeline, config: ServerConfig | None = None, *, metrics_exposition=None, **options) -> FastAPI:
     """The FastAPI app serving ``pipeline`` (a loaded :class:`~verispec.pipeline.SpeculativePipeline`).
 
     ``options`` override fields of ``config`` (e.g. ``create_app(pipe, api_key="k", max_queue=4)``).
+    ``metrics_exposition``: an async callable returning the Prometheus text ``/metrics`` serves
+    instead of this app's own (replicas merge all replicas' counters: :mod:`verispec.server.replicas`).
     The engine worker starts, warms up and stops with the app's lifespan; ``/health`` answers
     503 until the warm-up is done. Raises InvalidParameterError for an audit rate outside [0, 1]
     or a ``suffix_cache`` file that is not one.
@@ -174,6 +176,8 @@ def create_app(pipeline, config: ServerConfig | None = None, **options) -> FastA
     async def metrics() -> Response:
         """Prometheus text exposition."""
         data, content_type = state.metrics.exposition()
+        if metrics_exposition is not None:
+            data = (await metrics_exposition()).encode()
         return Response(data, media_type=content_type)
 
     @app.get("/v1/models", response_model=ModelList, responses=ERROR_RESPONSES, dependencies=[Depends(authorized)])

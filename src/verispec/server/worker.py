@@ -122,6 +122,11 @@ class EngineWorker:
     def max_num_seqs(self) -> int:
         return self.scheduler.max_num_seqs
 
+    @property
+    def alive(self) -> bool:
+        """False once the engine thread has ended (stopped, or died): nothing it queues runs."""
+        return self._thread.ident is None or self._thread.is_alive()
+
     def start(self) -> None:
         """Start the engine thread (call it on the thread that loaded the models: that thread's
         OpenMP pool is released so the engine thread's passes get the cores, see

@@ -1,0 +1,364 @@
+"""The OpenAI app served by Ray Serve replicas (``verispec serve --replicas N``).
+
+Owns what a replica loads (:class:`ReplicaSpec`), the deployment's scaling options
+(:class:`ScalingOptions`: a fixed count or Ray Serve's autoscaling, passed through), the replica
+id header on every response, ``/metrics`` merged over all replicas, the health check that lets
+Ray restart a replica whose engine died, and starting / stopping it all. Ray Serve's proxy and
+router spread the requests; each replica is one process owning one batched engine and the same
+app :func:`verispec.server.create_app` builds for one machine. Knows nothing about decoding.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from verispec.errors import InvalidParameterError, VerispecError
+from verispec.server.app import ServerConfig
+
+log = logging.getLogger("verispec.server")
+
+RAY_MISSING = "serving replicas needs Ray Serve: pip install 'verispec[ray]' (the 'ray[serve]' package)"
+REPLICA_HEADER = "x-verispec-replica"
+APP_NAME = "verispec"
+DEPLOYMENT_NAME = "VerispecReplica"
+
+
+class RayMissingError(VerispecError):
+    """Ray Serve is not installed (the ``ray`` extra)."""
+
+
+class ReplicasFailedError(VerispecError):
+    """The replicas did not start (for example a model a replica cannot load)."""
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    """What every replica loads and serves: the CLI's model and server flags, picklable.
+
+    Attributes:
+        target, draft: model references as the CLI takes them (draft None: plain decoding).
+        dtype, runner: as :meth:`verispec.pipeline.SpeculativePipeline.load`.
+        config: the server options of each replica (:class:`ServerConfig`; its ``suffix_cache``
+            must be None: replicas would overwrite one file).
+        max_num_batched_tokens: chunked-prefill tokens per pass (the engine's).
+        datastore: a corpus datastore directory every replica's suffix drafter reads, or None.
+    Raises:
+        InvalidParameterError: a suffix cache file with replicas.
+    """
+
+    target: str
+    draft: str | None = None
+    dtype: str = "float32"
+    runner: str = "auto"
+    config: ServerConfig = field(default_factory=ServerConfig)
+    max_num_batched_tokens: int = 256
+    datastore: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.config.suffix_cache is not None:
+            raise InvalidParameterError("--suffix-cache is one file per process: it cannot be used with --replicas")
+
+
+@dataclass(frozen=True)
+class ScalingOptions:
+    """How many replicas: ``num_replicas`` fixed, or Ray Serve autoscaling between
+    ``min_replicas`` and ``max_replicas`` aiming at ``target_ongoing_requests`` per replica.
+
+    Attributes:
+        num_replicas: replicas when not autoscaling, >= 1.
+        min_replicas, max_replicas: autoscaling bounds (either one set turns autoscaling on;
+            the other defaults to ``num_replicas``); 0 <= min <= max, max >= 1.
+        target_ongoing_requests: requests in flight per replica the autoscaler aims at (> 0);
+            None: Ray Serve's default.
+        num_cpus: CPUs Ray reserves for each replica (> 0); the replica's runners use that
+            many threads (Ray sets ``OMP_NUM_THREADS`` from it).
+        max_ongoing_requests: requests Ray sends one replica at a time (its batch plus its
+            queue); further ones wait in Ray's proxy for a free replica.
+    Raises:
+        InvalidParameterError: a bound or count out of range.
+    """
+
+    num_replicas: int = 1
+    min_replicas: int | None = None
+    max_replicas: int | None = None
+    target_ongoing_requests: float | None = None
+    num_cpus: float = 1.0
+    max_ongoing_requests: int = 72
+
+    def __post_init__(self) -> None:
+        if self.num_replicas < 1:
+            raise InvalidParameterError(f"--replicas must be >= 1, got {self.num_replicas}")
+        low, high = self.bounds
+        if self.autoscaling and not 0 <= low <= high or high < 1:
+            raise InvalidParameterError(f"need 0 <= --min-replicas <= --max-replicas and --max-replicas >= 1, got {low} and {high}")
+        if self.target_ongoing_requests is not None and not self.target_ongoing_requests > 0:
+            raise InvalidParameterError(f"--target-ongoing-requests must be > 0, got {self.target_ongoing_requests}")
+        if not (self.num_cpus > 0 and math.isfinite(self.num_cpus)):
+            raise InvalidParameterError(f"--replica-cpus must be > 0, got {self.num_cpus}")
+        if self.max_ongoing_requests < 1:
+            raise InvalidParameterError(f"max_ongoing_requests must be >= 1, got {self.max_ongoing_requests}")
+
+    @property
+    def autoscaling(self) -> bool:
+        return self.min_replicas is not None or self.max_replicas is not None
+
+    @property
+    def bounds(self) -> tuple[int, int]:
+        """(min, max) replicas: both ``num_replicas`` without autoscaling."""
+        low = self.num_replicas if self.min_replicas is None else self.min_replicas
+        high = max(self.num_replicas, low) if self.max_replicas is None else self.max_replicas
+        return (low, high) if self.autoscaling else (self.num_replicas, self.num_replicas)
+
+    def deployment_options(self) -> dict:
+        """Keyword arguments of ``ray.serve.deployment``."""
+        options: dict = {
+            "ray_actor_options": {"num_cpus": self.num_cpus},
+            "max_ongoing_requests": self.max_ongoing_requests,
+            "health_check_period_s": 2.0,
+            "health_check_timeout_s": 30.0,
+        }
+        if self.autoscaling:
+            low, high = self.bounds
+            autoscaling = {"min_replicas": low, "max_replicas": high, "initial_replicas": max(low, min(self.num_replicas, high))}
+            if self.target_ongoing_requests is not None:
+                autoscaling["target_ongoing_requests"] = self.target_ongoing_requests
+            options["autoscaling_config"] = autoscaling
+        else:
+            options["num_replicas"] = self.num_replicas
+        return options
+
+
+def import_serve():
+    """``ray`` and ``ray.serve``; raises :class:`RayMissingError` saying how to install them."""
+    try:
+        import ray
+        from ray import serve
+    except ImportError as exc:
+        raise RayMissingError(f"{RAY_MISSING} ({exc})") from None
+    return ray, serve
+
+
+def merge_expositions(texts: list[str]) -> str:
+    """Prometheus text expositions of several replicas merged into one: every sample with the same
+    name and labels summed (counters, histogram buckets / sums / counts, and gauges such as
+    requests in flight, which add up across replicas; ``_created`` timestamps: the earliest),
+    plus ``verispec_replicas`` (the number of expositions merged). Families and samples keep the
+    first replica's order.
+    """
+    families: dict[str, tuple[str, str, dict]] = {}
+    for text in texts:
+        for family in text_string_to_metric_families(text):
+            _, _, samples = families.setdefault(family.name, (family.type, family.documentation, {}))
+            for sample in family.samples:
+                key = (sample.name, tuple(sorted(sample.labels.items())))
+                if key not in samples:
+                    samples[key] = sample.value
+                elif sample.name.endswith("_created"):
+                    samples[key] = min(samples[key], sample.value)
+                else:
+                    samples[key] += sample.value
+    lines = ["# HELP verispec_replicas Replicas whose metrics are merged here.", "# TYPE verispec_replicas gauge",
+             f"verispec_replicas {float(len(texts))}"]
+    for name, (kind, doc, samples) in families.items():
+        declared = name + "_total" if kind == "counter" else name  # as prometheus_client writes counters
+        lines.append(f"# HELP {declared} {_escape(doc, help_text=True)}")
+        lines.append(f"# TYPE {declared} {kind}")
+        for (sample_name, labels), value in samples.items():
+            rendered = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
+            lines.append(f"{sample_name}{{{rendered}}} {_number(value)}" if labels else f"{sample_name} {_number(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def _escape(value: str, help_text: bool = False) -> str:
+    value = value.replace("\\", "\\\\").replace("\n", "\\n")
+    return value if help_text else value.replace('"', '\\"')
+
+
+def _number(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value))
+
+
+class ReplicaHeader:
+    """ASGI middleware: ``x-verispec-replica: <id>`` on every HTTP response (streams included)."""
+
+    def __init__(self, app, replica_id: str) -> None:
+        self.app = app
+        self.header = (REPLICA_HEADER.encode(), replica_id.encode())
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def tagged(message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), self.header]}
+            await send(message)
+
+        await self.app(scope, receive, tagged)
+
+
+def replica_app(spec: ReplicaSpec, replica_id: str, merged_metrics=None):
+    """The FastAPI app of one replica: ``spec``'s models loaded, :func:`create_app`'s routes,
+    ``x-verispec-replica: replica_id`` on every response, and ``/metrics`` from
+    ``merged_metrics`` (an async callable returning the exposition text) when given.
+
+    Raises what :meth:`SpeculativePipeline.load` and :func:`create_app` raise.
+    """
+    from verispec.pipeline import SpeculativePipeline
+    from verispec.runners.select import RunnerOptions
+    from verispec.server.app import create_app
+
+    pipe = SpeculativePipeline.load(spec.target, spec.draft, dtype=spec.dtype, runners=RunnerOptions(kind=spec.runner))
+    pipe.engine.max_num_batched_tokens = spec.max_num_batched_tokens
+    if spec.datastore is not None:
+        from verispec.proposers.datastore import Datastore
+
+        pipe.engine.proposers["suffix"].datastore = Datastore(spec.datastore)
+    app = create_app(pipe, spec.config, metrics_exposition=merged_metrics)
+    app.add_middleware(ReplicaHeader, replica_id=replica_id)
+    return app
+
+
+class ReplicaBase:
+    """The replica class Ray Serve runs (one actor per replica); ``serve.ingress`` adds the app."""
+
+    def metrics_text(self) -> str:
+        """This replica's own Prometheus exposition (merged by whichever replica serves /metrics)."""
+        data, _ = self.app.state.verispec.metrics.exposition()
+        return data.decode()
+
+    def check_health(self) -> None:
+        """Ray Serve's periodic health check: raising makes Ray replace this replica."""
+        worker = self.app.state.verispec.worker
+        if not worker.alive:
+            raise RuntimeError("the replica's engine worker stopped")
+
+
+def build_deployment(spec: ReplicaSpec, scaling: ScalingOptions):
+    """The Ray Serve application: :class:`ReplicaBase` replicas, each serving
+    :func:`replica_app`. Raises :class:`RayMissingError` without Ray Serve."""
+    _, serve = import_serve()
+
+    def build():  # runs in each replica's process, when Ray starts it
+        context = serve.get_replica_context()
+        replica_id = context.replica_id.unique_id
+
+        async def merged_metrics() -> str:
+            handle = serve.get_deployment_handle(DEPLOYMENT_NAME, app_name=context.app_name)
+            results = await handle.broadcast("metrics_text").results_async(timeout_s=10, return_exceptions=True)
+            return merge_expositions([r for r in results if isinstance(r, str)])  # a dying replica is left out
+
+        return replica_app(spec, replica_id, merged_metrics)
+
+    cls = serve.ingress(build)(ReplicaBase)
+    return serve.deployment(cls, name=DEPLOYMENT_NAME, **scaling.deployment_options()).bind()
+
+
+def run_replicas(spec: ReplicaSpec, scaling: ScalingOptions, *, host: str = "127.0.0.1", port: int = 8000,
+                 ray_address: str | None = None, blocking: bool = True):
+    """Start (or join, with ``ray_address``) a Ray cluster, deploy the replicas behind one HTTP
+    endpoint at ``host:port`` and, with ``blocking``, serve until interrupted, then shut Serve
+    down. Returns the ingress handle when not blocking.
+
+    Raises:
+        RayMissingError: Ray Serve is not installed.
+        ReplicasFailedError: the replicas did not start (the replica's own error in the message).
+    """
+    ray, serve = import_serve()
+    if not ray.is_initialized():
+        if ray_address:
+            ray.init(address=ray_address, logging_level=logging.WARNING)
+        else:
+            ray.init(include_dashboard=False, logging_level=logging.WARNING)
+    serve.start(http_options={"host": host, "port": port})
+    try:
+        handle = serve.run(build_deployment(spec, scaling), name=APP_NAME, route_prefix="/")
+    except Exception as exc:  # a replica that cannot load: Ray wraps the error
+        serve.shutdown()
+        raise ReplicasFailedError(f"the replicas did not start: {_first_line(exc)}") from None
+    low, high = scaling.bounds
+    log.info("serving %s on http://%s:%d with %s replicas", APP_NAME, host, port, low if low == high else f"{low}-{high}")
+    if not blocking:
+        return handle
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        serve.shutdown()
+    return None
+
+
+def serve_replicas_command(err, *, target: str, draft: str | None, dtype: str, runner: str, host: str, port: int,
+                           ray_address: str | None, suffix_cache, datastore, max_num_batched_tokens: int,
+                           replicas: int | None, min_replicas: int | None, max_replicas: int | None,
+                           target_ongoing_requests: float | None, replica_cpus: float, server: dict, spec: dict) -> int:
+    """``verispec serve --replicas``: checks what a user can get wrong (Ray missing, the options,
+    the model references, which built-ins are fetched here once for every replica on this
+    machine, a damaged datastore) before Ray starts, then serves. Returns the exit code: 0, or
+    2 after printing the error on ``err`` (a rich console)."""
+    from verispec.models.store import ModelStore
+    from verispec.request import SpeculativeConfig
+
+    try:
+        import_serve()
+        if suffix_cache is not None:
+            raise InvalidParameterError("--suffix-cache is one file per process: it cannot be used with --replicas")
+        max_queue, max_num_seqs = server["max_queue"], server["max_num_seqs"]
+        scaling = ScalingOptions(
+            num_replicas=1 if replicas is None else replicas, min_replicas=min_replicas, max_replicas=max_replicas,
+            target_ongoing_requests=target_ongoing_requests, num_cpus=replica_cpus,
+            max_ongoing_requests=max_queue + (max_num_seqs or 8),
+        )
+        config = ServerConfig(default_spec=SpeculativeConfig(**spec), **server)
+        store = ModelStore()
+        for ref in (target, draft):
+            if ref is not None:
+                with err.status(f"resolving {ref}"):
+                    store.resolve(ref)
+        # local paths made absolute: a replica's working directory is Ray's, not this shell's
+        target, draft = (_absolute(ref) for ref in (target, draft))
+        if datastore is not None:
+            from verispec.proposers.datastore import Datastore
+
+            Datastore(datastore)
+            datastore = Path(datastore).resolve()
+        replica_spec = ReplicaSpec(target, draft, dtype, runner, config, max_num_batched_tokens,
+                                   None if datastore is None else str(datastore))
+        run_replicas(replica_spec, scaling, host=host, port=port, ray_address=ray_address)
+    except VerispecError as exc:
+        from rich.markup import escape
+
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)  # "[ray]" is not markup
+        return 2
+    return 0
+
+
+def _absolute(ref: str | None) -> str | None:
+    return str(Path(ref).expanduser().resolve()) if ref is not None and Path(ref).expanduser().exists() else ref
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    for line in reversed(text.splitlines()):  # Ray's message ends with the replica's own error
+        if "Error:" in line or "error:" in line:
+            return line.strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+__all__ = [
+    "RAY_MISSING", "REPLICA_HEADER", "RayMissingError", "ReplicasFailedError", "ReplicaSpec", "ScalingOptions", "build_deployment",
+    "merge_expositions", "replica_app", "run_replicas", "import_serve", "serve_replicas_command",
+]

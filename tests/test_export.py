@@ -1,0 +1,116 @@
+"""advise --export: the advised setup as vLLM, SGLang and transformers configuration."""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+import pytest
+from pydantic import BaseModel, ConfigDict, Field
+from transformers import GenerationConfig
+
+from verispec.errors import InvalidParameterError
+from verispec.export import export_setup, model_id
+
+
+class VLLMSpeculativeConfig(BaseModel):
+    """The user-settable fields of vLLM's ``SpeculativeConfig`` (vllm/config/speculative.py, as
+    documented there) that an export may use, with their documented types and bounds; anything
+    else is refused, as vLLM refuses an unknown field."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    num_speculative_tokens: int = Field(gt=0)
+    model: str | None = None
+    method: Literal["ngram", "medusa", "mlp_speculator", "draft_model", "suffix", "eagle", "eagle3"] | None = None
+    draft_tensor_parallel_size: int | None = Field(default=None, ge=1)
+    prompt_lookup_max: int | None = Field(default=None, ge=1)
+    prompt_lookup_min: int | None = Field(default=None, ge=1)
+    suffix_decoding_max_tree_depth: int = 24
+    suffix_decoding_max_cached_requests: int = 10000
+    suffix_decoding_max_spec_factor: float = 1.0
+    suffix_decoding_min_token_prob: float = 0.1
+
+
+# SGLang's ServerArgs fields for speculative decoding (python/sglang/srt/server_args.py)
+SGLANG_FIELDS = {
+    "model_path", "speculative_algorithm", "speculative_draft_model_path", "speculative_num_steps",
+    "speculative_eagle_topk", "speculative_num_draft_tokens", "speculative_ngram_min_match_window_size",
+    "speculative_ngram_max_match_window_size", "speculative_ngram_max_bfs_breadth",
+}
+
+
+@pytest.mark.parametrize("method", ["draft", "ngram", "suffix"])
+def test_vllm_export_validates_against_its_speculative_config(method):
+    setup = export_setup("vllm", method, 6, "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct")
+    spec = VLLMSpeculativeConfig.model_validate(setup.config["speculative_config"])
+    assert spec.num_speculative_tokens == 6
+    assert setup.config["model"] == "Qwen/Qwen2.5-Coder-1.5B-Instruct"
+    assert {"draft": "draft_model", "ngram": "ngram", "suffix": "suffix"}[method] == spec.method
+    if method == "draft":
+        assert spec.model == "Qwen/Qwen2.5-Coder-0.5B-Instruct"
+    if method == "ngram":
+        assert (spec.prompt_lookup_min, spec.prompt_lookup_max) == (2, 4)
+    if method == "suffix":
+        assert spec.suffix_decoding_max_spec_factor == 2.0
+    # the command carries the same JSON, quoted for a shell
+    assert setup.command.startswith("vllm serve Qwen/Qwen2.5-Coder-1.5B-Instruct --speculative-config '")
+    assert json.loads(setup.command.split("--speculative-config ", 1)[1].strip("'")) == setup.config["speculative_config"]
+
+
+def test_vllm_refuses_an_unknown_field_so_the_check_can_fail():
+    with pytest.raises(ValueError):
+        VLLMSpeculativeConfig.model_validate({"num_speculative_tokens": 4, "speculative_model": "x"})
+
+
+@pytest.mark.parametrize("method", ["draft", "ngram"])
+def test_sglang_export_uses_its_server_arguments(method):
+    setup = export_setup("sglang", method, 5, "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct", max_ngram=3)
+    assert set(setup.config) <= SGLANG_FIELDS
+    assert setup.config["speculative_num_draft_tokens"] == 6  # the 5 drafts and the token they follow
+    if method == "draft":
+        assert setup.config["speculative_algorithm"] == "STANDALONE"
+        assert setup.config["speculative_num_steps"] == 5 and setup.config["speculative_eagle_topk"] == 1
+        assert setup.config["speculative_draft_model_path"] == "Qwen/Qwen2.5-Coder-0.5B-Instruct"
+    else:
+        assert setup.config["speculative_algorithm"] == "NGRAM"
+        assert setup.config["speculative_ngram_max_match_window_size"] == 3
+    assert "--speculative-algorithm " + setup.config["speculative_algorithm"] in setup.command
+
+
+@pytest.mark.parametrize("method", ["draft", "ngram"])
+def test_transformers_export_is_a_valid_generation_config(method):
+    setup = export_setup("transformers", method, 7, "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct")
+    config = GenerationConfig(**setup.config["generate_kwargs"])
+    config.validate(strict=True)
+    if method == "draft":
+        assert config.num_assistant_tokens == 7 and config.num_assistant_tokens_schedule == "constant"
+        assert setup.config["assistant_model"] == "Qwen/Qwen2.5-Coder-0.5B-Instruct"
+    else:
+        assert config.prompt_lookup_num_tokens == 7 and config.max_matching_ngram_size == 4
+        assert setup.config["assistant_model"] is None
+
+
+def test_a_no_go_exports_plain_decoding():
+    setup = export_setup("vllm", None, None, "qwen2.5-coder-1.5b-instruct", None)
+    assert setup.config["speculative_config"] is None and setup.command == "vllm serve Qwen/Qwen2.5-Coder-1.5B-Instruct"
+    assert any("did not pay" in note for note in setup.notes)
+
+
+@pytest.mark.parametrize("tool, method, draft, message", [
+    ("tgi", "ngram", None, "unknown export target"),
+    ("sglang", "suffix", None, "no suffix drafting"),
+    ("transformers", "suffix", None, "no suffix drafting"),
+    ("vllm", "layer-skip", None, "no equivalent"),
+    ("vllm", "draft", None, "needs a draft model"),
+])
+def test_what_a_tool_cannot_do_is_a_clear_error(tool, method, draft, message):
+    with pytest.raises(InvalidParameterError, match=message):
+        export_setup(tool, method, 4, "qwen2.5-coder-1.5b-instruct", draft)
+
+
+def test_model_names_map_to_the_checkpoints_gpu_engines_load():
+    assert model_id("qwen2.5-coder-0.5b-instruct")[0] == "Qwen/Qwen2.5-Coder-0.5B-Instruct"
+    assert model_id("org/model") == ("org/model", [])
+    name, notes = model_id("/models/m.gguf")
+    assert name == "/models/m.gguf" and "GGUF" in notes[0]
