@@ -3,7 +3,7 @@
 Every question (the first turn, chat template, greedy, ``--max-tokens`` new tokens) is asked of
 each configuration in turn before the next question, so that a slow or fast minute of the
 machine falls on all of them alike (on these shared hosts plain decoding alone drifts by 20 %
-over an hour). Configurations:
+over an hour); the order rotates from one question to the next. Configurations:
 
 - ``none``: plain decoding, the reference of every speedup and of every output;
 - ``ngram`` and ``suffix``: those drafters alone (cost schedule, up to 8 tokens);
@@ -13,7 +13,9 @@ over an hour). Configurations:
 
 Each configuration has its own engine over the same loaded models, so its suffix cache learns
 only from its own earlier answers (all configurations' answers are equal to plain decoding's, so
-the caches hold the same tokens; none sees a question's answer before answering it). Results go
+the caches hold the same tokens; none sees a question's answer before answering it), and the
+shared draft models' caches are emptied before every run (no configuration finds the prompt
+already prefilled by the one before it). Results go
 to ``--out`` (JSON lines, one per question and configuration) as they come; a run that stops
 resumes where it stopped, its caches rebuilt from the recorded answers. Run alone:
 ``../shared/tools/alone .venv/bin/python scripts/specbench_suffix.py`` (about 2 hours on 2 cores).
@@ -60,6 +62,16 @@ def engines(pipe: SpeculativePipeline, names) -> dict[str, tuple[SpeculativeEngi
         method = {"auto-ngram": "auto", "auto-suffix": "auto"}.get(name, name)
         out[name] = (engine, cache, SpeculativeConfig(method=method, schedule="cost", num_speculative_tokens=8))
     return out
+
+
+def forget_drafts(engine: SpeculativeEngine) -> None:
+    """Empty every draft model's KV cache: the configurations share the draft models, and one
+    must not find the prompt already prefilled by the one before it (a head start of the draft's
+    catch-up prefill, the cost ``draft_context_window`` trades against)."""
+    for proposer in engine.proposers.values():
+        if hasattr(proposer, "_cached_token_ids") and hasattr(proposer, "runner"):
+            proposer.runner.truncate(0)
+            proposer._cached_token_ids = []
 
 
 def summarize(records: list[dict], names) -> list[dict]:
@@ -109,6 +121,7 @@ def main() -> None:
     done = [r for r in done if r["question"] in complete]  # a question cut short is asked again, whole
     if out.exists():
         out.write_text("".join(json.dumps(r) + "\n" for r in done))
+    done = [r for r in done if r["config"] in names]  # other configurations' records stay in the file
     pipe = SpeculativePipeline.load(runners=RunnerOptions(kind=args.runner))
     runs = engines(pipe, names)
     answered = collections.defaultdict(dict)
@@ -124,15 +137,17 @@ def main() -> None:
                     cache.add(previous["none"]["output_token_ids"])
                 continue
             ids = pipe.encode(q["turns"][0], chat=True)
-            plain_ids = None
-            for name in names:
+            shift = index % len(names)  # the order rotates: no configuration always runs first or last
+            results = {}
+            for name in names[shift:] + names[:shift]:
                 engine, cache, spec = runs[name]
+                forget_drafts(engine)  # every configuration starts each question with a cold draft
                 start = time.perf_counter()
-                result = engine.generate(ids, params, spec)
-                e2e = time.perf_counter() - start
+                results[name] = (engine.generate(ids, params, spec), time.perf_counter() - start)
+            plain_ids = results["none"][0].token_ids
+            for name in names:
+                result, e2e = results[name]
                 m = result.metrics
-                if name == "none":
-                    plain_ids = result.token_ids
                 record = {
                     "question": index, "category": q["category"], "config": name, "prompt_tokens": len(ids),
                     "tokens": len(result.token_ids), "e2e_s": e2e, "decode_s": (m.e2e_ms - m.ttft_ms) / 1e3,
@@ -142,8 +157,8 @@ def main() -> None:
                 if name == "none":
                     record["output_token_ids"] = result.token_ids
                 sink.write(json.dumps(record) + "\n")
-                sink.flush()
                 done.append(record)
+            sink.flush()
             print(f"{index + 1}/{len(questions)} {q['category']}", flush=True)
     rows = summarize(done, names)
     print("| category | config | questions | output tokens | decode tokens/s | decode speedup | e2e speedup | acceptance rate | identical to plain |")

@@ -110,7 +110,7 @@ def test_cost_per_million_tokens(per_month, tokens_per_s, expected):
 def test_equivalent_settings():
     draft = equivalent_settings("draft", 4, "/models/draft.gguf")
     assert draft["vllm"] == {"method": "draft_model", "model": "/models/draft.gguf", "num_speculative_tokens": 4}
-    assert draft["transformers"]["num_assistant_tokens"] == 4
+    assert draft["transformers"]["assistant_generation_config"]["num_assistant_tokens"] == 4
     ngram = equivalent_settings("ngram", 6, None, 2, 4)
     assert ngram["vllm"] == {"method": "ngram", "num_speculative_tokens": 6, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
     assert ngram["transformers"] == {"prompt_lookup_num_tokens": 6, "max_matching_ngram_size": 4}

@@ -6,6 +6,7 @@ import json
 from typing import Literal
 
 import pytest
+import torch
 from pydantic import BaseModel, ConfigDict, Field
 from transformers import GenerationConfig
 
@@ -79,16 +80,56 @@ def test_sglang_export_uses_its_server_arguments(method):
 
 
 @pytest.mark.parametrize("method", ["draft", "ngram"])
-def test_transformers_export_is_a_valid_generation_config(method):
+def test_transformers_export_reaches_what_generate_drafts_with(method, monkeypatch, target_model, partial_draft_model):
+    """Run transformers' own generate with the exported settings and read the draft length off
+    the candidate generator it builds (where assisted generation / prompt lookup take k from)."""
+    import copy
+
+    from transformers.generation import candidate_generator as cg
+
     setup = export_setup("transformers", method, 7, "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct")
-    config = GenerationConfig(**setup.config["generate_kwargs"])
-    config.validate(strict=True)
+    GenerationConfig(**setup.config["generate_kwargs"]).validate(strict=True)
+    seen = {}
+    for cls in (cg.AssistedCandidateGenerator, cg.PromptLookupCandidateGenerator):
+        def spy(self, *args, __init=cls.__init__, **kwargs):
+            __init(self, *args, **kwargs)
+            seen[type(self).__name__] = self
+        monkeypatch.setattr(cls, "__init__", spy)
+    target = copy.deepcopy(target_model)
+    ids = torch.tensor([[5, 6, 7, 5, 6, 7, 5, 6]])
     if method == "draft":
-        assert config.num_assistant_tokens == 7 and config.num_assistant_tokens_schedule == "constant"
+        assistant = copy.deepcopy(partial_draft_model)
+        for key, value in setup.config["assistant_generation_config"].items():
+            setattr(assistant.generation_config, key, value)
+        target.generate(ids, assistant_model=assistant, max_new_tokens=4, do_sample=False, **setup.config["generate_kwargs"])
+        made = seen["AssistedCandidateGenerator"]
+        assert made.num_assistant_tokens == 7 and made.assistant_confidence_threshold == 0.0
         assert setup.config["assistant_model"] == "Qwen/Qwen2.5-Coder-0.5B-Instruct"
+        assert "assistant.generation_config.num_assistant_tokens = 7" in setup.command
     else:
-        assert config.prompt_lookup_num_tokens == 7 and config.max_matching_ngram_size == 4
+        target.generate(ids, max_new_tokens=4, do_sample=False, **setup.config["generate_kwargs"])
+        made = seen["PromptLookupCandidateGenerator"]
+        assert made.num_output_tokens == 7 and made.max_matching_ngram_size == 4
         assert setup.config["assistant_model"] is None
+
+
+def test_transformers_ignores_a_draft_length_passed_to_generate(monkeypatch, target_model, partial_draft_model):
+    """Why the export sets the assistant's generation config: given to generate(), k is not used."""
+    import copy
+
+    from transformers.generation import candidate_generator as cg
+
+    seen = {}
+    init = cg.AssistedCandidateGenerator.__init__
+
+    def spy(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        seen["made"] = self
+    monkeypatch.setattr(cg.AssistedCandidateGenerator, "__init__", spy)
+    assistant = copy.deepcopy(partial_draft_model)
+    copy.deepcopy(target_model).generate(torch.tensor([[5, 6, 7]]), assistant_model=assistant, max_new_tokens=2,
+                                         do_sample=False, num_assistant_tokens=7)
+    assert seen["made"].num_assistant_tokens != 7
 
 
 def test_a_no_go_exports_plain_decoding():

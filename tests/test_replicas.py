@@ -71,8 +71,9 @@ def test_scaling_options_pass_through_to_ray_serve():
 @pytest.mark.parametrize("options, message", [
     (dict(num_replicas=0), "--replicas must be >= 1"),
     (dict(min_replicas=3, max_replicas=2), "min-replicas"),
-    (dict(max_replicas=0), "max-replicas"),
-    (dict(target_ongoing_requests=0), "target-ongoing-requests"),
+    (dict(max_replicas=0), "max replicas"),
+    (dict(target_ongoing_requests=4), "give --min-replicas / --max-replicas"),
+    (dict(max_replicas=2, target_ongoing_requests=0), "target-ongoing-requests must be > 0"),
     (dict(num_cpus=0), "replica-cpus"),
 ])
 def test_impossible_scaling_is_a_clear_error(options, message):
@@ -83,6 +84,42 @@ def test_impossible_scaling_is_a_clear_error(options, message):
 def test_a_suffix_cache_file_cannot_be_shared_by_replicas():
     with pytest.raises(InvalidParameterError, match="suffix-cache"):
         ReplicaSpec("t.gguf", config=ServerConfig(suffix_cache="cache.npz"))
+
+
+def test_an_engine_that_keeps_failing_or_hangs_reports_itself_unhealthy():
+    import asyncio
+
+    from server_support import tiny_pipeline
+    from verispec.request import SpeculativeConfig
+    from verispec.sampling import SamplingParams
+    from verispec.server.prom import ServerMetrics
+    from verispec.server.worker import MAX_CONSECUTIVE_ERRORS, EngineWorker, Job
+
+    pipe = tiny_pipeline()
+    worker = EngineWorker(pipe.engine, max_queue=8, metrics=ServerMetrics(), warmup_prompt_token_ids=pipe.encode("Hello"),
+                          warmup_spec=SpeculativeConfig(method="none"))
+    assert worker.health_problem() is None  # not started yet: nothing wrong
+    worker.start()
+    try:
+        assert worker.ready.wait(30) and worker.health_problem() is None
+        worker.scheduler.step = lambda: (_ for _ in ()).throw(RuntimeError("broken pass"))
+        loop = asyncio.new_event_loop()
+        for i in range(MAX_CONSECUTIVE_ERRORS):  # one request at a time: each pass fails
+            worker.submit(Job(pipe.encode("Hello"), SamplingParams(max_tokens=4), SpeculativeConfig(method="none"), loop))
+            deadline = time.monotonic() + 10
+            while worker.consecutive_errors <= i and time.monotonic() < deadline:
+                time.sleep(0.01)
+        assert "turns failed" in (worker.health_problem() or "")
+    finally:
+        worker.stop()
+    assert "turns failed" in (worker.health_problem() or "")  # still broken after it stopped
+    hung = EngineWorker(pipe.engine, max_queue=8, metrics=ServerMetrics(), warmup_prompt_token_ids=pipe.encode("Hello"),
+                        warmup_spec=SpeculativeConfig(method="none"))
+    hung.ready.set()  # as if warmed up, its thread then stuck in one pass while a request waits
+    hung.submit(Job(pipe.encode("Hello"), SamplingParams(max_tokens=4), SpeculativeConfig(method="none"), loop))
+    assert hung.health_problem(stall_s=500) is None
+    hung.last_turn_end -= 1000
+    assert "no engine turn ended in 500 s" in (hung.health_problem(stall_s=500) or "")
 
 
 def test_replicas_without_ray_say_how_to_install_it(monkeypatch):
@@ -197,7 +234,12 @@ def test_a_killed_replica_fails_its_requests_and_comes_back(cluster):
 
     thread = threading.Thread(target=load)
     thread.start()
-    time.sleep(1.0)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # kill once the requests are in the replicas (summed over both)
+        in_flight = samples(httpx.get(cluster + "/metrics", timeout=30).text).get(("verispec_requests_in_flight", ()), 0)
+        if in_flight >= 16:
+            break
+        time.sleep(0.05)
     ray.kill(ray.get_actor(names[0]["name"], namespace=names[0]["namespace"]), no_restart=True)
     thread.join(timeout=120)
     assert not thread.is_alive(), "requests hung after a replica died"

@@ -116,7 +116,11 @@ def equivalent_settings(method: str, num_speculative_tokens: int, draft_ref: str
         except InvalidParameterError:
             out[tool] = None
             continue
-        out[tool] = setup.config["generate_kwargs"] if tool == "transformers" else setup.config["speculative_config"]
+        if tool == "vllm":
+            out[tool] = setup.config["speculative_config"]
+        else:  # the assistant's settings, where transformers reads them, beside generate's kwargs
+            assistant = setup.config["assistant_generation_config"]
+            out[tool] = {**setup.config["generate_kwargs"], **({"assistant_generation_config": assistant} if assistant else {})}
     return out
 
 

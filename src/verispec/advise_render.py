@@ -63,7 +63,7 @@ def render(advice: Advice, console) -> None:
     overall = advice.verdicts[-1]
     s = advice.settings.get(overall.method or "", {})
     if s.get("transformers"):
-        console.print(f"transformers generate kwargs: {json.dumps(s['transformers'])}")
+        console.print(f"transformers settings: {json.dumps(s['transformers'])}")
     if s.get("vllm"):
         console.print(f"vLLM --speculative-config '{json.dumps(s['vllm'])}'")
     if overall.method and not s.get("vllm"):

@@ -232,7 +232,9 @@ def serve(
     min_replicas: Optional[int] = typer.Option(None, help="Autoscale replicas from this many (Ray Serve autoscaling)."),
     max_replicas: Optional[int] = typer.Option(None, help="Autoscale replicas up to this many."),
     target_ongoing_requests: Optional[float] = typer.Option(None, help="Requests in flight per replica the autoscaler aims at."),
-    replica_cpus: float = typer.Option(1.0, help="CPUs Ray reserves for each replica (its runners' threads)."),
+    replica_cpus: Optional[float] = typer.Option(
+        None, help="CPUs Ray reserves for each replica, its runners' threads (default: the cores / replicas; 1 on --ray-address)."
+    ),
 ) -> None:
     """Serve the models over an OpenAI-compatible HTTP API (completions, chat, streaming, /metrics)."""
     import logging

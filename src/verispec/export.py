@@ -33,7 +33,8 @@ class ExportedSetup:
         tool: ``"vllm"``, ``"sglang"`` or ``"transformers"``.
         config: the configuration as JSON-ready data (vLLM: ``{"model", "speculative_config"}``;
             SGLang: ``ServerArgs`` fields; transformers: ``{"model", "assistant_model",
-            "generate_kwargs"}``).
+            "assistant_generation_config", "generate_kwargs"}``: the assistant's settings go on
+            its own ``generation_config``, where assisted generation reads them).
         command: a command line (or Python line) that uses it.
         notes: what the user should know (model naming, differences from verispec).
     """
@@ -108,7 +109,8 @@ def _plain(tool: str, target_id: str, notes: list[str]) -> ExportedSetup:
         return ExportedSetup(tool, {"model": target_id, "speculative_config": None}, f"vllm serve {shlex.quote(target_id)}", notes)
     if tool == "sglang":
         return ExportedSetup(tool, {"model_path": target_id}, f"python -m sglang.launch_server --model-path {shlex.quote(target_id)}", notes)
-    return ExportedSetup(tool, {"model": target_id, "assistant_model": None, "generate_kwargs": {}}, "model.generate(**inputs)", notes)
+    return ExportedSetup(tool, {"model": target_id, "assistant_model": None, "assistant_generation_config": None,
+                                "generate_kwargs": {}}, "model.generate(**inputs)", notes)
 
 
 def _vllm(method, k, target_id, draft_id, min_ngram, max_ngram, spec_factor, notes) -> ExportedSetup:
@@ -133,17 +135,24 @@ def _sglang(method, k, target_id, draft_id, min_ngram, max_ngram, notes) -> Expo
         args.update(speculative_algorithm="NGRAM", speculative_num_draft_tokens=k + 1,
                     speculative_ngram_min_match_window_size=min_ngram, speculative_ngram_max_match_window_size=max_ngram,
                     speculative_ngram_max_bfs_breadth=1)
-        notes = notes + ["SGLang's NGRAM algorithm runs on CUDA only"]
+        notes = notes + ["SGLang's NGRAM algorithm runs on CUDA only and matches against a cache of earlier "
+                         "requests as well as this one; these flag names are SGLang 0.5's"]
     flags = " ".join(f"--{name.replace('_', '-')} {shlex.quote(str(value))}" for name, value in args.items())
     return ExportedSetup("sglang", args, f"python -m sglang.launch_server {flags}", notes)
 
 
 def _transformers(method, k, target_id, draft_id, max_ngram, notes) -> ExportedSetup:
     if method == "draft":
-        kwargs = {"num_assistant_tokens": k, "num_assistant_tokens_schedule": "constant"}
-        command = (f"model.generate(**inputs, assistant_model=AutoModelForCausalLM.from_pretrained({draft_id!r}), "
-                   + ", ".join(f"{key}={value!r}" for key, value in kwargs.items()) + ")")
-    else:
-        kwargs = {"prompt_lookup_num_tokens": k, "max_matching_ngram_size": max_ngram}
-        command = "model.generate(**inputs, " + ", ".join(f"{key}={value!r}" for key, value in kwargs.items()) + ")"
-    return ExportedSetup("transformers", {"model": target_id, "assistant_model": draft_id, "generate_kwargs": kwargs}, command, notes)
+        # transformers' assisted generation reads these from the assistant's own generation
+        # config, not from generate()'s kwargs (AssistedCandidateGenerator); threshold 0: always k
+        assistant = {"num_assistant_tokens": k, "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0}
+        command = (f"assistant = AutoModelForCausalLM.from_pretrained({draft_id!r}); "
+                   + "; ".join(f"assistant.generation_config.{key} = {value!r}" for key, value in assistant.items())
+                   + "; model.generate(**inputs, assistant_model=assistant)")
+        config = {"model": target_id, "assistant_model": draft_id, "assistant_generation_config": assistant, "generate_kwargs": {}}
+        return ExportedSetup("transformers", config, command, notes)
+    kwargs = {"prompt_lookup_num_tokens": k, "max_matching_ngram_size": max_ngram}
+    command = "model.generate(**inputs, " + ", ".join(f"{key}={value!r}" for key, value in kwargs.items()) + ")"
+    notes = notes + ["transformers' prompt lookup also tries 1-token matches (verispec's shortest is min_ngram)"]
+    config = {"model": target_id, "assistant_model": None, "assistant_generation_config": None, "generate_kwargs": kwargs}
+    return ExportedSetup("transformers", config, command, notes)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,9 +74,10 @@ class ScalingOptions:
     Attributes:
         num_replicas: replicas when not autoscaling, >= 1.
         min_replicas, max_replicas: autoscaling bounds (either one set turns autoscaling on;
-            the other defaults to ``num_replicas``); 0 <= min <= max, max >= 1.
-        target_ongoing_requests: requests in flight per replica the autoscaler aims at (> 0);
-            None: Ray Serve's default.
+            min defaults to ``num_replicas``, max to the larger of the two); 0 <= min <= max,
+            max >= 1.
+        target_ongoing_requests: requests in flight per replica the autoscaler aims at (> 0;
+            only with autoscaling); None: Ray Serve's default.
         num_cpus: CPUs Ray reserves for each replica (> 0); the replica's runners use that
             many threads (Ray sets ``OMP_NUM_THREADS`` from it).
         max_ongoing_requests: requests Ray sends one replica at a time (its batch plus its
@@ -96,7 +98,12 @@ class ScalingOptions:
             raise InvalidParameterError(f"--replicas must be >= 1, got {self.num_replicas}")
         low, high = self.bounds
         if self.autoscaling and not 0 <= low <= high or high < 1:
-            raise InvalidParameterError(f"need 0 <= --min-replicas <= --max-replicas and --max-replicas >= 1, got {low} and {high}")
+            raise InvalidParameterError(
+                f"autoscaling needs 0 <= min replicas <= max replicas and max >= 1, got {low} and {high} "
+                "(--min-replicas defaults to --replicas)"
+            )
+        if self.target_ongoing_requests is not None and not self.autoscaling:
+            raise InvalidParameterError("--target-ongoing-requests steers autoscaling: give --min-replicas / --max-replicas too")
         if self.target_ongoing_requests is not None and not self.target_ongoing_requests > 0:
             raise InvalidParameterError(f"--target-ongoing-requests must be > 0, got {self.target_ongoing_requests}")
         if not (self.num_cpus > 0 and math.isfinite(self.num_cpus)):
@@ -239,10 +246,12 @@ class ReplicaBase:
         return data.decode()
 
     def check_health(self) -> None:
-        """Ray Serve's periodic health check: raising makes Ray replace this replica."""
-        worker = self.app.state.verispec.worker
-        if not worker.alive:
-            raise RuntimeError("the replica's engine worker stopped")
+        """Ray Serve's periodic health check: raising makes Ray replace this replica (its engine
+        thread ended, its warm-up failed, its passes keep failing, or one hangs:
+        :meth:`EngineWorker.health_problem`)."""
+        problem = self.app.state.verispec.worker.health_problem()
+        if problem is not None:
+            raise RuntimeError(f"replica unhealthy: {problem}")
 
 
 def build_deployment(spec: ReplicaSpec, scaling: ScalingOptions):
@@ -253,13 +262,19 @@ def build_deployment(spec: ReplicaSpec, scaling: ScalingOptions):
     def build():  # runs in each replica's process, when Ray starts it
         context = serve.get_replica_context()
         replica_id = context.replica_id.unique_id
+        own: list = []
 
         async def merged_metrics() -> str:
             handle = serve.get_deployment_handle(DEPLOYMENT_NAME, app_name=context.app_name)
-            results = await handle.broadcast("metrics_text").results_async(timeout_s=10, return_exceptions=True)
-            return merge_expositions([r for r in results if isinstance(r, str)])  # a dying replica is left out
+            try:
+                results = await handle.broadcast("metrics_text").results_async(timeout_s=10, return_exceptions=True)
+            except Exception as exc:  # a replica too slow to answer, or the deployment unavailable
+                log.warning("/metrics: could not reach every replica (%s); serving this replica's alone", exc)
+                results = [own[0].state.verispec.metrics.exposition()[0].decode()]
+            return merge_expositions([r for r in results if isinstance(r, str)])  # a failing replica is left out
 
-        return replica_app(spec, replica_id, merged_metrics)
+        own.append(replica_app(spec, replica_id, merged_metrics))
+        return own[0]
 
     cls = serve.ingress(build)(ReplicaBase)
     return serve.deployment(cls, name=DEPLOYMENT_NAME, **scaling.deployment_options()).bind()
@@ -281,6 +296,14 @@ def run_replicas(spec: ReplicaSpec, scaling: ScalingOptions, *, host: str = "127
             ray.init(address=ray_address, logging_level=logging.WARNING)
         else:
             ray.init(include_dashboard=False, logging_level=logging.WARNING)
+    if not ray_address:  # a local cluster cannot grow: replicas that do not fit would wait forever
+        total = ray.cluster_resources().get("CPU", 0.0)
+        need = scaling.bounds[0] * scaling.num_cpus
+        if need > total + 1e-9:
+            raise ReplicasFailedError(
+                f"{scaling.bounds[0]} replicas x {scaling.num_cpus:g} CPUs need {need:g} CPUs but this machine's Ray "
+                f"cluster has {total:g}: lower --replicas or --replica-cpus"
+            )
     serve.start(http_options={"host": host, "port": port})
     try:
         handle = serve.run(build_deployment(spec, scaling), name=APP_NAME, route_prefix="/")
@@ -304,7 +327,8 @@ def run_replicas(spec: ReplicaSpec, scaling: ScalingOptions, *, host: str = "127
 def serve_replicas_command(err, *, target: str, draft: str | None, dtype: str, runner: str, host: str, port: int,
                            ray_address: str | None, suffix_cache, datastore, max_num_batched_tokens: int,
                            replicas: int | None, min_replicas: int | None, max_replicas: int | None,
-                           target_ongoing_requests: float | None, replica_cpus: float, server: dict, spec: dict) -> int:
+                           target_ongoing_requests: float | None, replica_cpus: float | None, server: dict,
+                           spec: dict) -> int:
     """``verispec serve --replicas``: checks what a user can get wrong (Ray missing, the options,
     the model references, which built-ins are fetched here once for every replica on this
     machine, a damaged datastore) before Ray starts, then serves. Returns the exit code: 0, or
@@ -317,8 +341,12 @@ def serve_replicas_command(err, *, target: str, draft: str | None, dtype: str, r
         if suffix_cache is not None:
             raise InvalidParameterError("--suffix-cache is one file per process: it cannot be used with --replicas")
         max_queue, max_num_seqs = server["max_queue"], server["max_num_seqs"]
+        num_replicas = 1 if replicas is None else replicas
+        if replica_cpus is None:  # this machine's cores shared by the first replicas; 1 on a cluster
+            first = num_replicas if min_replicas is None else max(1, min_replicas)
+            replica_cpus = 1.0 if ray_address else float(max(1, (os.cpu_count() or 1) // max(1, first)))
         scaling = ScalingOptions(
-            num_replicas=1 if replicas is None else replicas, min_replicas=min_replicas, max_replicas=max_replicas,
+            num_replicas=num_replicas, min_replicas=min_replicas, max_replicas=max_replicas,
             target_ongoing_requests=target_ongoing_requests, num_cpus=replica_cpus,
             max_ongoing_requests=max_queue + (max_num_seqs or 8),
         )

@@ -32,6 +32,7 @@ from verispec.server.prom import ServerMetrics
 
 log = logging.getLogger("verispec.server")
 WARMUP_TOKENS = 4
+MAX_CONSECUTIVE_ERRORS = 3  # failed turns in a row after which the engine reports itself broken
 
 
 class QueueFullError(Exception):
@@ -117,15 +118,30 @@ class EngineWorker:
         self._stopping = threading.Event()
         self._warmup = (list(warmup_prompt_token_ids), warmup_spec)
         self._thread = threading.Thread(target=self._run, name="verispec-engine", daemon=True)
+        self.warmup_failed = False
+        self.consecutive_errors = 0  # passes (or loop turns) in a row that raised, with no good pass between
+        self._pass_outcome: str | None = None  # of the current turn: "ok", "failed" or None (no pass)
+        self.last_turn_end = time.monotonic()
 
     @property
     def max_num_seqs(self) -> int:
         return self.scheduler.max_num_seqs
 
-    @property
-    def alive(self) -> bool:
-        """False once the engine thread has ended (stopped, or died): nothing it queues runs."""
-        return self._thread.ident is None or self._thread.is_alive()
+    def health_problem(self, stall_s: float = 120.0) -> str | None:
+        """Why this engine cannot serve (for a supervisor that replaces it, e.g. Ray Serve's
+        health check), or None: its thread ended, its warm-up failed, its last
+        ``MAX_CONSECUTIVE_ERRORS`` passes failed with no good one between, or no turn ended for ``stall_s`` seconds
+        while requests run or wait (a hung pass)."""
+        if self._thread.ident is not None and not self._thread.is_alive() and not self._stopping.is_set():
+            return "the engine thread ended"
+        if self.warmup_failed:
+            return "the engine's warm-up failed"
+        if self.consecutive_errors >= MAX_CONSECUTIVE_ERRORS:
+            return f"the engine's last {self.consecutive_errors} turns failed"
+        busy = self._jobs.qsize() > 0 or self.scheduler.running or self.scheduler.waiting
+        if self.ready.is_set() and busy and time.monotonic() - self.last_turn_end > stall_s:
+            return f"no engine turn ended in {stall_s:.0f} s while requests wait"
+        return None
 
     def start(self) -> None:
         """Start the engine thread (call it on the thread that loaded the models: that thread's
@@ -156,13 +172,21 @@ class EngineWorker:
         self._warm_up()
         while not self._stopping.is_set():
             try:
+                self._pass_outcome = None
                 self._turn()
+                if self._pass_outcome == "failed":
+                    self.consecutive_errors += 1
+                elif self._pass_outcome == "ok":  # idle turns change nothing: only a good pass resets
+                    self.consecutive_errors = 0
             except Exception:  # never let the engine thread die: fail what runs, go on
+                self.consecutive_errors += 1
                 error_id = uuid.uuid4().hex[:12]
                 log.exception("engine loop error (error id %s)", error_id)
                 for request in self.scheduler.fail_running():
                     self.metrics.observe_ended("error")
                     _emit(request.tag, JobFailed("the server failed to generate", client_error=False, error_id=error_id))
+            finally:
+                self.last_turn_end = time.monotonic()
         for request in list(self.scheduler.running) + list(self.scheduler.waiting):
             self.scheduler.cancel(request)
 
@@ -236,12 +260,14 @@ class EngineWorker:
         try:
             events = scheduler.step()
         except Exception:
+            self._pass_outcome = "failed"
             error_id = uuid.uuid4().hex[:12]
             log.exception("generation failed (error id %s)", error_id)
             for request in scheduler.fail_running():
                 self.metrics.observe_ended("error")
                 _emit(request.tag, JobFailed("the server failed to generate", client_error=False, error_id=error_id))
             return
+        self._pass_outcome = "ok"
         self._report_failed_starts()  # admitted by step() itself
         self.metrics.observe_pass(self.engine.last_pass_num_seqs, self.engine.last_pass_rows)
         for request, chunk in events:
@@ -269,6 +295,7 @@ class EngineWorker:
         try:
             self.engine.generate(prompt, SamplingParams(max_tokens=WARMUP_TOKENS), spec)
         except Exception:  # a broken engine must still answer /health and requests with errors
+            self.warmup_failed = True
             log.exception("warm-up failed; requests will report the error")
         finally:
             self.engine.target.truncate(0)
