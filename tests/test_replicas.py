@@ -109,10 +109,10 @@ def test_an_engine_that_keeps_failing_or_hangs_reports_itself_unhealthy():
             deadline = time.monotonic() + 10
             while worker.consecutive_errors <= i and time.monotonic() < deadline:
                 time.sleep(0.01)
-        assert "turns failed" in (worker.health_problem() or "")
+        assert "passes failed" in (worker.health_problem() or "")
     finally:
         worker.stop()
-    assert "turns failed" in (worker.health_problem() or "")  # still broken after it stopped
+    assert "passes failed" in (worker.health_problem() or "")  # still broken after it stopped
     hung = EngineWorker(pipe.engine, max_queue=8, metrics=ServerMetrics(), warmup_prompt_token_ids=pipe.encode("Hello"),
                         warmup_spec=SpeculativeConfig(method="none"))
     hung.ready.set()  # as if warmed up, its thread then stuck in one pass while a request waits

@@ -58,8 +58,8 @@ class DrafterOptions:
             interleaved per question in one run): rag 1.031 / 1.031 / 0.791 and extraction 1.194 /
             1.169 / 0.956 with windows 32 / 64 / 256, the other 8 categories within noise of each
             other (sum of the 10 speedups 11.551 / 11.653 / 10.937). Earlier, on 20 JSON prompts,
-            the whole prompt gave 32.71 decode tokens/s against 49.17 with 256. The long RAG and
-            summarization prompts' draft prefill cost more than the draft saved. Output never changes (the target verifies).
+            the whole prompt gave 32.71 decode tokens/s against 49.17 with 256. Output never
+            changes (the target verifies).
     Raises:
         InvalidParameterError: an unknown quantization, a negative layer count, bad tree choices
             or a window below 1.
