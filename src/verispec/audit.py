@@ -213,7 +213,7 @@ class QualityAuditor:
         A failure (e.g. the context no longer fits) is counted in ``failed`` and re-raised.
         """
         try:
-            plain = plain or engine.generate(prompt_token_ids, params, PLAIN)
+            plain = plain or engine.generate(prompt_token_ids, params, PLAIN, learn=False)  # not a user's request
             if params.is_greedy:
                 diff = first_difference(output.token_ids, plain.token_ids)
                 result = AuditResult(greedy=True, agreed=diff is None, first_difference=diff)

@@ -30,7 +30,7 @@ from verispec.policy import DraftStep, drafter_order, make_policy
 from verispec.proposers import DraftRequest, Proposer, can_hold_sequences, for_new_sequence
 from verispec.proposers.draft_model import propose_batch
 from verispec.proposers.ngram import NgramProposer, NgramTreeProposer
-from verispec.proposers.suffix import SuffixProposer, SuffixTreeProposer
+from verispec.proposers.suffix import SuffixCache, SuffixProposer, SuffixTreeProposer
 from verispec.request import (  # re-exported: the engine's public types
     MAX_SPECULATIVE_TOKENS,
     METHODS,
@@ -110,6 +110,29 @@ class SpeculativeEngine:
         self.last_pass_num_seqs = 0  # sequences in the last pass
         self._grammar_compiler: GrammarCompiler | None = None
 
+    def with_own_suffix_cache(self) -> SpeculativeEngine:
+        """Another engine over the same target, drafters, controller and measured costs, whose
+        suffix drafter has its own empty cache (same settings and datastore).
+
+        Benchmarks give each method one: a method run after another on the same prompt must not
+        be drafted from the other's answer (a cache shared across methods would be).
+        """
+        suffix = self.proposers.get("suffix")
+        fresh = suffix
+        if isinstance(suffix, SuffixProposer):
+            old = suffix.cache
+            cache = SuffixCache(old.max_tokens, old.min_ngram, old.max_ngram, old.max_occurrences)
+            fresh = SuffixProposer(cache, suffix.min_ngram, suffix.max_ngram, suffix.spec_factor, suffix.add_prompts,
+                                   suffix.datastore)
+        proposers = {  # every name the suffix drafter is loaded under; its tree is rebuilt over the new one
+            name: fresh if p is suffix else p for name, p in self.proposers.items()
+            if not (name == "suffix-tree" and isinstance(p, SuffixTreeProposer))
+        }
+        engine = SpeculativeEngine(self.target, self.tokenizer, eos_token_ids=self.eos_token_ids, proposers=proposers,
+                                   controller=self.controller, max_num_batched_tokens=self.max_num_batched_tokens)
+        engine.cost_model = self.cost_model  # the machine's measured costs, as this engine's requests see them
+        return engine
+
     @property
     def supports_batching(self) -> bool:
         """The target runner and every drafter can hold more sequences (:meth:`new_slot`)."""
@@ -143,9 +166,11 @@ class SpeculativeEngine:
         prompt_token_ids: Sequence[int],
         params: SamplingParams | None = None,
         spec: SpeculativeConfig | None = None,
+        *,
+        learn: bool = True,
     ) -> GenerationOutput:
         """Run a request to completion; see :meth:`stream` for arguments and errors."""
-        for chunk in self.stream(prompt_token_ids, params, spec):
+        for chunk in self.stream(prompt_token_ids, params, spec, learn=learn):
             if chunk.output is not None:
                 return chunk.output
         raise AssertionError("stream ended without an output")  # pragma: no cover
@@ -155,17 +180,21 @@ class SpeculativeEngine:
         prompt_token_ids: Sequence[int],
         params: SamplingParams | None = None,
         spec: SpeculativeConfig | None = None,
+        *,
+        learn: bool = True,
     ) -> Iterator[StreamChunk]:
         """Generate, yielding a chunk per target pass; the last chunk carries the output.
 
         A batch of one through :meth:`step`. Greedy output is token-identical to plain greedy
         decoding; sampled output has the target's distribution (see :mod:`verispec.verify`).
+        ``learn``: the suffix drafter's cache keeps the answer (False for warm-ups, audits and
+        other runs that are not users' requests).
 
         Raises:
             InvalidParameterError: empty prompt, or a method whose drafter is not loaded.
             ContextLengthError: the prompt leaves no room in the target's context window.
         """
-        state = self.start(prompt_token_ids, params, spec)
+        state = self.start(prompt_token_ids, params, spec, learn=learn)
         while True:
             chunk = self.step([state])[0]
             if chunk is not None:
@@ -179,8 +208,11 @@ class SpeculativeEngine:
         params: SamplingParams | None = None,
         spec: SpeculativeConfig | None = None,
         slot: Slot | None = None,
+        *,
+        learn: bool = True,
     ) -> RequestState:
-        """A new request on ``slot`` (default: the engine's own), to be advanced by :meth:`step`.
+        """A new request on ``slot`` (default: the engine's own), to be advanced by :meth:`step`;
+        ``learn``: as for :meth:`stream`.
 
         Raises:
             InvalidParameterError: empty prompt, or a method whose drafter is not loaded.
@@ -204,7 +236,7 @@ class SpeculativeEngine:
             max_tokens=params.max_tokens,
             ignore_eos=params.ignore_eos,
         )
-        return RequestState(prompt, params, spec, slot, policy, generator, out, self._constraints(params))
+        return RequestState(prompt, params, spec, slot, policy, generator, out, self._constraints(params), learn=learn)
 
     def _constraints(self, params: SamplingParams) -> TokenConstraints:
         """The request's masks; its grammar compiled against the target's tokenizer (built once).
@@ -390,7 +422,7 @@ class SpeculativeEngine:
             out.finish("length")
         state.times.end = time.perf_counter()
         # drafters that learn across requests (suffix), each once even if loaded under two names
-        for proposer in {id(p): p for p in state.slot.proposers.values()}.values():
+        for proposer in {id(p): p for p in state.slot.proposers.values()}.values() if state.learn else ():
             end_request = getattr(proposer, "end_request", None)
             if end_request is not None:
                 end_request(state.prompt, out.token_ids)

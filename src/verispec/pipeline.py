@@ -237,10 +237,11 @@ class SpeculativePipeline:
         return list(self.tokenizer.encode(prompt, add_special_tokens=True))
 
     def generate(
-        self, prompt: str, params: SamplingParams | None = None, spec: SpeculativeConfig | None = None, *, chat: bool = False
+        self, prompt: str, params: SamplingParams | None = None, spec: SpeculativeConfig | None = None, *,
+        chat: bool = False, learn: bool = True,
     ) -> GenerationOutput:
-        """Encode ``prompt`` and generate; see :meth:`SpeculativeEngine.stream`."""
-        return self.engine.generate(self.encode(prompt, chat=chat), params, spec)
+        """Encode ``prompt`` and generate; see :meth:`SpeculativeEngine.stream` (``learn`` too)."""
+        return self.engine.generate(self.encode(prompt, chat=chat), params, spec, learn=learn)
 
     def stream(
         self, prompt: str, params: SamplingParams | None = None, spec: SpeculativeConfig | None = None, *, chat: bool = False

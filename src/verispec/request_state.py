@@ -48,6 +48,8 @@ class RequestState:
     chunks when other requests share the passes). ``pending``: the last committed token, not yet in
     the cache. ``constraints``: the request's token masks (min_tokens, grammar). ``logprobs``:
     per output token, ``prompt_logprobs`` per prompt token after the first, when asked for.
+    ``learn``: drafters that learn across requests (the suffix cache) keep its answer once it
+    finishes; False for warm-ups and audit re-decodes, which are not users' requests.
     """
 
     prompt: list[int]
@@ -66,6 +68,7 @@ class RequestState:
     output: GenerationOutput | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
+    learn: bool = True
 
     @property
     def finished(self) -> bool:

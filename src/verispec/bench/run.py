@@ -212,7 +212,10 @@ def build_runners(pipes: Mapping[str, SpeculativePipeline], config: BenchConfig)
         missing = [m for m in config.methods if m not in ("none", "auto") and m not in loaded]
         if missing:
             raise InvalidParameterError(f"method {', '.join(missing)} needs a drafter the {kind} runner did not load (loaded: {', '.join(sorted(loaded))})")
-        runners += [VerispecRunner(pipe.engine, m, config.num_speculative_tokens, kind) for m in config.methods]
+        # each method its own suffix cache: it learns from its own earlier answers, never from
+        # another method's answer to the same prompt (the methods take turns on every prompt)
+        runners += [VerispecRunner(pipe.engine.with_own_suffix_cache(), m, config.num_speculative_tokens, kind)
+                    for m in config.methods]
     infos = [RunnerInfo(r.name, r.family, r.method, settings=r.settings) for r in runners]
     first = next(iter(pipes.values()))
     if "transformers" in config.peers:
@@ -283,7 +286,10 @@ def run_bench(
     if config.warmup and prompts:
         warm = SamplingParams(max_tokens=min(WARMUP_TOKENS, config.max_tokens))
         for runner in runners:
-            runner.generate(prompts[0], warm)
+            if isinstance(runner, VerispecRunner):  # its suffix cache keeps nothing of a warm-up
+                runner.engine.generate(prompts[0], warm, runner.spec, learn=False)
+            else:
+                runner.generate(prompts[0], warm)
     records: list[RunRecord] = []
     for index, (item, prompt) in enumerate(zip(items, prompts)):
         params = config.params(index)

@@ -294,7 +294,7 @@ class EngineWorker:
         prompt, spec = self._warmup
         start = time.perf_counter()
         try:
-            self.engine.generate(prompt, SamplingParams(max_tokens=WARMUP_TOKENS), spec)
+            self.engine.generate(prompt, SamplingParams(max_tokens=WARMUP_TOKENS), spec, learn=False)
         except Exception:  # a broken engine must still answer /health and requests with errors
             self.warmup_failed = True
             log.exception("warm-up failed; requests will report the error")
