@@ -8,8 +8,8 @@ over an hour); the order rotates from one question to the next. Configurations:
 - ``none``: plain decoding, the reference of every speedup and of every output;
 - ``ngram`` and ``suffix``: those drafters alone (cost schedule, up to 8 tokens);
 - ``auto-ngram``: ``auto`` with n-gram lookup as its lookup drafter (the library's ``auto``
-  until suffix drafting replaces it);
-- ``auto-suffix``: ``auto`` with the suffix drafter in n-gram lookup's place.
+  before suffix drafting replaced it);
+- ``auto-suffix``: ``auto`` as the library has it, the suffix drafter its lookup drafter.
 
 Each configuration has its own engine over the same loaded models, so its suffix cache learns
 only from its own earlier answers (all configurations' answers are equal to plain decoding's, so
@@ -55,8 +55,8 @@ def engines(pipe: SpeculativePipeline, names) -> dict[str, tuple[SpeculativeEngi
         cache = SuffixCache()
         suffix = SuffixProposer(cache)
         proposers = {**models, "suffix": suffix}
-        if name == "auto-suffix":  # auto's lookup drafter is whatever is loaded as "ngram"
-            proposers["ngram"] = suffix
+        if name == "auto-ngram":  # auto's lookup drafter is whatever is loaded as "suffix"
+            proposers["suffix"] = models["ngram"]
         engine = SpeculativeEngine(base.target, base.tokenizer, eos_token_ids=base.eos_token_ids,
                                    proposers=proposers, controller=base.controller)
         method = {"auto-ngram": "auto", "auto-suffix": "auto"}.get(name, name)

@@ -29,6 +29,8 @@ GREEDY_32 = SamplingParams(max_tokens=32)
         ("auto", ["ngram", "draft", "layer-skip"], ["ngram", "draft"]),  # the draft model backs up n-gram
         ("auto", ["ngram", "layer-skip"], ["ngram", "layer-skip"]),  # ... else layer skip
         ("auto", ["ngram"], ["ngram"]),  # n-gram alone
+        ("auto", ["ngram", "suffix", "draft"], ["suffix", "draft"]),  # suffix lookup (it subsumes n-gram's) first
+        ("auto", ["suffix", "layer-skip"], ["suffix", "layer-skip"]),
         ("layer-skip", ["ngram", "layer-skip"], ["layer-skip"]),
     ],
 )
@@ -55,7 +57,7 @@ def test_auto_greedy_equals_plain(k, target_model, partial_draft_model, plain_ou
         assert out.token_ids == plain_outputs[name], name
         used = out.metrics.spec.per_drafter
         if name == "serving":
-            assert used["ngram"].num_drafts > 0  # lookups matched in the repeated text
+            assert used["suffix"].num_drafts > 0  # lookups matched in the repeated text
         assert sum(s.num_drafts for s in used.values()) == out.metrics.spec.num_drafts
 
 
@@ -97,11 +99,11 @@ def test_auto_records_which_drafter_produced_each_token():
     assert out.token_ids == [5, 6, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3]
     sources = out.token_sources
     assert len(sources) == len(out.token_ids) and sources[0] == "target"
-    # no 2-gram repeats at first: the draft model drafts; once "1 2 3 1" is there, n-gram takes over
+    # no 2-gram repeats at first: the draft model drafts; once "1 2 3 1" is there, suffix lookup takes over
     assert sources[1:4] == ["draft"] * 3 and sources[4] == "target"
-    assert "ngram" in sources[5:]
+    assert "suffix" in sources[5:]
     per_drafter = out.metrics.spec.per_drafter
-    for name in ("draft", "ngram"):
+    for name in ("draft", "suffix"):
         assert sources.count(name) == per_drafter[name].num_accepted_tokens
         assert per_drafter[name].acceptance_rate == 1.0
 

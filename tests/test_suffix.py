@@ -114,9 +114,22 @@ def test_greedy_suffix_equals_plain_and_warms_across_requests(tree, k):
     assert second.metrics.spec.num_accepted_tokens > 0
 
 
+def test_auto_drafts_from_earlier_requests():
+    """``auto``'s lookup drafter is the engine's suffix drafter: a returning user is drafted from the first answer."""
+    params = SamplingParams(max_tokens=30)
+    plain = cycle_engine().generate([6, 7], params, SpeculativeConfig(method="none")).token_ids
+    engine = cycle_engine()  # the same models, an empty cache
+    spec = SpeculativeConfig(method="auto", num_speculative_tokens=8)
+    first = engine.generate([6, 7], params, spec)
+    second = engine.generate([6, 7], params, spec)
+    assert first.token_ids == plain and second.token_ids == plain
+    assert set(second.metrics.spec.per_drafter) == {"suffix"}
+    assert second.metrics.spec.per_drafter["suffix"].num_accepted_tokens > first.metrics.spec.per_drafter["suffix"].num_accepted_tokens
+
+
 def test_a_drafter_loaded_under_two_names_learns_each_answer_once():
     suffix = SuffixProposer()
-    engine = cycle_engine({"suffix": suffix, "ngram": suffix})  # auto's lookup drafter is the suffix drafter
+    engine = cycle_engine({"suffix": suffix, "ngram": suffix})  # auto drafts with it, method ngram too
     out = engine.generate([6, 7], SamplingParams(max_tokens=12), SpeculativeConfig(method="auto", num_speculative_tokens=4))
     assert suffix.cache.num_sequences == 1 and suffix.cache.num_tokens == len(out.token_ids)
 
@@ -287,3 +300,50 @@ def test_server_refuses_an_unwritable_suffix_cache_path(tmp_path):
         create_app(tiny_pipeline(), suffix_cache=str(tmp_path / "missing-dir" / "c.npz"))
     with pytest.raises(InvalidParameterError, match="cannot be written"):
         create_app(tiny_pipeline(), suffix_cache=str(tmp_path))
+
+
+def test_warm_ups_and_audit_re_decodes_teach_the_cache_nothing():
+    from verispec.audit import QualityAuditor
+
+    engine = cycle_engine()
+    cache = engine.proposers["suffix"].cache
+    params = SamplingParams(max_tokens=12)
+    engine.generate([6, 7], params, SpeculativeConfig(method="auto"), learn=False)  # a warm-up
+    assert cache.num_sequences == 0
+    out = engine.generate([6, 7], params, SpeculativeConfig(method="auto"))
+    QualityAuditor(1.0).audit(engine, [6, 7], params, out)  # re-decodes it plainly
+    assert cache.num_sequences == 1 and cache.num_tokens == len(out.token_ids)
+
+
+def test_an_engine_with_its_own_suffix_cache_shares_everything_else():
+    engine = cycle_engine()
+    own = engine.with_own_suffix_cache()
+    assert own.proposers["suffix"].cache is not engine.proposers["suffix"].cache
+    assert own.proposers["suffix-tree"].suffix is own.proposers["suffix"]
+    assert own.target is engine.target and own.cost_model is engine.cost_model
+    params = SamplingParams(max_tokens=20)
+    out = own.generate([6, 7], params, SpeculativeConfig(method="suffix"))
+    assert out.token_ids == engine.generate([6, 7], params, SpeculativeConfig(method="none")).token_ids
+    assert own.proposers["suffix"].cache.num_sequences == 1
+    assert engine.proposers["suffix"].cache.num_sequences == 1  # the plain request, on its own engine's cache
+
+
+def test_bench_methods_learn_only_their_own_answers():
+    """In a benchmark the methods take turns on every prompt: the suffix drafter must not be drafted
+    from another method's answer to the same prompt (nor from the warm-up), only from its own
+    earlier answers (the second, repeated prompt)."""
+    from server_support import tiny_pipeline
+    from verispec.bench.run import BenchConfig, run_bench
+    from verispec.bench.workload import WorkloadItem
+
+    items = [WorkloadItem(name, "code", "def fib(n):", False) for name in ("first", "again")]
+    config = BenchConfig(methods=("suffix",), peers=(), max_tokens=24, num_speculative_tokens=5)
+    records, _, _ = run_bench(tiny_pipeline(), items, config)  # prompt 0: none, then suffix
+    by = {(r.prompt_id, r.method): r for r in records}
+    pipe = tiny_pipeline()
+    alone = pipe.engine.generate(pipe.encode("def fib(n):"), SamplingParams(max_tokens=24),
+                                 SpeculativeConfig(method="suffix", num_speculative_tokens=5))
+    assert by[("first", "suffix")].token_ids == by[("first", "none")].token_ids == alone.token_ids
+    counts = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+    assert [by[("first", "suffix")].spec[c] for c in counts] == [getattr(alone.metrics.spec, c) for c in counts]  # an empty cache
+    assert by[("again", "suffix")].num_target_forwards < by[("first", "suffix")].num_target_forwards

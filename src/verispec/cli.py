@@ -45,7 +45,7 @@ def generate(
     draft: str = typer.Option(DEFAULT_DRAFT, help="Draft model reference (same forms as --target), or 'none'."),
     method: str = typer.Option(
         "auto",
-        help="auto (n-gram lookup when it matches, else the draft model, else layer skip; per step), "
+        help="auto (suffix lookup in this request and earlier ones when it matches, else the draft model, else layer skip; per step), "
         "draft, ngram, suffix (continuations seen in earlier requests and this one), layer-skip, "
         "tree (token trees: n-gram branches, else the draft's tree), or none (plain decoding).",
     ),
@@ -54,8 +54,8 @@ def generate(
     ),
     schedule: str = typer.Option("cost", help="Draft length: cost (cost-model controller), heuristic or constant."),
     draft_stop_threshold: float = typer.Option(0.0, help="Stop drafting below this draft confidence (0 = off)."),
-    min_ngram: int = typer.Option(2, help="Shortest context suffix n-gram lookup matches."),
-    max_ngram: int = typer.Option(4, help="Longest context suffix n-gram lookup matches."),
+    min_ngram: int = typer.Option(2, help="Shortest context suffix n-gram lookup matches (methods ngram, tree)."),
+    max_ngram: int = typer.Option(4, help="Longest context suffix n-gram lookup matches (methods ngram, tree)."),
     tree_choices: Optional[str] = typer.Option(
         None,
         help="Static draft tree shape for --method tree, as JSON paths of child ranks, e.g. "
@@ -142,7 +142,7 @@ def generate(
                 highlight=False,
             )
         if compare_plain:  # both timed runs start warm: neither pays the first pass's one-off costs
-            pipe.generate(prompt, SamplingParams(max_tokens=min(4, params.max_tokens)), spec, chat=chat)
+            pipe.generate(prompt, SamplingParams(max_tokens=min(4, params.max_tokens)), spec, chat=chat, learn=False)
         output = None
         for chunk in pipe.stream(prompt, params, spec, chat=chat):
             if not as_json:

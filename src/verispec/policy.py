@@ -1,10 +1,11 @@
 """Per-step drafting policy of one request: which drafter drafts, and how many tokens.
 
-Owns the drafter order of each method (``auto``: n-gram lookup when it matches, else the draft
-model -- as a chain, or as a token tree where the target can verify trees and trees realise more
-tokens per unit time -- or layer skip), one acceptance estimate and draft-length schedule per
-drafter, the timing of proposals, and the controller's predictions. The engine's one loop asks
-it for a draft and reports back the outcome. Knows nothing about verification, caches or text.
+Owns the drafter order of each method (``auto``: suffix lookup -- in this request and in earlier
+ones -- when it matches, else the draft model -- as a chain, or as a token tree where the target
+can verify trees and trees realise more tokens per unit time -- or layer skip), one acceptance
+estimate and draft-length schedule per drafter, the timing of proposals, and the controller's
+predictions. The engine's one loop asks it for a draft and reports back the outcome. Knows
+nothing about verification, caches or text.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from verispec.control_tree import TreeBudgetSchedule
 from verispec.errors import InvalidParameterError
 from verispec.proposers import DraftOutput, DraftRequest, Proposer
 
-FALLBACK_DRAFTERS = ("draft", "layer-skip")  # auto: the first loaded one backs up n-gram lookup
+LOOKUP_DRAFTERS = ("suffix", "ngram")  # auto: the first loaded one drafts whenever its lookup matches
+FALLBACK_DRAFTERS = ("draft", "layer-skip")  # auto: the first loaded one backs up the lookup
 ALTERNATIVE_DRAFTERS = ("draft", "tree")  # auto with a tree-capable target: per step, the better of the two
 TREE_DRAFTERS = ("ngram-tree", "tree")  # tree: n-gram branches when the lookup matches, else the draft tree
 
@@ -44,7 +46,8 @@ def drafter_order(method: str, loaded: Sequence[str], trees: bool = False) -> li
         fallback = [name for name in FALLBACK_DRAFTERS if name in loaded][:1]
         if trees and fallback == ["draft"] and "tree" in loaded:
             fallback = list(ALTERNATIVE_DRAFTERS)
-        return (["ngram"] if "ngram" in loaded else []) + fallback
+        lookup = [name for name in LOOKUP_DRAFTERS if name in loaded][:1]
+        return lookup + fallback
     if method == "suffix" and "suffix" in loaded:  # its frequency-scored tree where the target verifies trees
         return ["suffix-tree"] if trees and "suffix-tree" in loaded else ["suffix"]
     if method == "tree" and any(name in loaded for name in TREE_DRAFTERS):

@@ -21,8 +21,9 @@ class SpeculativeConfig:
     Attributes:
         method: ``"none"`` (plain decoding), the name of a loaded drafter (``"draft"``,
             ``"ngram"``, ``"suffix"``: suffix drafting over earlier requests and this one,
-            ``"layer-skip"``) or ``"auto"`` (n-gram lookup when it matches, else
-            the draft model, else layer skip; decided per step) or ``"tree"`` (token trees:
+            ``"layer-skip"``) or ``"auto"`` (suffix lookup when it matches -- n-gram lookup
+            where no suffix drafter is loaded --, else the draft model, else layer skip;
+            decided per step) or ``"tree"`` (token trees:
             n-gram branches when the lookup matches, else the draft model's tree; per step).
         num_speculative_tokens: tokens drafted per target pass, 1..64 (ignored for ``none``):
             the draft length of the ``constant`` schedule, the upper bound of the others; for
