@@ -288,10 +288,8 @@ def serve(
 
     pipe.engine.max_num_batched_tokens = max_num_batched_tokens
     if datastore is not None:
-        from verispec.proposers.datastore import Datastore
-
         try:
-            pipe.engine.proposers["suffix"].datastore = Datastore(datastore)
+            pipe.use_datastore(datastore)
         except VerispecError as exc:
             err.print(f"[red]error:[/red] {exc}", highlight=False)
             raise typer.Exit(2) from None

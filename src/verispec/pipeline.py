@@ -249,6 +249,17 @@ class SpeculativePipeline:
         """Encode ``prompt`` and stream chunks; the last one carries the output."""
         return self.engine.stream(self.encode(prompt, chat=chat), params, spec)
 
+    def use_datastore(self, path) -> None:
+        """Let the engine's suffix drafter also read the corpus datastore at ``path``
+        (``verispec datastore build``).
+
+        Raises:
+            VerispecError: a missing or damaged datastore (see :class:`verispec.proposers.datastore.Datastore`).
+        """
+        from verispec.proposers.datastore import Datastore
+
+        self.engine.proposers["suffix"].datastore = Datastore(path)
+
     def model_summaries(self) -> list[ModelSummary]:
         summaries = [ModelSummary.of("target", self.target)]
         if self.draft is not None:

@@ -23,6 +23,7 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from verispec.audit import QualityAuditor
@@ -175,9 +176,9 @@ def create_app(pipeline, config: ServerConfig | None = None, *, metrics_expositi
     @app.get("/metrics", response_class=Response)
     async def metrics() -> Response:
         """Prometheus text exposition."""
-        data, content_type = state.metrics.exposition()
         if metrics_exposition is not None:
-            data = (await metrics_exposition()).encode()
+            return Response((await metrics_exposition()).encode(), media_type=CONTENT_TYPE_LATEST)
+        data, content_type = state.metrics.exposition()
         return Response(data, media_type=content_type)
 
     @app.get("/v1/models", response_model=ModelList, responses=ERROR_RESPONSES, dependencies=[Depends(authorized)])

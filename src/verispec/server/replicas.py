@@ -26,6 +26,7 @@ log = logging.getLogger("verispec.server")
 
 RAY_MISSING = "serving replicas needs Ray Serve: pip install 'verispec[ray]' (the 'ray[serve]' package)"
 REPLICA_HEADER = "x-verispec-replica"
+SUFFIX_CACHE_REFUSED = "--suffix-cache is one file per process: it cannot be used with --replicas"
 APP_NAME = "verispec"
 DEPLOYMENT_NAME = "VerispecReplica"
 
@@ -63,7 +64,7 @@ class ReplicaSpec:
 
     def __post_init__(self) -> None:
         if self.config.suffix_cache is not None:
-            raise InvalidParameterError("--suffix-cache is one file per process: it cannot be used with --replicas")
+            raise InvalidParameterError(SUFFIX_CACHE_REFUSED)
 
 
 @dataclass(frozen=True)
@@ -229,9 +230,7 @@ def replica_app(spec: ReplicaSpec, replica_id: str, merged_metrics=None):
     pipe = SpeculativePipeline.load(spec.target, spec.draft, dtype=spec.dtype, runners=RunnerOptions(kind=spec.runner))
     pipe.engine.max_num_batched_tokens = spec.max_num_batched_tokens
     if spec.datastore is not None:
-        from verispec.proposers.datastore import Datastore
-
-        pipe.engine.proposers["suffix"].datastore = Datastore(spec.datastore)
+        pipe.use_datastore(spec.datastore)
     app = create_app(pipe, spec.config, metrics_exposition=merged_metrics)
     app.add_middleware(ReplicaHeader, replica_id=replica_id)
     return app
@@ -242,8 +241,7 @@ class ReplicaBase:
 
     def metrics_text(self) -> str:
         """This replica's own Prometheus exposition (merged by whichever replica serves /metrics)."""
-        data, _ = self.app.state.verispec.metrics.exposition()
-        return data.decode()
+        return _own_exposition(self.app)
 
     def check_health(self) -> None:
         """Ray Serve's periodic health check: raising makes Ray replace this replica (its engine
@@ -252,6 +250,11 @@ class ReplicaBase:
         problem = self.app.state.verispec.worker.health_problem()
         if problem is not None:
             raise RuntimeError(f"replica unhealthy: {problem}")
+
+
+def _own_exposition(app) -> str:
+    """The Prometheus text of the one replica whose app is ``app``."""
+    return app.state.verispec.metrics.exposition()[0].decode()
 
 
 def build_deployment(spec: ReplicaSpec, scaling: ScalingOptions):
@@ -270,7 +273,7 @@ def build_deployment(spec: ReplicaSpec, scaling: ScalingOptions):
                 results = await handle.broadcast("metrics_text").results_async(timeout_s=10, return_exceptions=True)
             except Exception as exc:  # a replica too slow to answer, or the deployment unavailable
                 log.warning("/metrics: could not reach every replica (%s); serving this replica's alone", exc)
-                results = [own[0].state.verispec.metrics.exposition()[0].decode()]
+                results = [_own_exposition(own[0])]
             return merge_expositions([r for r in results if isinstance(r, str)])  # a failing replica is left out
 
         own.append(replica_app(spec, replica_id, merged_metrics))
@@ -339,7 +342,7 @@ def serve_replicas_command(err, *, target: str, draft: str | None, dtype: str, r
     try:
         import_serve()
         if suffix_cache is not None:
-            raise InvalidParameterError("--suffix-cache is one file per process: it cannot be used with --replicas")
+            raise InvalidParameterError(SUFFIX_CACHE_REFUSED)
         max_queue, max_num_seqs = server["max_queue"], server["max_num_seqs"]
         num_replicas = 1 if replicas is None else replicas
         if replica_cpus is None:  # this machine's cores shared by the first replicas; 1 on a cluster
