@@ -347,3 +347,23 @@ def test_bench_methods_learn_only_their_own_answers():
     counts = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
     assert [by[("first", "suffix")].spec[c] for c in counts] == [getattr(alone.metrics.spec, c) for c in counts]  # an empty cache
     assert by[("again", "suffix")].num_target_forwards < by[("first", "suffix")].num_target_forwards
+
+
+def test_a_pipeline_given_a_datastore_drafts_from_it(tmp_path):
+    """``serve --datastore`` (and every replica) goes through ``use_datastore``."""
+    from server_support import tiny_pipeline
+    from verispec.proposers.datastore import build_datastore
+
+    pipe = tiny_pipeline()
+    params = SamplingParams(max_tokens=16)
+    prompt = pipe.encode("def fib(n):")
+    plain = pipe.engine.generate(prompt, params, SpeculativeConfig(method="none"), learn=False).token_ids
+    spec = SpeculativeConfig(method="suffix", num_speculative_tokens=8)
+    without = pipe.engine.generate(prompt, params, spec, learn=False)
+    build_datastore([prompt + plain], tmp_path / "ds", depth=8)  # the corpus holds the answer
+    pipe.use_datastore(tmp_path / "ds")
+    out = pipe.engine.generate(prompt, params, spec)
+    assert out.token_ids == without.token_ids == plain
+    assert out.metrics.spec.num_accepted_tokens > without.metrics.spec.num_accepted_tokens
+    with pytest.raises(InvalidParameterError, match="not a verispec datastore"):
+        pipe.use_datastore(tmp_path)
