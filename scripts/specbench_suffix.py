@@ -109,12 +109,16 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--limit", type=int, default=None, help="only the first N questions (a smoke run)")
     parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--tasks", default=None, help="only these tasks, comma-separated (e.g. translation,qa: a quick check)")
     parser.add_argument("--out", default="specbench_suffix.jsonl")
     args = parser.parse_args()
     names = args.configs.split(",")
     if names[0] != "none" or not set(names) <= set(CONFIGS):
         parser.error(f"--configs: 'none' first, then any of {', '.join(CONFIGS[1:])}")
     questions = [json.loads(line) for line in DATA.open()][: args.limit]
+    if args.tasks:  # the others become empty slots: indices (and so resumed records) stay those of the file
+        wanted = set(args.tasks.split(","))
+        questions = [q if task(q["category"]) in wanted else None for q in questions]
     out = Path(args.out)
     done = [json.loads(line) for line in out.open()] if out.exists() else []
     complete = {q for q in {r["question"] for r in done} if {r["config"] for r in done if r["question"] == q} >= set(names)}
@@ -131,6 +135,8 @@ def main() -> None:
     pipe.engine.generate(pipe.encode("def f(x):"), SamplingParams(max_tokens=8))  # warm-up
     with out.open("a") as sink:
         for index, q in enumerate(questions):
+            if q is None:
+                continue
             previous = answered.get(index, {})
             if set(previous) >= set(names):
                 for engine, cache, _ in runs.values():

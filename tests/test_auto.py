@@ -166,3 +166,89 @@ def test_draft_cost_is_measured_in_steady_state_only():
     out = engine.generate([4], SamplingParams(max_tokens=8), SpeculativeConfig(method="draft", num_speculative_tokens=2))
     assert out.metrics.draft_ms > 200  # the slow first proposal did happen ...
     assert engine.cost_model.draft_token_s["draft"] < 0.02  # ... but is not a per-token cost
+
+
+def frozen_cycle_engine(output_lengths):
+    """The cycle target and draft with frozen measured costs: a target pass 10 ms, a drafted token
+    0.5 ms, feeding the draft 8 tokens it has not seen 50 ms (5 plain steps); ``output_lengths``:
+    the engine's earlier requests."""
+    engine = cycle_engine()
+    costs = engine.cost_model
+    for k in range(9):
+        costs.record_verify(k, 0.010)
+    costs.record_draft("draft", 1, 0.0005)
+    costs.draft_ratio["draft"] = 0.05
+    costs.record_catch_up("draft", 8, 0.050)
+    for length in output_lengths:
+        costs.record_output_length(length)
+    costs.weight = 0.0
+    return engine
+
+
+COST_SPEC = SpeculativeConfig(method="draft", num_speculative_tokens=4, schedule="cost")
+NO_REPEATS = [4, 5, 6, 1, 2]  # 5 prompt tokens: the draft's first proposal feeds 6
+
+
+def test_a_draft_whose_prefill_a_short_answer_cannot_repay_sits_out():
+    engine = frozen_cycle_engine([8] * 4)  # answers have been 8 tokens long
+    params = SamplingParams(max_tokens=8)
+    plain = engine.generate(NO_REPEATS, params, SpeculativeConfig(method="none"), learn=False)
+    state = engine.start(NO_REPEATS, params, COST_SPEC, learn=False)
+    while not state.finished:
+        engine.step([state])
+    assert state.output.token_ids == plain.token_ids
+    assert state.output.metrics.spec.num_draft_tokens == 0  # 7 tokens at ~1.9x save ~3.3 steps, the prefill costs 5
+    assert state.policy.num_declined_catch_ups == 6  # every step with room to draft (the last has none)
+
+
+def test_a_draft_whose_prefill_a_long_answer_repays_drafts_from_the_first_step():
+    engine = frozen_cycle_engine([100] * 4)
+    params = SamplingParams(max_tokens=40)
+    plain = engine.generate(NO_REPEATS, params, SpeculativeConfig(method="none"), learn=False)
+    out = engine.generate(NO_REPEATS, params, COST_SPEC)
+    assert out.token_ids == plain.token_ids
+    assert out.token_sources[1] == "draft"  # 39 tokens at ~1.9x save ~18 steps > 5
+    assert out.metrics.spec.acceptance_rate == 1.0
+
+
+def test_user_chosen_draft_lengths_draft_whatever_the_prefill_costs():
+    engine = frozen_cycle_engine([8] * 4)
+    params = SamplingParams(max_tokens=8)
+    out = engine.generate(NO_REPEATS, params, SpeculativeConfig(method="draft", num_speculative_tokens=4))
+    assert out.token_sources[1] == "draft"  # the constant schedule is the user's choice, not priced
+
+
+def test_only_users_requests_teach_output_lengths():
+    engine = cycle_engine()
+    engine.generate(NO_REPEATS, SamplingParams(max_tokens=6), learn=False)  # a warm-up
+    assert list(engine.cost_model.output_lengths) == []
+    engine.generate(NO_REPEATS, SamplingParams(max_tokens=6))
+    engine.generate(NO_REPEATS, SamplingParams(max_tokens=9), SpeculativeConfig(method="none"))
+    assert list(engine.cost_model.output_lengths) == [6, 9]
+
+
+class SlowCatchUpProposer(DraftModelProposer):
+    """A draft model whose proposals take 10 ms per unseen context token fed beyond 3, as a
+    real draft's prefill grows with the tokens it feeds."""
+
+    def propose(self, request, num_speculative_tokens):
+        rows = self.catch_up_rows(request)
+        if rows >= 4:
+            time.sleep(0.010 * rows)
+        return super().propose(request, num_speculative_tokens)
+
+
+def test_a_catch_up_is_timed_beyond_the_steady_cost():
+    engine = SpeculativeEngine(
+        BigramRunner(chain_table(CYCLE, 7)),
+        CharTokenizer("0123456"),
+        eos_token_ids=[0],
+        proposers={"draft": SlowCatchUpProposer(BigramRunner(chain_table(CYCLE, 7)))},
+    )
+    spec = SpeculativeConfig(method="draft", num_speculative_tokens=2)
+    engine.generate(NO_REPEATS, SamplingParams(max_tokens=8), spec)
+    assert "draft" not in engine.cost_model.catch_up_s  # the first request's first proposal: no steady cost yet
+    assert engine.cost_model.draft_token_s["draft"] < 0.005  # steady proposals feed 1-2 tokens: no sleep
+    engine.generate([1, 2, 3, 4, 5, 6, 4, 5], SamplingParams(max_tokens=8), spec)  # 9 tokens the draft has not seen
+    (bucket, seconds), = engine.cost_model.catch_up_s["draft"].items()
+    assert bucket == 8 and seconds >= 0.5 * 0.090 * 8 / 9  # slept 90 ms feeding 9 tokens, scaled to the bucket of 8

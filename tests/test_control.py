@@ -3,12 +3,14 @@
 import pytest
 
 from verispec.control import (
+    OUTPUT_LENGTH_HISTORY,
     AcceptanceEstimate,
     ControllerConfig,
     CostModel,
     CostModelSchedule,
     HeuristicSchedule,
     best_draft_length,
+    catch_up_pays,
     expected_tokens,
     interpolate,
 )
@@ -199,3 +201,46 @@ def test_draft_cost_relative_to_the_same_steps_target_pass_survives_a_slowdown()
     assert costs.step_costs("draft", 1)[1] == pytest.approx(1.02)  # ... absolute times mislead (c = 0.02)
     costs.record_draft_ratio("draft", 2, 0.02, 0.1)  # a step timed as a whole: 10 ms per token / 100 ms pass
     assert costs.step_costs("draft", 1)[1] == pytest.approx(1.1)  # c = 0.1 whatever the slowdown
+
+
+@pytest.mark.parametrize(
+    "speedup, remaining, cost, pays",
+    [
+        (1.25, 100, 3.0, True),  # saves 100 - 80 = 20 plain steps, the catch-up costs 3
+        (1.25, 10, 3.0, False),  # saves 2: a short answer does not repay the draft's prefill
+        (1.5, 9.1, 3.0, True),  # saves 3.03
+        (1.5, 8.9, 3.0, False),  # saves 2.97
+        (1.0, 1000, 0.1, False),  # a drafter that saves nothing never pays for catching up
+        (0.8, 1000, 0.0, False),
+    ],
+)
+def test_catch_up_pays_when_the_rest_of_the_answer_repays_it(speedup, remaining, cost, pays):
+    assert catch_up_pays(speedup, remaining, cost) is pays
+
+
+def test_expected_remaining_tokens_is_the_conditional_mean_of_recorded_lengths():
+    costs = CostModel()
+    assert costs.expected_remaining_tokens(0, 127) == 127  # nothing recorded: assume nothing
+    for length in (20, 30, 100):
+        costs.record_output_length(length)
+    assert costs.expected_remaining_tokens(0, 127) == pytest.approx(50.0)  # (20 + 30 + 100) / 3
+    assert costs.expected_remaining_tokens(25, 127) == pytest.approx(40.0)  # E[L - 25 | L > 25] = (5 + 75) / 2
+    assert costs.expected_remaining_tokens(25, 10) == 10  # never more than the request may still emit
+    assert costs.expected_remaining_tokens(100, 27) == 27  # longer than every recorded one: unknown
+    for _ in range(OUTPUT_LENGTH_HISTORY):
+        costs.record_output_length(8)
+    assert costs.expected_remaining_tokens(0, 127) == pytest.approx(8.0)  # the oldest lengths are forgotten
+
+
+def test_catch_up_cost_per_power_of_two_rows_in_plain_steps():
+    costs = CostModel()
+    assert costs.catch_up_cost("draft", 64) is None  # no target pass timed yet
+    costs.record_verify(0, 0.020)
+    assert costs.catch_up_cost("draft", 64) is None  # no catch-up timed yet
+    costs.record_catch_up("draft", 60, 0.060)  # bucket 64, scaled to it: 0.064 s
+    costs.record_catch_up("draft", 5, 0.010)  # bucket 4: 0.008 s
+    assert set(costs.catch_up_s["draft"]) == {4, 64}
+    assert costs.catch_up_cost("draft", 64) == pytest.approx(3.2)  # 64 ms over a 20 ms plain step
+    assert costs.catch_up_cost("draft", 34) == pytest.approx((0.008 + 0.056 * 30 / 60) / 0.020)  # interpolated
+    costs.record_catch_up("draft", 64, -0.010)  # a timing below the steady cost counts as free
+    assert costs.catch_up_s["draft"][64] == pytest.approx(0.064 * 0.7)

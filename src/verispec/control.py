@@ -8,10 +8,14 @@ drafters or tokens: it sees counts and seconds.
 
 from __future__ import annotations
 
+import math
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
 SCHEDULES = ("constant", "heuristic", "cost")
+OUTPUT_LENGTH_HISTORY = 16  # finished requests whose output lengths predict the next one's (a short memory: workloads shift)
+CATCH_UP_MIN_ROWS = 4  # a model drafter feeding at least this many unseen tokens is catching up
 
 
 def expected_tokens(alpha: float, num_speculative_tokens: int) -> float:
@@ -42,6 +46,18 @@ def best_draft_length(alpha: float, step_costs: Sequence[float]) -> tuple[int, f
         if speedup > best:
             best_k, best = k, speedup
     return best_k, best
+
+
+def catch_up_pays(speedup: float, remaining_tokens: float, catch_up_cost: float) -> bool:
+    """Whether a drafter that must first catch up (feed context it has not seen) is worth it.
+
+    Drafting the ``remaining_tokens`` at ``speedup`` (expected tokens per plain-step cost, the
+    schedule's prediction) takes ``remaining_tokens / speedup`` plain steps instead of
+    ``remaining_tokens``; it pays when that saving exceeds ``catch_up_cost`` (plain steps). An
+    investment rule on top of Leviathan et al. 2023's per-step model (§3.4), which prices a
+    steady step only: on a short answer the draft's prefill costs more than its steps save.
+    """
+    return speedup > 1.0 and remaining_tokens * (1.0 - 1.0 / speedup) > catch_up_cost
 
 
 def interpolate(points: dict[int, float], k: int) -> float:
@@ -113,7 +129,12 @@ class CostModel:
     drafter's acceptance estimate when it last drafted, the next request's starting point
     (each request then keeps its own estimate: acceptance depends on the text).
     ``drafter_rate[name]``: realised tokens per plain-step cost of the drafter's steady steps
-    (``auto`` compares the draft model's chain and tree with it).
+    (``auto`` compares the draft model's chain and tree with it). ``catch_up_s[name]``: the
+    seconds a model drafter's proposal spends beyond its steady cost when it first feeds ``rows``
+    context tokens it has not seen (its prefill at a request's first proposal, or the tokens of
+    the steps other drafters drafted), by power-of-two ``rows``. ``output_lengths``: output
+    tokens of the engine's last :data:`OUTPUT_LENGTH_HISTORY` requests (what a catch-up is
+    amortised over: :meth:`expected_remaining_tokens`).
     """
 
     weight: float = 0.3
@@ -122,6 +143,36 @@ class CostModel:
     last_alpha: dict[str, float] = field(default_factory=dict)
     draft_ratio: dict[str, float] = field(default_factory=dict)
     drafter_rate: dict[str, float] = field(default_factory=dict)
+    catch_up_s: dict[str, dict[int, float]] = field(default_factory=dict)
+    output_lengths: deque = field(default_factory=lambda: deque(maxlen=OUTPUT_LENGTH_HISTORY))
+
+    def record_catch_up(self, drafter: str, rows: int, seconds: float) -> None:
+        """A proposal that first fed ``rows`` (>= 1) unseen context tokens took ``seconds`` more
+        than its steady cost; kept per power-of-two bucket of ``rows``, scaled to the bucket."""
+        bucket = 1 << max(0, round(math.log2(rows)))
+        _ewma(self.catch_up_s.setdefault(drafter, {}), bucket, max(0.0, seconds) * bucket / rows, self.weight)
+
+    def catch_up_cost(self, drafter: str, rows: int, batch_size: int = 1) -> float | None:
+        """Estimated cost of ``drafter`` feeding ``rows`` unseen context tokens, in plain steps
+        (of a pass holding ``batch_size`` requests); None before one was measured."""
+        points, plain = self.catch_up_s.get(drafter), self.plain_step_s(batch_size - 1)
+        if not points or not plain:
+            return None
+        return interpolate(points, rows) / plain
+
+    def record_output_length(self, num_output_tokens: int) -> None:
+        """A finished request's output tokens (users' requests only, not warm-ups)."""
+        self.output_lengths.append(num_output_tokens)
+
+    def expected_remaining_tokens(self, num_generated: int, max_remaining: int) -> float:
+        """Tokens a request that has ``num_generated`` is expected to still emit: the mean of
+        ``L - num_generated`` over the recorded output lengths ``L > num_generated`` (the
+        empirical ``E[L - g | L > g]``), at most ``max_remaining``; ``max_remaining`` when no
+        recorded request was that long (nothing is known, so nothing is assumed)."""
+        longer = [length - num_generated for length in self.output_lengths if length > num_generated]
+        if not longer:
+            return float(max_remaining)
+        return min(float(max_remaining), sum(longer) / len(longer))
 
     def record_rate(self, drafter: str, tokens_per_plain_step: float) -> None:
         """One step's realised tokens over its cost in plain decoding steps (its speedup)."""

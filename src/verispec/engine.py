@@ -187,8 +187,8 @@ class SpeculativeEngine:
 
         A batch of one through :meth:`step`. Greedy output is token-identical to plain greedy
         decoding; sampled output has the target's distribution (see :mod:`verispec.verify`).
-        ``learn``: the suffix drafter's cache keeps the answer (False for warm-ups, audits and
-        other runs that are not users' requests).
+        ``learn``: the suffix drafter's cache keeps the answer, and the cost model its length
+        (False for warm-ups, audits and other runs that are not users' requests).
 
         Raises:
             InvalidParameterError: empty prompt, or a method whose drafter is not loaded.
@@ -346,7 +346,7 @@ class SpeculativeEngine:
         drafts = propose_batch(items)
         share = (time.perf_counter() - start) / len(plans)
         for plan, draft in zip(plans, drafts):
-            plan.step = plan.state.policy.complete(plan.step, draft, share)
+            plan.step = plan.state.policy.complete(plan.step, draft, share, alone=len(plans) == 1)
 
     @staticmethod
     def _verify_call(plan: _Plan) -> ForwardCall:
@@ -421,6 +421,8 @@ class SpeculativeEngine:
         if not out.finished:
             out.finish("length")
         state.times.end = time.perf_counter()
+        if state.learn:  # what a draft's catch-up is amortised over (not warm-ups' lengths)
+            self.cost_model.record_output_length(len(out.token_ids))
         # drafters that learn across requests (suffix), each once even if loaded under two names
         for proposer in {id(p): p for p in state.slot.proposers.values()}.values() if state.learn else ():
             end_request = getattr(proposer, "end_request", None)

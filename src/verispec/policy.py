@@ -15,9 +15,12 @@ from dataclasses import dataclass, field
 from typing import Collection, Mapping, Sequence
 
 from verispec.control import (
+    CATCH_UP_MIN_ROWS,
     AcceptanceEstimate,
     ControllerConfig,
     CostModel,
+    CostModelSchedule,
+    catch_up_pays,
     expected_tokens,
     make_schedule,
 )
@@ -74,6 +77,8 @@ class DraftStep:
         deferred: > 0 when the policy chose a drafter the engine runs for many requests at
             once (:meth:`DraftPolicy.draft`'s ``defer``): the tokens to ask it for; the engine
             hands the proposal back through :meth:`DraftPolicy.complete`.
+        catch_up_rows: context tokens the drafter fed before drafting (a model drafter: 1-2 when
+            steady, more when it catches up; 0 for lookups).
     """
 
     drafter: str | None = None
@@ -84,6 +89,7 @@ class DraftStep:
     steady: bool = False
     drafter_s: float = 0.0
     deferred: int = 0
+    catch_up_rows: int = 0
 
 
 class DraftPolicy:
@@ -121,6 +127,7 @@ class DraftPolicy:
         self._alternatives = tuple(alternatives) if len(alternatives) > 1 else ()
         self._explore_steps = 0  # > 0: steps left trying the alternative that is not the best
         self._num_choices = 0
+        self.num_declined_catch_ups = 0  # steps a model drafter sat out: catching up would not pay
 
     @property
     def active(self) -> bool:
@@ -135,7 +142,14 @@ class DraftPolicy:
         ``batch_size``: requests decoding in the same target pass (continuous batching); the
         schedules price a draft by what it costs the whole batch (:meth:`CostModel.step_costs`). ``defer``: drafters the caller
         runs itself, batched over requests: reaching one, the step comes back with ``deferred``
-        tokens to ask it for, and the caller finishes it with :meth:`complete`."""
+        tokens to ask it for, and the caller finishes it with :meth:`complete`.
+
+        With the ``cost`` schedule a model drafter that must first catch up (feed
+        :data:`~verispec.control.CATCH_UP_MIN_ROWS` or more context tokens it has not seen: its
+        prefill at a request's first proposal, or the tokens other drafters' steps emitted) sits
+        the step out when the catch-up would cost more than drafting the rest of the answer saves
+        (:func:`~verispec.control.catch_up_pays`, the rest estimated from the engine's recent
+        output lengths: :meth:`CostModel.expected_remaining_tokens`)."""
         spent = 0.0
         chosen = None  # chain or tree, decided once the drafters before them drafted nothing
         for name, proposer in self._proposers.items():
@@ -148,8 +162,12 @@ class DraftPolicy:
             if num_tokens <= 0:
                 continue
             predicted = self._predicted(name, num_tokens, batch_size)  # before this step's own timing
+            rows = proposer.catch_up_rows(request) if hasattr(proposer, "catch_up_rows") else 0
+            if not self._catch_up_pays(name, rows, predicted, request, limit, batch_size):
+                self.num_declined_catch_ups += 1
+                continue
             if name in defer:
-                return DraftStep(name, k, DraftOutput(), spent, predicted, deferred=num_tokens)
+                return DraftStep(name, k, DraftOutput(), spent, predicted, deferred=num_tokens, catch_up_rows=rows)
             start = time.perf_counter()
             draft = proposer.propose(request, num_tokens)
             seconds = time.perf_counter() - start
@@ -162,8 +180,10 @@ class DraftPolicy:
                 steady = self._previous == name
                 if steady:
                     self.costs.record_draft(name, drafted, seconds)
+                else:
+                    self._record_catch_up(name, rows, drafted, seconds)
                 self._previous = name
-                return DraftStep(name, k, draft, spent, predicted, steady, seconds)
+                return DraftStep(name, k, draft, spent, predicted, steady, seconds, catch_up_rows=rows)
         self._previous = None
         return self._plain_step(spent)
 
@@ -175,9 +195,10 @@ class DraftPolicy:
         """The drafter called ``name`` (for a deferred step)."""
         return self._proposers[name]
 
-    def complete(self, step: DraftStep, draft: DraftOutput, seconds: float) -> DraftStep:
+    def complete(self, step: DraftStep, draft: DraftOutput, seconds: float, alone: bool = False) -> DraftStep:
         """Finish a deferred ``step`` with the proposal the caller got (``seconds``: its share of
-        the batched proposal's time). An empty proposal makes it a plain step."""
+        the batched proposal's time; ``alone``: the proposal was this request's only, so a
+        catch-up's cost is its own). An empty proposal makes it a plain step."""
         draft = _at_most(draft, step.deferred)
         if not draft.draft_token_ids:
             self._previous = None
@@ -185,8 +206,37 @@ class DraftPolicy:
         steady = self._previous == step.drafter
         if steady:
             self.costs.record_draft(step.drafter, len(draft.draft_token_ids), seconds)
+        elif alone:
+            self._record_catch_up(step.drafter, step.catch_up_rows, len(draft.draft_token_ids), seconds)
         self._previous = step.drafter
-        return DraftStep(step.drafter, step.chosen_k, draft, step.draft_s + seconds, step.predicted, steady, seconds)
+        return DraftStep(step.drafter, step.chosen_k, draft, step.draft_s + seconds, step.predicted, steady, seconds,
+                         catch_up_rows=step.catch_up_rows)
+
+    def _catch_up_pays(
+        self, name: str, rows: int, predicted: tuple[float, float] | None, request: DraftRequest, limit: int,
+        batch_size: int,
+    ) -> bool:
+        """False when ``name`` must feed ``rows`` unseen context tokens first and that costs more
+        than drafting the rest of the answer saves (cost schedules only, probes exempt;
+        unmeasured: True)."""
+        if rows < CATCH_UP_MIN_ROWS or predicted is None:
+            return True
+        schedule = self.schedules[name]
+        if not isinstance(schedule, (CostModelSchedule, TreeBudgetSchedule)):
+            return True  # constant and heuristic draft lengths are the user's, whatever they cost
+        if schedule.last_predicted_speedup is None or schedule.last_predicted_speedup <= 1.0:
+            return True  # a probe of a switched-off drafter: it re-measures acceptance, priced as before
+        cost = self.costs.catch_up_cost(name, rows, batch_size)
+        if cost is None:
+            return True  # this proposal measures it
+        remaining = self.costs.expected_remaining_tokens(len(request.output_token_ids), limit + 1)
+        return catch_up_pays(predicted[0] / predicted[1], remaining, cost)
+
+    def _record_catch_up(self, name: str, rows: int, num_draft_tokens: int, seconds: float) -> None:
+        """A proposal that caught up on ``rows`` tokens: its seconds beyond the steady cost."""
+        per_token = self.costs.draft_token_s.get(name)
+        if rows >= CATCH_UP_MIN_ROWS and per_token is not None:
+            self.costs.record_catch_up(name, rows, seconds - num_draft_tokens * per_token)
 
     def observe(
         self,

@@ -106,6 +106,13 @@ class DraftCacheSequences:
             prompt = prompt[len(prompt) - self.context_window :]
         return list(prompt) + list(request.output_token_ids)
 
+    def catch_up_rows(self, request: DraftRequest) -> int:
+        """Context tokens the next proposal for ``request`` feeds before it drafts (what its draft
+        cache has not seen, and always the last one): 1-2 in steady drafting, the whole visible
+        prompt at a request's first proposal."""
+        context = self.draft_context(request)
+        return len(context) - min(common_prefix_length(self._cached_token_ids, context), len(context) - 1)
+
     @property
     def holds_sequences(self) -> bool:
         """The draft runner can give another sequence."""
