@@ -9,7 +9,9 @@ over an hour); the order rotates from one question to the next. Configurations:
 - ``ngram`` and ``suffix``: those drafters alone (cost schedule, up to 8 tokens);
 - ``auto-ngram``: ``auto`` with n-gram lookup as its lookup drafter (the library's ``auto``
   before suffix drafting replaced it);
-- ``auto-suffix``: ``auto`` as the library has it, the suffix drafter its lookup drafter.
+- ``auto-suffix``: ``auto`` as the library has it, the suffix drafter its lookup drafter;
+- ``auto-unpriced``: the same without pricing the draft model's catch-up
+  (``ControllerConfig(price_catch_up=False)``: ``auto`` before that rule).
 
 Each configuration has its own engine over the same loaded models, so its suffix cache learns
 only from its own earlier answers (all configurations' answers are equal to plain decoding's, so
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -37,7 +40,7 @@ from verispec.runners.select import RunnerOptions
 from verispec.sampling import SamplingParams
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "specbench_questions.jsonl"
-CONFIGS = ("none", "ngram", "suffix", "auto-ngram", "auto-suffix")
+CONFIGS = ("none", "ngram", "suffix", "auto-ngram", "auto-suffix", "auto-unpriced")
 MT_BENCH = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
 
 
@@ -57,9 +60,10 @@ def engines(pipe: SpeculativePipeline, names) -> dict[str, tuple[SpeculativeEngi
         proposers = {**models, "suffix": suffix}
         if name == "auto-ngram":  # auto's lookup drafter is whatever is loaded as "suffix"
             proposers["suffix"] = models["ngram"]
+        controller = dataclasses.replace(base.controller, price_catch_up=name != "auto-unpriced")
         engine = SpeculativeEngine(base.target, base.tokenizer, eos_token_ids=base.eos_token_ids,
-                                   proposers=proposers, controller=base.controller)
-        method = {"auto-ngram": "auto", "auto-suffix": "auto"}.get(name, name)
+                                   proposers=proposers, controller=controller)
+        method = {"auto-ngram": "auto", "auto-suffix": "auto", "auto-unpriced": "auto"}.get(name, name)
         out[name] = (engine, cache, SpeculativeConfig(method=method, schedule="cost", num_speculative_tokens=8))
     return out
 

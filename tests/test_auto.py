@@ -168,11 +168,11 @@ def test_draft_cost_is_measured_in_steady_state_only():
     assert engine.cost_model.draft_token_s["draft"] < 0.02  # ... but is not a per-token cost
 
 
-def frozen_cycle_engine(output_lengths):
+def frozen_cycle_engine(output_lengths, **kwargs):
     """The cycle target and draft with frozen measured costs: a target pass 10 ms, a drafted token
     0.5 ms, feeding the draft 8 tokens it has not seen 50 ms (5 plain steps); ``output_lengths``:
     the engine's earlier requests."""
-    engine = cycle_engine()
+    engine = cycle_engine(**kwargs)
     costs = engine.cost_model
     for k in range(9):
         costs.record_verify(k, 0.010)
@@ -209,6 +209,12 @@ def test_a_draft_whose_prefill_a_long_answer_repays_drafts_from_the_first_step()
     assert out.token_ids == plain.token_ids
     assert out.token_sources[1] == "draft"  # 39 tokens at ~1.9x save ~18 steps > 5
     assert out.metrics.spec.acceptance_rate == 1.0
+
+
+def test_without_catch_up_pricing_the_draft_drafts_from_the_first_step():
+    engine = frozen_cycle_engine([8] * 4, controller=ControllerConfig(price_catch_up=False))
+    out = engine.generate(NO_REPEATS, SamplingParams(max_tokens=8), COST_SPEC)
+    assert out.token_sources[1] == "draft"  # steady steps alone make 4 tokens at 0.05 each worth it
 
 
 def test_user_chosen_draft_lengths_draft_whatever_the_prefill_costs():

@@ -90,6 +90,9 @@ class ControllerConfig:
         cost_weight: weight of one timing in the cost EWMAs (0, 1].
         probe_interval: after this many switched-off steps, draft ``probe_length`` tokens once.
         probe_length: tokens drafted by a probe.
+        price_catch_up: the ``cost`` schedule also prices a model drafter's catch-up (its
+            prefill at a request's first proposal) against the rest of the answer
+            (:func:`catch_up_pays`); False: steady steps only, as before.
     """
 
     alpha_prior: float = 0.6
@@ -97,6 +100,7 @@ class ControllerConfig:
     cost_weight: float = 0.3
     probe_interval: int = 16
     probe_length: int = 1
+    price_catch_up: bool = True
 
 
 class AcceptanceEstimate:

@@ -113,6 +113,7 @@ class DraftPolicy:
     ) -> None:
         self.costs = costs
         self._probe_interval = config.probe_interval
+        self._price_catch_up = config.price_catch_up
         self._proposers = dict(proposers)
         self.alphas = {
             name: AcceptanceEstimate(costs.last_alpha.get(name, config.alpha_prior), config.alpha_weight)
@@ -219,7 +220,7 @@ class DraftPolicy:
         """False when ``name`` must feed ``rows`` unseen context tokens first and that costs more
         than drafting the rest of the answer saves (cost schedules only, probes exempt;
         unmeasured: True)."""
-        if rows < CATCH_UP_MIN_ROWS or predicted is None:
+        if rows < CATCH_UP_MIN_ROWS or predicted is None or not self._price_catch_up:
             return True
         schedule = self.schedules[name]
         if not isinstance(schedule, (CostModelSchedule, TreeBudgetSchedule)):
