@@ -84,12 +84,13 @@ def test_auto_falls_back_to_layer_skip(target_model, plain_outputs):
 CYCLE = {4: 5, 5: 6, 6: 1, 1: 2, 2: 3, 3: 1}
 
 
-def cycle_engine(**kwargs):
+def cycle_engine(draft_type=DraftModelProposer, **kwargs):
+    """Target and draft model both follow :data:`CYCLE` (``draft_type``: the draft's proposer)."""
     return SpeculativeEngine(
         BigramRunner(chain_table(CYCLE, 7)),
         CharTokenizer("0123456"),
         eos_token_ids=[0],
-        proposers={"draft": DraftModelProposer(BigramRunner(chain_table(CYCLE, 7)))},
+        proposers={"draft": draft_type(BigramRunner(chain_table(CYCLE, 7)))},
         **kwargs,
     )
 
@@ -157,12 +158,7 @@ class SlowFirstProposer(DraftModelProposer):
 
 
 def test_draft_cost_is_measured_in_steady_state_only():
-    engine = SpeculativeEngine(
-        BigramRunner(chain_table(CYCLE, 7)),
-        CharTokenizer("0123456"),
-        eos_token_ids=[0],
-        proposers={"draft": SlowFirstProposer(BigramRunner(chain_table(CYCLE, 7)))},
-    )
+    engine = cycle_engine(SlowFirstProposer)
     out = engine.generate([4], SamplingParams(max_tokens=8), SpeculativeConfig(method="draft", num_speculative_tokens=2))
     assert out.metrics.draft_ms > 200  # the slow first proposal did happen ...
     assert engine.cost_model.draft_token_s["draft"] < 0.02  # ... but is not a per-token cost
@@ -245,12 +241,7 @@ class SlowCatchUpProposer(DraftModelProposer):
 
 
 def test_a_catch_up_is_timed_beyond_the_steady_cost():
-    engine = SpeculativeEngine(
-        BigramRunner(chain_table(CYCLE, 7)),
-        CharTokenizer("0123456"),
-        eos_token_ids=[0],
-        proposers={"draft": SlowCatchUpProposer(BigramRunner(chain_table(CYCLE, 7)))},
-    )
+    engine = cycle_engine(SlowCatchUpProposer)
     spec = SpeculativeConfig(method="draft", num_speculative_tokens=2)
     engine.generate(NO_REPEATS, SamplingParams(max_tokens=8), spec)
     assert "draft" not in engine.cost_model.catch_up_s  # the first request's first proposal: no steady cost yet
