@@ -106,12 +106,16 @@ class DraftCacheSequences:
             prompt = prompt[len(prompt) - self.context_window :]
         return list(prompt) + list(request.output_token_ids)
 
+    def reusable_prefix(self, context: Sequence[int]) -> int:
+        """Tokens of ``context`` the draft cache keeps: the prefix it shares with it, but never the
+        last token (its logits are needed, so it is always fed again)."""
+        return min(common_prefix_length(self._cached_token_ids, context), len(context) - 1)
+
     def catch_up_rows(self, request: DraftRequest) -> int:
-        """Context tokens the next proposal for ``request`` feeds before it drafts (what its draft
-        cache has not seen, and always the last one): 1-2 in steady drafting, the whole visible
-        prompt at a request's first proposal."""
+        """Context tokens the next proposal for ``request`` feeds before it drafts: 1-2 after its
+        own chain, the whole visible prompt at a request's first proposal."""
         context = self.draft_context(request)
-        return len(context) - min(common_prefix_length(self._cached_token_ids, context), len(context) - 1)
+        return len(context) - self.reusable_prefix(context)
 
     @property
     def holds_sequences(self) -> bool:

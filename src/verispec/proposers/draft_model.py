@@ -11,7 +11,7 @@ from typing import Sequence
 
 import torch
 
-from verispec.proposers import DraftCacheSequences, DraftOutput, DraftRequest, common_prefix_length
+from verispec.proposers import DraftCacheSequences, DraftOutput, DraftRequest
 from verispec.runners import ForwardCall, Runner, forward_batch
 from verispec.sampling import ProcessedRows, process_logits, sample_from
 
@@ -62,8 +62,7 @@ def propose_batch(items: Sequence[tuple[DraftModelProposer, DraftRequest, int]])
         num_tokens = min(k, proposer.runner.max_context_length - len(context))
         if num_tokens <= 0:
             continue
-        # Keep the shared prefix, but always re-feed the last context token: its logits are needed.
-        keep = min(common_prefix_length(proposer._cached_token_ids, context), len(context) - 1)
+        keep = proposer.reusable_prefix(context)
         proposer.runner.truncate(keep)
         proposer._cached_token_ids = proposer._cached_token_ids[:keep]
         active.append([index, context[keep:], num_tokens, [], []])

@@ -15,7 +15,7 @@ from typing import Sequence
 import torch
 
 from verispec.errors import InvalidParameterError
-from verispec.proposers import DraftCacheSequences, DraftOutput, DraftRequest, common_prefix_length
+from verispec.proposers import DraftCacheSequences, DraftOutput, DraftRequest
 from verispec.sampling import process_logits
 from verispec.tree import TokenTree, tree_attention_mask, tree_position_ids
 
@@ -108,7 +108,7 @@ class DraftTreeProposer(DraftCacheSequences):
         num_nodes = min(num_nodes, room)
         if num_nodes <= 0:
             return root
-        keep = min(common_prefix_length(self._cached_token_ids, context), len(context) - 1)
+        keep = self.reusable_prefix(context)
         self.runner.truncate(keep)
         root_logits = self.runner.forward(context[keep:], num_logits=1)
         self._cached_token_ids = list(context)
