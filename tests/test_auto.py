@@ -5,7 +5,7 @@ import time
 import pytest
 
 from helpers import BigramRunner, CharTokenizer, chain_table, make_engine, single_thread  # noqa: F401 (autouse fixture)
-from verispec.control import ControllerConfig
+from verispec.control import ControllerConfig, CostModel
 from verispec.engine import SpeculativeConfig, SpeculativeEngine
 from verispec.errors import InvalidParameterError
 from verispec.policy import drafter_order
@@ -249,3 +249,52 @@ def test_a_catch_up_is_timed_beyond_the_steady_cost():
     engine.generate([1, 2, 3, 4, 5, 6, 4, 5], SamplingParams(max_tokens=8), spec)  # 9 tokens the draft has not seen
     (bucket, seconds), = engine.cost_model.catch_up_s["draft"].items()
     assert bucket == 8 and seconds >= 0.5 * 0.090 * 8 / 9  # slept 90 ms feeding 9 tokens, scaled to the bucket of 8
+
+
+def test_a_draft_whose_steps_emit_a_small_share_of_the_answer_does_not_pay_its_prefill():
+    engine = frozen_cycle_engine([100] * 4)
+    engine.cost_model.coverage["draft"] = 0.2  # its steps have emitted a fifth of the answers after it caught up
+    params = SamplingParams(max_tokens=40)
+    plain = engine.generate(NO_REPEATS, params, SpeculativeConfig(method="none"), learn=False)
+    out = engine.generate(NO_REPEATS, params, COST_SPEC)
+    assert out.token_ids == plain.token_ids
+    assert out.metrics.spec.num_draft_tokens == 0  # 39 x 0.2 tokens at ~1.9x save ~3.7 steps < 5 (at coverage 1: 18)
+
+
+def test_coverage_is_recorded_for_users_requests_only():
+    engine = cycle_engine()
+    spec = SpeculativeConfig(method="draft", num_speculative_tokens=2)
+    engine.generate(NO_REPEATS, SamplingParams(max_tokens=8), spec, learn=False)
+    assert engine.cost_model.coverage == {}
+    out = engine.generate([1, 2, 3, 6, 5], SamplingParams(max_tokens=8), spec)  # the draft catches up on all 6
+    drafts = out.metrics.spec.per_drafter["draft"]
+    assert drafts.num_accepted_tokens + drafts.num_drafts == 6  # two steps of 2 + 1; the last had no room
+    # the first token is the prompt pass's, the catch-up came with the second: 6 of the last 7
+    assert engine.cost_model.coverage == {"draft": pytest.approx(6 / 7)}
+
+
+def test_cost_model_coverage_is_a_clamped_ewma_of_shares():
+    costs = CostModel(weight=0.5)
+    costs.record_coverage("draft", 3, 0)  # nothing emitted after the catch-up: no sample
+    assert costs.coverage == {}
+    costs.record_coverage("draft", 10, 40)
+    assert costs.coverage["draft"] == pytest.approx(0.25)
+    costs.record_coverage("draft", 50, 40)  # more than all: a share of 1
+    assert costs.coverage["draft"] == pytest.approx(0.625)
+
+
+@pytest.mark.parametrize("output_lengths, max_tokens, drafts", [([8] * 4, 8, False), ([100] * 4, 40, True)])
+def test_a_probe_pays_a_drafts_prefill_only_where_the_answer_would_repay_it(output_lengths, max_tokens, drafts):
+    """A switched-off draft (acceptance estimate 0) is probed every third step; the probe's first
+    proposal feeds the prompt (5 plain steps). Priced at the prior acceptance (0.6: ~1.5x), the
+    rest of a short answer (~5 tokens) saves ~1.7 steps, of a long one ~12."""
+    engine = frozen_cycle_engine(output_lengths, controller=ControllerConfig(probe_interval=2))
+    engine.cost_model.last_alpha["draft"] = 0.0
+    params = SamplingParams(max_tokens=max_tokens)
+    plain = engine.generate(NO_REPEATS, params, SpeculativeConfig(method="none"), learn=False)
+    state = engine.start(NO_REPEATS, params, COST_SPEC, learn=False)
+    while not state.finished:
+        engine.step([state])
+    assert state.output.token_ids == plain.token_ids
+    assert (state.output.metrics.spec.num_draft_tokens > 0) == drafts
+    assert (state.policy.num_declined_catch_ups > 0) == (not drafts)

@@ -4,6 +4,7 @@ import pytest
 
 from verispec.control import (
     OUTPUT_LENGTH_HISTORY,
+    PLAIN_STEP_WINDOW,
     AcceptanceEstimate,
     ControllerConfig,
     CostModel,
@@ -193,6 +194,30 @@ def test_an_accepted_probe_is_followed_by_one_more(outcome, expected):
 def test_verify_ratios_never_fall_below_plain_or_with_k(verify_s, expected):
     costs = CostModel(verify_s=dict(verify_s))
     assert costs.verify_ratios(4) == pytest.approx(expected)
+
+
+def test_the_plain_step_is_the_mean_of_many_plain_passes_not_of_the_last_few():
+    costs = CostModel()
+    for _ in range(99):
+        costs.record_verify(0, 0.040)
+    costs.record_verify(0, 0.140)  # one slow pass (another process woke up) ...
+    assert costs.plain_step_s() == pytest.approx(0.041)  # ... moves it by 1 ms (an EWMA of 0.3: by 30 ms)
+    costs.record_verify(2, 0.060)
+    costs.record_verify(2, 0.070)
+    assert costs.verify_s[2] == pytest.approx(0.063)  # drafted passes: EWMA per length, as before
+    assert costs.plain_step_s() == pytest.approx(0.041)
+    for _ in range(PLAIN_STEP_WINDOW):
+        costs.record_verify(0, 0.030)
+    assert costs.plain_step_s() == pytest.approx(0.030)  # older passes leave the window
+
+
+def test_a_seeded_plain_step_counts_as_one_pass_and_weight_zero_freezes_it():
+    costs = CostModel(verify_s={0: 0.050})
+    costs.record_verify(0, 0.030)
+    assert costs.plain_step_s() == pytest.approx(0.040)
+    costs.weight = 0.0
+    costs.record_verify(0, 0.010)
+    assert costs.plain_step_s() == pytest.approx(0.040)
 
 
 def test_draft_cost_relative_to_the_same_steps_target_pass_survives_a_slowdown():

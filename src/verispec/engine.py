@@ -346,7 +346,7 @@ class SpeculativeEngine:
         drafts = propose_batch(items)
         share = (time.perf_counter() - start) / len(plans)
         for plan, draft in zip(plans, drafts):
-            plan.step = plan.state.policy.complete(plan.step, draft, share, alone=len(plans) == 1)
+            plan.step = plan.state.policy.complete(plan.step, draft, share, alone=len(plans) == 1, request=plan.request)
 
     @staticmethod
     def _verify_call(plan: _Plan) -> ForwardCall:
@@ -423,6 +423,7 @@ class SpeculativeEngine:
         state.times.end = time.perf_counter()
         if state.learn:  # what a draft's catch-up is amortised over (not warm-ups' lengths)
             self.cost_model.record_output_length(len(out.token_ids))
+            state.policy.finish(len(out.token_ids))
         # drafters that learn across requests (suffix), each once even if loaded under two names
         for proposer in {id(p): p for p in state.slot.proposers.values()}.values() if state.learn else ():
             end_request = getattr(proposer, "end_request", None)

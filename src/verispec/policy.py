@@ -114,6 +114,7 @@ class DraftPolicy:
         self.costs = costs
         self._probe_interval = config.probe_interval
         self._price_catch_up = config.price_catch_up
+        self._alpha_prior = config.alpha_prior
         self._proposers = dict(proposers)
         self.alphas = {
             name: AcceptanceEstimate(costs.last_alpha.get(name, config.alpha_prior), config.alpha_weight)
@@ -129,6 +130,8 @@ class DraftPolicy:
         self._explore_steps = 0  # > 0: steps left trying the alternative that is not the best
         self._num_choices = 0
         self.num_declined_catch_ups = 0  # steps a model drafter sat out: catching up would not pay
+        self._caught_up_at: dict[str, int] = {}  # model drafter -> output tokens at its first catch-up
+        self._tokens_from: dict[str, int] = {}  # model drafter -> tokens its steps emitted since
 
     @property
     def active(self) -> bool:
@@ -150,7 +153,9 @@ class DraftPolicy:
         prefill at a request's first proposal, or the tokens other drafters' steps emitted) sits
         the step out when the catch-up would cost more than drafting the rest of the answer saves
         (:func:`~verispec.control.catch_up_pays`, the rest estimated from the engine's recent
-        output lengths: :meth:`CostModel.expected_remaining_tokens`)."""
+        output lengths, :meth:`CostModel.expected_remaining_tokens`, times the share of it the
+        drafter's own steps have been emitting, :meth:`CostModel.record_coverage`). A probe of a
+        switched-off drafter is priced at the prior acceptance."""
         spent = 0.0
         chosen = None  # chain or tree, decided once the drafters before them drafted nothing
         for name, proposer in self._proposers.items():
@@ -166,7 +171,7 @@ class DraftPolicy:
             # a drafter that drafted the previous step is steady (its cost per token covers what it
             # feeds, a tree's accepted path included); only one coming back to the request catches up
             rows = proposer.catch_up_rows(request) if self._previous != name and hasattr(proposer, "catch_up_rows") else 0
-            if not self._catch_up_pays(name, rows, predicted, request, limit, batch_size):
+            if not self._catch_up_pays(name, rows, predicted, request, limit, batch_size, num_tokens):
                 self.num_declined_catch_ups += 1
                 continue
             if name in defer:
@@ -185,6 +190,7 @@ class DraftPolicy:
                     self.costs.record_draft(name, drafted, seconds)
                 else:
                     self._record_catch_up(name, rows, drafted, seconds)
+                    self._mark_catch_up(name, rows, request)
                 self._previous = name
                 return DraftStep(name, k, draft, spent, predicted, steady, seconds, catch_up_rows=rows)
         self._previous = None
@@ -198,10 +204,13 @@ class DraftPolicy:
         """The drafter called ``name`` (for a deferred step)."""
         return self._proposers[name]
 
-    def complete(self, step: DraftStep, draft: DraftOutput, seconds: float, alone: bool = False) -> DraftStep:
+    def complete(
+        self, step: DraftStep, draft: DraftOutput, seconds: float, alone: bool = False, request: DraftRequest | None = None
+    ) -> DraftStep:
         """Finish a deferred ``step`` with the proposal the caller got (``seconds``: its share of
         the batched proposal's time; ``alone``: the proposal was this request's only, so a
-        catch-up's cost is its own). An empty proposal makes it a plain step."""
+        catch-up's cost is its own; ``request``: the request it drafted for, whose progress dates
+        a catch-up for :meth:`finish`). An empty proposal makes it a plain step."""
         draft = _at_most(draft, step.deferred)
         if not draft.draft_token_ids:
             self._previous = None
@@ -211,29 +220,52 @@ class DraftPolicy:
             self.costs.record_draft(step.drafter, len(draft.draft_token_ids), seconds)
         elif alone:
             self._record_catch_up(step.drafter, step.catch_up_rows, len(draft.draft_token_ids), seconds)
+        if not steady:
+            self._mark_catch_up(step.drafter, step.catch_up_rows, request)
         self._previous = step.drafter
         return DraftStep(step.drafter, step.chosen_k, draft, step.draft_s + seconds, step.predicted, steady, seconds,
                          catch_up_rows=step.catch_up_rows)
 
     def _catch_up_pays(
         self, name: str, rows: int, predicted: tuple[float, float] | None, request: DraftRequest, limit: int,
-        batch_size: int,
+        batch_size: int, num_tokens: int,
     ) -> bool:
         """False when ``name`` must feed ``rows`` unseen context tokens first and that costs more
-        than drafting the rest of the answer saves (cost schedules only, probes exempt;
-        unmeasured: True)."""
+        than its steps over the rest of the answer save (cost schedules only; a probe of a
+        switched-off drafter priced at the prior acceptance; unmeasured: True). The rest of the
+        answer is scaled by the drafter's coverage (:meth:`CostModel.record_coverage`)."""
         if rows < CATCH_UP_MIN_ROWS or predicted is None or not self._price_catch_up:
             return True
         schedule = self.schedules[name]
         if not isinstance(schedule, (CostModelSchedule, TreeBudgetSchedule)):
             return True  # constant and heuristic draft lengths are the user's, whatever they cost
-        if schedule.last_predicted_speedup is None or schedule.last_predicted_speedup <= 1.0:
-            return True  # a probe of a switched-off drafter: it re-measures acceptance, priced as before
+        if schedule.last_predicted_speedup is None:
+            return True
         cost = self.costs.catch_up_cost(name, rows, batch_size)
         if cost is None:
             return True  # this proposal measures it
+        speedup = predicted[0] / predicted[1]
+        if schedule.last_predicted_speedup <= 1.0:
+            # a probe of a switched-off drafter re-measures its acceptance: priced at the
+            # acceptance assumed before any measurement, not at the estimate it is to re-check,
+            # so a short answer does not pay a draft's prefill for it and a long one still does
+            speedup = expected_tokens(self._alpha_prior, num_tokens) / predicted[1]
         remaining = self.costs.expected_remaining_tokens(len(request.output_token_ids), limit + 1)
-        return catch_up_pays(predicted[0] / predicted[1], remaining, cost)
+        return catch_up_pays(speedup, remaining * self.costs.coverage.get(name, 1.0), cost)
+
+    def _mark_catch_up(self, name: str, rows: int, request: DraftRequest | None) -> None:
+        """``name`` caught up on ``rows`` tokens: from its first catch-up on, :meth:`finish`
+        measures the share of the output its steps emit."""
+        if rows >= CATCH_UP_MIN_ROWS and request is not None and name not in self._caught_up_at:
+            self._caught_up_at[name] = len(request.output_token_ids)
+            self._tokens_from[name] = 0
+
+    def finish(self, num_output_tokens: int) -> None:
+        """The request ended with ``num_output_tokens``: record each model drafter's coverage
+        since its first catch-up (:meth:`CostModel.record_coverage`). Call once, for users'
+        requests only (a warm-up's share says nothing about the workload)."""
+        for name, start in self._caught_up_at.items():
+            self.costs.record_coverage(name, self._tokens_from[name], num_output_tokens - start)
 
     def _record_catch_up(self, name: str, rows: int, num_draft_tokens: int, seconds: float) -> None:
         """A proposal that caught up on ``rows`` tokens: its seconds beyond the steady cost."""
@@ -269,6 +301,8 @@ class DraftPolicy:
             if accepted_nodes is not None and isinstance(schedule, TreeBudgetSchedule):
                 schedule.observe_tree(num_draft, accepted_nodes)
             self._proposers[step.drafter].observe(num_accepted_tokens)
+            if step.drafter in self._tokens_from:
+                self._tokens_from[step.drafter] += num_accepted_tokens + 1
         plain = self.costs.plain_step_s(base_rows)
         realised = (num_accepted_tokens + 1, (step.draft_s + verify_s) / plain) if plain else None
         if realised is not None and step.steady and step.drafter in self._alternatives:
