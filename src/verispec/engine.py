@@ -346,7 +346,7 @@ class SpeculativeEngine:
         drafts = propose_batch(items)
         share = (time.perf_counter() - start) / len(plans)
         for plan, draft in zip(plans, drafts):
-            plan.step = plan.state.policy.complete(plan.step, draft, share, alone=len(plans) == 1, request=plan.request)
+            plan.step = plan.state.policy.complete(plan.step, draft, share, plan.request, alone=len(plans) == 1)
 
     @staticmethod
     def _verify_call(plan: _Plan) -> ForwardCall:

@@ -205,7 +205,7 @@ class DraftPolicy:
         return self._proposers[name]
 
     def complete(
-        self, step: DraftStep, draft: DraftOutput, seconds: float, alone: bool = False, request: DraftRequest | None = None
+        self, step: DraftStep, draft: DraftOutput, seconds: float, request: DraftRequest, alone: bool = False
     ) -> DraftStep:
         """Finish a deferred ``step`` with the proposal the caller got (``seconds``: its share of
         the batched proposal's time; ``alone``: the proposal was this request's only, so a
@@ -253,10 +253,10 @@ class DraftPolicy:
         remaining = self.costs.expected_remaining_tokens(len(request.output_token_ids), limit + 1)
         return catch_up_pays(speedup, remaining * self.costs.coverage.get(name, 1.0), cost)
 
-    def _mark_catch_up(self, name: str, rows: int, request: DraftRequest | None) -> None:
+    def _mark_catch_up(self, name: str, rows: int, request: DraftRequest) -> None:
         """``name`` caught up on ``rows`` tokens: from its first catch-up on, :meth:`finish`
         measures the share of the output its steps emit."""
-        if rows >= CATCH_UP_MIN_ROWS and request is not None and name not in self._caught_up_at:
+        if rows >= CATCH_UP_MIN_ROWS and name not in self._caught_up_at:
             self._caught_up_at[name] = len(request.output_token_ids)
             self._tokens_from[name] = 0
 
