@@ -1,6 +1,6 @@
 """Tiny GGUF models written with ``gguf``, in each block type the gguf runner multiplies.
 
-Weights are random raw blocks (Q4_K, Q6_K) or random floats quantized by ``gguf`` (Q5_0, Q8_0);
+Weights are random raw blocks (Q4_K, Q6_K) or random floats quantized by ``gguf`` (Q4_0, Q5_0, Q8_0);
 the tokenizer is a 96-token byte-level BPE vocabulary, EOS 1 (``<|im_end|>``). Shapes keep every
 row a whole number of 256-value super-blocks (hidden 256, ffn 512).
 """
@@ -22,6 +22,8 @@ FFN = 512
 # which block type each weight gets: every type appears in a linear layer of some model
 MIXED = {"attn_q": T.Q4_K, "attn_k": T.Q4_K, "attn_v": T.Q6_K, "attn_output": T.Q8_0, "ffn_gate": T.Q5_0,
          "ffn_up": T.Q5_0, "ffn_down": T.Q6_K, "output": T.Q6_K, "token_embd": T.Q4_K}
+Q4_0_MIX = {"attn_q": T.Q4_0, "attn_k": T.Q4_0, "attn_v": T.Q8_0, "attn_output": T.Q4_0, "ffn_gate": T.Q4_0,
+            "ffn_up": T.Q4_0, "ffn_down": T.Q6_K, "output": T.Q4_0, "token_embd": T.Q4_0}  # a llama.cpp Q4_0 file
 DRAFT_LIKE = {"attn_q": T.Q5_0, "attn_k": T.Q5_0, "attn_v": T.Q8_0, "attn_output": T.Q5_0, "ffn_gate": T.Q5_0,
               "ffn_up": T.Q5_0, "ffn_down": T.Q4_K, "output": T.Q8_0, "token_embd": T.Q5_0}
 TOKENS = ["<|endoftext|>", "<|im_end|>", "ab"] + [chr(ord("!") + i) for i in range(VOCAB - 3)]

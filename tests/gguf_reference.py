@@ -12,7 +12,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from gguf import quantize as gguf_quantize
 
-BLOCK = {T.Q4_K: (256, 144), T.Q6_K: (256, 210), T.Q5_0: (32, 22), T.Q8_0: (32, 34)}
+BLOCK = {T.Q4_K: (256, 144), T.Q6_K: (256, 210), T.Q4_0: (32, 18), T.Q5_0: (32, 22), T.Q8_0: (32, 34)}
 TYPES = tuple(BLOCK)
 
 
@@ -22,7 +22,7 @@ def random_blocks(qtype: T, out_features: int, in_features: int, rng: np.random.
     (K-quants: super-block scales ``d``, ``dmin`` uniform in [0.2, 1] * ``scale``). ``centred``:
     Q4_K mins equal to 7.5 scale steps, so weights have mean ~0 like a real model's."""
     block_k, nbytes = BLOCK[qtype]
-    if qtype in (T.Q5_0, T.Q8_0):  # gguf quantizes these from floats
+    if qtype in (T.Q4_0, T.Q5_0, T.Q8_0):  # gguf quantizes these from floats
         weights = rng.standard_normal((out_features, in_features)).astype(np.float32) * (50 * scale)
         return np.asarray(gguf_quantize(weights, qtype)).reshape(out_features, -1)
     raw = rng.integers(0, 256, (out_features, in_features // block_k, nbytes), dtype=np.uint8)
@@ -62,6 +62,9 @@ def decode(qtype: T, raw: np.ndarray, in_features: int) -> dict:
     b = raw.reshape(out, in_features // block_k, nbytes)
     if qtype == T.Q8_0:
         return {"q": b[..., 2:].view(np.int8).astype(np.int32).reshape(out, in_features), "d": _half(b[..., 0:2])}
+    if qtype == T.Q4_0:
+        qs = b[..., 2:18].astype(np.int32)
+        return {"q": np.concatenate([qs & 0xF, qs >> 4], axis=-1).reshape(out, in_features), "d": _half(b[..., 0:2])}
     if qtype == T.Q5_0:
         qh = b[..., 2:6].copy().view(np.uint32)[..., 0]
         qs = b[..., 6:22].astype(np.int32)
@@ -92,8 +95,8 @@ def dequantize(qtype: T, raw: np.ndarray, in_features: int) -> np.ndarray:
     d = w["d"][..., None]
     if qtype == T.Q8_0:
         return (q * d).reshape(out, in_features)
-    if qtype == T.Q5_0:
-        return (d * (q - 16)).reshape(out, in_features)
+    if qtype in (T.Q4_0, T.Q5_0):
+        return (d * (q - (8 if qtype == T.Q4_0 else 16))).reshape(out, in_features)
     if qtype == T.Q4_K:
         scale = (w["d"][..., None] * w["sc"].astype(np.float32))[..., None]
         mins = (w["dmin"][..., None] * w["m"].astype(np.float32))[..., None]
@@ -121,7 +124,7 @@ def reference_linear(qtype: T, raw: np.ndarray, x: np.ndarray) -> np.ndarray:
     xq, xd = quantize_activations(x, block_k)
     rows, out = x.shape[0], raw.shape[0]
     acc = np.zeros((rows, out), np.float32)
-    sub = {T.Q4_K: 32, T.Q6_K: 16, T.Q5_0: 32, T.Q8_0: 32}[qtype]
+    sub = {T.Q4_K: 32, T.Q6_K: 16, T.Q4_0: 32, T.Q5_0: 32, T.Q8_0: 32}[qtype]
     for b in range(in_features // block_k):
         cols = slice(b * block_k, (b + 1) * block_k)
         xs = xq[:, cols].reshape(rows, -1, sub)  # [rows, sub-blocks, sub]
@@ -138,6 +141,6 @@ def reference_linear(qtype: T, raw: np.ndarray, x: np.ndarray) -> np.ndarray:
             total = (dots * w["sc"][None, :, b, :]).sum(-1) - 32 * (sums[:, None, :] * w["sc"][None, :, b, :]).sum(-1)
             acc = acc + total.astype(np.float32) * (dx * w["d"][None, :, b])
         else:
-            total = dots[..., 0] - (16 * sums if qtype == T.Q5_0 else 0 * sums)
+            total = dots[..., 0] - {T.Q4_0: 8, T.Q5_0: 16, T.Q8_0: 0}[qtype] * sums
             acc = acc + total.astype(np.float32) * (dx * w["d"][None, :, b])
     return acc

@@ -39,7 +39,7 @@ def run(checkpoints, *extra, expect=0):
         ["--method", "layer-skip", "--schedule", "heuristic"],
         ["--method", "auto"],  # the default method and schedule (cost)
         ["--method", "auto", "--draft", "none"],  # n-gram backed up by layer skip
-        ["--method", "draft", "--draft-quantization", "int8", "--schedule", "constant", "-k", "3"],
+        ["--method", "draft", "--draft-quantization", "int8", "--runner", "torch", "--schedule", "constant", "-k", "3"],
         ["--method", "draft", "--draft-stop-threshold", "0.5"],
     ],
 )

@@ -1,9 +1,10 @@
 """The gguf kernels: repacked GGUF blocks times int8 activations, bit-exact against a numpy oracle.
 
-Each block type the runner uses (Q4_K, Q6_K, Q5_0, Q8_0): the oracle's integer decoding equals
+Each block type the runner uses (Q4_K, Q6_K, Q4_0, Q5_0, Q8_0): the oracle's integer decoding equals
 gguf's own de-quantization; the kernel equals the oracle's arithmetic bit for bit on both the
 AVX-512 and the portable path; every row of a k-row product equals the 1-row product; the
-result is close to the float product; attention rows equal their one-query computation.
+result is close to the float product; re-quantizing any of them to Q4_0 equals gguf's own Q4_0
+quantizer on the de-quantized values; attention rows equal their one-query computation.
 """
 
 import numpy as np
@@ -36,6 +37,7 @@ def test_oracle_decoding_equals_gguf_dequantize(qtype):
     [
         (T.Q4_K, 48, 512),  # two super-blocks, three tiles
         (T.Q6_K, 40, 768),  # 40 columns: the last tile is half padding
+        (T.Q4_0, 24, 160),  # five 32-blocks, two tiles (the second half padding)
         (T.Q5_0, 16, 96),  # three 32-blocks, one tile
         (T.Q8_0, 33, 64),  # 33 columns: one real column in the last tile
     ],
@@ -88,6 +90,16 @@ def test_product_is_close_to_the_float_product(qtype):
     exact = x @ quants.dequantize(raw, qtype).reshape(32, 512).T
     y = gguf_kernels().linear(torch.from_numpy(x), packed(qtype, raw, 32, 512), int(qtype), 32, 0)[:, :32].numpy()
     assert np.abs(y - exact).max() <= 0.02 * np.abs(exact).max()  # int8 activations: ~0.5 % per value
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_requantize_q4_0_equals_gguf_quantizing_the_dequantized_weights(qtype):
+    rng = np.random.default_rng(6)
+    raw = random_blocks(qtype, 37, 512, rng)
+    raw[5] = 0  # an all-zero row (Q4_K/Q6_K: d = 0): d = 0 and every q = 8, as gguf writes it
+    expected = quants.quantize(quants.dequantize(raw, qtype).reshape(37, 512).astype(np.float32), T.Q4_0)
+    ours = gguf_kernels().requantize_q4_0(torch.from_numpy(np.ascontiguousarray(raw)).reshape(-1), int(qtype), 37, 512)
+    assert ours.dtype == torch.uint8 and np.array_equal(ours.numpy().reshape(expected.shape), expected)
 
 
 @pytest.mark.parametrize(

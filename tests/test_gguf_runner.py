@@ -1,5 +1,6 @@
 """GGUFRunner on tiny GGUF files in every block type: bit-identical verify rows and tree nodes,
-exact speculative greedy, agreement with transformers' de-quantized model, loading errors."""
+exact speculative greedy (also with a draft re-quantized to Q4_0), agreement with transformers'
+de-quantized model, loading errors."""
 
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as T
 
-from gguf_models import DRAFT_LIKE, MIXED, VOCAB, perturbed_copy, write_gguf_model
+from gguf_models import DRAFT_LIKE, MIXED, Q4_0_MIX, VOCAB, perturbed_copy, write_gguf_model
 from helpers import CharTokenizer, default_pieces, single_thread  # noqa: F401  (fixture)
 from verispec.engine import SpeculativeConfig, SpeculativeEngine
 from verispec.errors import InvalidParameterError, ModelIntegrityError
@@ -36,6 +37,7 @@ def files(tmp_path_factory) -> dict[str, Path]:
         "llama": dict(types=DRAFT_LIKE, arch="llama", kv_heads=1, seed=2),  # q/k rows permuted by the converter
         "tied": dict(types=TIED, seed=3),
         "f32-embed": dict(types=F32_EMBED, seed=4),
+        "q4_0": dict(types=Q4_0_MIX, seed=5),
     }
     paths = {name: write_gguf_model(directory / f"{name}.gguf", **spec) for name, spec in specs.items()}
     # the target with 30 % of its head's blocks randomised: accepts about 0.5-0.8 of the drafts
@@ -54,14 +56,20 @@ def runner(path: Path, capacity: int = 256, **options) -> GGUFRunner:
     return GGUFRunner.from_file(path, max_context_length=capacity, **options)
 
 
+def draft_runner(files, kind: str) -> GGUFRunner:
+    """``kind``: a file name, or ``"<name>@q4_0"`` for that file re-quantized to Q4_0 as it loads."""
+    name, _, requantize = kind.partition("@")
+    return runner(files[name], requantize=requantize or None)
+
+
 def rows_one_at_a_time(r, token_ids):
     return torch.cat([r.forward([t]) for t in token_ids])
 
 
 @pytest.mark.parametrize("kernel_impl", IMPLS, indirect=True)
-@pytest.mark.parametrize("name", ["target", "draft", "llama", "tied", "f32-embed"])
+@pytest.mark.parametrize("name", ["target", "draft", "llama", "tied", "f32-embed", "q4_0", "draft@q4_0", "target@q4_0"])
 def test_verify_pass_is_bit_identical_to_one_token_steps(files, name, kernel_impl):
-    r = runner(files[name])
+    r = draft_runner(files, name)
     prompt = [(13 * i + 5) % VOCAB for i in range(40)]
     prefill(r, prompt)
     for k in (1, 2, 3, 5, 8, 9, 16, 17):  # every register-tile remainder
@@ -94,7 +102,7 @@ def test_two_threads_give_the_same_bits(files):
         torch.set_num_threads(1)
 
 
-@pytest.mark.parametrize("name", ["target", "llama"])
+@pytest.mark.parametrize("name", ["target", "llama", "q4_0"])
 def test_close_to_transformers_dequantized_model(files, name):
     from transformers import AutoModelForCausalLM
 
@@ -108,13 +116,14 @@ def test_close_to_transformers_dequantized_model(files, name):
     assert (ours.argmax(-1) == expected.argmax(-1)).float().mean() >= 0.9
 
 
-@pytest.mark.parametrize("draft_kind", ["target", "draft", "partial"])  # all accepted, almost none, some
+# all accepted, almost none, some; the partial draft re-quantized to Q4_0
+@pytest.mark.parametrize("draft_kind", ["target", "draft", "partial", "partial@q4_0"])
 @pytest.mark.parametrize("k", [1, 4, 8])
 def test_greedy_speculative_equals_plain(files, draft_kind, k):
     pieces = CharTokenizer(default_pieces(VOCAB))
     target = runner(files["target"])
     plain = SpeculativeEngine(target, pieces, eos_token_ids=())
-    drafter = DraftModelProposer(runner(files[draft_kind]))
+    drafter = DraftModelProposer(draft_runner(files, draft_kind))
     engine = SpeculativeEngine(target, pieces, eos_token_ids=(), proposers={"draft": drafter})
     accepted = []
     for prompt in PROMPTS:
@@ -124,8 +133,26 @@ def test_greedy_speculative_equals_plain(files, draft_kind, k):
         accepted.append(out.metrics.spec.acceptance_rate)
     if draft_kind == "target":
         assert min(accepted) == 1.0  # the target drafting for itself is always right
-    if draft_kind == "partial":
+    if draft_kind.startswith("partial"):
         assert 0.2 < sum(accepted) / len(accepted) < 1.0  # some drafts rejected, most accepted
+
+
+def test_q4_0_requantization_reads_fewer_bytes_and_stays_close(files):
+    """Every matrix the file stores above 4.5 bits per weight becomes Q4_0; Q4_K stays; the
+    logits move by about Q4_0's rounding, and the re-quantized draft still mostly agrees."""
+    full, q4 = runner(files["target"]), runner(files["target"], requantize="q4_0")
+    types = {qtype for layer in q4.weights.layers for linear in (layer.qkv, layer.o, layer.gate_up, layer.down)
+             for _, qtype, _ in linear.parts} | {qtype for _, qtype, _ in q4.weights.lm_head.parts}
+    assert types == {int(T.Q4_0), int(T.Q4_K)}  # MIXED: Q4_K q/k stay, Q6_K / Q8_0 / Q5_0 become Q4_0
+    assert q4.weights.nbytes() < 0.85 * full.weights.nbytes()
+    a, b = full.forward(PROMPTS[2]), q4.forward(PROMPTS[2])
+    assert not torch.equal(a, b)  # a different draft...
+    assert (a - b).abs().max() <= 0.1 * a.abs().max() and (a.argmax(-1) == b.argmax(-1)).float().mean() >= 0.8  # ...close to it
+
+
+def test_unknown_requantization_is_refused(files):
+    with pytest.raises(InvalidParameterError, match="unknown re-quantization 'q2_k'"):
+        runner(files["draft"], requantize="q2_k")
 
 
 @pytest.mark.parametrize("num_nodes", [3, 8])
@@ -194,7 +221,7 @@ def test_protocol_edges(files):
 
 def test_unsupported_block_type_is_named(tmp_path):
     path = write_gguf_model(tmp_path / "q4_1.gguf", dict(MIXED, attn_output=T.F32))
-    with pytest.raises(InvalidParameterError, match="blk.0.attn_output.weight .* F32.*Q4_K, Q6_K, Q5_0, Q8_0"):
+    with pytest.raises(InvalidParameterError, match="blk.0.attn_output.weight .* F32.*Q4_K, Q6_K, Q4_0, Q5_0, Q8_0"):
         runner(path)
 
 
@@ -228,3 +255,31 @@ def test_pipeline_auto_runs_gguf_files_on_the_gguf_runner(files, tmp_path, monke
     plain = pipe.generate("ab!c", params, SpeculativeConfig(method="none"))
     for method in ("draft", "tree", "auto", "ngram"):
         assert pipe.generate("ab!c", params, SpeculativeConfig(method=method, num_speculative_tokens=4)).token_ids == plain.token_ids
+
+
+def test_pipeline_with_a_q4_0_draft_gives_plain_output(files, tmp_path, monkeypatch):
+    from verispec.pipeline import DrafterOptions, SpeculativePipeline
+
+    monkeypatch.setenv("VERISPEC_HOME", str(tmp_path))
+    pipe = SpeculativePipeline.load(str(files["target"]), str(files["partial"]), drafters=DrafterOptions(draft_quantization="q4_0"))
+    assert pipe.runner_kind == "gguf"
+    assert {qtype for _, qtype, _ in pipe.draft_runner.weights.lm_head.parts} == {int(T.Q4_0)}  # the draft was re-quantized
+    assert {qtype for _, qtype, _ in pipe.target_runner.weights.lm_head.parts} == {int(T.Q6_K)}  # the target never is
+    params = SamplingParams(max_tokens=24)
+    plain = pipe.generate("ab!c", params, SpeculativeConfig(method="none"))
+    for method in ("draft", "tree", "auto"):
+        assert pipe.generate("ab!c", params, SpeculativeConfig(method=method, num_speculative_tokens=4)).token_ids == plain.token_ids
+
+
+@pytest.mark.parametrize(
+    "runner_kind, quantization, message",
+    [("torch", "q4_0", "needs --runner gguf"), ("gguf", "int8", "needs --runner torch")],
+)
+def test_draft_quantization_on_the_wrong_runner_is_refused(files, tmp_path, monkeypatch, runner_kind, quantization, message):
+    from verispec.pipeline import DrafterOptions, SpeculativePipeline
+    from verispec.runners.select import RunnerOptions
+
+    monkeypatch.setenv("VERISPEC_HOME", str(tmp_path))
+    with pytest.raises(InvalidParameterError, match=message):
+        SpeculativePipeline.load(str(files["target"]), str(files["partial"]), drafters=DrafterOptions(draft_quantization=quantization),
+                                 runners=RunnerOptions(kind=runner_kind))

@@ -64,7 +64,9 @@ def generate(
     layer_skip_layers: Optional[int] = typer.Option(
         None, help="Target layers the layer-skip drafter runs (default: a quarter; 0 = no layer skip)."
     ),
-    draft_quantization: str = typer.Option("none", help="none or int8 (weight-only) for the draft model."),
+    draft_quantization: str = typer.Option(
+        "none", help="none; int8 (weight-only, --runner torch); q4_0 (--runner gguf: the draft re-quantized to 4.5 bits per weight as it loads). Changes only what the draft proposes, never the output."
+    ),
     runner: str = typer.Option("auto", help=RUNNER_HELP),
     compare_plain: bool = typer.Option(
         False, "--compare-plain", help="Also decode the prompt plainly (after a 4-token untimed warm-up) and print both rates, the measured speedup and whether the tokens match."

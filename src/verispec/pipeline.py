@@ -28,10 +28,13 @@ from verispec.proposers.draft_model import DraftModelProposer
 from verispec.proposers.draft_tree import DraftTreeProposer, validate_tree_choices
 from verispec.proposers.layer_skip import LayerSkipProposer
 from verispec.proposers.ngram import NgramProposer
-from verispec.runners.quantize import QUANTIZATIONS, quantize_linear_layers
+from verispec.runners.quantize import quantize_linear_layers
 from verispec.runners.costs import seed_cost_model
 from verispec.runners.select import RunnerOptions, auto_picks_gguf, build_runners, cached_auto_choice, cached_curve
 from verispec.sampling import SamplingParams
+
+# --draft-quantization: the runner each one needs (None: any)
+DRAFT_QUANTIZATIONS = {"none": None, "int8": "torch", "q4_0": "gguf"}
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
@@ -46,8 +49,10 @@ class DrafterOptions:
         min_ngram, max_ngram: suffix lengths n-gram lookup tries (longest first).
         layer_skip_layers: target layers the layer-skip drafter runs; None = a quarter of the
             target's layers; 0 = no layer-skip drafter.
-        draft_quantization: ``"none"`` or ``"int8"`` (weight-only, per output channel) for the
-            draft model.
+        draft_quantization: ``"none"``; ``"int8"`` (weight-only, per output channel, torch
+            runner); or ``"q4_0"`` (gguf runner: the draft's matrices stored in more than 4.5 bits
+            per weight, Q5_0 / Q8_0 / Q6_K, re-quantized to Q4_0 as they load, so a draft step reads
+            fewer bytes). Either changes only what the draft proposes, never the output.
         tree_choices: a static shape for the draft model's token trees (Medusa-style paths of
             child ranks, :func:`verispec.proposers.draft_tree.validate_tree_choices`); None =
             the dynamic EAGLE-2-style tree.
@@ -77,9 +82,9 @@ class DrafterOptions:
             raise InvalidParameterError(f"draft_context_window must be >= 1 or None, got {self.draft_context_window}")
         if self.tree_choices is not None:
             object.__setattr__(self, "tree_choices", validate_tree_choices(self.tree_choices))
-        if self.draft_quantization not in QUANTIZATIONS:
+        if self.draft_quantization not in DRAFT_QUANTIZATIONS:
             raise InvalidParameterError(
-                f"unknown draft quantization {self.draft_quantization!r}; choose one of {', '.join(QUANTIZATIONS)}"
+                f"unknown draft quantization {self.draft_quantization!r}; choose one of {', '.join(DRAFT_QUANTIZATIONS)}"
             )
         if self.layer_skip_layers is not None and self.layer_skip_layers < 0:
             raise InvalidParameterError(f"layer_skip_layers must be >= 0, got {self.layer_skip_layers}")
@@ -142,14 +147,17 @@ class SpeculativePipeline:
                 target_eos_token_ids=target.eos_token_ids,
                 draft_eos_token_ids=draft.eos_token_ids,
             )
-        if draft is not None and drafters.draft_quantization != "none" and runners.kind == "torch":
+        if draft is not None and drafters.draft_quantization == "int8" and runners.kind != "torch":
+            raise InvalidParameterError(f"--draft-quantization int8 needs --runner torch, not {runners.kind} (gguf: q4_0)")
+        if draft is not None and drafters.draft_quantization == "int8":
             if draft.model is target.model:
                 raise InvalidParameterError("cannot quantize a draft that is the target model itself")
             quantize_linear_layers(draft.model, drafters.draft_quantization)
             draft = dataclasses.replace(draft, param_bytes=_tensor_bytes(draft.model))
         self.drafters = drafters
         self.tokenizer = target.tokenizer
-        built = build_runners(runners, target, draft)  # gguf, int8, llama.cpp, torch; auto resolved
+        requantize = drafters.draft_quantization if DRAFT_QUANTIZATIONS[drafters.draft_quantization] == "gguf" else None
+        built = build_runners(runners, target, draft, draft_requantize=requantize)  # gguf, int8, llama.cpp, torch; auto resolved
         self.runner_kind = built.kind
         # what the user is told: the load time including the runner's own weight loading, and the
         # bytes the runner really holds (packed blocks, int8 matrices) where it knows them

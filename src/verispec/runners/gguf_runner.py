@@ -1,9 +1,9 @@
 """The batch-invariant 4-bit CPU runner: a GGUF file's own quantized blocks, read straight from disk.
 
 Owns turning a Qwen2 / Llama GGUF file into :class:`GGUFWeights`: each weight matrix's blocks
-(Q4_K, Q6_K, Q5_0, Q8_0: the same bits llama.cpp runs) are memory-mapped one tensor at a time
-(no fp32 model; the mapping goes once the tensor is repacked) and repacked into the kernels'
-16-column tiles; norms, biases and RoPE tables stay float32; the token embedding stays mapped in
+(Q4_K, Q6_K, Q4_0, Q5_0, Q8_0: the same bits llama.cpp runs) are memory-mapped one tensor at a
+time (no fp32 model; the mapping goes once the tensor is repacked) and repacked into the kernels'
+16-column tiles (a draft may instead be re-quantized to Q4_0 on the way: :data:`REQUANTIZATIONS`); norms, biases and RoPE tables stay float32; the token embedding stays mapped in
 the file's format and its rows are de-quantized on lookup. The forward pass, KV cache,
 tree verification and rollback are :class:`verispec.runners.int8.Int8Runner`'s: every op is
 row-local and the block products (:mod:`verispec.runners.kernels`) accumulate in one fixed order,
@@ -28,7 +28,12 @@ from verispec.runners.int8 import Int8Runner
 from verispec.runners.int8_weights import DEFAULT_MAX_CONTEXT, Int8Layer, decoder_nbytes
 
 # ggml type ids the kernels multiply (ggml.h: enum ggml_type)
-SUPPORTED_TYPES = {12: "Q4_K", 14: "Q6_K", 6: "Q5_0", 8: "Q8_0"}
+SUPPORTED_TYPES = {12: "Q4_K", 14: "Q6_K", 2: "Q4_0", 6: "Q5_0", 8: "Q8_0"}
+Q4_0, Q4_K = 2, 12
+# What ``requantize`` may ask of the loader: "q4_0" re-quantizes every matrix stored in more than
+# 4.5 bits per weight (Q5_0, Q8_0, Q6_K) to Q4_0 (ggml's quantize_row_q4_0_ref); Q4_K and Q4_0 stay.
+# For a draft model only: its weights decide what it proposes, never what the target emits.
+REQUANTIZATIONS = ("q4_0",)
 FLOAT_TYPES = {0: np.float32, 1: np.float16}
 SUPPORTED_ARCHITECTURES = ("qwen2", "llama")
 IMPLEMENTATIONS = {"auto": 0, "portable": 1, "avx512": 2}
@@ -120,24 +125,30 @@ class GGUFWeights:
         return self.embedding.raw.numel() + decoder_nbytes(self)
 
     @classmethod
-    def from_file(cls, path: Path, max_positions: int, *, head_token_ids: Tensor | None = None) -> GGUFWeights:
-        """Read and repack ``path`` (see the module docstring).
+    def from_file(cls, path: Path, max_positions: int, *, head_token_ids: Tensor | None = None,
+                  requantize: str | None = None) -> GGUFWeights:
+        """Read and repack ``path`` (see the module docstring); ``requantize``: one of
+        :data:`REQUANTIZATIONS` or None (the file's own blocks).
 
         Raises:
             InvalidParameterError: an architecture other than qwen2/llama, RoPE scaling or partial
-                rotary, or a weight in a block type the kernels do not multiply (named).
+                rotary, a weight in a block type the kernels do not multiply (named), or an unknown
+                ``requantize``.
             ModelIntegrityError: a missing tensor, a truncated file, or a tensor of the wrong shape.
         """
         start = time.perf_counter()
         header = read_gguf_header(Path(path))
-        loader = _Loader(header)
+        loader = _Loader(header, requantize=requantize)
         weights = loader.weights(max_positions, head_token_ids)
         weights.load_time_s = time.perf_counter() - start
         return weights
 
 
 class _Loader:
-    def __init__(self, header: GGUFHeader) -> None:
+    def __init__(self, header: GGUFHeader, *, requantize: str | None = None) -> None:
+        if requantize is not None and requantize not in REQUANTIZATIONS:
+            raise InvalidParameterError(f"unknown re-quantization {requantize!r}; choose one of {', '.join(REQUANTIZATIONS)}")
+        self.requantize = requantize
         self.header = header
         self.path = header.path
         arch = header.architecture
@@ -223,6 +234,9 @@ class _Loader:
         parts = []
         for qtype, raws in groups:
             block = torch.cat(raws) if len(raws) > 1 else raws[0]
+            if self.requantize == "q4_0" and qtype not in (Q4_0, Q4_K) and in_features % 32 == 0:
+                block = kernels.requantize_q4_0(block.contiguous().view(-1), qtype, block.shape[0], in_features).view(block.shape[0], -1)
+                qtype = Q4_0
             packed = kernels.repack(block.contiguous().view(-1), qtype, block.shape[0], in_features)
             parts.append((packed, qtype, block.shape[0]))
         return GGUFLinear(parts, in_features, bias)
@@ -356,12 +370,13 @@ class GGUFRunner(Int8Runner):
 
     @classmethod
     def from_file(cls, path: Path, *, context_length: int | None = None, max_context_length: int | None = None,
-                  head_token_ids: Tensor | None = None) -> GGUFRunner:
-        """Load ``path``; capacity defaults to min(the model's context length, 4096)."""
+                  head_token_ids: Tensor | None = None, requantize: str | None = None) -> GGUFRunner:
+        """Load ``path``; capacity defaults to min(the model's context length, 4096); ``requantize``:
+        see :meth:`GGUFWeights.from_file`."""
         if max_context_length is None:
             header_length = context_length or int(read_gguf_header(Path(path)).arch_value("context_length", DEFAULT_MAX_CONTEXT))
             max_context_length = min(header_length, DEFAULT_MAX_CONTEXT)
-        weights = GGUFWeights.from_file(Path(path), int(max_context_length), head_token_ids=head_token_ids)
+        weights = GGUFWeights.from_file(Path(path), int(max_context_length), head_token_ids=head_token_ids, requantize=requantize)
         return cls(weights, max_context_length=int(max_context_length))
 
     def _rope_rows(self, positions: Tensor) -> Tensor:

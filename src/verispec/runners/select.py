@@ -56,20 +56,24 @@ class RunnerOptions:
             raise InvalidParameterError(f"draft_vocab_size must be >= 1, got {self.draft_vocab_size}")
 
 
-def make_runner(kind: str, loaded, *, max_context_length: int | None = None, head_token_ids=None) -> Runner:
+def make_runner(kind: str, loaded, *, max_context_length: int | None = None, head_token_ids=None,
+                requantize: str | None = None) -> Runner:
     """A runner of kind ``kind`` (not ``auto``) over ``loaded`` (a ``LoadedModel``).
 
-    ``head_token_ids`` ``[kept]``: reduced LM head (gguf, int8). Raises InvalidParameterError when
-    the kind cannot run this model (no torch model, not a GGUF file, unsupported architecture or
-    block type).
+    ``head_token_ids`` ``[kept]``: reduced LM head (gguf, int8). ``requantize``: see
+    :data:`verispec.runners.gguf_runner.REQUANTIZATIONS` (gguf only). Raises InvalidParameterError
+    when the kind cannot run this model (no torch model, not a GGUF file, unsupported architecture
+    or block type) or ``requantize`` is asked of another runner.
     """
+    if requantize is not None and kind != "gguf":
+        raise InvalidParameterError(f"re-quantizing a draft ({requantize}) needs --runner gguf, not {kind}")
     if kind == "gguf":
         from verispec.runners.gguf_runner import GGUFRunner
 
         if loaded.path is None or Path(loaded.path).suffix != ".gguf":
             raise InvalidParameterError(f"the gguf runner needs a .gguf model; {loaded.name} is not one")
         capacity = max_context_length or min(loaded.context_length, 4096)
-        return GGUFRunner.from_file(loaded.path, max_context_length=capacity, head_token_ids=head_token_ids)
+        return GGUFRunner.from_file(loaded.path, max_context_length=capacity, head_token_ids=head_token_ids, requantize=requantize)
     if kind == "llamacpp":
         from verispec.runners.llamacpp import LlamaCppRunner
 
@@ -224,12 +228,15 @@ class BuiltRunners:
     weight_bytes: dict[str, int] = field(default_factory=dict)  # bytes of weights the runner holds, where it knows
 
 
-def build_runners(options: RunnerOptions, target, draft=None, *, cache: CostCache | None = None) -> BuiltRunners:
+def build_runners(options: RunnerOptions, target, draft=None, *, cache: CostCache | None = None,
+                  draft_requantize: str | None = None) -> BuiltRunners:
     """Target and draft runners for loaded models (``LoadedModel``) as ``options`` asks.
 
     ``auto`` is resolved by cost curves (measured and cached on first use). The draft gets the
-    reduced LM head when ``options.draft_vocab_size`` is set. Raises InvalidParameterError when
-    the kind cannot run the models or a reduced head is asked of a runner other than int8.
+    reduced LM head when ``options.draft_vocab_size`` is set, and is re-quantized as it loads when
+    ``draft_requantize`` is one of :data:`verispec.runners.gguf_runner.REQUANTIZATIONS`. Raises
+    InvalidParameterError when the kind cannot run the models, a reduced head is asked of a runner
+    other than gguf / int8, or a re-quantization of a runner other than gguf.
     """
     kind = options.kind
     capacity = options.max_context_length
@@ -249,6 +256,8 @@ def build_runners(options: RunnerOptions, target, draft=None, *, cache: CostCach
         if kind not in BATCH_INVARIANT:
             raise InvalidParameterError(f"a reduced draft vocabulary needs --runner gguf or int8, not {kind}")
         head_token_ids = draft_head_token_ids(options, draft, always=tuple(target.eos_token_ids) + tuple(draft.eos_token_ids))
+    if draft_requantize is not None and draft is not None and kind != "gguf":
+        raise InvalidParameterError(f"--draft-quantization {draft_requantize} needs --runner gguf (or auto choosing it), not {kind}")
     load_s: dict[str, float] = {}
     start = time.perf_counter()
     target_runner = make_runner(kind, target, max_context_length=capacity)
@@ -256,7 +265,8 @@ def build_runners(options: RunnerOptions, target, draft=None, *, cache: CostCach
     draft_runner = draft_tree = None
     if draft is not None:
         start = time.perf_counter()
-        draft_runner = make_runner(kind, draft, max_context_length=capacity, head_token_ids=head_token_ids)
+        draft_runner = make_runner(kind, draft, max_context_length=capacity, head_token_ids=head_token_ids,
+                                   requantize=draft_requantize)
         load_s["draft"] = time.perf_counter() - start
         if kind in BATCH_INVARIANT:  # same weights, its own KV cache
             draft_tree = type(draft_runner)(draft_runner.weights, max_context_length=draft_runner.max_context_length)
@@ -264,7 +274,7 @@ def build_runners(options: RunnerOptions, target, draft=None, *, cache: CostCach
             draft_tree = make_runner(kind, draft, max_context_length=capacity)
     if kind == "gguf":  # seconds to measure: the controller then starts from this machine's costs
         _ensure_curve(cache or CostCache(), target, target_runner, kind)
-        if draft_runner is not None and options.draft_vocab_size is None:
+        if draft_runner is not None and options.draft_vocab_size is None and draft_requantize is None:
             _ensure_curve(cache or CostCache(), draft, draft_runner, kind)
     weight_bytes = {role: runner.weights.nbytes() for role, runner in (("target", target_runner), ("draft", draft_runner))
                     if runner is not None and hasattr(runner, "weights")}

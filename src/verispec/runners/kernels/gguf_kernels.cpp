@@ -13,8 +13,10 @@
 // separate mul/add intrinsics), so every row of a k-row call is bit-identical to a 1-row call,
 // and the AVX-512 path equals the portable path bit for bit.
 //
-// Block formats: ggml's Q4_K, Q6_K, Q5_0 and Q8_0 (ggml-common.h, ggml-quants.c). Activation
+// Block formats: ggml's Q4_K, Q6_K, Q4_0, Q5_0 and Q8_0 (ggml-common.h, ggml-quants.c). Activation
 // quantization follows llama.cpp's Q8_K (256 values per scale, K-quants) and Q8_0 (32 values).
+// requantize_q4_0 turns any of them into Q4_0 blocks (ggml's quantize_row_q4_0_ref), for a draft
+// model read at 4.5 bits per weight.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -45,6 +47,7 @@ Format format_of(int64_t qtype) {
     switch (qtype) {
         case Q4_K: return {256, 144, 2368, true};
         case Q6_K: return {256, 210, 3360, true};
+        case Q4_0: return {32, 18, 288, false};
         case Q5_0: return {32, 22, 352, false};
         case Q8_0: return {32, 34, 544, false};
         default: TORCH_CHECK(false, "unsupported GGUF block type ", qtype);
@@ -122,6 +125,15 @@ void decode_block(int64_t qtype, const uint8_t* raw, Decoded& out) {
             }
             break;
         }
+        case Q4_0: {
+            out.d = load_u16(raw);
+            const uint8_t* qs = raw + 2;
+            for (int i = 0; i < 16; ++i) {
+                out.q[i] = qs[i] & 0xF;
+                out.q[16 + i] = qs[i] >> 4;
+            }
+            break;
+        }
         case Q5_0: {
             out.d = load_u16(raw);
             uint32_t qh;
@@ -147,6 +159,7 @@ void decode_block(int64_t qtype, const uint8_t* raw, Decoded& out) {
 //        low = q(64p+4g+t), high = q(64p+32+4g+t)
 //  Q6_K: d u16[16] | scale[8][16][2] int8 | per pair p<8: N[h<4][c][t] (low nibble q(32p+4h+t),
 //        high nibble q(32p+16+4h+t)), H[e<2][c][t] (bits 2h..2h+1 = q(32p+16e+4h+t) >> 4)
+//  Q4_0: d u16[16] | N[h<4][c][t] (low q(4h+t), high q(16+4h+t))
 //  Q5_0: d u16[16] | N[h<4][c][t] (low q(4h+t), high q(16+4h+t)) | H[c][t] (bit g = q(4g+t) >> 4)
 //  Q8_0: d u16[16] | W[g<8][c][t] int8 = q(4g+t)
 void write_column(int64_t qtype, const Decoded& b, uint8_t* tile, int c) {
@@ -185,11 +198,13 @@ void write_column(int64_t qtype, const Decoded& b, uint8_t* tile, int c) {
             }
             break;
         }
+        case Q4_0:
         case Q5_0: {
             std::memcpy(tile + 2 * c, &b.d, 2);
       for (int h = 0; h < 4; ++h)
                 for (int t = 0; t < 4; ++t)
                     tile[32 + 64 * h + 4 * c + t] = (uint8_t)((b.q[4 * h + t] & 0xF) | ((b.q[16 + 4 * h + t] & 0xF) << 4));
+            if (qtype == Q4_0) break;
             for (int t = 0; t < 4; ++t) {
                 uint8_t bits = 0;
         for (int g = 0; g < 8; ++g) bits |= (uint8_t)(((b.q[4 * g + t] >> 4) & 1) << g);
@@ -365,6 +380,19 @@ void tile_portable(int64_t qtype, const TileArgs& a) {
                         acc = acc + pd;
                         break;
                     }
+                    case Q4_0: {
+                        int32_t dot = 0;
+            for (int h = 0; h < 4; ++h)
+                            for (int u = 0; u < 4; ++u) {
+                                const uint8_t nib = t[32 + 64 * h + 4 * c + u];
+                                dot += (nib & 0xF) * xb[4 * h + u] + (nib >> 4) * xb[16 + 4 * h + u];
+                            }
+                        const int32_t total = dot - 8 * x.s32[row * (x.in / 32) + b];
+                        const float dd = dx * half_to_float(load_u16(t + 2 * c));
+                        const float pd = (float)total * dd;
+                        acc = acc + pd;
+                        break;
+                    }
                     case Q5_0: {
                         int32_t dot = 0;
             for (int h = 0; h < 4; ++h)
@@ -529,6 +557,38 @@ VS_AVX512 void tile_q6k(const TileArgs& a) {
 }
 
 template <int R>
+VS_AVX512 void tile_q4_0(const TileArgs& a) {
+    const Activations& x = *a.act;
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m512 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    const int64_t nb = x.in / 32;
+    for (int64_t b = 0; b < a.nblocks; ++b) {
+        const uint8_t* t = a.tile + b * 288;
+        prefetch_block(t + 8 * 288, 288);
+        __m512i dot[R];
+        for (int r = 0; r < R; ++r) dot[r] = _mm512_setzero_si512();
+        for (int h = 0; h < 4; ++h) {
+            const __m512i v = _mm512_loadu_si512(t + 32 + 64 * h);
+            const __m512i w0 = _mm512_and_si512(v, m4), w1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            for (int r = 0; r < R; ++r) {
+                const int8_t* xr = x.q.data() + (a.row0 + r) * x.in + b * 32 + 4 * h;
+                dot[r] = dpbusd_bcast(dot[r], w0, xr);
+                dot[r] = dpbusd_bcast(dot[r], w1, xr + 16);
+            }
+        }
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)t));
+        for (int r = 0; r < R; ++r) {
+            const int32_t s = x.s32[(a.row0 + r) * nb + b];
+            const __m512i total = _mm512_sub_epi32(dot[r], _mm512_set1_epi32(8 * s));
+            const __m512 dx = _mm512_set1_ps(x.d[(a.row0 + r) * nb + b]);
+            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(dx, d)));
+        }
+    }
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(a.out + r * a.ldo, acc[r]);
+}
+
+template <int R>
 VS_AVX512 void tile_q5_0(const TileArgs& a) {
     const Activations& x = *a.act;
     const __m512i m4 = _mm512_set1_epi8(0x0F), m10 = _mm512_set1_epi8(0x10);
@@ -608,6 +668,7 @@ void tile_avx512_rows(int64_t qtype, const TileArgs& a) {
     switch (qtype) {
         case Q4_K: tile_q4k<R>(a); break;
         case Q6_K: tile_q6k<R>(a); break;
+        case Q4_0: tile_q4_0<R>(a); break;
         case Q5_0: tile_q5_0<R>(a); break;
         case Q8_0: tile_q8_0<R>(a); break;
         default: break;
@@ -688,6 +749,9 @@ void dequantize_row(int64_t qtype, const Format& f, const uint8_t* src, int64_t 
                     for (int i = 0; i < 16; ++i) y[16 * j + i] = scale * (float)((int)b.q[16 * j + i] - 32);
                 }
                 break;
+            case Q4_0:
+                for (int i = 0; i < 32; ++i) y[i] = d * (float)((int)b.q[i] - 8);
+                break;
             case Q5_0:
                 for (int i = 0; i < 32; ++i) y[i] = d * (float)((int)b.q[i] - 16);
                 break;
@@ -741,6 +805,46 @@ std::vector<torch::Tensor> requantize_int8(torch::Tensor raw, int64_t qtype, int
         }
     });
     return {q, scales};
+}
+
+// raw [out * row_bytes] uint8 of any supported type -> Q4_0 blocks [out * in / 32 * 18] uint8: each
+// row de-quantized (as dequantize) and quantized 32 values at a time as ggml's quantize_row_q4_0_ref
+// and gguf-py's Q4_0.quantize_blocks do, in float32: m = the value of largest magnitude (the first
+// such), d = m / -8, q = min(15, trunc(x * (1 / d) + 8.5)), d stored as fp16 (nearest even).
+torch::Tensor requantize_q4_0(torch::Tensor raw, int64_t qtype, int64_t out_features, int64_t in_features) {
+    const Format f = format_of(qtype);
+    const int64_t nblocks = check_raw_blocks(raw, f, out_features, in_features);
+    TORCH_CHECK(in_features % 32 == 0, "in_features ", in_features, " is not a multiple of 32");
+    const int64_t out_blocks = in_features / 32;
+    auto q = torch::empty({out_features * out_blocks * 18}, torch::kUInt8);
+    const int64_t row_bytes = nblocks * f.raw_bytes;
+    const uint8_t* src = raw.data_ptr<uint8_t>();
+    uint8_t* dst = q.data_ptr<uint8_t>();
+    at::parallel_for(0, out_features, 16, [&](int64_t r0, int64_t r1) {
+        std::vector<float> row(in_features);
+        float* w = row.data();
+        for (int64_t r = r0; r < r1; ++r) {
+            dequantize_row(qtype, f, src + r * row_bytes, nblocks, w);
+            for (int64_t blk = 0; blk < out_blocks; ++blk) {
+                const float* x = w + blk * 32;
+                uint8_t* o = dst + (r * out_blocks + blk) * 18;
+                float m = x[0], amax = std::fabs(x[0]);  // the first such value, signed zero included
+                for (int i = 1; i < 32; ++i)
+                    if (std::fabs(x[i]) > amax) { amax = std::fabs(x[i]); m = x[i]; }
+                const float d = m / -8.0f;
+                const float id = d != 0.0f ? 1.0f / d : 0.0f;
+                const uint16_t dh = c10::Half(d).x;
+                std::memcpy(o, &dh, 2);
+                uint8_t qv[32];
+                for (int i = 0; i < 32; ++i) {
+                    const float v = std::trunc(x[i] * id + 8.5f);  // separate product and sum (no FMA)
+                    qv[i] = (uint8_t)std::min(15.0f, std::max(0.0f, v));
+                }
+                for (int i = 0; i < 16; ++i) o[2 + i] = (uint8_t)(qv[i] | (qv[16 + i] << 4));
+            }
+        }
+    });
+    return q;
 }
 
 // x [rows, in] float32, packed from repack() -> [rows, ceil(out / 16) * 16] float32.
@@ -1084,6 +1188,7 @@ bool has_avx512_vnni() { return cpu_has_avx512_vnni(); }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("repack", &repack, "GGUF blocks [out, in / block] -> 16-column interleaved tiles");
+    m.def("requantize_q4_0", &requantize_q4_0, "GGUF blocks -> Q4_0 blocks (a draft model at 4.5 bits per weight)");
     m.def("requantize_int8", &requantize_int8, "GGUF blocks -> per-row int8 weights and scales (the int8 runner)");
     m.def("dequantize", &dequantize, "GGUF blocks [out, in / block] -> float32 [out, in]");
     m.def("linear", &linear, "x [rows, in] float32 times repacked GGUF weights -> [rows, padded out]");
