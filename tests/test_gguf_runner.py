@@ -257,13 +257,14 @@ def test_pipeline_auto_runs_gguf_files_on_the_gguf_runner(files, tmp_path, monke
         assert pipe.generate("ab!c", params, SpeculativeConfig(method=method, num_speculative_tokens=4)).token_ids == plain.token_ids
 
 
-def test_pipeline_with_a_q4_0_draft_gives_plain_output(files, tmp_path, monkeypatch):
+@pytest.mark.parametrize("quantization, draft_head", [("auto", T.Q4_0), ("q4_0", T.Q4_0), ("none", T.Q6_K)])
+def test_pipeline_with_a_q4_0_draft_gives_plain_output(files, tmp_path, monkeypatch, quantization, draft_head):
     from verispec.pipeline import DrafterOptions, SpeculativePipeline
 
     monkeypatch.setenv("VERISPEC_HOME", str(tmp_path))
-    pipe = SpeculativePipeline.load(str(files["target"]), str(files["partial"]), drafters=DrafterOptions(draft_quantization="q4_0"))
+    pipe = SpeculativePipeline.load(str(files["target"]), str(files["partial"]), drafters=DrafterOptions(draft_quantization=quantization))
     assert pipe.runner_kind == "gguf"
-    assert {qtype for _, qtype, _ in pipe.draft_runner.weights.lm_head.parts} == {int(T.Q4_0)}  # the draft was re-quantized
+    assert {qtype for _, qtype, _ in pipe.draft_runner.weights.lm_head.parts} == {int(draft_head)}  # auto: re-quantized
     assert {qtype for _, qtype, _ in pipe.target_runner.weights.lm_head.parts} == {int(T.Q6_K)}  # the target never is
     params = SamplingParams(max_tokens=24)
     plain = pipe.generate("ab!c", params, SpeculativeConfig(method="none"))

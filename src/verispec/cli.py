@@ -65,7 +65,7 @@ def generate(
         None, help="Target layers the layer-skip drafter runs (default: a quarter; 0 = no layer skip)."
     ),
     draft_quantization: str = typer.Option(
-        "none", help="none; int8 (weight-only, --runner torch); q4_0 (--runner gguf: the draft re-quantized to 4.5 bits per weight as it loads). Changes only what the draft proposes, never the output."
+        "auto", help="auto (q4_0 on the gguf runner, else none); none; int8 (weight-only, --runner torch); q4_0 (--runner gguf: the draft's 5-8-bit matrices re-quantized to 4.5 bits per weight as they load). Changes only what the draft proposes, never the output."
     ),
     runner: str = typer.Option("auto", help=RUNNER_HELP),
     compare_plain: bool = typer.Option(

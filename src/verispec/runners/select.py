@@ -234,7 +234,8 @@ def build_runners(options: RunnerOptions, target, draft=None, *, cache: CostCach
 
     ``auto`` is resolved by cost curves (measured and cached on first use). The draft gets the
     reduced LM head when ``options.draft_vocab_size`` is set, and is re-quantized as it loads when
-    ``draft_requantize`` is one of :data:`verispec.runners.gguf_runner.REQUANTIZATIONS`. Raises
+    ``draft_requantize`` is one of :data:`verispec.runners.gguf_runner.REQUANTIZATIONS` (``"auto"``:
+    ``q4_0`` when the runner is gguf, else nothing). Raises
     InvalidParameterError when the kind cannot run the models, a reduced head is asked of a runner
     other than gguf / int8, or a re-quantization of a runner other than gguf.
     """
@@ -256,6 +257,8 @@ def build_runners(options: RunnerOptions, target, draft=None, *, cache: CostCach
         if kind not in BATCH_INVARIANT:
             raise InvalidParameterError(f"a reduced draft vocabulary needs --runner gguf or int8, not {kind}")
         head_token_ids = draft_head_token_ids(options, draft, always=tuple(target.eos_token_ids) + tuple(draft.eos_token_ids))
+    if draft_requantize == "auto":
+        draft_requantize = "q4_0" if kind == "gguf" else None
     if draft_requantize is not None and draft is not None and kind != "gguf":
         raise InvalidParameterError(f"--draft-quantization {draft_requantize} needs --runner gguf (or auto choosing it), not {kind}")
     load_s: dict[str, float] = {}
