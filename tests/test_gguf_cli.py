@@ -247,3 +247,47 @@ def test_auto_falls_back_when_the_kernels_cannot_build(files, monkeypatch, capsy
     assert "no C++ compiler" in capsys.readouterr().err  # said, not a silent change of runner
     monkeypatch.undo()
     assert select.auto_picks_gguf(files["target"], files["draft"]) is True
+
+
+def test_int8_cache_gives_the_same_weights_and_skips_requantizing(files, tmp_path, monkeypatch):
+    """The second load reads the int8 matrices from the cache (re-quantizing is made to fail) and
+    gives bit-identical logits; a reduced head is cut from the cached full head; a cache that does
+    not match its index, or a changed GGUF file, is re-quantized."""
+    import json
+    import os
+    import shutil
+
+    from verispec.runners import int8_gguf
+    from verispec.runners.int8_gguf import int8_weights_from_gguf
+
+    model = tmp_path / "model.gguf"
+    shutil.copy(files["target"], model)
+    cache = tmp_path / "int8"
+    prompt = [11, 12, 13, 14, 15]
+    first = Int8Runner(int8_weights_from_gguf(model, 64, cache_dir=cache), max_context_length=64).forward(prompt)
+    assert torch.equal(first, Int8Runner(int8_weights_from_gguf(model, 64), max_context_length=64).forward(prompt))
+    (data,) = cache.glob("model-*.int8")
+    assert data.with_suffix(".json").is_file() and not list(cache.glob("*.tmp*"))
+
+    class NoRequantize:
+        def __getattr__(self, name):
+            if name == "requantize_int8":
+                raise AssertionError("re-quantized although the cache holds the matrices")
+            return getattr(gguf_kernels(), name)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(int8_gguf, "_kernels", lambda: NoRequantize())
+        cached = Int8Runner(int8_weights_from_gguf(model, 64, cache_dir=cache), max_context_length=64)
+        assert torch.equal(cached.forward(prompt), first)
+        kept = torch.tensor([0, 3, 6, 7, 8, 20, 21])
+        reduced = Int8Runner(int8_weights_from_gguf(model, 64, head_token_ids=kept, cache_dir=cache), max_context_length=64)
+        assert torch.equal(reduced.forward(prompt)[:, kept], first[:, kept])
+    with open(data, "r+b") as f:  # truncated: the index no longer matches, so it is rewritten
+        f.truncate(data.stat().st_size - 1)
+    assert torch.equal(Int8Runner(int8_weights_from_gguf(model, 64, cache_dir=cache), max_context_length=64).forward(prompt), first)
+    entries = json.loads(data.with_suffix(".json").read_text())["matrices"].values()
+    assert data.stat().st_size == sum(e["rows"] * (e["cols"] + 4) for e in entries)  # whole again
+    os.utime(model, ns=(0, 0))  # a changed file: a new cache replaces the old one
+    Int8Runner(int8_weights_from_gguf(model, 64, cache_dir=cache), max_context_length=64)
+    (renewed,) = cache.glob("model-*.int8")
+    assert renewed != data

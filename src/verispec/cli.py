@@ -385,6 +385,7 @@ def bench_runners(
     num_speculative_tokens: int = typer.Option(4, "--num-speculative-tokens", "-k", help="Draft tokens per target pass."),
     schedule: str = typer.Option("constant", help="constant, heuristic or cost (seeded with the measured curve)."),
     draft_vocab: int = typer.Option(32768, help="Rows of the reduced draft head (draft-frspec)."),
+    draft_quantization: str = typer.Option("q4_0", help="The gguf runner's drafts: q4_0 (re-quantized as they load, the default of generate/serve) or none (the file's blocks)."),
     draft_vocab_corpus: Optional[List[str]] = typer.Option(None, help="Files/directories counted for draft-frspec (default: Python stdlib)."),
     exactness_prompts: int = typer.Option(0, min=0, help="Also compare plain vs speculative output (32 tokens) on this many prompts."),
     quality_prompts: int = typer.Option(0, min=0, help="Also score each runner against the float32 model (teacher-forced, 32 tokens) on this many prompts."),
@@ -404,7 +405,7 @@ def bench_runners(
             target=target, draft=draft, runners=tuple(r for r in runners.split(",") if r), methods=tuple(m for m in methods.split(",") if m),
             prompts_file=str(prompts or ""), num_prompts=num_prompts, max_tokens=max_tokens, num_speculative_tokens=num_speculative_tokens,
             schedule=schedule, draft_vocab_size=draft_vocab, draft_vocab_corpus=tuple(draft_vocab_corpus or ()),
-            exactness_prompts=exactness_prompts, threads=threads, peer=peer,
+            exactness_prompts=exactness_prompts, threads=threads, peer=peer, draft_quantization=draft_quantization,
             prefill_tokens=_int_list(prefill_tokens, "--prefill-tokens"), quality_prompts=quality_prompts,
         )
         report = run_runners_bench(config, log=lambda line: err.print(line, highlight=False, markup=False))

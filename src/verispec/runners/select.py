@@ -85,7 +85,10 @@ def make_runner(kind: str, loaded, *, max_context_length: int | None = None, hea
         from verispec.runners.int8 import Int8Runner
 
         capacity = max_context_length or min(loaded.context_length, 4096)
-        return Int8Runner(int8_weights_from_gguf(loaded.path, capacity, head_token_ids=head_token_ids), max_context_length=capacity)
+        from verispec.models.store import verispec_home
+
+        weights = int8_weights_from_gguf(loaded.path, capacity, head_token_ids=head_token_ids, cache_dir=verispec_home() / "int8")
+        return Int8Runner(weights, max_context_length=capacity)
     if loaded.model is None:
         raise InvalidParameterError(f"the {kind} runner needs the model's weights in torch; {loaded.name} was loaded without")
     if kind == "int8":
