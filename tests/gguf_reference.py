@@ -12,7 +12,8 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from gguf import quantize as gguf_quantize
 
-BLOCK = {T.Q4_K: (256, 144), T.Q6_K: (256, 210), T.Q4_0: (32, 18), T.Q5_0: (32, 22), T.Q8_0: (32, 34)}
+BLOCK = {T.Q4_K: (256, 144), T.Q6_K: (256, 210), T.Q4_0: (32, 18), T.IQ4_NL: (32, 18), T.Q5_0: (32, 22), T.Q8_0: (32, 34)}
+IQ4_NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int32)
 TYPES = tuple(BLOCK)
 
 
@@ -35,6 +36,8 @@ def random_blocks(qtype: T, out_features: int, in_features: int, rng: np.random.
             sc = raw[..., 4:12].astype(np.int32) & 63  # random 6-bit scales; mins = scales
             raw[..., 4:16] = encode_q4k_scales(sc, sc)
         raw[..., 2:4] = dmin.astype(np.float16).view(np.uint8).reshape(*raw.shape[:2], 2)
+    elif qtype == T.IQ4_NL:  # random levels, d so that weights are about 50 * scale
+        raw[..., 0:2] = (rng.uniform(0.2, 1.0, raw.shape[:2]) * scale / 1.5).astype(np.float16).view(np.uint8).reshape(*raw.shape[:2], 2)
     else:
         raw[..., 208:210] = (rng.uniform(0.2, 1.0, raw.shape[:2]) * scale / 16).astype(np.float16).view(np.uint8).reshape(*raw.shape[:2], 2)
     return raw.reshape(out_features, -1)
@@ -62,9 +65,10 @@ def decode(qtype: T, raw: np.ndarray, in_features: int) -> dict:
     b = raw.reshape(out, in_features // block_k, nbytes)
     if qtype == T.Q8_0:
         return {"q": b[..., 2:].view(np.int8).astype(np.int32).reshape(out, in_features), "d": _half(b[..., 0:2])}
-    if qtype == T.Q4_0:
+    if qtype in (T.Q4_0, T.IQ4_NL):  # IQ4_NL: q is the level's value
         qs = b[..., 2:18].astype(np.int32)
-        return {"q": np.concatenate([qs & 0xF, qs >> 4], axis=-1).reshape(out, in_features), "d": _half(b[..., 0:2])}
+        q = np.concatenate([qs & 0xF, qs >> 4], axis=-1).reshape(out, in_features)
+        return {"q": IQ4_NL_VALUES[q] if qtype == T.IQ4_NL else q, "d": _half(b[..., 0:2])}
     if qtype == T.Q5_0:
         qh = b[..., 2:6].copy().view(np.uint32)[..., 0]
         qs = b[..., 6:22].astype(np.int32)
@@ -93,8 +97,8 @@ def dequantize(qtype: T, raw: np.ndarray, in_features: int) -> np.ndarray:
     out, nb = w["d"].shape
     q = w["q"].reshape(out, nb, -1).astype(np.float32)
     d = w["d"][..., None]
-    if qtype == T.Q8_0:
-        return (q * d).reshape(out, in_features)
+    if qtype in (T.Q8_0, T.IQ4_NL):
+        return (d * q if qtype == T.IQ4_NL else q * d).reshape(out, in_features)
     if qtype in (T.Q4_0, T.Q5_0):
         return (d * (q - (8 if qtype == T.Q4_0 else 16))).reshape(out, in_features)
     if qtype == T.Q4_K:
@@ -124,7 +128,7 @@ def reference_linear(qtype: T, raw: np.ndarray, x: np.ndarray) -> np.ndarray:
     xq, xd = quantize_activations(x, block_k)
     rows, out = x.shape[0], raw.shape[0]
     acc = np.zeros((rows, out), np.float32)
-    sub = {T.Q4_K: 32, T.Q6_K: 16, T.Q4_0: 32, T.Q5_0: 32, T.Q8_0: 32}[qtype]
+    sub = {T.Q4_K: 32, T.Q6_K: 16, T.Q4_0: 32, T.IQ4_NL: 32, T.Q5_0: 32, T.Q8_0: 32}[qtype]
     for b in range(in_features // block_k):
         cols = slice(b * block_k, (b + 1) * block_k)
         xs = xq[:, cols].reshape(rows, -1, sub)  # [rows, sub-blocks, sub]
@@ -141,6 +145,50 @@ def reference_linear(qtype: T, raw: np.ndarray, x: np.ndarray) -> np.ndarray:
             total = (dots * w["sc"][None, :, b, :]).sum(-1) - 32 * (sums[:, None, :] * w["sc"][None, :, b, :]).sum(-1)
             acc = acc + total.astype(np.float32) * (dx * w["d"][None, :, b])
         else:
-            total = dots[..., 0] - {T.Q4_0: 8, T.Q5_0: 16, T.Q8_0: 0}[qtype] * sums
+            total = dots[..., 0] - {T.Q4_0: 8, T.IQ4_NL: 0, T.Q5_0: 16, T.Q8_0: 0}[qtype] * sums
             acc = acc + total.astype(np.float32) * (dx * w["d"][None, :, b])
     return acc
+
+
+def quantize_iq4_nl(x: np.ndarray) -> np.ndarray:
+    """IQ4_NL blocks ``[rows, in / 32 * 18]`` uint8 of ``x`` ``[rows, in]`` float32: the kernels'
+    scale search (``quantize_block_iq4_nl``) written plainly, float32 sums in order (slow)."""
+    f = np.float32
+    blocks = x.astype(f).reshape(-1, 32)
+    out = np.zeros((len(blocks), 18), np.uint8)
+
+    def nearest(v):
+        if v <= IQ4_NL_VALUES[0]:
+            return 0
+        if v >= IQ4_NL_VALUES[15]:
+            return 15
+        hi = int(np.searchsorted(IQ4_NL_VALUES, v, side="right"))  # first level above v
+        return hi - 1 if v - f(IQ4_NL_VALUES[hi - 1]) <= f(IQ4_NL_VALUES[hi]) - v else hi
+
+    for n, xb in enumerate(blocks):
+        first = int(np.argmax(np.abs(xb)))  # the first value of largest magnitude
+        m, levels, d = xb[first], np.zeros(32, np.int64), f(0)
+        if abs(m) >= f(1e-15):
+            w = xb * xb
+
+            def fit(inv):
+                qx, q2 = [f(0)] * 4, [f(0)] * 4  # value i into partial sum i % 4
+                for i in range(32):
+                    q = f(IQ4_NL_VALUES[nearest(f(inv * xb[i]))])
+                    wq = f(w[i] * q)
+                    qx[i % 4], q2[i % 4] = f(qx[i % 4] + f(wq * xb[i])), f(q2[i % 4] + f(wq * q))
+                return f(f(qx[0] + qx[1]) + f(qx[2] + qx[3])), f(f(q2[0] + q2[1]) + f(q2[2] + q2[3]))
+
+            sumqx, sumq2 = fit(f(f(127) / m))
+            d = f(sumqx / sumq2) if sumq2 > 0 else f(0)
+            best = f(d * sumqx)
+            for t in range(-7, 8):
+                sumqx, sumq2 = fit(f(f(t - 127) / m))
+                if sumq2 > 0 and f(sumqx * sumqx) > f(best * sumq2):
+                    d = f(sumqx / sumq2)
+                    best = f(d * sumqx)
+            inv = f(f(1) / d) if d != 0 else f(0)
+            levels = np.array([nearest(f(inv * v)) for v in xb])
+        out[n, 0:2] = np.array([d], np.float16).view(np.uint8)
+        out[n, 2:] = (levels[:16] | (levels[16:] << 4)).astype(np.uint8)
+    return out.reshape(x.shape[0], -1)

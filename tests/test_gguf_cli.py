@@ -266,7 +266,7 @@ def test_int8_cache_gives_the_same_weights_and_skips_requantizing(files, tmp_pat
     prompt = [11, 12, 13, 14, 15]
     first = Int8Runner(int8_weights_from_gguf(model, 64, cache_dir=cache), max_context_length=64).forward(prompt)
     assert torch.equal(first, Int8Runner(int8_weights_from_gguf(model, 64), max_context_length=64).forward(prompt))
-    (data,) = cache.glob("model-*.int8")
+    (data,) = cache.glob("model-int8-*.bin")
     assert data.with_suffix(".json").is_file() and not list(cache.glob("*.tmp*"))
 
     class NoRequantize:
@@ -286,8 +286,19 @@ def test_int8_cache_gives_the_same_weights_and_skips_requantizing(files, tmp_pat
         f.truncate(data.stat().st_size - 1)
     assert torch.equal(Int8Runner(int8_weights_from_gguf(model, 64, cache_dir=cache), max_context_length=64).forward(prompt), first)
     entries = json.loads(data.with_suffix(".json").read_text())["matrices"].values()
-    assert data.stat().st_size == sum(e["rows"] * (e["cols"] + 4) for e in entries)  # whole again
+    assert data.stat().st_size == sum(a["nbytes"] for arrays in entries for a in arrays)  # whole again
     os.utime(model, ns=(0, 0))  # a changed file: a new cache replaces the old one
     Int8Runner(int8_weights_from_gguf(model, 64, cache_dir=cache), max_context_length=64)
-    (renewed,) = cache.glob("model-*.int8")
+    (renewed,) = cache.glob("model-int8-*.bin")
     assert renewed != data
+
+
+def test_an_unwritable_weight_cache_only_costs_time(files, tmp_path, capsys):
+    from verispec.runners.int8_gguf import int8_weights_from_gguf
+
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("")
+    prompt = [11, 12, 13]
+    logits = Int8Runner(int8_weights_from_gguf(files["target"], 64, cache_dir=blocked), max_context_length=64).forward(prompt)
+    assert torch.equal(logits, Int8Runner(int8_weights_from_gguf(files["target"], 64), max_context_length=64).forward(prompt))
+    assert "not caching derived weights" in capsys.readouterr().err and blocked.read_text() == ""

@@ -1,10 +1,11 @@
 """The gguf kernels: repacked GGUF blocks times int8 activations, bit-exact against a numpy oracle.
 
-Each block type the runner uses (Q4_K, Q6_K, Q4_0, Q5_0, Q8_0): the oracle's integer decoding equals
+Each block type the runner uses (Q4_K, Q6_K, Q4_0, IQ4_NL, Q5_0, Q8_0): the oracle's integer decoding equals
 gguf's own de-quantization; the kernel equals the oracle's arithmetic bit for bit on both the
 AVX-512 and the portable path; every row of a k-row product equals the 1-row product; the
 result is close to the float product; re-quantizing any of them to Q4_0 equals gguf's own Q4_0
-quantizer on the de-quantized values; attention rows equal their one-query computation.
+quantizer on the de-quantized values, and to IQ4_NL the oracle's scale search (with less error
+than Q4_0); attention rows equal their one-query computation.
 """
 
 import numpy as np
@@ -13,7 +14,7 @@ import torch
 from gguf import GGMLQuantizationType as T
 from gguf import quants
 
-from gguf_reference import TYPES, dequantize, random_blocks, reference_linear
+from gguf_reference import TYPES, dequantize, quantize_iq4_nl, random_blocks, reference_linear
 from helpers import single_thread  # noqa: F401  (fixture)
 from verispec.runners.kernels import gguf_kernels
 
@@ -38,6 +39,7 @@ def test_oracle_decoding_equals_gguf_dequantize(qtype):
         (T.Q4_K, 48, 512),  # two super-blocks, three tiles
         (T.Q6_K, 40, 768),  # 40 columns: the last tile is half padding
         (T.Q4_0, 24, 160),  # five 32-blocks, two tiles (the second half padding)
+        (T.IQ4_NL, 20, 96),  # three 32-blocks, two tiles
         (T.Q5_0, 16, 96),  # three 32-blocks, one tile
         (T.Q8_0, 33, 64),  # 33 columns: one real column in the last tile
     ],
@@ -98,8 +100,23 @@ def test_requantize_q4_0_equals_gguf_quantizing_the_dequantized_weights(qtype):
     raw = random_blocks(qtype, 37, 512, rng)
     raw[5] = 0  # an all-zero row (Q4_K/Q6_K: d = 0): d = 0 and every q = 8, as gguf writes it
     expected = quants.quantize(quants.dequantize(raw, qtype).reshape(37, 512).astype(np.float32), T.Q4_0)
-    ours = gguf_kernels().requantize_q4_0(torch.from_numpy(np.ascontiguousarray(raw)).reshape(-1), int(qtype), 37, 512)
+    ours = gguf_kernels().requantize_4bit(torch.from_numpy(np.ascontiguousarray(raw)).reshape(-1), int(qtype), 37, 512, int(T.Q4_0))
     assert ours.dtype == torch.uint8 and np.array_equal(ours.numpy().reshape(expected.shape), expected)
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_requantize_iq4_nl_equals_the_oracle_and_beats_q4_0(qtype):
+    rng = np.random.default_rng(7)
+    raw = random_blocks(qtype, 6, 256, rng)
+    raw[2] = 0  # an all-zero row: d = 0
+    values = quants.dequantize(raw, qtype).reshape(6, 256).astype(np.float32)
+    ours = gguf_kernels().requantize_4bit(torch.from_numpy(np.ascontiguousarray(raw)).reshape(-1), int(qtype), 6, 256, int(T.IQ4_NL))
+    ours = ours.numpy().reshape(6, -1)
+    assert np.array_equal(ours, quantize_iq4_nl(values))
+    if qtype in (T.Q5_0, T.Q8_0):  # normal weights (K-quant blocks here are uniform noise; Q4_0 to Q4_0 is exact)
+        iq4_error = np.square(quants.dequantize(ours, T.IQ4_NL).reshape(6, 256) - values).mean()
+        q4_0_error = np.square(quants.dequantize(quants.quantize(values, T.Q4_0), T.Q4_0).reshape(6, 256) - values).mean()
+        assert iq4_error < 0.8 * q4_0_error
 
 
 @pytest.mark.parametrize(

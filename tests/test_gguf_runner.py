@@ -67,7 +67,8 @@ def rows_one_at_a_time(r, token_ids):
 
 
 @pytest.mark.parametrize("kernel_impl", IMPLS, indirect=True)
-@pytest.mark.parametrize("name", ["target", "draft", "llama", "tied", "f32-embed", "q4_0", "draft@q4_0", "target@q4_0"])
+@pytest.mark.parametrize("name", ["target", "draft", "llama", "tied", "f32-embed", "q4_0", "draft@q4_0", "target@q4_0",
+                                  "draft@iq4_nl", "target@iq4_nl"])
 def test_verify_pass_is_bit_identical_to_one_token_steps(files, name, kernel_impl):
     r = draft_runner(files, name)
     prompt = [(13 * i + 5) % VOCAB for i in range(40)]
@@ -117,7 +118,7 @@ def test_close_to_transformers_dequantized_model(files, name):
 
 
 # all accepted, almost none, some; the partial draft re-quantized to Q4_0
-@pytest.mark.parametrize("draft_kind", ["target", "draft", "partial", "partial@q4_0"])
+@pytest.mark.parametrize("draft_kind", ["target", "draft", "partial", "partial@q4_0", "partial@iq4_nl"])
 @pytest.mark.parametrize("k", [1, 4, 8])
 def test_greedy_speculative_equals_plain(files, draft_kind, k):
     pieces = CharTokenizer(default_pieces(VOCAB))
@@ -137,13 +138,14 @@ def test_greedy_speculative_equals_plain(files, draft_kind, k):
         assert 0.2 < sum(accepted) / len(accepted) < 1.0  # some drafts rejected, most accepted
 
 
-def test_q4_0_requantization_reads_fewer_bytes_and_stays_close(files):
-    """Every matrix the file stores above 4.5 bits per weight becomes Q4_0; Q4_K stays; the
-    logits move by about Q4_0's rounding, and the re-quantized draft still mostly agrees."""
-    full, q4 = runner(files["target"]), runner(files["target"], requantize="q4_0")
+@pytest.mark.parametrize("requantize, qtype", [("q4_0", T.Q4_0), ("iq4_nl", T.IQ4_NL)])
+def test_requantization_reads_fewer_bytes_and_stays_close(files, requantize, qtype):
+    """Every matrix the file stores above 4.5 bits per weight becomes 4-bit; Q4_K stays; the
+    logits move by about the rounding, and the re-quantized draft still mostly agrees."""
+    full, q4 = runner(files["target"]), runner(files["target"], requantize=requantize)
     types = {qtype for layer in q4.weights.layers for linear in (layer.qkv, layer.o, layer.gate_up, layer.down)
              for _, qtype, _ in linear.parts} | {qtype for _, qtype, _ in q4.weights.lm_head.parts}
-    assert types == {int(T.Q4_0), int(T.Q4_K)}  # MIXED: Q4_K q/k stay, Q6_K / Q8_0 / Q5_0 become Q4_0
+    assert types == {int(qtype), int(T.Q4_K)}  # MIXED: Q4_K q/k stay, Q6_K / Q8_0 / Q5_0 are re-quantized
     assert q4.weights.nbytes() < 0.85 * full.weights.nbytes()
     a, b = full.forward(PROMPTS[2]), q4.forward(PROMPTS[2])
     assert not torch.equal(a, b)  # a different draft...
@@ -221,7 +223,7 @@ def test_protocol_edges(files):
 
 def test_unsupported_block_type_is_named(tmp_path):
     path = write_gguf_model(tmp_path / "q4_1.gguf", dict(MIXED, attn_output=T.F32))
-    with pytest.raises(InvalidParameterError, match="blk.0.attn_output.weight .* F32.*Q4_K, Q6_K, Q4_0, Q5_0, Q8_0"):
+    with pytest.raises(InvalidParameterError, match="blk.0.attn_output.weight .* F32.*Q4_K, Q6_K, Q4_0, IQ4_NL, Q5_0, Q8_0"):
         runner(path)
 
 
@@ -257,7 +259,7 @@ def test_pipeline_auto_runs_gguf_files_on_the_gguf_runner(files, tmp_path, monke
         assert pipe.generate("ab!c", params, SpeculativeConfig(method=method, num_speculative_tokens=4)).token_ids == plain.token_ids
 
 
-@pytest.mark.parametrize("quantization, draft_head", [("auto", T.Q4_0), ("q4_0", T.Q4_0), ("none", T.Q6_K)])
+@pytest.mark.parametrize("quantization, draft_head", [("auto", T.IQ4_NL), ("q4_0", T.Q4_0), ("iq4_nl", T.IQ4_NL), ("none", T.Q6_K)])
 def test_pipeline_with_a_q4_0_draft_gives_plain_output(files, tmp_path, monkeypatch, quantization, draft_head):
     from verispec.pipeline import DrafterOptions, SpeculativePipeline
 
@@ -284,3 +286,27 @@ def test_draft_quantization_on_the_wrong_runner_is_refused(files, tmp_path, monk
     with pytest.raises(InvalidParameterError, match=message):
         SpeculativePipeline.load(str(files["target"]), str(files["partial"]), drafters=DrafterOptions(draft_quantization=quantization),
                                  runners=RunnerOptions(kind=runner_kind))
+
+
+def test_requantized_draft_is_cached_and_read_back_bit_identical(files, tmp_path, monkeypatch):
+    """The first load writes the re-quantized matrices, the second reads them (re-quantizing is
+    made to fail) with bit-identical logits; a reduced head is cut from the cached full head."""
+    from verispec.runners import gguf_runner
+
+    cache = tmp_path / "weights"
+    first = runner(files["draft"], requantize="iq4_nl", cache_dir=cache)
+    assert len(list(cache.glob("draft-iq4_nl-*.bin"))) == 1 and not list(cache.glob("*.tmp*"))
+    expected = first.forward(PROMPTS[2])
+    assert torch.equal(expected, runner(files["draft"], requantize="iq4_nl").forward(PROMPTS[2]))  # uncached: the same
+
+    class NoRequantize:
+        def __getattr__(self, name):
+            if name == "requantize_4bit":
+                raise AssertionError("re-quantized although the cache holds the matrices")
+            return getattr(gguf_kernels(), name)
+
+    monkeypatch.setattr(gguf_runner, "_MODULE", [NoRequantize()])
+    assert torch.equal(runner(files["draft"], requantize="iq4_nl", cache_dir=cache).forward(PROMPTS[2]), expected)
+    kept = torch.tensor([1, 5, 17, 40, 95])
+    reduced = runner(files["draft"], requantize="iq4_nl", cache_dir=cache, head_token_ids=kept).forward(PROMPTS[2])
+    assert torch.equal(reduced[:, kept], expected[:, kept])

@@ -51,8 +51,8 @@ class RunnersBenchConfig:
         prefill_tokens: also time one prefill of this many prompt tokens per runner (tokens/s).
         quality_prompts: also score each runner against the float32 model, teacher-forced on its
             greedy output (``max_tokens`` capped at 32) on this many prompts (:mod:`verispec.bench.quality`).
-        draft_quantization: the gguf runner's drafts re-quantized as they load (``"q4_0"``, what
-            ``generate`` and ``serve`` do by default) or ``"none"`` (the file's blocks).
+        draft_quantization: the gguf runner's drafts re-quantized as they load (``"iq4_nl"``, what
+            ``generate`` and ``serve`` do by default, or ``"q4_0"``) or ``"none"`` (the file's blocks).
     """
 
     target: str = "qwen2.5-coder-1.5b-instruct"
@@ -72,13 +72,13 @@ class RunnersBenchConfig:
     peer: bool = True
     prefill_tokens: tuple[int, ...] = ()
     quality_prompts: int = 0
-    draft_quantization: str = "q4_0"
+    draft_quantization: str = "iq4_nl"
 
     def __post_init__(self) -> None:
-        if self.draft_quantization not in ("none", "q4_0"):
+        if self.draft_quantization not in ("none", "q4_0", "iq4_nl"):
             from verispec.errors import InvalidParameterError
 
-            raise InvalidParameterError(f"draft_quantization must be none or q4_0, got {self.draft_quantization!r}")
+            raise InvalidParameterError(f"draft_quantization must be none, q4_0 or iq4_nl, got {self.draft_quantization!r}")
 
 
 @dataclass
@@ -254,7 +254,10 @@ def _build(kind: str, config: RunnersBenchConfig, target_info, draft_info, threa
         from verispec.runners.gguf_runner import GGUFWeights
 
         def load(info, **options):  # RoPE tables for 4096 positions: the prefill lengths fit
-            return GGUFRunner(GGUFWeights.from_file(info.path, 4096, **options), max_context_length=CAPACITY)
+            from verispec.models.store import verispec_home
+
+            weights = GGUFWeights.from_file(info.path, 4096, cache_dir=verispec_home() / "weights", **options)
+            return GGUFRunner(weights, max_context_length=CAPACITY)
 
         requantize = None if config.draft_quantization == "none" else config.draft_quantization
         target, draft = load(target_info), load(draft_info, requantize=requantize)
@@ -274,7 +277,7 @@ def _build(kind: str, config: RunnersBenchConfig, target_info, draft_info, threa
         def load(info, **options):  # straight from the GGUF blocks, seconds
             from verispec.models.store import verispec_home
 
-            weights = int8_weights_from_gguf(info.path, 4096, cache_dir=verispec_home() / "int8", **options)
+            weights = int8_weights_from_gguf(info.path, 4096, cache_dir=verispec_home() / "weights", **options)
             return Int8Runner(weights, max_context_length=CAPACITY)
 
         target, draft = load(target_info), load(draft_info)

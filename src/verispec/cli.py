@@ -65,7 +65,7 @@ def generate(
         None, help="Target layers the layer-skip drafter runs (default: a quarter; 0 = no layer skip)."
     ),
     draft_quantization: str = typer.Option(
-        "auto", help="auto (q4_0 on the gguf runner, else none); none; int8 (weight-only, --runner torch); q4_0 (--runner gguf: the draft's 5-8-bit matrices re-quantized to 4.5 bits per weight as they load). Changes only what the draft proposes, never the output."
+        "auto", help="auto (iq4_nl on the gguf runner, else none); none; int8 (weight-only, --runner torch); iq4_nl or q4_0 (--runner gguf: the draft's 5-8-bit matrices re-quantized to 4.5 bits per weight as they load, once, kept under $VERISPEC_HOME/weights). Changes only what the draft proposes, never the output."
     ),
     runner: str = typer.Option("auto", help=RUNNER_HELP),
     compare_plain: bool = typer.Option(
@@ -385,7 +385,7 @@ def bench_runners(
     num_speculative_tokens: int = typer.Option(4, "--num-speculative-tokens", "-k", help="Draft tokens per target pass."),
     schedule: str = typer.Option("constant", help="constant, heuristic or cost (seeded with the measured curve)."),
     draft_vocab: int = typer.Option(32768, help="Rows of the reduced draft head (draft-frspec)."),
-    draft_quantization: str = typer.Option("q4_0", help="The gguf runner's drafts: q4_0 (re-quantized as they load, the default of generate/serve) or none (the file's blocks)."),
+    draft_quantization: str = typer.Option("iq4_nl", help="The gguf runner's drafts: iq4_nl (re-quantized as they load, the default of generate/serve), q4_0, or none (the file's blocks)."),
     draft_vocab_corpus: Optional[List[str]] = typer.Option(None, help="Files/directories counted for draft-frspec (default: Python stdlib)."),
     exactness_prompts: int = typer.Option(0, min=0, help="Also compare plain vs speculative output (32 tokens) on this many prompts."),
     quality_prompts: int = typer.Option(0, min=0, help="Also score each runner against the float32 model (teacher-forced, 32 tokens) on this many prompts."),

@@ -1,9 +1,9 @@
 """The batch-invariant 4-bit CPU runner: a GGUF file's own quantized blocks, read straight from disk.
 
 Owns turning a Qwen2 / Llama GGUF file into :class:`GGUFWeights`: each weight matrix's blocks
-(Q4_K, Q6_K, Q4_0, Q5_0, Q8_0: the same bits llama.cpp runs) are memory-mapped one tensor at a
+(Q4_K, Q6_K, Q4_0, IQ4_NL, Q5_0, Q8_0: the same bits llama.cpp runs) are memory-mapped one tensor at a
 time (no fp32 model; the mapping goes once the tensor is repacked) and repacked into the kernels'
-16-column tiles (a draft may instead be re-quantized to Q4_0 on the way: :data:`REQUANTIZATIONS`); norms, biases and RoPE tables stay float32; the token embedding stays mapped in
+16-column tiles (a draft may instead be re-quantized to 4 bits on the way: :data:`REQUANTIZATIONS`); norms, biases and RoPE tables stay float32; the token embedding stays mapped in
 the file's format and its rows are de-quantized on lookup. The forward pass, KV cache,
 tree verification and rollback are :class:`verispec.runners.int8.Int8Runner`'s: every op is
 row-local and the block products (:mod:`verispec.runners.kernels`) accumulate in one fixed order,
@@ -13,6 +13,7 @@ drafting or sampling.
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,12 +29,16 @@ from verispec.runners.int8 import Int8Runner
 from verispec.runners.int8_weights import DEFAULT_MAX_CONTEXT, Int8Layer, decoder_nbytes
 
 # ggml type ids the kernels multiply (ggml.h: enum ggml_type)
-SUPPORTED_TYPES = {12: "Q4_K", 14: "Q6_K", 2: "Q4_0", 6: "Q5_0", 8: "Q8_0"}
-Q4_0, Q4_K = 2, 12
-# What ``requantize`` may ask of the loader: "q4_0" re-quantizes every matrix stored in more than
-# 4.5 bits per weight (Q5_0, Q8_0, Q6_K) to Q4_0 (ggml's quantize_row_q4_0_ref); Q4_K and Q4_0 stay.
-# For a draft model only: its weights decide what it proposes, never what the target emits.
-REQUANTIZATIONS = ("q4_0",)
+SUPPORTED_TYPES = {12: "Q4_K", 14: "Q6_K", 2: "Q4_0", 20: "IQ4_NL", 6: "Q5_0", 8: "Q8_0"}
+Q4_0, Q4_K, IQ4_NL = 2, 12, 20
+# What ``requantize`` may ask of the loader: re-quantize every matrix stored in more than 4.5 bits
+# per weight (Q5_0, Q8_0, Q6_K) to "q4_0" (ggml's quantize_row_q4_0_ref) or "iq4_nl" (16
+# non-uniform levels, the scale searched as llama.cpp's IQ4_NL quantizer does: about 0.7x Q4_0's
+# error); the 4.5-bit types (Q4_K, Q4_0, IQ4_NL) stay. For a draft model only: its weights decide
+# what it proposes, never what the target emits.
+REQUANTIZATIONS = {"q4_0": Q4_0, "iq4_nl": IQ4_NL}
+REQUANTIZE_CACHE_VERSION = 1  # bump when requantize_4bit's results change
+FOUR_BIT_TYPES = (Q4_0, Q4_K, IQ4_NL)
 FLOAT_TYPES = {0: np.float32, 1: np.float16}
 SUPPORTED_ARCHITECTURES = ("qwen2", "llama")
 IMPLEMENTATIONS = {"auto": 0, "portable": 1, "avx512": 2}
@@ -126,9 +131,11 @@ class GGUFWeights:
 
     @classmethod
     def from_file(cls, path: Path, max_positions: int, *, head_token_ids: Tensor | None = None,
-                  requantize: str | None = None) -> GGUFWeights:
+                  requantize: str | None = None, cache_dir: Path | None = None) -> GGUFWeights:
         """Read and repack ``path`` (see the module docstring); ``requantize``: one of
-        :data:`REQUANTIZATIONS` or None (the file's own blocks).
+        :data:`REQUANTIZATIONS` or None (the file's own blocks); ``cache_dir``: where re-quantized
+        matrices are kept for the next load (:class:`verispec.runners.weight_cache.WeightCache`;
+        None: computed every time).
 
         Raises:
             InvalidParameterError: an architecture other than qwen2/llama, RoPE scaling or partial
@@ -138,17 +145,27 @@ class GGUFWeights:
         """
         start = time.perf_counter()
         header = read_gguf_header(Path(path))
-        loader = _Loader(header, requantize=requantize)
+        loader = _Loader(header, requantize=requantize, cache_dir=cache_dir)
         weights = loader.weights(max_positions, head_token_ids)
+        if loader.cache is not None:
+            loader.cache.finish()
         weights.load_time_s = time.perf_counter() - start
         return weights
 
 
 class _Loader:
-    def __init__(self, header: GGUFHeader, *, requantize: str | None = None) -> None:
+    def __init__(self, header: GGUFHeader, *, requantize: str | None = None, cache_dir: Path | None = None) -> None:
         if requantize is not None and requantize not in REQUANTIZATIONS:
             raise InvalidParameterError(f"unknown re-quantization {requantize!r}; choose one of {', '.join(REQUANTIZATIONS)}")
         self.requantize = requantize
+        self.cache = None
+        if requantize is not None and cache_dir is not None:
+            from verispec.runners.weight_cache import WeightCache
+
+            self.cache = WeightCache(Path(header.path), cache_dir, requantize, REQUANTIZE_CACHE_VERSION)
+            if not self.cache.hit and requantize == "iq4_nl":
+                print(f"verispec: re-quantizing {Path(header.path).name} to IQ4_NL (once, ~10 s; kept in {cache_dir})",
+                      file=sys.stderr, flush=True)
         self.header = header
         self.path = header.path
         arch = header.architecture
@@ -222,24 +239,38 @@ class _Loader:
         groups: list[tuple[int, list[Tensor]]] = []
         for index, name in enumerate(names):
             raw, info = self.rows(name, in_features)
+            qtype = info.qtype
+            if self.requantize is not None and qtype not in FOUR_BIT_TYPES and in_features % 32 == 0:
+                # per row, so re-quantizing the whole matrix then picking rows equals the reverse
+                raw, qtype = self._requantized(name, raw, qtype, in_features), REQUANTIZATIONS[self.requantize]
             heads = permute_heads[index] if index < len(permute_heads) else None
             if heads is not None:
                 raw = raw[_unpermute_rows(raw.shape[0], heads)]
             if row_ids is not None:
                 raw = raw[row_ids]
-            if groups and groups[-1][0] == info.qtype:
+            if groups and groups[-1][0] == qtype:
                 groups[-1][1].append(raw)
             else:
-                groups.append((info.qtype, [raw]))
+                groups.append((qtype, [raw]))
         parts = []
         for qtype, raws in groups:
             block = torch.cat(raws) if len(raws) > 1 else raws[0]
-            if self.requantize == "q4_0" and qtype not in (Q4_0, Q4_K) and in_features % 32 == 0:
-                block = kernels.requantize_q4_0(block.contiguous().view(-1), qtype, block.shape[0], in_features).view(block.shape[0], -1)
-                qtype = Q4_0
             packed = kernels.repack(block.contiguous().view(-1), qtype, block.shape[0], in_features)
             parts.append((packed, qtype, block.shape[0]))
         return GGUFLinear(parts, in_features, bias)
+
+    def _requantized(self, name: str, raw: Tensor, qtype: int, in_features: int) -> Tensor:
+        """``raw`` ``[out, row_bytes]`` re-quantized to ``self.requantize`` blocks, from the weight
+        cache when one is open (the scale search of IQ4_NL takes seconds per model)."""
+        to = REQUANTIZATIONS[self.requantize]
+
+        def compute() -> tuple[Tensor]:
+            flat = _kernels().requantize_4bit(raw.contiguous().view(-1), qtype, raw.shape[0], in_features, to)
+            return (flat.view(raw.shape[0], -1),)
+
+        if self.cache is None:
+            return compute()[0]
+        return self.cache.get(name, compute)[0]
 
     @property
     def q_heads(self) -> tuple:
@@ -370,13 +401,15 @@ class GGUFRunner(Int8Runner):
 
     @classmethod
     def from_file(cls, path: Path, *, context_length: int | None = None, max_context_length: int | None = None,
-                  head_token_ids: Tensor | None = None, requantize: str | None = None) -> GGUFRunner:
-        """Load ``path``; capacity defaults to min(the model's context length, 4096); ``requantize``:
-        see :meth:`GGUFWeights.from_file`."""
+                  head_token_ids: Tensor | None = None, requantize: str | None = None,
+                  cache_dir: Path | None = None) -> GGUFRunner:
+        """Load ``path``; capacity defaults to min(the model's context length, 4096); ``requantize``,
+        ``cache_dir``: see :meth:`GGUFWeights.from_file`."""
         if max_context_length is None:
             header_length = context_length or int(read_gguf_header(Path(path)).arch_value("context_length", DEFAULT_MAX_CONTEXT))
             max_context_length = min(header_length, DEFAULT_MAX_CONTEXT)
-        weights = GGUFWeights.from_file(Path(path), int(max_context_length), head_token_ids=head_token_ids, requantize=requantize)
+        weights = GGUFWeights.from_file(Path(path), int(max_context_length), head_token_ids=head_token_ids, requantize=requantize,
+                                        cache_dir=cache_dir)
         return cls(weights, max_context_length=int(max_context_length))
 
     def _rope_rows(self, positions: Tensor) -> Tensor:

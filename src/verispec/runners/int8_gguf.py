@@ -1,28 +1,24 @@
 """The int8 runner's weights read straight from a GGUF file (``--runner int8`` on GGUF models).
 
 Owns the layer-by-layer re-quantization of GGUF blocks to per-row int8 (the gguf kernels'
-``requantize_int8``, gguf's numpy code for other block types), the on-disk cache of those int8
-matrices (:class:`Int8Cache`: a later load reads them instead of re-quantizing) and the LM head
-packed in row ranges; reuses the gguf runner's loader, embedding and RoPE tables. Knows nothing
+``requantize_int8``, gguf's numpy code for other block types, kept in a
+:class:`verispec.runners.weight_cache.WeightCache` so a later load reads them instead) and the
+LM head packed in row ranges; reuses the gguf runner's loader, embedding and RoPE tables. Knows nothing
 about decoding.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from verispec.errors import InvalidParameterError
 from verispec.models.gguf_file import TensorInfo, read_gguf_header
+from verispec.runners.weight_cache import WeightCache
 from verispec.runners.gguf_runner import (
     SUPPORTED_TYPES,
     GGUFEmbedding,
@@ -36,6 +32,9 @@ from verispec.runners.gguf_runner import (
 )
 
 
+INT8_CACHE_VERSION = 1  # bump when the re-quantization (requantize_int8 and its callers) changes
+
+
 def int8_weights_from_gguf(path: Path, max_positions: int, *, head_token_ids: Tensor | None = None,
                            cache_dir: Path | None = None) -> GGUFWeights:
     """Weights for :class:`verispec.runners.int8.Int8Runner` read straight from a GGUF file, layer
@@ -46,7 +45,7 @@ def int8_weights_from_gguf(path: Path, max_positions: int, *, head_token_ids: Te
     see) and re-quantized per output row to int8 by the kernels in one pass, then prepacked, so
     neither a float model nor a second copy of the int8 model is ever held. ``head_token_ids``
     ``[kept]``: a reduced LM head (FR-Spec). ``cache_dir``: keep the int8 matrices there
-    (:class:`Int8Cache`), so the next load of the same file skips the re-quantization; None: no
+    (:class:`WeightCache`), so the next load of the same file skips the re-quantization; None: no
     cache. Raises what :meth:`GGUFWeights.from_file` raises.
     """
     from verispec.runners.int8_ops import Int8Weight, quantize_weight_rows
@@ -55,7 +54,7 @@ def int8_weights_from_gguf(path: Path, max_positions: int, *, head_token_ids: Te
         raise InvalidParameterError("head_token_ids must be strictly increasing")
     loader = _Loader(read_gguf_header(Path(path)))
     kernels = _kernels()
-    cache = Int8Cache(Path(path), cache_dir) if cache_dir is not None else None
+    cache = WeightCache(Path(path), cache_dir, "int8", INT8_CACHE_VERSION) if cache_dir is not None else None
 
     def int8_of(raw: Tensor, info: TensorInfo, in_features: int, key: str) -> tuple[Tensor, Tensor]:
         if cache is not None:
@@ -137,93 +136,3 @@ class RowChunks:
     def nbytes(self) -> int:
         return sum(p.nbytes() for p in self.parts)
 
-
-class Int8Cache:
-    """The int8 matrices (and their scales) re-quantized from one GGUF file, kept on disk.
-
-    ``<directory>/<file stem>-<key>.int8`` holds the matrices one after another, the ``.json``
-    beside it their offsets and shapes; the key hashes :data:`VERSION`, the file's path, size and
-    modification time, so a changed file (or a changed re-quantization) is re-quantized. A hit
-    maps each matrix only while it is packed (peak memory: the packed model plus one matrix). A
-    miss computes and appends each matrix as it goes, and the pair is published by renames once
-    complete, so a crash or a full disk leaves no half cache (then the load just goes on
-    uncached). A cache whose index or size does not match is ignored and rewritten. The values
-    are the ones the re-quantization gives, bit for bit, so the cache never changes results.
-    """
-
-    VERSION = 1  # bump when the re-quantization (requantize_int8 and its callers) changes
-
-    def __init__(self, gguf_path: Path, directory: Path) -> None:
-        stat = gguf_path.stat()
-        digest = hashlib.sha256(f"{self.VERSION}:{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-        self.data_path = Path(directory) / f"{gguf_path.stem}-{digest}.int8"
-        self.index_path = self.data_path.with_suffix(".json")
-        self.entries: dict | None = self._read_index()
-        self._writer = None
-        self._written: dict = {}
-        self._offset = 0
-
-    @property
-    def hit(self) -> bool:
-        return self.entries is not None
-
-    def _read_index(self) -> dict | None:
-        try:
-            entries = json.loads(self.index_path.read_text())["matrices"]
-            end = max((e["offset"] + e["rows"] * e["cols"] + 4 * e["rows"] for e in entries.values()), default=0)
-            if self.data_path.stat().st_size != end:
-                return None
-            return entries
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-
-    def get(self, key: str, compute: Callable[[], tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
-        """``(int8 [rows, cols], scales [rows] float32)`` of matrix ``key``: read, or computed (and stored)."""
-        if self.entries is not None and key in self.entries:
-            e = self.entries[key]
-            rows, cols, offset = int(e["rows"]), int(e["cols"]), int(e["offset"])
-            int8 = np.memmap(self.data_path, dtype=np.int8, mode="c", offset=offset, shape=(rows, cols))
-            scales = np.fromfile(self.data_path, dtype=np.float32, count=rows, offset=offset + rows * cols)
-            return torch.from_numpy(int8), torch.from_numpy(scales)
-        int8, scales = compute()
-        if self.entries is None:
-            self._append(key, int8, scales)
-        return int8, scales
-
-    def _append(self, key: str, int8: Tensor, scales: Tensor) -> None:
-        try:
-            if self._writer is None:
-                self.data_path.parent.mkdir(parents=True, exist_ok=True)
-                self._writer = open(self.data_path.with_suffix(f".int8.tmp{os.getpid()}"), "wb")
-            self._writer.write(memoryview(int8.contiguous().numpy()).cast("B"))
-            self._writer.write(memoryview(scales.float().contiguous().numpy()).cast("B"))
-            self._written[key] = {"offset": self._offset, "rows": int(int8.shape[0]), "cols": int(int8.shape[1])}
-            self._offset += int8.numel() + 4 * scales.numel()
-        except OSError as exc:
-            self._abandon(exc)
-
-    def _abandon(self, exc: OSError) -> None:
-        print(f"verispec: not caching the int8 weights ({exc}); the next load re-quantizes again", file=sys.stderr)
-        if self._writer is not None:
-            self._writer.close()
-            Path(self._writer.name).unlink(missing_ok=True)
-        self._writer = None
-        self.entries = {}  # stop writing; nothing is read from an empty index
-
-    def finish(self) -> None:
-        """Publish a cache that was written during this load (no-op after a hit or a failure)."""
-        if self._writer is None:
-            return
-        try:
-            self._writer.close()
-            index_tmp = self.index_path.with_suffix(f".json.tmp{os.getpid()}")
-            index_tmp.write_text(json.dumps({"version": self.VERSION, "matrices": self._written}))
-            os.replace(self._writer.name, self.data_path)
-            os.replace(index_tmp, self.index_path)
-            for stale in self.data_path.parent.glob(self.data_path.stem.rsplit("-", 1)[0] + "-*.int8"):
-                if stale != self.data_path:  # the same file before it changed: never read again
-                    stale.unlink(missing_ok=True)
-                    stale.with_suffix(".json").unlink(missing_ok=True)
-        except OSError as exc:
-            self._abandon(exc)
-        self._writer = None

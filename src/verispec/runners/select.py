@@ -73,7 +73,10 @@ def make_runner(kind: str, loaded, *, max_context_length: int | None = None, hea
         if loaded.path is None or Path(loaded.path).suffix != ".gguf":
             raise InvalidParameterError(f"the gguf runner needs a .gguf model; {loaded.name} is not one")
         capacity = max_context_length or min(loaded.context_length, 4096)
-        return GGUFRunner.from_file(loaded.path, max_context_length=capacity, head_token_ids=head_token_ids, requantize=requantize)
+        from verispec.models.store import verispec_home
+
+        return GGUFRunner.from_file(loaded.path, max_context_length=capacity, head_token_ids=head_token_ids, requantize=requantize,
+                                    cache_dir=verispec_home() / "weights")
     if kind == "llamacpp":
         from verispec.runners.llamacpp import LlamaCppRunner
 
@@ -87,7 +90,7 @@ def make_runner(kind: str, loaded, *, max_context_length: int | None = None, hea
         capacity = max_context_length or min(loaded.context_length, 4096)
         from verispec.models.store import verispec_home
 
-        weights = int8_weights_from_gguf(loaded.path, capacity, head_token_ids=head_token_ids, cache_dir=verispec_home() / "int8")
+        weights = int8_weights_from_gguf(loaded.path, capacity, head_token_ids=head_token_ids, cache_dir=verispec_home() / "weights")
         return Int8Runner(weights, max_context_length=capacity)
     if loaded.model is None:
         raise InvalidParameterError(f"the {kind} runner needs the model's weights in torch; {loaded.name} was loaded without")
@@ -238,7 +241,7 @@ def build_runners(options: RunnerOptions, target, draft=None, *, cache: CostCach
     ``auto`` is resolved by cost curves (measured and cached on first use). The draft gets the
     reduced LM head when ``options.draft_vocab_size`` is set, and is re-quantized as it loads when
     ``draft_requantize`` is one of :data:`verispec.runners.gguf_runner.REQUANTIZATIONS` (``"auto"``:
-    ``q4_0`` when the runner is gguf, else nothing). Raises
+    ``iq4_nl`` when the runner is gguf, else nothing). Raises
     InvalidParameterError when the kind cannot run the models, a reduced head is asked of a runner
     other than gguf / int8, or a re-quantization of a runner other than gguf.
     """
@@ -261,7 +264,7 @@ def build_runners(options: RunnerOptions, target, draft=None, *, cache: CostCach
             raise InvalidParameterError(f"a reduced draft vocabulary needs --runner gguf or int8, not {kind}")
         head_token_ids = draft_head_token_ids(options, draft, always=tuple(target.eos_token_ids) + tuple(draft.eos_token_ids))
     if draft_requantize == "auto":
-        draft_requantize = "q4_0" if kind == "gguf" else None
+        draft_requantize = "iq4_nl" if kind == "gguf" else None
     if draft_requantize is not None and draft is not None and kind != "gguf":
         raise InvalidParameterError(f"--draft-quantization {draft_requantize} needs --runner gguf (or auto choosing it), not {kind}")
     load_s: dict[str, float] = {}

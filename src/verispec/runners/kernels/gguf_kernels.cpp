@@ -13,10 +13,10 @@
 // separate mul/add intrinsics), so every row of a k-row call is bit-identical to a 1-row call,
 // and the AVX-512 path equals the portable path bit for bit.
 //
-// Block formats: ggml's Q4_K, Q6_K, Q4_0, Q5_0 and Q8_0 (ggml-common.h, ggml-quants.c). Activation
-// quantization follows llama.cpp's Q8_K (256 values per scale, K-quants) and Q8_0 (32 values).
-// requantize_q4_0 turns any of them into Q4_0 blocks (ggml's quantize_row_q4_0_ref), for a draft
-// model read at 4.5 bits per weight.
+// Block formats: ggml's Q4_K, Q6_K, Q4_0, IQ4_NL, Q5_0 and Q8_0 (ggml-common.h, ggml-quants.c).
+// Activation quantization follows llama.cpp's Q8_K (256 values per scale, K-quants) and Q8_0 (32
+// values). requantize_4bit turns any of them into Q4_0 or IQ4_NL blocks, for a draft model read at
+// 4.5 bits per weight.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -34,7 +34,11 @@ namespace {
 
 constexpr int TILE = 16;  // output columns per interleaved tile
 
-enum QType : int64_t { Q4_0 = 2, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q6_K = 14 };
+enum QType : int64_t { Q4_0 = 2, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q6_K = 14, IQ4_NL = 20 };
+
+// IQ4_NL's 16 levels (ggml-common.h kvalues_iq4nl), and the same plus 128 as unsigned bytes for
+// the VNNI product (u8 weights times s8 activations, the offset taken back with the row sums).
+constexpr int8_t IQ4_NL_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 struct Format {
     int block_k;      // weights per block along the input dimension
@@ -47,7 +51,8 @@ Format format_of(int64_t qtype) {
     switch (qtype) {
         case Q4_K: return {256, 144, 2368, true};
         case Q6_K: return {256, 210, 3360, true};
-        case Q4_0: return {32, 18, 288, false};
+        case Q4_0:
+        case IQ4_NL: return {32, 18, 288, false};
         case Q5_0: return {32, 22, 352, false};
         case Q8_0: return {32, 34, 544, false};
         default: TORCH_CHECK(false, "unsupported GGUF block type ", qtype);
@@ -125,7 +130,8 @@ void decode_block(int64_t qtype, const uint8_t* raw, Decoded& out) {
             }
             break;
         }
-        case Q4_0: {
+        case Q4_0:
+        case IQ4_NL: {  // IQ4_NL: q is the index of the level
             out.d = load_u16(raw);
             const uint8_t* qs = raw + 2;
             for (int i = 0; i < 16; ++i) {
@@ -159,7 +165,7 @@ void decode_block(int64_t qtype, const uint8_t* raw, Decoded& out) {
 //        low = q(64p+4g+t), high = q(64p+32+4g+t)
 //  Q6_K: d u16[16] | scale[8][16][2] int8 | per pair p<8: N[h<4][c][t] (low nibble q(32p+4h+t),
 //        high nibble q(32p+16+4h+t)), H[e<2][c][t] (bits 2h..2h+1 = q(32p+16e+4h+t) >> 4)
-//  Q4_0: d u16[16] | N[h<4][c][t] (low q(4h+t), high q(16+4h+t))
+//  Q4_0, IQ4_NL: d u16[16] | N[h<4][c][t] (low q(4h+t), high q(16+4h+t))
 //  Q5_0: d u16[16] | N[h<4][c][t] (low q(4h+t), high q(16+4h+t)) | H[c][t] (bit g = q(4g+t) >> 4)
 //  Q8_0: d u16[16] | W[g<8][c][t] int8 = q(4g+t)
 void write_column(int64_t qtype, const Decoded& b, uint8_t* tile, int c) {
@@ -199,12 +205,13 @@ void write_column(int64_t qtype, const Decoded& b, uint8_t* tile, int c) {
             break;
         }
         case Q4_0:
+        case IQ4_NL:
         case Q5_0: {
             std::memcpy(tile + 2 * c, &b.d, 2);
       for (int h = 0; h < 4; ++h)
                 for (int t = 0; t < 4; ++t)
                     tile[32 + 64 * h + 4 * c + t] = (uint8_t)((b.q[4 * h + t] & 0xF) | ((b.q[16 + 4 * h + t] & 0xF) << 4));
-            if (qtype == Q4_0) break;
+            if (qtype != Q5_0) break;
             for (int t = 0; t < 4; ++t) {
                 uint8_t bits = 0;
         for (int g = 0; g < 8; ++g) bits |= (uint8_t)(((b.q[4 * g + t] >> 4) & 1) << g);
@@ -390,6 +397,18 @@ void tile_portable(int64_t qtype, const TileArgs& a) {
                         const int32_t total = dot - 8 * x.s32[row * (x.in / 32) + b];
                         const float dd = dx * half_to_float(load_u16(t + 2 * c));
                         const float pd = (float)total * dd;
+                        acc = acc + pd;
+                        break;
+                    }
+                    case IQ4_NL: {
+                        int32_t dot = 0;
+            for (int h = 0; h < 4; ++h)
+                            for (int u = 0; u < 4; ++u) {
+                                const uint8_t nib = t[32 + 64 * h + 4 * c + u];
+                                dot += IQ4_NL_VALUES[nib & 0xF] * xb[4 * h + u] + IQ4_NL_VALUES[nib >> 4] * xb[16 + 4 * h + u];
+                            }
+                        const float dd = dx * half_to_float(load_u16(t + 2 * c));
+                        const float pd = (float)dot * dd;
                         acc = acc + pd;
                         break;
                     }
@@ -588,6 +607,45 @@ VS_AVX512 void tile_q4_0(const TileArgs& a) {
     for (int r = 0; r < R; ++r) _mm512_storeu_ps(a.out + r * a.ldo, acc[r]);
 }
 
+// IQ4_NL: the nibble picks its level + 128 (one byte shuffle per 64 bytes), so the product is
+// the unsigned-by-signed VNNI one and 128 * (the activations' block sum) is subtracted after:
+// exactly sum(level * x) in int32, as the portable path computes it.
+template <int R>
+VS_AVX512 void tile_iq4_nl(const TileArgs& a) {
+    const Activations& x = *a.act;
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    alignas(16) int8_t shifted[16];
+    for (int i = 0; i < 16; ++i) shifted[i] = (int8_t)(uint8_t)(IQ4_NL_VALUES[i] + 128);
+    const __m512i table = _mm512_broadcast_i32x4(_mm_load_si128((const __m128i*)shifted));
+    __m512 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    const int64_t nb = x.in / 32;
+    for (int64_t b = 0; b < a.nblocks; ++b) {
+        const uint8_t* t = a.tile + b * 288;
+        prefetch_block(t + 8 * 288, 288);
+        __m512i dot[R];
+        for (int r = 0; r < R; ++r) dot[r] = _mm512_setzero_si512();
+        for (int h = 0; h < 4; ++h) {
+            const __m512i v = _mm512_loadu_si512(t + 32 + 64 * h);
+            const __m512i w0 = _mm512_shuffle_epi8(table, _mm512_and_si512(v, m4));
+            const __m512i w1 = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
+            for (int r = 0; r < R; ++r) {
+                const int8_t* xr = x.q.data() + (a.row0 + r) * x.in + b * 32 + 4 * h;
+                dot[r] = dpbusd_bcast(dot[r], w0, xr);
+                dot[r] = dpbusd_bcast(dot[r], w1, xr + 16);
+            }
+        }
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)t));
+        for (int r = 0; r < R; ++r) {
+            const int32_t s = x.s32[(a.row0 + r) * nb + b];
+            const __m512i total = _mm512_sub_epi32(dot[r], _mm512_set1_epi32(128 * s));
+            const __m512 dx = _mm512_set1_ps(x.d[(a.row0 + r) * nb + b]);
+            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(dx, d)));
+        }
+    }
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(a.out + r * a.ldo, acc[r]);
+}
+
 template <int R>
 VS_AVX512 void tile_q5_0(const TileArgs& a) {
     const Activations& x = *a.act;
@@ -669,6 +727,7 @@ void tile_avx512_rows(int64_t qtype, const TileArgs& a) {
         case Q4_K: tile_q4k<R>(a); break;
         case Q6_K: tile_q6k<R>(a); break;
         case Q4_0: tile_q4_0<R>(a); break;
+        case IQ4_NL: tile_iq4_nl<R>(a); break;
         case Q5_0: tile_q5_0<R>(a); break;
         case Q8_0: tile_q8_0<R>(a); break;
         default: break;
@@ -752,6 +811,9 @@ void dequantize_row(int64_t qtype, const Format& f, const uint8_t* src, int64_t 
             case Q4_0:
                 for (int i = 0; i < 32; ++i) y[i] = d * (float)((int)b.q[i] - 8);
                 break;
+            case IQ4_NL:
+                for (int i = 0; i < 32; ++i) y[i] = d * (float)IQ4_NL_VALUES[b.q[i]];
+                break;
             case Q5_0:
                 for (int i = 0; i < 32; ++i) y[i] = d * (float)((int)b.q[i] - 16);
                 break;
@@ -807,13 +869,103 @@ std::vector<torch::Tensor> requantize_int8(torch::Tensor raw, int64_t qtype, int
     return {q, scales};
 }
 
-// raw [out * row_bytes] uint8 of any supported type -> Q4_0 blocks [out * in / 32 * 18] uint8: each
-// row de-quantized (as dequantize) and quantized 32 values at a time as ggml's quantize_row_q4_0_ref
-// and gguf-py's Q4_0.quantize_blocks do, in float32: m = the value of largest magnitude (the first
-// such), d = m / -8, q = min(15, trunc(x * (1 / d) + 8.5)), d stored as fp16 (nearest even).
-torch::Tensor requantize_q4_0(torch::Tensor raw, int64_t qtype, int64_t out_features, int64_t in_features) {
+// One block of 32 values -> Q4_0 as ggml's quantize_row_q4_0_ref and gguf-py's
+// Q4_0.quantize_blocks do, in float32: m = the value of largest magnitude (the first such),
+// d = m / -8, q = min(15, trunc(x * (1 / d) + 8.5)), d stored as fp16 (nearest even).
+void quantize_block_q4_0(const float* x, uint8_t* o) {
+    float m = x[0], amax = std::fabs(x[0]);  // the first such value, signed zero included
+    for (int i = 1; i < 32; ++i)
+        if (std::fabs(x[i]) > amax) { amax = std::fabs(x[i]); m = x[i]; }
+    const float d = m / -8.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const uint16_t dh = c10::Half(d).x;
+    std::memcpy(o, &dh, 2);
+    uint8_t qv[32];
+    for (int i = 0; i < 32; ++i) {
+        const float v = std::trunc(x[i] * id + 8.5f);  // separate product and sum (no FMA)
+        qv[i] = (uint8_t)std::min(15.0f, std::max(0.0f, v));
+    }
+    for (int i = 0; i < 16; ++i) o[2 + i] = (uint8_t)(qv[i] | (qv[16 + i] << 4));
+}
+
+// The level of IQ4_NL_VALUES nearest to v (the lower one on a tie), by table: every midpoint
+// between two levels is a multiple of 1/2, so j = ceil(2 v) (v in (j/2 - 1/2, j/2]) decides it
+// exactly: the whole interval lies on one side of each midpoint, a midpoint itself going low.
+struct NearestIQ4NL {
+    uint8_t table[2 * 256 + 1];  // index j + 256 for j in -256 .. 256
+    NearestIQ4NL() {
+        for (int j = -256; j <= 256; ++j) {
+            const float v = 0.5f * (float)j;  // the interval's top: the same answer as all of it
+            int best = 0;
+            for (int l = 1; l < 16; ++l)
+                if (std::fabs(v - IQ4_NL_VALUES[l]) < std::fabs(v - IQ4_NL_VALUES[best])) best = l;
+            table[j + 256] = (uint8_t)best;
+        }
+    }
+};
+const NearestIQ4NL NEAREST_IQ4_NL;
+
+inline int nearest_iq4_nl(float v) {
+    if (!(v > -128.0f)) return 0;  // below every level (and NaN)
+    if (v >= 128.0f) return 15;
+    const float v2 = 2.0f * v;  // exact; |v2| < 256
+    int j = (int)v2;            // toward zero, then up to ceil(v2) (no libm call)
+    j += (float)j < v2;
+    return NEAREST_IQ4_NL.table[j + 256];
+}
+
+// One block of 32 values -> IQ4_NL, the search of llama.cpp's IQ4_NL quantizer without an
+// importance matrix (ggml-quants.c): weights w = x^2; for the scale m / 127 and the 15 scales
+// m / (t - 127), t in -7..7 (m near the level -127), pick levels nearest to x / scale and keep the least-squares scale
+// sum(w q x) / sum(w q^2) with the largest sum(w q x)^2 / sum(w q^2) (float sums: value i into
+// partial sum i % 4, in order, then (s0 + s1) + (s2 + s3));
+// the levels are then chosen again for the kept scale, which is stored as fp16.
+void quantize_block_iq4_nl(const float* x, uint8_t* o) {
+    float amax = 0.0f, m = 0.0f;
+    for (int i = 0; i < 32; ++i)
+        if (std::fabs(x[i]) > amax) { amax = std::fabs(x[i]); m = x[i]; }
+    uint8_t levels[32] = {0};
+    float d = 0.0f;
+    if (amax >= 1e-15f) {
+        float w[32];
+        for (int i = 0; i < 32; ++i) w[i] = x[i] * x[i];
+        auto fit = [&](float inv, float& sumqx, float& sumq2) {
+            float qx[4] = {0.0f, 0.0f, 0.0f, 0.0f}, q2[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // value i goes to sum i % 4
+            for (int i = 0; i < 32; i += 4)
+                for (int u = 0; u < 4; ++u) {
+                    const float q = IQ4_NL_VALUES[nearest_iq4_nl(inv * x[i + u])];
+                    const float wq = w[i + u] * q;
+                    qx[u] = qx[u] + wq * x[i + u];
+                    q2[u] = q2[u] + wq * q;
+                }
+            sumqx = (qx[0] + qx[1]) + (qx[2] + qx[3]);
+            sumq2 = (q2[0] + q2[1]) + (q2[2] + q2[3]);
+        };
+        float sumqx, sumq2;
+        fit(-(float)IQ4_NL_VALUES[0] / m, sumqx, sumq2);  // m near the top level, 113 (clamped)
+        d = sumq2 > 0.0f ? sumqx / sumq2 : 0.0f;
+        float best = d * sumqx;
+        for (int t = -7; t <= 7; ++t) {
+            fit((float)(t + IQ4_NL_VALUES[0]) / m, sumqx, sumq2);
+            if (sumq2 > 0.0f && sumqx * sumqx > best * sumq2) {
+                d = sumqx / sumq2;
+                best = d * sumqx;
+            }
+        }
+        const float inv = d != 0.0f ? 1.0f / d : 0.0f;
+        for (int i = 0; i < 32; ++i) levels[i] = (uint8_t)nearest_iq4_nl(inv * x[i]);
+    }
+    const uint16_t dh = c10::Half(d).x;
+    std::memcpy(o, &dh, 2);
+    for (int i = 0; i < 16; ++i) o[2 + i] = (uint8_t)(levels[i] | (levels[16 + i] << 4));
+}
+
+// raw [out * row_bytes] uint8 of any supported type -> Q4_0 or IQ4_NL blocks [out * in / 32 * 18]
+// uint8: each row de-quantized (as dequantize) and quantized 32 values at a time (above).
+torch::Tensor requantize_4bit(torch::Tensor raw, int64_t qtype, int64_t out_features, int64_t in_features, int64_t to_qtype) {
     const Format f = format_of(qtype);
     const int64_t nblocks = check_raw_blocks(raw, f, out_features, in_features);
+    TORCH_CHECK(to_qtype == Q4_0 || to_qtype == IQ4_NL, "re-quantizing to GGUF block type ", to_qtype, " is not supported");
     TORCH_CHECK(in_features % 32 == 0, "in_features ", in_features, " is not a multiple of 32");
     const int64_t out_blocks = in_features / 32;
     auto q = torch::empty({out_features * out_blocks * 18}, torch::kUInt8);
@@ -826,21 +978,9 @@ torch::Tensor requantize_q4_0(torch::Tensor raw, int64_t qtype, int64_t out_feat
         for (int64_t r = r0; r < r1; ++r) {
             dequantize_row(qtype, f, src + r * row_bytes, nblocks, w);
             for (int64_t blk = 0; blk < out_blocks; ++blk) {
-                const float* x = w + blk * 32;
                 uint8_t* o = dst + (r * out_blocks + blk) * 18;
-                float m = x[0], amax = std::fabs(x[0]);  // the first such value, signed zero included
-                for (int i = 1; i < 32; ++i)
-                    if (std::fabs(x[i]) > amax) { amax = std::fabs(x[i]); m = x[i]; }
-                const float d = m / -8.0f;
-                const float id = d != 0.0f ? 1.0f / d : 0.0f;
-                const uint16_t dh = c10::Half(d).x;
-                std::memcpy(o, &dh, 2);
-                uint8_t qv[32];
-                for (int i = 0; i < 32; ++i) {
-                    const float v = std::trunc(x[i] * id + 8.5f);  // separate product and sum (no FMA)
-                    qv[i] = (uint8_t)std::min(15.0f, std::max(0.0f, v));
-                }
-                for (int i = 0; i < 16; ++i) o[2 + i] = (uint8_t)(qv[i] | (qv[16 + i] << 4));
+                if (to_qtype == Q4_0) quantize_block_q4_0(w + blk * 32, o);
+                else quantize_block_iq4_nl(w + blk * 32, o);
             }
         }
     });
@@ -1188,7 +1328,7 @@ bool has_avx512_vnni() { return cpu_has_avx512_vnni(); }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("repack", &repack, "GGUF blocks [out, in / block] -> 16-column interleaved tiles");
-    m.def("requantize_q4_0", &requantize_q4_0, "GGUF blocks -> Q4_0 blocks (a draft model at 4.5 bits per weight)");
+    m.def("requantize_4bit", &requantize_4bit, "GGUF blocks -> Q4_0 or IQ4_NL blocks (a draft model at 4.5 bits per weight)");
     m.def("requantize_int8", &requantize_int8, "GGUF blocks -> per-row int8 weights and scales (the int8 runner)");
     m.def("dequantize", &dequantize, "GGUF blocks [out, in / block] -> float32 [out, in]");
     m.def("linear", &linear, "x [rows, in] float32 times repacked GGUF weights -> [rows, padded out]");
