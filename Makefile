@@ -20,8 +20,11 @@ $(STAMP): pyproject.toml Makefile
 
 # Optional llama.cpp runner and peer: compiles llama.cpp (~5 min; pip caches the wheel). If the
 # build fails (no compiler/cmake) its tests skip with the reason. LLAMACPP=0 skips it.
+# Native ISA without AMX: llama.cpp's AMX matmul segfaults on the first decode on some Sapphire
+# Rapids hosts, AMX permission granted or not (ggml-org/llama.cpp#20824; seen here 2026-12-02).
+LLAMACPP_CMAKE_ARGS ?= -DGGML_NATIVE=ON -DCMAKE_C_FLAGS=-mno-amx-tile\ -mno-amx-int8\ -mno-amx-bf16 -DCMAKE_CXX_FLAGS=-mno-amx-tile\ -mno-amx-int8\ -mno-amx-bf16
 $(LLAMACPP_STAMP): $(STAMP)
-	if [ "$(LLAMACPP)" = "1" ]; then CMAKE_ARGS="-DGGML_NATIVE=ON" $(PY) -m pip install -q -e ".[llamacpp]" \
+	if [ "$(LLAMACPP)" = "1" ]; then CMAKE_ARGS="$(LLAMACPP_CMAKE_ARGS)" $(PY) -m pip install -q -e ".[llamacpp]" \
 		|| echo "warning: the llamacpp extra did not build; tests of the llama.cpp runner will be skipped"; fi
 	touch $@
 

@@ -267,6 +267,7 @@ def test_pipeline_with_a_q4_0_draft_gives_plain_output(files, tmp_path, monkeypa
     pipe = SpeculativePipeline.load(str(files["target"]), str(files["partial"]), drafters=DrafterOptions(draft_quantization=quantization))
     assert pipe.runner_kind == "gguf"
     assert {qtype for _, qtype, _ in pipe.draft_runner.weights.lm_head.parts} == {int(draft_head)}  # auto: re-quantized
+    assert pipe.draft_requantize == {"auto": "iq4_nl", "none": None}.get(quantization, quantization)
     assert {qtype for _, qtype, _ in pipe.target_runner.weights.lm_head.parts} == {int(T.Q6_K)}  # the target never is
     params = SamplingParams(max_tokens=24)
     plain = pipe.generate("ab!c", params, SpeculativeConfig(method="none"))

@@ -134,8 +134,9 @@ def generate(
                 target, draft if use_draft else None, dtype=dtype, drafters=drafters, runners=runners
             )
         for summary in pipe.model_summaries():
-            err.print(f"loaded {summary.role} {summary.name} ({pipe.runner_kind} runner, {summary.param_bytes / 2**30:.2f} GiB) "
-                      f"in {summary.load_time_s:.1f} s", highlight=False, markup=False)
+            requantized = f", re-quantized to {pipe.draft_requantize}" if summary.role == "draft" and pipe.draft_requantize else ""
+            err.print(f"loaded {summary.role} {summary.name} ({pipe.runner_kind} runner{requantized}, "
+                      f"{summary.param_bytes / 2**30:.2f} GiB) in {summary.load_time_s:.1f} s", highlight=False, markup=False)
         if pipe.runner_kind == "llamacpp" and method != "none":
             err.print(
                 "[yellow]warning:[/yellow] llama.cpp computes a k-token batch differently from a 1-token step, so "

@@ -165,6 +165,7 @@ class SpeculativePipeline:
         requantize = {"none": None, "int8": None}.get(drafters.draft_quantization, drafters.draft_quantization)
         built = build_runners(runners, target, draft, draft_requantize=requantize)  # gguf, int8, llama.cpp, torch; auto resolved
         self.runner_kind = built.kind
+        self.draft_requantize = built.draft_requantize  # e.g. "iq4_nl": the gguf draft's 4-bit blocks
         # what the user is told: the load time including the runner's own weight loading, and the
         # bytes the runner really holds (packed blocks, int8 matrices) where it knows them
         target = _with_runner_facts(target, built, "target")

@@ -232,6 +232,7 @@ class BuiltRunners:
     draft_tree: Runner | None = None  # a second draft runner (own cache) for tree drafting; None: no tree
     load_s: dict[str, float] = field(default_factory=dict)  # seconds each runner took to build ("target", "draft")
     weight_bytes: dict[str, int] = field(default_factory=dict)  # bytes of weights the runner holds, where it knows
+    draft_requantize: str | None = None  # what the draft was re-quantized to as it loaded (gguf), None: as stored
 
 
 def build_runners(options: RunnerOptions, target, draft=None, *, cache: CostCache | None = None,
@@ -287,7 +288,8 @@ def build_runners(options: RunnerOptions, target, draft=None, *, cache: CostCach
             _ensure_curve(cache or CostCache(), draft, draft_runner, kind)
     weight_bytes = {role: runner.weights.nbytes() for role, runner in (("target", target_runner), ("draft", draft_runner))
                     if runner is not None and hasattr(runner, "weights")}
-    return BuiltRunners(kind, target_runner, draft_runner, draft_tree, load_s, weight_bytes)
+    return BuiltRunners(kind, target_runner, draft_runner, draft_tree, load_s, weight_bytes,
+                        draft_requantize if draft_runner is not None else None)
 
 
 def _ensure_curve(cache: CostCache, loaded, runner: Runner, kind: str) -> None:
