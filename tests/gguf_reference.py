@@ -171,13 +171,19 @@ def quantize_iq4_nl(x: np.ndarray) -> np.ndarray:
         if abs(m) >= f(1e-15):
             w = xb * xb
 
+            def fold(lanes):  # lane l += lane l + 8, then + 4, + 2, + 1
+                lanes = list(lanes)
+                for width in (8, 4, 2, 1):
+                    for lane in range(width):
+                        lanes[lane] = f(lanes[lane] + lanes[lane + width])
+                return lanes[0]
+
             def fit(inv):
-                qx, q2 = [f(0)] * 4, [f(0)] * 4  # value i into partial sum i % 4
-                for i in range(32):
-                    q = f(IQ4_NL_VALUES[nearest(f(inv * xb[i]))])
-                    wq = f(w[i] * q)
-                    qx[i % 4], q2[i % 4] = f(qx[i % 4] + f(wq * xb[i])), f(q2[i % 4] + f(wq * q))
-                return f(f(qx[0] + qx[1]) + f(qx[2] + qx[3])), f(f(q2[0] + q2[1]) + f(q2[2] + q2[3]))
+                q = [f(IQ4_NL_VALUES[nearest(f(inv * v))]) for v in xb]
+                wq = [f(w[i] * q[i]) for i in range(32)]
+                qx = [f(f(f(0) + f(wq[i] * xb[i])) + f(wq[i + 16] * xb[i + 16])) for i in range(16)]
+                q2 = [f(f(f(0) + f(wq[i] * q[i])) + f(wq[i + 16] * q[i + 16])) for i in range(16)]
+                return fold(qx), fold(q2)
 
             sumqx, sumq2 = fit(f(f(127) / m))
             d = f(sumqx / sumq2) if sumq2 > 0 else f(0)

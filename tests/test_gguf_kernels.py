@@ -100,18 +100,19 @@ def test_requantize_q4_0_equals_gguf_quantizing_the_dequantized_weights(qtype):
     raw = random_blocks(qtype, 37, 512, rng)
     raw[5] = 0  # an all-zero row (Q4_K/Q6_K: d = 0): d = 0 and every q = 8, as gguf writes it
     expected = quants.quantize(quants.dequantize(raw, qtype).reshape(37, 512).astype(np.float32), T.Q4_0)
-    ours = gguf_kernels().requantize_4bit(torch.from_numpy(np.ascontiguousarray(raw)).reshape(-1), int(qtype), 37, 512, int(T.Q4_0))
+    ours = gguf_kernels().requantize_4bit(torch.from_numpy(np.ascontiguousarray(raw)).reshape(-1), int(qtype), 37, 512, int(T.Q4_0), 0)
     assert ours.dtype == torch.uint8 and np.array_equal(ours.numpy().reshape(expected.shape), expected)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("qtype", TYPES)
-def test_requantize_iq4_nl_equals_the_oracle_and_beats_q4_0(qtype):
+def test_requantize_iq4_nl_equals_the_oracle_and_beats_q4_0(qtype, impl):
     rng = np.random.default_rng(7)
     raw = random_blocks(qtype, 6, 256, rng)
     raw[2] = 0  # an all-zero row: d = 0
     values = quants.dequantize(raw, qtype).reshape(6, 256).astype(np.float32)
-    ours = gguf_kernels().requantize_4bit(torch.from_numpy(np.ascontiguousarray(raw)).reshape(-1), int(qtype), 6, 256, int(T.IQ4_NL))
-    ours = ours.numpy().reshape(6, -1)
+    flat = torch.from_numpy(np.ascontiguousarray(raw)).reshape(-1)
+    ours = gguf_kernels().requantize_4bit(flat, int(qtype), 6, 256, int(T.IQ4_NL), impl).numpy().reshape(6, -1)
     assert np.array_equal(ours, quantize_iq4_nl(values))
     if qtype in (T.Q5_0, T.Q8_0):  # normal weights (K-quant blocks here are uniform noise; Q4_0 to Q4_0 is exact)
         iq4_error = np.square(quants.dequantize(ours, T.IQ4_NL).reshape(6, 256) - values).mean()

@@ -154,7 +154,7 @@ class SpeculativePipeline:
                 draft_eos_token_ids=draft.eos_token_ids,
             )
         if draft is not None and drafters.draft_quantization == "int8" and runners.kind != "torch":
-            raise InvalidParameterError(f"--draft-quantization int8 needs --runner torch, not {runners.kind} (gguf: q4_0)")
+            raise InvalidParameterError(f"--draft-quantization int8 needs --runner torch, not {runners.kind} (gguf: iq4_nl or q4_0)")
         if draft is not None and drafters.draft_quantization == "int8":
             if draft.model is target.model:
                 raise InvalidParameterError("cannot quantize a draft that is the target model itself")

@@ -1,10 +1,11 @@
 """The batch-invariant 4-bit CPU runner: a GGUF file's own quantized blocks, read straight from disk.
 
 Owns turning a Qwen2 / Llama GGUF file into :class:`GGUFWeights`: each weight matrix's blocks
-(Q4_K, Q6_K, Q4_0, IQ4_NL, Q5_0, Q8_0: the same bits llama.cpp runs) are memory-mapped one tensor at a
-time (no fp32 model; the mapping goes once the tensor is repacked) and repacked into the kernels'
-16-column tiles (a draft may instead be re-quantized to 4 bits on the way: :data:`REQUANTIZATIONS`); norms, biases and RoPE tables stay float32; the token embedding stays mapped in
-the file's format and its rows are de-quantized on lookup. The forward pass, KV cache,
+(Q4_K, Q6_K, Q4_0, IQ4_NL, Q5_0, Q8_0: the same bits llama.cpp runs) are memory-mapped one
+tensor at a time (no fp32 model; the mapping goes once the tensor is repacked) and repacked into
+the kernels' 16-column tiles (a draft may be re-quantized to 4 bits on the way:
+:data:`REQUANTIZATIONS`); norms, biases and RoPE tables stay float32; the token embedding stays
+mapped in the file's format and its rows are de-quantized on lookup. The forward pass, KV cache,
 tree verification and rollback are :class:`verispec.runners.int8.Int8Runner`'s: every op is
 row-local and the block products (:mod:`verispec.runners.kernels`) accumulate in one fixed order,
 so a k-token verify pass gives bit-identical logits to k one-token steps. Knows nothing about
@@ -37,7 +38,7 @@ Q4_0, Q4_K, IQ4_NL = 2, 12, 20
 # error); the 4.5-bit types (Q4_K, Q4_0, IQ4_NL) stay. For a draft model only: its weights decide
 # what it proposes, never what the target emits.
 REQUANTIZATIONS = {"q4_0": Q4_0, "iq4_nl": IQ4_NL}
-REQUANTIZE_CACHE_VERSION = 1  # bump when requantize_4bit's results change
+REQUANTIZE_CACHE_VERSION = 2  # bump when requantize_4bit's results change
 FOUR_BIT_TYPES = (Q4_0, Q4_K, IQ4_NL)
 FLOAT_TYPES = {0: np.float32, 1: np.float16}
 SUPPORTED_ARCHITECTURES = ("qwen2", "llama")
@@ -164,7 +165,7 @@ class _Loader:
 
             self.cache = WeightCache(Path(header.path), cache_dir, requantize, REQUANTIZE_CACHE_VERSION)
             if not self.cache.hit and requantize == "iq4_nl":
-                print(f"verispec: re-quantizing {Path(header.path).name} to IQ4_NL (once, ~10 s; kept in {cache_dir})",
+                print(f"verispec: re-quantizing {Path(header.path).name} to IQ4_NL (once, a few seconds; kept in {cache_dir})",
                       file=sys.stderr, flush=True)
         self.header = header
         self.path = header.path
@@ -265,7 +266,7 @@ class _Loader:
         to = REQUANTIZATIONS[self.requantize]
 
         def compute() -> tuple[Tensor]:
-            flat = _kernels().requantize_4bit(raw.contiguous().view(-1), qtype, raw.shape[0], in_features, to)
+            flat = _kernels().requantize_4bit(raw.contiguous().view(-1), qtype, raw.shape[0], in_features, to, IMPLEMENTATIONS[_IMPL[0]])
             return (flat.view(raw.shape[0], -1),)
 
         if self.cache is None:

@@ -914,13 +914,66 @@ inline int nearest_iq4_nl(float v) {
     return NEAREST_IQ4_NL.table[j + 256];
 }
 
+// sum(a[i] * b[i]) over 32 values in the order both IQ4_NL fits use: lane l = (0 + a_l b_l) +
+// a_(l+16) b_(l+16), then lanes folded l += l + 8, l + 4, l + 2, l + 1 (lane 0 is the sum).
+inline float fold16(float* lane) {
+    for (int width = 8; width >= 1; width /= 2)
+        for (int l = 0; l < width; ++l) lane[l] = lane[l] + lane[l + width];
+    return lane[0];
+}
+
+// One fit of an IQ4_NL block for the scale 1 / inv: levels nearest to inv * x, then sum(w q x) and
+// sum(w q^2). Portable arithmetic; fit_iq4_nl_avx512 gives the same bits.
+void fit_iq4_nl(const float* x, const float* w, float inv, float& sumqx, float& sumq2) {
+    float qx[16], q2[16];
+    for (int l = 0; l < 16; ++l) {
+        const float qa = IQ4_NL_VALUES[nearest_iq4_nl(inv * x[l])], qb = IQ4_NL_VALUES[nearest_iq4_nl(inv * x[l + 16])];
+        const float wqa = w[l] * qa, wqb = w[l + 16] * qb;
+        qx[l] = (0.0f + wqa * x[l]) + wqb * x[l + 16];
+        q2[l] = (0.0f + wqa * qa) + wqb * qb;
+    }
+    sumqx = fold16(qx);
+    sumq2 = fold16(q2);
+}
+
+// The nearest level as the number of midpoints between levels strictly below v (ties go low,
+// NaN to 0: the same index as nearest_iq4_nl), 16 values per register.
+VS_AVX512 inline __m512 nearest_levels_avx512(__m512 v) {
+    __m512i index = _mm512_setzero_si512();
+    const __m512i one = _mm512_set1_epi32(1);
+    for (int k = 0; k < 15; ++k) {
+        const __m512 mid = _mm512_set1_ps(0.5f * (float)(IQ4_NL_VALUES[k] + IQ4_NL_VALUES[k + 1]));
+        index = _mm512_mask_add_epi32(index, _mm512_cmp_ps_mask(v, mid, _CMP_GT_OQ), index, one);
+    }
+    alignas(64) float levels[16];
+    for (int l = 0; l < 16; ++l) levels[l] = (float)IQ4_NL_VALUES[l];
+    return _mm512_permutexvar_ps(index, _mm512_load_ps(levels));
+}
+
+VS_AVX512 inline float fold16_avx512(__m512 a) {
+    a = _mm512_add_ps(a, _mm512_shuffle_f32x4(a, a, _MM_SHUFFLE(3, 2, 3, 2)));  // lane l += lane l + 8
+    a = _mm512_add_ps(a, _mm512_shuffle_f32x4(a, a, _MM_SHUFFLE(1, 1, 1, 1)));  // l += l + 4
+    a = _mm512_add_ps(a, _mm512_permute_ps(a, _MM_SHUFFLE(1, 0, 3, 2)));        // l += l + 2
+    a = _mm512_add_ps(a, _mm512_permute_ps(a, _MM_SHUFFLE(2, 3, 0, 1)));        // l += l + 1
+    return _mm512_cvtss_f32(a);
+}
+
+VS_AVX512 void fit_iq4_nl_avx512(const float* x, const float* w, float inv, float& sumqx, float& sumq2) {
+    const __m512 xa = _mm512_loadu_ps(x), xb = _mm512_loadu_ps(x + 16);
+    const __m512 wa = _mm512_loadu_ps(w), wb = _mm512_loadu_ps(w + 16), s = _mm512_set1_ps(inv);
+    const __m512 qa = nearest_levels_avx512(_mm512_mul_ps(s, xa)), qb = nearest_levels_avx512(_mm512_mul_ps(s, xb));
+    const __m512 wqa = _mm512_mul_ps(wa, qa), wqb = _mm512_mul_ps(wb, qb), zero = _mm512_setzero_ps();
+    sumqx = fold16_avx512(_mm512_add_ps(_mm512_add_ps(zero, _mm512_mul_ps(wqa, xa)), _mm512_mul_ps(wqb, xb)));
+    sumq2 = fold16_avx512(_mm512_add_ps(_mm512_add_ps(zero, _mm512_mul_ps(wqa, qa)), _mm512_mul_ps(wqb, qb)));
+}
+
 // One block of 32 values -> IQ4_NL, the search of llama.cpp's IQ4_NL quantizer without an
 // importance matrix (ggml-quants.c): weights w = x^2; for the scale m / 127 and the 15 scales
-// m / (t - 127), t in -7..7 (m near the level -127), pick levels nearest to x / scale and keep the least-squares scale
-// sum(w q x) / sum(w q^2) with the largest sum(w q x)^2 / sum(w q^2) (float sums: value i into
-// partial sum i % 4, in order, then (s0 + s1) + (s2 + s3));
-// the levels are then chosen again for the kept scale, which is stored as fp16.
-void quantize_block_iq4_nl(const float* x, uint8_t* o) {
+// m / (t - 127), t in -7..7 (m, the first value of largest magnitude, near the level -127), pick
+// levels nearest to x / scale and keep the least-squares scale sum(w q x) / sum(w q^2) with the
+// largest sum(w q x)^2 / sum(w q^2) (float sums in fit_iq4_nl's order); the levels are then chosen
+// again for the kept scale, which is stored as fp16. vector: the AVX-512 fit (the same bits).
+void quantize_block_iq4_nl(const float* x, uint8_t* o, bool vector) {
     float amax = 0.0f, m = 0.0f;
     for (int i = 0; i < 32; ++i)
         if (std::fabs(x[i]) > amax) { amax = std::fabs(x[i]); m = x[i]; }
@@ -930,16 +983,8 @@ void quantize_block_iq4_nl(const float* x, uint8_t* o) {
         float w[32];
         for (int i = 0; i < 32; ++i) w[i] = x[i] * x[i];
         auto fit = [&](float inv, float& sumqx, float& sumq2) {
-            float qx[4] = {0.0f, 0.0f, 0.0f, 0.0f}, q2[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // value i goes to sum i % 4
-            for (int i = 0; i < 32; i += 4)
-                for (int u = 0; u < 4; ++u) {
-                    const float q = IQ4_NL_VALUES[nearest_iq4_nl(inv * x[i + u])];
-                    const float wq = w[i + u] * q;
-                    qx[u] = qx[u] + wq * x[i + u];
-                    q2[u] = q2[u] + wq * q;
-                }
-            sumqx = (qx[0] + qx[1]) + (qx[2] + qx[3]);
-            sumq2 = (q2[0] + q2[1]) + (q2[2] + q2[3]);
+            if (vector) fit_iq4_nl_avx512(x, w, inv, sumqx, sumq2);
+            else fit_iq4_nl(x, w, inv, sumqx, sumq2);
         };
         float sumqx, sumq2;
         fit(-(float)IQ4_NL_VALUES[0] / m, sumqx, sumq2);  // m near the top level, 113 (clamped)
@@ -962,11 +1007,15 @@ void quantize_block_iq4_nl(const float* x, uint8_t* o) {
 
 // raw [out * row_bytes] uint8 of any supported type -> Q4_0 or IQ4_NL blocks [out * in / 32 * 18]
 // uint8: each row de-quantized (as dequantize) and quantized 32 values at a time (above).
-torch::Tensor requantize_4bit(torch::Tensor raw, int64_t qtype, int64_t out_features, int64_t in_features, int64_t to_qtype) {
+// impl: 0 = best for this CPU, 1 = portable, 2 = AVX-512 (the IQ4_NL fit; the same bits).
+torch::Tensor requantize_4bit(torch::Tensor raw, int64_t qtype, int64_t out_features, int64_t in_features, int64_t to_qtype,
+                              int64_t impl) {
     const Format f = format_of(qtype);
     const int64_t nblocks = check_raw_blocks(raw, f, out_features, in_features);
     TORCH_CHECK(to_qtype == Q4_0 || to_qtype == IQ4_NL, "re-quantizing to GGUF block type ", to_qtype, " is not supported");
     TORCH_CHECK(in_features % 32 == 0, "in_features ", in_features, " is not a multiple of 32");
+    TORCH_CHECK(!(impl == 2 && !cpu_has_avx512_vnni()), "this CPU has no AVX-512 VNNI");
+    const bool vector = impl == 2 || (impl == 0 && cpu_has_avx512_vnni());
     const int64_t out_blocks = in_features / 32;
     auto q = torch::empty({out_features * out_blocks * 18}, torch::kUInt8);
     const int64_t row_bytes = nblocks * f.raw_bytes;
@@ -980,7 +1029,7 @@ torch::Tensor requantize_4bit(torch::Tensor raw, int64_t qtype, int64_t out_feat
             for (int64_t blk = 0; blk < out_blocks; ++blk) {
                 uint8_t* o = dst + (r * out_blocks + blk) * 18;
                 if (to_qtype == Q4_0) quantize_block_q4_0(w + blk * 32, o);
-                else quantize_block_iq4_nl(w + blk * 32, o);
+                else quantize_block_iq4_nl(w + blk * 32, o, vector);
             }
         }
     });
