@@ -387,28 +387,18 @@ void tile_portable(int64_t qtype, const TileArgs& a) {
                         acc = acc + pd;
                         break;
                     }
-                    case Q4_0: {
+                    case Q4_0:
+                    case IQ4_NL: {  // Q4_0: q - 8; IQ4_NL: the nibble's level
                         int32_t dot = 0;
+                        auto level = [qtype](int n) { return qtype == IQ4_NL ? (int)IQ4_NL_VALUES[n] : n; };
             for (int h = 0; h < 4; ++h)
                             for (int u = 0; u < 4; ++u) {
                                 const uint8_t nib = t[32 + 64 * h + 4 * c + u];
-                                dot += (nib & 0xF) * xb[4 * h + u] + (nib >> 4) * xb[16 + 4 * h + u];
+                                dot += level(nib & 0xF) * xb[4 * h + u] + level(nib >> 4) * xb[16 + 4 * h + u];
                             }
-                        const int32_t total = dot - 8 * x.s32[row * (x.in / 32) + b];
+                        const int32_t total = dot - (qtype == Q4_0 ? 8 * x.s32[row * (x.in / 32) + b] : 0);
                         const float dd = dx * half_to_float(load_u16(t + 2 * c));
                         const float pd = (float)total * dd;
-                        acc = acc + pd;
-                        break;
-                    }
-                    case IQ4_NL: {
-                        int32_t dot = 0;
-            for (int h = 0; h < 4; ++h)
-                            for (int u = 0; u < 4; ++u) {
-                                const uint8_t nib = t[32 + 64 * h + 4 * c + u];
-                                dot += IQ4_NL_VALUES[nib & 0xF] * xb[4 * h + u] + IQ4_NL_VALUES[nib >> 4] * xb[16 + 4 * h + u];
-                            }
-                        const float dd = dx * half_to_float(load_u16(t + 2 * c));
-                        const float pd = (float)dot * dd;
                         acc = acc + pd;
                         break;
                     }
@@ -575,45 +565,17 @@ VS_AVX512 void tile_q6k(const TileArgs& a) {
     }
 }
 
-template <int R>
-VS_AVX512 void tile_q4_0(const TileArgs& a) {
+// The 32-value nibble formats (Q4_0, IQ4_NL, Q5_0) in one kernel: per group h the unsigned
+// weights of values 4h.. (w0) and 16 + 4h.. (w1), VNNI products with the signed activations,
+// then OFFSET * (the activations' block sum) taken back: Q4_0 q - 8; Q5_0 (nibble | fifth bit)
+// - 16; IQ4_NL the nibble picks its level + 128 (one byte shuffle per 64 bytes), - 128. Each is
+// exactly the portable path's int32 sum.
+template <int R, int64_t QT>
+VS_AVX512 void tile_nibbles(const TileArgs& a) {
+    constexpr int BYTES = QT == Q5_0 ? 352 : 288;
+    constexpr int32_t OFFSET = QT == Q4_0 ? 8 : QT == Q5_0 ? 16 : 128;
     const Activations& x = *a.act;
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    __m512 acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-    const int64_t nb = x.in / 32;
-    for (int64_t b = 0; b < a.nblocks; ++b) {
-        const uint8_t* t = a.tile + b * 288;
-        prefetch_block(t + 8 * 288, 288);
-        __m512i dot[R];
-        for (int r = 0; r < R; ++r) dot[r] = _mm512_setzero_si512();
-        for (int h = 0; h < 4; ++h) {
-            const __m512i v = _mm512_loadu_si512(t + 32 + 64 * h);
-            const __m512i w0 = _mm512_and_si512(v, m4), w1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-            for (int r = 0; r < R; ++r) {
-                const int8_t* xr = x.q.data() + (a.row0 + r) * x.in + b * 32 + 4 * h;
-                dot[r] = dpbusd_bcast(dot[r], w0, xr);
-                dot[r] = dpbusd_bcast(dot[r], w1, xr + 16);
-            }
-        }
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)t));
-        for (int r = 0; r < R; ++r) {
-            const int32_t s = x.s32[(a.row0 + r) * nb + b];
-            const __m512i total = _mm512_sub_epi32(dot[r], _mm512_set1_epi32(8 * s));
-            const __m512 dx = _mm512_set1_ps(x.d[(a.row0 + r) * nb + b]);
-            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(dx, d)));
-        }
-    }
-    for (int r = 0; r < R; ++r) _mm512_storeu_ps(a.out + r * a.ldo, acc[r]);
-}
-
-// IQ4_NL: the nibble picks its level + 128 (one byte shuffle per 64 bytes), so the product is
-// the unsigned-by-signed VNNI one and 128 * (the activations' block sum) is subtracted after:
-// exactly sum(level * x) in int32, as the portable path computes it.
-template <int R>
-VS_AVX512 void tile_iq4_nl(const TileArgs& a) {
-    const Activations& x = *a.act;
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m10 = _mm512_set1_epi8(0x10);
     alignas(16) int8_t shifted[16];
     for (int i = 0; i < 16; ++i) shifted[i] = (int8_t)(uint8_t)(IQ4_NL_VALUES[i] + 128);
     const __m512i table = _mm512_broadcast_i32x4(_mm_load_si128((const __m128i*)shifted));
@@ -621,14 +583,28 @@ VS_AVX512 void tile_iq4_nl(const TileArgs& a) {
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
     const int64_t nb = x.in / 32;
     for (int64_t b = 0; b < a.nblocks; ++b) {
-        const uint8_t* t = a.tile + b * 288;
-        prefetch_block(t + 8 * 288, 288);
+        const uint8_t* t = a.tile + b * BYTES;
+        prefetch_block(t + 8 * BYTES, BYTES);
+        const __m512i hb = QT == Q5_0 ? _mm512_loadu_si512(t + 288) : _mm512_setzero_si512();
         __m512i dot[R];
         for (int r = 0; r < R; ++r) dot[r] = _mm512_setzero_si512();
         for (int h = 0; h < 4; ++h) {
             const __m512i v = _mm512_loadu_si512(t + 32 + 64 * h);
-            const __m512i w0 = _mm512_shuffle_epi8(table, _mm512_and_si512(v, m4));
-            const __m512i w1 = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
+            __m512i w0 = _mm512_and_si512(v, m4), w1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            if constexpr (QT == IQ4_NL) {
+                w0 = _mm512_shuffle_epi8(table, w0);
+                w1 = _mm512_shuffle_epi8(table, w1);
+            } else if constexpr (QT == Q5_0) {
+                __m512i b0, b1;  // bit h (group h) and bit h + 4 (group h + 4) moved to bit 4
+                switch (h) {
+                    case 0: b0 = _mm512_slli_epi16(hb, 4); b1 = hb; break;
+                    case 1: b0 = _mm512_slli_epi16(hb, 3); b1 = _mm512_srli_epi16(hb, 1); break;
+                    case 2: b0 = _mm512_slli_epi16(hb, 2); b1 = _mm512_srli_epi16(hb, 2); break;
+                    default: b0 = _mm512_slli_epi16(hb, 1); b1 = _mm512_srli_epi16(hb, 3); break;
+                }
+                w0 = _mm512_ternarylogic_epi32(w0, b0, m10, 0xF8);  // lo | (b0 & 0x10)
+                w1 = _mm512_ternarylogic_epi32(w1, b1, m10, 0xF8);
+            }
             for (int r = 0; r < R; ++r) {
                 const int8_t* xr = x.q.data() + (a.row0 + r) * x.in + b * 32 + 4 * h;
                 dot[r] = dpbusd_bcast(dot[r], w0, xr);
@@ -638,48 +614,7 @@ VS_AVX512 void tile_iq4_nl(const TileArgs& a) {
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)t));
         for (int r = 0; r < R; ++r) {
             const int32_t s = x.s32[(a.row0 + r) * nb + b];
-            const __m512i total = _mm512_sub_epi32(dot[r], _mm512_set1_epi32(128 * s));
-            const __m512 dx = _mm512_set1_ps(x.d[(a.row0 + r) * nb + b]);
-            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(dx, d)));
-        }
-    }
-    for (int r = 0; r < R; ++r) _mm512_storeu_ps(a.out + r * a.ldo, acc[r]);
-}
-
-template <int R>
-VS_AVX512 void tile_q5_0(const TileArgs& a) {
-    const Activations& x = *a.act;
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m10 = _mm512_set1_epi8(0x10);
-    __m512 acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-    const int64_t nb = x.in / 32;
-    for (int64_t b = 0; b < a.nblocks; ++b) {
-        const uint8_t* t = a.tile + b * 352;
-        prefetch_block(t + 8 * 352, 352);
-        const __m512i hb = _mm512_loadu_si512(t + 288);
-        __m512i dot[R];
-        for (int r = 0; r < R; ++r) dot[r] = _mm512_setzero_si512();
-        for (int h = 0; h < 4; ++h) {
-            const __m512i v = _mm512_loadu_si512(t + 32 + 64 * h);
-            __m512i b0, b1;  // bit h (group h) and bit h + 4 (group h + 4) moved to bit 4
-            switch (h) {
-                case 0: b0 = _mm512_slli_epi16(hb, 4); b1 = hb; break;
-                case 1: b0 = _mm512_slli_epi16(hb, 3); b1 = _mm512_srli_epi16(hb, 1); break;
-                case 2: b0 = _mm512_slli_epi16(hb, 2); b1 = _mm512_srli_epi16(hb, 2); break;
-                default: b0 = _mm512_slli_epi16(hb, 1); b1 = _mm512_srli_epi16(hb, 3); break;
-            }
-            const __m512i w0 = _mm512_ternarylogic_epi32(_mm512_and_si512(v, m4), b0, m10, 0xF8);  // lo | (b0 & 0x10)
-            const __m512i w1 = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4), b1, m10, 0xF8);
-            for (int r = 0; r < R; ++r) {
-                const int8_t* xr = x.q.data() + (a.row0 + r) * x.in + b * 32 + 4 * h;
-                dot[r] = dpbusd_bcast(dot[r], w0, xr);
-                dot[r] = dpbusd_bcast(dot[r], w1, xr + 16);
-            }
-        }
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)t));
-        for (int r = 0; r < R; ++r) {
-            const int32_t s = x.s32[(a.row0 + r) * nb + b];
-            const __m512i total = _mm512_sub_epi32(dot[r], _mm512_set1_epi32(16 * s));
+            const __m512i total = _mm512_sub_epi32(dot[r], _mm512_set1_epi32(OFFSET * s));
             const __m512 dx = _mm512_set1_ps(x.d[(a.row0 + r) * nb + b]);
             acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(dx, d)));
         }
@@ -726,9 +661,9 @@ void tile_avx512_rows(int64_t qtype, const TileArgs& a) {
     switch (qtype) {
         case Q4_K: tile_q4k<R>(a); break;
         case Q6_K: tile_q6k<R>(a); break;
-        case Q4_0: tile_q4_0<R>(a); break;
-        case IQ4_NL: tile_iq4_nl<R>(a); break;
-        case Q5_0: tile_q5_0<R>(a); break;
+        case Q4_0: tile_nibbles<R, Q4_0>(a); break;
+        case IQ4_NL: tile_nibbles<R, IQ4_NL>(a); break;
+        case Q5_0: tile_nibbles<R, Q5_0>(a); break;
         case Q8_0: tile_q8_0<R>(a); break;
         default: break;
     }
@@ -837,33 +772,40 @@ torch::Tensor dequantize(torch::Tensor raw, int64_t qtype, int64_t out_features,
     return out;
 }
 
+// Calls row_fn(r, w) with each row r of raw de-quantized (as dequantize), rows in parallel.
+template <typename RowFn>
+void for_dequantized_rows(const torch::Tensor& raw, int64_t qtype, int64_t out_features, int64_t in_features, RowFn row_fn) {
+    const Format f = format_of(qtype);
+    const int64_t nblocks = check_raw_blocks(raw, f, out_features, in_features);
+    const int64_t row_bytes = nblocks * f.raw_bytes;
+    const uint8_t* src = raw.data_ptr<uint8_t>();
+    at::parallel_for(0, out_features, 16, [&](int64_t r0, int64_t r1) {
+        std::vector<float> row(in_features);
+        for (int64_t r = r0; r < r1; ++r) {
+            dequantize_row(qtype, f, src + r * row_bytes, nblocks, row.data());
+            row_fn(r, row.data());
+        }
+    });
+}
+
 // raw [out * row_bytes] uint8 -> (int8 [out, in], scales [out] float32): each row de-quantized
 // (as dequantize) and re-quantized symmetric per row, in one pass: scale = max |row| / 127 (1 for
 // an all-zero row), q = clamp(round-half-even(w / scale), -127, 127) -- exactly
 // verispec.runners.int8_ops.quantize_weight_rows of the de-quantized row.
 std::vector<torch::Tensor> requantize_int8(torch::Tensor raw, int64_t qtype, int64_t out_features, int64_t in_features) {
-    const Format f = format_of(qtype);
-    const int64_t nblocks = check_raw_blocks(raw, f, out_features, in_features);
     auto q = torch::empty({out_features, in_features}, torch::kInt8);
     auto scales = torch::empty({out_features}, torch::kFloat32);
-    const int64_t row_bytes = nblocks * f.raw_bytes;
-    const uint8_t* src = raw.data_ptr<uint8_t>();
     int8_t* qp = q.data_ptr<int8_t>();
     float* sp = scales.data_ptr<float>();
-    at::parallel_for(0, out_features, 16, [&](int64_t r0, int64_t r1) {
-        std::vector<float> row(in_features);
-        float* w = row.data();
-        for (int64_t r = r0; r < r1; ++r) {
-            dequantize_row(qtype, f, src + r * row_bytes, nblocks, w);
-            float amax = 0.0f;
-            for (int64_t i = 0; i < in_features; ++i) amax = std::max(amax, std::fabs(w[i]));
-            float scale = amax / 127.0f;
-            if (!(scale > 0.0f)) scale = 1.0f;
-            sp[r] = scale;
-            for (int64_t i = 0; i < in_features; ++i) {
-                float v = std::nearbyint(w[i] / scale);
-                qp[r * in_features + i] = (int8_t)std::min(127.0f, std::max(-127.0f, v));
-            }
+    for_dequantized_rows(raw, qtype, out_features, in_features, [&](int64_t r, const float* w) {
+        float amax = 0.0f;
+        for (int64_t i = 0; i < in_features; ++i) amax = std::max(amax, std::fabs(w[i]));
+        float scale = amax / 127.0f;
+        if (!(scale > 0.0f)) scale = 1.0f;
+        sp[r] = scale;
+        for (int64_t i = 0; i < in_features; ++i) {
+            float v = std::nearbyint(w[i] / scale);
+            qp[r * in_features + i] = (int8_t)std::min(127.0f, std::max(-127.0f, v));
         }
     });
     return {q, scales};
@@ -1010,27 +952,18 @@ void quantize_block_iq4_nl(const float* x, uint8_t* o, bool vector) {
 // impl: 0 = best for this CPU, 1 = portable, 2 = AVX-512 (the IQ4_NL fit; the same bits).
 torch::Tensor requantize_4bit(torch::Tensor raw, int64_t qtype, int64_t out_features, int64_t in_features, int64_t to_qtype,
                               int64_t impl) {
-    const Format f = format_of(qtype);
-    const int64_t nblocks = check_raw_blocks(raw, f, out_features, in_features);
     TORCH_CHECK(to_qtype == Q4_0 || to_qtype == IQ4_NL, "re-quantizing to GGUF block type ", to_qtype, " is not supported");
     TORCH_CHECK(in_features % 32 == 0, "in_features ", in_features, " is not a multiple of 32");
     TORCH_CHECK(!(impl == 2 && !cpu_has_avx512_vnni()), "this CPU has no AVX-512 VNNI");
     const bool vector = impl == 2 || (impl == 0 && cpu_has_avx512_vnni());
     const int64_t out_blocks = in_features / 32;
     auto q = torch::empty({out_features * out_blocks * 18}, torch::kUInt8);
-    const int64_t row_bytes = nblocks * f.raw_bytes;
-    const uint8_t* src = raw.data_ptr<uint8_t>();
     uint8_t* dst = q.data_ptr<uint8_t>();
-    at::parallel_for(0, out_features, 16, [&](int64_t r0, int64_t r1) {
-        std::vector<float> row(in_features);
-        float* w = row.data();
-        for (int64_t r = r0; r < r1; ++r) {
-            dequantize_row(qtype, f, src + r * row_bytes, nblocks, w);
-            for (int64_t blk = 0; blk < out_blocks; ++blk) {
-                uint8_t* o = dst + (r * out_blocks + blk) * 18;
-                if (to_qtype == Q4_0) quantize_block_q4_0(w + blk * 32, o);
-                else quantize_block_iq4_nl(w + blk * 32, o, vector);
-            }
+    for_dequantized_rows(raw, qtype, out_features, in_features, [&](int64_t r, const float* w) {
+        for (int64_t blk = 0; blk < out_blocks; ++blk) {
+            uint8_t* o = dst + (r * out_blocks + blk) * 18;
+            if (to_qtype == Q4_0) quantize_block_q4_0(w + blk * 32, o);
+            else quantize_block_iq4_nl(w + blk * 32, o, vector);
         }
     });
     return q;
