@@ -3,8 +3,8 @@
 Owns the layer-by-layer re-quantization of GGUF blocks to per-row int8 (the gguf kernels'
 ``requantize_int8``, gguf's numpy code for other block types, kept in a
 :class:`verispec.runners.weight_cache.WeightCache` so a later load reads them instead) and the
-LM head packed in row ranges; reuses the gguf runner's loader, embedding and RoPE tables. Knows nothing
-about decoding.
+LM head packed in row ranges; reuses the gguf runner's loader, embedding and RoPE tables. Knows
+nothing about decoding.
 """
 
 from __future__ import annotations
@@ -135,4 +135,3 @@ class RowChunks:
 
     def nbytes(self) -> int:
         return sum(p.nbytes() for p in self.parts)
-
