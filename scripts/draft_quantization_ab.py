@@ -14,11 +14,11 @@ import time
 
 from verispec.bench_runners import RunnersBenchConfig, _frspec_rows, load_prompts
 from verispec.engine import SpeculativeConfig, SpeculativeEngine
-from verispec.models.store import verispec_home
 from verispec.proposers.draft_model import DraftModelProposer
 from verispec.runners.costs import measure_cost_curve, seed_cost_model
 from verispec.runners.gguf_runner import GGUFRunner, GGUFWeights
 from verispec.runners.llamacpp import load_gguf_info
+from verispec.runners.weight_cache import default_cache_dir
 from verispec.sampling import SamplingParams
 
 
@@ -27,7 +27,7 @@ def main(num_prompts: int, max_tokens: int) -> None:
 
     def load(info, label, **options):
         start = time.perf_counter()
-        runner = GGUFRunner(GGUFWeights.from_file(info.path, 4096, cache_dir=verispec_home() / "weights", **options), max_context_length=1024)
+        runner = GGUFRunner(GGUFWeights.from_file(info.path, 4096, cache_dir=default_cache_dir(), **options), max_context_length=1024)
         print(f"{label}: loaded in {time.perf_counter() - start:.2f} s, {runner.weights.nbytes() / 1e6:.0f} MB", flush=True)
         return runner
 

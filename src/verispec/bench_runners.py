@@ -25,6 +25,7 @@ from verispec.engine import SpeculativeConfig, SpeculativeEngine
 from verispec.proposers.draft_model import DraftModelProposer
 from verispec.proposers.ngram import NgramProposer
 from verispec.runners.costs import measure_cost_curve, seed_cost_model
+from verispec.runners.weight_cache import default_cache_dir
 from verispec.sampling import SamplingParams
 
 BENCH_RUNNERS = ("gguf", "int8", "llamacpp", "torch")
@@ -75,10 +76,14 @@ class RunnersBenchConfig:
     draft_quantization: str = "iq4_nl"
 
     def __post_init__(self) -> None:
-        if self.draft_quantization not in ("none", "q4_0", "iq4_nl"):
+        from verispec.runners.gguf_runner import REQUANTIZATIONS
+
+        if self.draft_quantization != "none" and self.draft_quantization not in REQUANTIZATIONS:
             from verispec.errors import InvalidParameterError
 
-            raise InvalidParameterError(f"draft_quantization must be none, q4_0 or iq4_nl, got {self.draft_quantization!r}")
+            raise InvalidParameterError(
+                f"draft_quantization must be none or one of {', '.join(REQUANTIZATIONS)}, got {self.draft_quantization!r}"
+            )
 
 
 @dataclass
@@ -254,9 +259,7 @@ def _build(kind: str, config: RunnersBenchConfig, target_info, draft_info, threa
         from verispec.runners.gguf_runner import GGUFWeights
 
         def load(info, **options):  # RoPE tables for 4096 positions: the prefill lengths fit
-            from verispec.models.store import verispec_home
-
-            weights = GGUFWeights.from_file(info.path, 4096, cache_dir=verispec_home() / "weights", **options)
+            weights = GGUFWeights.from_file(info.path, 4096, cache_dir=default_cache_dir(), **options)
             return GGUFRunner(weights, max_context_length=CAPACITY)
 
         requantize = None if config.draft_quantization == "none" else config.draft_quantization
@@ -275,9 +278,7 @@ def _build(kind: str, config: RunnersBenchConfig, target_info, draft_info, threa
         from verispec.runners.int8 import Int8Runner
 
         def load(info, **options):  # straight from the GGUF blocks, seconds
-            from verispec.models.store import verispec_home
-
-            weights = int8_weights_from_gguf(info.path, 4096, cache_dir=verispec_home() / "weights", **options)
+            weights = int8_weights_from_gguf(info.path, 4096, cache_dir=default_cache_dir(), **options)
             return Int8Runner(weights, max_context_length=CAPACITY)
 
         target, draft = load(target_info), load(draft_info)

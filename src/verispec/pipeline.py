@@ -33,7 +33,8 @@ from verispec.runners.costs import seed_cost_model
 from verispec.runners.select import RunnerOptions, auto_picks_gguf, build_runners, cached_auto_choice, cached_curve
 from verispec.sampling import SamplingParams
 
-# --draft-quantization: the runner each one needs (None: any)
+# --draft-quantization: the runner each one needs (None: any); "gguf" ones are re-quantizations the
+# gguf runner applies as it loads (auto picks one when the runner is gguf)
 DRAFT_QUANTIZATIONS = {"auto": None, "none": None, "int8": "torch", "q4_0": "gguf", "iq4_nl": "gguf"}
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
@@ -162,7 +163,8 @@ class SpeculativePipeline:
             draft = dataclasses.replace(draft, param_bytes=_tensor_bytes(draft.model))
         self.drafters = drafters
         self.tokenizer = target.tokenizer
-        requantize = {"none": None, "int8": None}.get(drafters.draft_quantization, drafters.draft_quantization)
+        quantization = drafters.draft_quantization
+        requantize = quantization if quantization == "auto" or DRAFT_QUANTIZATIONS[quantization] == "gguf" else None
         built = build_runners(runners, target, draft, draft_requantize=requantize)  # gguf, int8, llama.cpp, torch; auto resolved
         self.runner_kind = built.kind
         self.draft_requantize = built.draft_requantize  # e.g. "iq4_nl": the gguf draft's 4-bit blocks

@@ -19,6 +19,7 @@ import torch
 from verispec.errors import InvalidParameterError
 from verispec.runners import Runner
 from verispec.runners.costs import CostCache, CostCurve, choose_runner, measure_cost_curve, model_key
+from verispec.runners.weight_cache import default_cache_dir
 
 RUNNERS = ("auto", "gguf", "int8", "llamacpp", "torch")
 BATCH_INVARIANT = ("gguf", "int8")  # runners whose verify rows equal their decode rows, bit for bit
@@ -73,10 +74,8 @@ def make_runner(kind: str, loaded, *, max_context_length: int | None = None, hea
         if loaded.path is None or Path(loaded.path).suffix != ".gguf":
             raise InvalidParameterError(f"the gguf runner needs a .gguf model; {loaded.name} is not one")
         capacity = max_context_length or min(loaded.context_length, 4096)
-        from verispec.models.store import verispec_home
-
         return GGUFRunner.from_file(loaded.path, max_context_length=capacity, head_token_ids=head_token_ids, requantize=requantize,
-                                    cache_dir=verispec_home() / "weights")
+                                    cache_dir=default_cache_dir())
     if kind == "llamacpp":
         from verispec.runners.llamacpp import LlamaCppRunner
 
@@ -88,9 +87,7 @@ def make_runner(kind: str, loaded, *, max_context_length: int | None = None, hea
         from verispec.runners.int8 import Int8Runner
 
         capacity = max_context_length or min(loaded.context_length, 4096)
-        from verispec.models.store import verispec_home
-
-        weights = int8_weights_from_gguf(loaded.path, capacity, head_token_ids=head_token_ids, cache_dir=verispec_home() / "weights")
+        weights = int8_weights_from_gguf(loaded.path, capacity, head_token_ids=head_token_ids, cache_dir=default_cache_dir())
         return Int8Runner(weights, max_context_length=capacity)
     if loaded.model is None:
         raise InvalidParameterError(f"the {kind} runner needs the model's weights in torch; {loaded.name} was loaded without")

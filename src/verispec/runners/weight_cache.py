@@ -18,6 +18,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
+def default_cache_dir() -> Path:
+    """Where the runners keep derived weights: ``$VERISPEC_HOME/weights``."""
+    from verispec.models.store import verispec_home
+
+    return verispec_home() / "weights"
+
+
 DTYPES = {"int8": (torch.int8, np.int8), "uint8": (torch.uint8, np.uint8), "float32": (torch.float32, np.float32)}
 
 
