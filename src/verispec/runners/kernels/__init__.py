@@ -1,6 +1,6 @@
 """Our C++ CPU kernels: built once on first use, cached under ``$VERISPEC_HOME/kernels``.
 
-Owns compiling and loading ``gguf_kernels.cpp`` (``torch.utils.cpp_extension`` with ninja; the
+Owns compiling and loading the kernel sources (``core.h`` lists them) (``torch.utils.cpp_extension`` with ninja; the
 build is keyed by the source, torch and Python versions, so a change rebuilds and a cache shared
 across them never mixes) and turning a missing compiler into a clear error. The kernels choose
 between their AVX-512 VNNI and portable paths at run time, so one build works on any x86-64 CPU.
@@ -20,7 +20,12 @@ import torch
 
 from verispec.errors import InvalidParameterError
 
-SOURCE = Path(__file__).with_name("gguf_kernels.cpp")
+DIRECTORY = Path(__file__).parent
+# The torch-free core (one file per concern and per ISA, see core.h) and the torch bindings.
+CORE_SOURCES = ("formats.cpp", "portable.cpp", "dispatch.cpp", "attention.cpp", "requantize.cpp", "x86_avx512.cpp",
+                "x86_avx2.cpp", "arm_neon.cpp")
+SOURCES = tuple(DIRECTORY / name for name in CORE_SOURCES + ("bindings.cpp",))
+HEADERS = (DIRECTORY / "core.h",)
 CFLAGS = ["-O3", "-ffp-contract=off", "-fno-math-errno", "-std=c++17", "-fopenmp"]
 _LOCK = threading.Lock()
 _MODULE = None
@@ -35,7 +40,10 @@ def kernel_build_dir() -> Path:
 
 def build_key() -> str:
     """Hash of what the binary depends on: the source, the flags, torch and Python."""
-    digest = hashlib.sha256(SOURCE.read_bytes())
+    digest = hashlib.sha256()
+    for path in SOURCES + HEADERS:
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
     digest.update(" ".join(CFLAGS).encode())
     digest.update(torch.__version__.encode())
     digest.update(sys.version.encode())
@@ -78,7 +86,7 @@ def _build():
     try:
         return cpp_extension.load(
             name=f"verispec_gguf_{build_key()}",
-            sources=[str(SOURCE)],
+            sources=[str(path) for path in SOURCES],
             extra_cflags=CFLAGS,
             build_directory=str(directory),
             verbose=False,

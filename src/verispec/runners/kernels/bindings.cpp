@@ -1,0 +1,259 @@
+// Torch bindings of the kernels' core: tensor checks, at::parallel_for over the core's work
+// ranges, and the Python module. Every computation lives in the torch-free core (core.h).
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+
+#include "core.h"
+
+namespace {
+
+using vsk::Isa;
+
+// The checks repack and dequantize share: raw holds out_features rows of whole blocks.
+int64_t check_raw_blocks(const torch::Tensor& raw, const vsk::Format& f, int64_t out_features, int64_t in_features) {
+    TORCH_CHECK(raw.dtype() == torch::kUInt8 && raw.is_contiguous(), "raw blocks must be contiguous uint8");
+    TORCH_CHECK(in_features % f.block_k == 0, "in_features ", in_features, " is not a multiple of ", f.block_k);
+    const int64_t nblocks = in_features / f.block_k;
+    TORCH_CHECK(raw.numel() == out_features * nblocks * f.raw_bytes, "raw size ", raw.numel(), " != ",
+                out_features * nblocks * f.raw_bytes);
+    return nblocks;
+}
+
+torch::Tensor repack(torch::Tensor raw, int64_t qtype, int64_t out_features, int64_t in_features) {
+    const vsk::Format f = vsk::format_of(qtype);
+    const int64_t nblocks = check_raw_blocks(raw, f, out_features, in_features);
+    const int64_t ntiles = (out_features + vsk::TILE - 1) / vsk::TILE;
+    auto packed = torch::zeros({ntiles * nblocks * f.tile_bytes}, torch::kUInt8);
+    const uint8_t* src = raw.data_ptr<uint8_t>();
+    uint8_t* dst = packed.data_ptr<uint8_t>();
+    at::parallel_for(0, ntiles, 1, [&](int64_t t0, int64_t t1) { vsk::repack_tiles(qtype, src, out_features, nblocks, dst, t0, t1); });
+    return packed;
+}
+
+// Calls row_fn(r, w) with each row r of raw de-quantized (ggml's formulas), rows in parallel.
+template <typename RowFn>
+void for_dequantized_rows(const torch::Tensor& raw, int64_t qtype, int64_t out_features, int64_t in_features, RowFn row_fn) {
+    const vsk::Format f = vsk::format_of(qtype);
+    const int64_t nblocks = check_raw_blocks(raw, f, out_features, in_features);
+    const int64_t row_bytes = nblocks * f.raw_bytes;
+    const uint8_t* src = raw.data_ptr<uint8_t>();
+    at::parallel_for(0, out_features, 16, [&](int64_t r0, int64_t r1) {
+        std::vector<float> row(in_features);
+        for (int64_t r = r0; r < r1; ++r) {
+            vsk::dequantize_row(qtype, src + r * row_bytes, nblocks, row.data());
+            row_fn(r, row.data());
+        }
+    });
+}
+
+// raw [out * row_bytes] uint8 -> float32 [out, in]: the GGUF blocks de-quantized with ggml's formulas
+// (dequantize_row_q4_K and friends), for the embedding and for runners that re-quantize.
+torch::Tensor dequantize(torch::Tensor raw, int64_t qtype, int64_t out_features, int64_t in_features) {
+    auto out = torch::empty({out_features, in_features}, torch::kFloat32);
+    float* dst = out.data_ptr<float>();
+    for_dequantized_rows(raw, qtype, out_features, in_features,
+                         [&](int64_t r, const float* w) { std::copy(w, w + in_features, dst + r * in_features); });
+    return out;
+}
+
+// raw [out * row_bytes] uint8 -> (int8 [out, in], scales [out] float32): each row de-quantized
+// (as dequantize) and re-quantized symmetric per row, in one pass: scale = max |row| / 127 (1 for
+// an all-zero row), q = clamp(round-half-even(w / scale), -127, 127) -- exactly
+// verispec.runners.int8_ops.quantize_weight_rows of the de-quantized row.
+std::vector<torch::Tensor> requantize_int8(torch::Tensor raw, int64_t qtype, int64_t out_features, int64_t in_features) {
+    auto q = torch::empty({out_features, in_features}, torch::kInt8);
+    auto scales = torch::empty({out_features}, torch::kFloat32);
+    int8_t* qp = q.data_ptr<int8_t>();
+    float* sp = scales.data_ptr<float>();
+    for_dequantized_rows(raw, qtype, out_features, in_features, [&](int64_t r, const float* w) {
+        float amax = 0.0f;
+        for (int64_t i = 0; i < in_features; ++i) amax = std::max(amax, std::fabs(w[i]));
+        float scale = amax / 127.0f;
+        if (!(scale > 0.0f)) scale = 1.0f;
+        sp[r] = scale;
+        for (int64_t i = 0; i < in_features; ++i) {
+            float v = std::nearbyint(w[i] / scale);
+            qp[r * in_features + i] = (int8_t)std::min(127.0f, std::max(-127.0f, v));
+        }
+    });
+    return {q, scales};
+}
+
+// raw [out * row_bytes] uint8 of any supported type -> Q4_0 or IQ4_NL blocks [out * in / 32 * 18]
+// uint8: each row de-quantized (as dequantize) and quantized 32 values at a time. impl: as linear.
+torch::Tensor requantize_4bit(torch::Tensor raw, int64_t qtype, int64_t out_features, int64_t in_features, int64_t to_qtype,
+                              int64_t impl) {
+    TORCH_CHECK(to_qtype == vsk::Q4_0 || to_qtype == vsk::IQ4_NL, "re-quantizing to GGUF block type ", to_qtype,
+                " is not supported");
+    TORCH_CHECK(in_features % 32 == 0, "in_features ", in_features, " is not a multiple of 32");
+    const Isa isa = vsk::resolve_isa(impl);
+    const int64_t out_blocks = in_features / 32;
+    auto q = torch::empty({out_features * out_blocks * 18}, torch::kUInt8);
+    uint8_t* dst = q.data_ptr<uint8_t>();
+    for_dequantized_rows(raw, qtype, out_features, in_features, [&](int64_t r, const float* w) {
+        for (int64_t blk = 0; blk < out_blocks; ++blk) {
+            uint8_t* o = dst + (r * out_blocks + blk) * 18;
+            if (to_qtype == vsk::Q4_0) vsk::quantize_block_q4_0(w + blk * 32, o);
+            else vsk::quantize_block_iq4_nl(w + blk * 32, o, isa);
+        }
+    });
+    return q;
+}
+
+// x [rows, in] float32, packed from repack() -> [rows, ceil(out / 16) * 16] float32.
+// impl: 0 = the best path for this CPU, else an vsk::Isa number (an error when the CPU lacks it).
+torch::Tensor linear(torch::Tensor x, torch::Tensor packed, int64_t qtype, int64_t out_features, int64_t impl) {
+    TORCH_CHECK(x.dim() == 2 && x.dtype() == torch::kFloat32, "x must be [rows, in] float32");
+    x = x.contiguous();
+    const vsk::Format f = vsk::format_of(qtype);
+    const int64_t rows = x.size(0), in = x.size(1);
+    TORCH_CHECK(in % f.block_k == 0, "in_features ", in, " is not a multiple of ", f.block_k);
+    const int64_t nblocks = in / f.block_k, ntiles = (out_features + vsk::TILE - 1) / vsk::TILE;
+    TORCH_CHECK(packed.numel() == ntiles * nblocks * f.tile_bytes, "packed weight does not match the shapes");
+    const Isa isa = vsk::resolve_isa(impl);
+    auto out = torch::empty({rows, ntiles * vsk::TILE}, torch::kFloat32);
+    vsk::Activations act;
+    vsk::prepare_activations(act, rows, in, f.k_quant ? 256 : 32, qtype == vsk::Q8_0);
+    const float* xp = x.data_ptr<float>();
+    at::parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) { vsk::quantize_activation_rows(xp, act, r0, r1, isa); });
+    const uint8_t* w = packed.data_ptr<uint8_t>();
+    float* o = out.data_ptr<float>();
+    const int64_t ldo = ntiles * vsk::TILE;
+    for (int64_t rb = 0; rb < rows; rb += vsk::ROW_BLOCK) {
+        const int64_t rend = std::min(rows, rb + vsk::ROW_BLOCK);
+        at::parallel_for(0, ntiles, 1, [&](int64_t t0, int64_t t1) {
+            vsk::linear_tiles(qtype, w, nblocks, act, o, ldo, rb, rend, t0, t1, isa);
+        });
+    }
+    return out;
+}
+
+// q [rows, heads, head_dim], keys / values [kv_heads, capacity, head_dim] (float32, contiguous);
+// visible: empty (causal from `start`) or int64 [rows, width] with lengths [rows]; impl as linear().
+torch::Tensor attention(torch::Tensor q, torch::Tensor keys, torch::Tensor values, int64_t start, torch::Tensor visible,
+                        torch::Tensor lengths, double scale, int64_t impl) {
+    const Isa isa = vsk::resolve_isa(impl);
+    TORCH_CHECK(q.dim() == 3 && keys.dim() == 3 && values.dim() == 3, "attention expects 3-D q, keys, values");
+    TORCH_CHECK(q.dtype() == torch::kFloat32 && keys.dtype() == torch::kFloat32 && values.dtype() == torch::kFloat32,
+                "attention expects float32");
+    TORCH_CHECK(keys.is_contiguous() && values.is_contiguous(), "keys and values must be contiguous");
+    TORCH_CHECK(keys.sizes() == values.sizes() && keys.size(2) == q.size(2), "query, key and value shapes do not match");
+    q = q.contiguous();
+    const bool tree = visible.numel() > 0;
+    if (tree) {
+        TORCH_CHECK(visible.dim() == 2 && visible.dtype() == torch::kInt64 && lengths.dtype() == torch::kInt64 &&
+                        visible.size(0) == q.size(0) && lengths.numel() == q.size(0),
+                    "visible must be int64 [rows, width] with int64 lengths [rows]");
+        visible = visible.contiguous();
+        lengths = lengths.contiguous();
+    }
+    auto out = torch::empty({q.size(0), q.size(1) * q.size(2)}, torch::kFloat32);
+    const vsk::AttentionArgs args{q.data_ptr<float>(), keys.data_ptr<float>(), values.data_ptr<float>(), q.size(0), q.size(1),
+                                  keys.size(0), keys.size(1), q.size(2), start, tree ? visible.data_ptr<int64_t>() : nullptr,
+                                  tree ? lengths.data_ptr<int64_t>() : nullptr, tree ? visible.size(1) : 0, (float)scale,
+                                  out.data_ptr<float>()};
+    vsk::check_attention(args);
+    at::parallel_for(0, args.rows * args.kv_heads, 1, [&](int64_t b, int64_t e) { vsk::attention_items(args, b, e, isa); });
+    return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Small row-local ops fused to save the per-op overhead of a 1..16-row decoder step.
+
+// qkv [rows, (heads + 2 kv_heads) * head_dim]: rotates q and k by RoPE (half-split layout, Su et
+// al. 2021) at `positions` [rows], writes k and v into cache slots start .. start + rows - 1 of
+// keys / values [kv_heads, capacity, head_dim]; returns rotated q [rows, heads, head_dim].
+torch::Tensor rope_store(torch::Tensor qkv, torch::Tensor positions, torch::Tensor cos, torch::Tensor sin,
+                         torch::Tensor keys, torch::Tensor values, int64_t start, int64_t heads) {
+    TORCH_CHECK(qkv.dim() == 2 && qkv.dtype() == torch::kFloat32, "qkv must be [rows, width] float32");
+    TORCH_CHECK(keys.is_contiguous() && values.is_contiguous() && cos.is_contiguous() && sin.is_contiguous(),
+                "cache and tables must be contiguous");
+    qkv = qkv.contiguous();
+    positions = positions.to(torch::kInt64).contiguous();
+    const int64_t rows = qkv.size(0), kv_heads = keys.size(0), capacity = keys.size(1), dim = keys.size(2);
+    TORCH_CHECK(qkv.size(1) == (heads + 2 * kv_heads) * dim, "qkv width does not match the heads");
+    TORCH_CHECK(start + rows <= capacity, "the rows do not fit the cache");
+    TORCH_CHECK(positions.numel() == rows, "one position per row");
+    const int64_t half = dim / 2, width = qkv.size(1), table = cos.size(0);
+    auto q = torch::empty({rows, heads, dim}, torch::kFloat32);
+    const float* x = qkv.data_ptr<float>();
+    const int64_t* pos = positions.data_ptr<int64_t>();
+    for (int64_t i = 0; i < rows; ++i) TORCH_CHECK(pos[i] >= 0 && pos[i] < table, "position outside the RoPE table");
+    const float* c = cos.data_ptr<float>();
+    const float* s = sin.data_ptr<float>();
+    float* qo = q.data_ptr<float>();
+    float* ko = keys.data_ptr<float>();
+    float* vo = values.data_ptr<float>();
+    for (int64_t i = 0; i < rows; ++i) {
+        const float* ci = c + pos[i] * dim;
+        const float* si = s + pos[i] * dim;
+        for (int64_t h = 0; h < heads + kv_heads; ++h) {
+            const float* in = x + i * width + h * dim;
+            float* out = h < heads ? qo + (i * heads + h) * dim : ko + ((h - heads) * capacity + start + i) * dim;
+            for (int64_t d = 0; d < half; ++d) {
+                const float a = in[d] * ci[d], b = (-in[d + half]) * si[d];
+                out[d] = a + b;
+                const float e = in[d + half] * ci[d + half], f = in[d] * si[d + half];
+                out[d + half] = e + f;
+            }
+        }
+        for (int64_t h = 0; h < kv_heads; ++h)
+            std::memcpy(vo + (h * capacity + start + i) * dim, x + i * width + (heads + kv_heads + h) * dim, dim * sizeof(float));
+    }
+    return q;
+}
+
+// gate_up [rows, 2 * ffn] -> silu(gate) * up [rows, ffn] (SwiGLU, Shazeer 2020).
+
+// gate_up [rows, 2 * ffn] -> silu(gate) * up [rows, ffn] (SwiGLU, Shazeer 2020).
+torch::Tensor silu_mul(torch::Tensor gate_up) {
+    TORCH_CHECK(gate_up.dim() == 2 && gate_up.dtype() == torch::kFloat32 && gate_up.size(1) % 2 == 0,
+                "gate_up must be [rows, 2 * ffn] float32");
+    gate_up = gate_up.contiguous();
+    const int64_t rows = gate_up.size(0), ffn = gate_up.size(1) / 2;
+    auto out = torch::empty({rows, ffn}, torch::kFloat32);
+    const float* g = gate_up.data_ptr<float>();
+    float* o = out.data_ptr<float>();
+    at::parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) vsk::silu_mul_row(g + r * 2 * ffn, g + r * 2 * ffn + ffn, ffn, o + r * ffn);
+    });
+    return out;
+}
+
+// The ISA names by number (index = the `impl` argument), and which of them this CPU runs.
+std::vector<std::string> isa_names() {
+    std::vector<std::string> names;
+    for (int i = 0; i < vsk::NUM_ISAS; ++i) names.emplace_back(vsk::isa_name((Isa)i));
+    return names;
+}
+
+std::vector<std::string> supported_isas() {
+    std::vector<std::string> names;
+    for (int i = 1; i < vsk::NUM_ISAS; ++i)
+        if (vsk::isa_supported((Isa)i)) names.emplace_back(vsk::isa_name((Isa)i));
+    return names;
+}
+
+std::string best_isa() { return vsk::isa_name(vsk::best_isa()); }
+bool has_avx512_vnni() { return vsk::isa_supported(Isa::Avx512); }
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+    m.def("repack", &repack, "GGUF blocks [out, in / block] -> 16-column interleaved tiles");
+    m.def("requantize_4bit", &requantize_4bit, "GGUF blocks -> Q4_0 or IQ4_NL blocks (a draft model at 4.5 bits per weight)");
+    m.def("requantize_int8", &requantize_int8, "GGUF blocks -> per-row int8 weights and scales (the int8 runner)");
+    m.def("dequantize", &dequantize, "GGUF blocks [out, in / block] -> float32 [out, in]");
+    m.def("linear", &linear, "x [rows, in] float32 times repacked GGUF weights -> [rows, padded out]");
+    m.def("attention", &attention, "causal or tree attention over a static KV cache, one (row, head) at a time");
+    m.def("rope_store", &rope_store, "RoPE on q and k, k and v into the KV cache; returns rotated q");
+    m.def("silu_mul", &silu_mul, "silu(gate) * up of a fused gate_up row block");
+    m.def("isa_names", &isa_names, "kernel ISA names, indexed by the impl number the entry points take");
+    m.def("supported_isas", &supported_isas, "the kernel ISAs this CPU runs (portable always)");
+    m.def("best_isa", &best_isa, "the ISA impl 0 (auto) runs on this CPU");
+    m.def("cpu_features", &vsk::cpu_features, "the CPU features the dispatch looks at");
+    m.def("has_avx512_vnni", &has_avx512_vnni, "whether this CPU runs the AVX-512 VNNI path");
+}

@@ -1,0 +1,166 @@
+// Which path runs: the CPU's features, the ISA names, forcing one, and the product loop that hands
+// tiles and row blocks to the chosen ISA. Knows nothing about torch.
+
+#include <algorithm>
+
+#include "core.h"
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <cpuid.h>
+#endif
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1 << 20)
+#endif
+#endif
+
+namespace vsk {
+
+namespace {
+
+struct Features {
+    bool avx2 = false, fma = false, f16c = false, avxvnni = false, avx512 = false, neon_dotprod = false;
+};
+
+Features detect() {
+    Features f;
+#if defined(__x86_64__) || defined(_M_X64)
+    __builtin_cpu_init();
+    f.avx2 = __builtin_cpu_supports("avx2");
+    f.fma = __builtin_cpu_supports("fma");
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (__get_cpuid(1, &eax, &ebx, &ecx, &edx)) f.f16c = (ecx & bit_F16C) != 0;
+    if (__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx)) f.avxvnni = f.avx2 && ((eax >> 4) & 1);  // EAX[4]: AVX-VNNI
+    f.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+               __builtin_cpu_supports("avx512vnni");
+#elif defined(__aarch64__)
+#if defined(__linux__)
+    f.neon_dotprod = (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
+#elif defined(__ARM_FEATURE_DOTPROD)
+    f.neon_dotprod = true;
+#endif
+#endif
+    return f;
+}
+
+const Features& features() {
+    static const Features f = detect();
+    return f;
+}
+
+}  // namespace
+
+const char* isa_name(Isa isa) {
+    switch (isa) {
+        case Isa::Auto: return "auto";
+        case Isa::Portable: return "portable";
+        case Isa::Avx512: return "avx512";
+        case Isa::Avx2: return "avx2";
+        case Isa::AvxVnni: return "avxvnni";
+        case Isa::Neon: return "neon";
+    }
+    return "?";
+}
+
+std::string cpu_features() {
+    const Features& f = features();
+    std::string s;
+    auto add = [&](bool has, const char* name) {
+        if (has) s += (s.empty() ? "" : " ") + std::string(name);
+    };
+    add(f.avx2, "avx2");
+    add(f.fma, "fma");
+    add(f.f16c, "f16c");
+    add(f.avxvnni, "avxvnni");
+    add(f.avx512, "avx512f+bw+vl+dq+vnni");
+    add(f.neon_dotprod, "neon+dotprod");
+    return s.empty() ? "none of avx2, avx512, neon dotprod" : s;
+}
+
+bool isa_supported(Isa isa) {
+    const Features& f = features();
+    switch (isa) {
+        case Isa::Portable: return true;
+        case Isa::Avx512: return f.avx512 && f.f16c && f.fma;
+        case Isa::Avx2: return f.avx2 && f.fma && f.f16c;
+        case Isa::AvxVnni: return f.avx2 && f.fma && f.f16c && f.avxvnni;
+        case Isa::Neon: return f.neon_dotprod;
+        default: return false;
+    }
+}
+
+Isa best_isa() {
+    for (Isa isa : {Isa::Avx512, Isa::AvxVnni, Isa::Avx2, Isa::Neon})
+        if (isa_supported(isa)) return isa;
+    return Isa::Portable;
+}
+
+Isa resolve_isa(int64_t impl) {
+    VSK_CHECK(impl >= 0 && impl < NUM_ISAS, "unknown kernel ISA number " + std::to_string(impl));
+    const Isa isa = (Isa)impl;
+    if (isa == Isa::Auto) return best_isa();
+    VSK_CHECK(isa_supported(isa), std::string("this CPU cannot run the ") + isa_name(isa) + " kernels (it has: " +
+                                      cpu_features() + ")");
+    return isa;
+}
+
+void prepare_activations(Activations& a, int64_t rows, int64_t in, int block_k, bool offset) {
+    a.rows = rows;
+    a.in = in;
+    a.block_k = block_k;
+    a.offset = offset;
+    a.q.resize(rows * in);
+    a.d.resize(rows * (in / block_k));
+    a.s16.resize(rows * (in / 16));
+    a.s32.resize(rows * (in / 32));
+}
+
+void quantize_activation_rows(const float* x, Activations& a, int64_t r0, int64_t r1, Isa isa) {
+    const int64_t in = a.in, nb = in / a.block_k;
+    for (int64_t r = r0; r < r1; ++r) {
+        const float* xr = x + r * in;
+        int8_t* qr = a.q.data() + r * in;
+        for (int64_t b = 0; b < nb; ++b) {
+            float* d = a.d.data() + r * nb + b;
+            const float* xb = xr + b * a.block_k;
+            int8_t* qb = qr + b * a.block_k;
+            switch (isa) {
+                case Isa::Avx512: quantize_block_avx512(xb, a.block_k, qb, d); break;
+                case Isa::Avx2:
+                case Isa::AvxVnni: quantize_block_avx2(xb, a.block_k, qb, d); break;
+                case Isa::Neon: quantize_block_neon(xb, a.block_k, qb, d); break;
+                default: quantize_block_portable(xb, a.block_k, qb, d); break;
+            }
+        }
+        for (int64_t j = 0; j < in / 16; ++j) {
+            int s = 0;
+            for (int i = 0; i < 16; ++i) s += qr[16 * j + i];
+            a.s16[r * (in / 16) + j] = (int16_t)s;
+        }
+        for (int64_t j = 0; j < in / 32; ++j)
+            a.s32[r * (in / 32) + j] = (int16_t)(a.s16[r * (in / 16) + 2 * j] + a.s16[r * (in / 16) + 2 * j + 1]);
+        if (a.offset)
+            for (int64_t i = 0; i < in; ++i) qr[i] = (int8_t)((uint8_t)qr[i] ^ 0x80);
+    }
+}
+
+void linear_tiles(int64_t qtype, const uint8_t* packed, int64_t nblocks, const Activations& act, float* out, int64_t ldo,
+                  int64_t row_begin, int64_t row_end, int64_t t0, int64_t t1, Isa isa) {
+    const Format f = format_of(qtype);
+    for (int64_t t = t0; t < t1; ++t)
+        for (int64_t r = row_begin; r < row_end; r += MAX_TILE_ROWS) {
+            const TileArgs args{packed + t * nblocks * f.tile_bytes, nblocks, &act, r,
+                                (int)std::min<int64_t>(MAX_TILE_ROWS, row_end - r), out + r * ldo + t * TILE, ldo};
+            switch (isa) {
+                case Isa::Avx512: tile_avx512(qtype, args); break;
+                case Isa::Avx2: tile_avx2(qtype, args, false); break;
+                case Isa::AvxVnni: tile_avx2(qtype, args, true); break;
+                case Isa::Neon: tile_neon(qtype, args); break;
+                default: tile_portable(qtype, args); break;
+            }
+        }
+}
+
+}  // namespace vsk
