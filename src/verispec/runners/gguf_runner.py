@@ -27,6 +27,7 @@ from torch import Tensor
 from verispec.errors import InvalidParameterError, ModelIntegrityError
 from verispec.models.gguf_file import GGUFHeader, TensorInfo, read_gguf_header
 from verispec.runners.int8 import Int8Runner
+from verispec.runners.kernels import kernel_isa_number, set_kernel_isa
 from verispec.runners.int8_weights import DEFAULT_MAX_CONTEXT, Int8Layer, decoder_nbytes
 
 # ggml type ids the kernels multiply (ggml.h: enum ggml_type)
@@ -42,16 +43,13 @@ REQUANTIZE_CACHE_VERSION = 2  # bump when requantize_4bit's results change
 FOUR_BIT_TYPES = (Q4_0, Q4_K, IQ4_NL)
 FLOAT_TYPES = {0: np.float32, 1: np.float16}
 SUPPORTED_ARCHITECTURES = ("qwen2", "llama")
-IMPLEMENTATIONS = {"auto": 0, "portable": 1, "avx512": 2}
-_IMPL = ["auto"]
 
 
 def set_kernel_implementation(name: str) -> None:
-    """``"auto"`` (AVX-512 VNNI when the CPU has it), ``"portable"`` or ``"avx512"``: both give the
-    same bits; tests use this to check it. Raises InvalidParameterError for another name."""
-    if name not in IMPLEMENTATIONS:
-        raise InvalidParameterError(f"unknown kernel implementation {name!r}; choose one of {', '.join(IMPLEMENTATIONS)}")
-    _IMPL[0] = name
+    """Force the kernels' instruction set (``"auto"``, ``"portable"``, ``"avx2"``, ``"avxvnni"``,
+    ``"avx512"``, ``"neon"``): every path gives the same bits; tests use this to check it. Raises
+    InvalidParameterError for an unknown name or one this CPU cannot run."""
+    set_kernel_isa(None if name == "auto" else name)
 
 
 @dataclass
@@ -71,7 +69,7 @@ class GGUFLinear:
 
     def __call__(self, x: Tensor) -> Tensor:
         """``x`` ``[rows, in_features]`` float32 -> ``[rows, out_features]`` float32, row-local."""
-        kernels, impl = _kernels(), IMPLEMENTATIONS[_IMPL[0]]
+        kernels, impl = _kernels(), kernel_isa_number()
         outs = [kernels.linear(x, packed, qtype, rows, impl)[:, :rows] for packed, qtype, rows in self.parts]
         y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
         if self.bias is not None:
@@ -266,7 +264,7 @@ class _Loader:
         to = REQUANTIZATIONS[self.requantize]
 
         def compute() -> tuple[Tensor]:
-            flat = _kernels().requantize_4bit(raw.contiguous().view(-1), qtype, raw.shape[0], in_features, to, IMPLEMENTATIONS[_IMPL[0]])
+            flat = _kernels().requantize_4bit(raw.contiguous().view(-1), qtype, raw.shape[0], in_features, to, kernel_isa_number())
             return (flat.view(raw.shape[0], -1),)
 
         if self.cache is None:
@@ -437,7 +435,7 @@ class GGUFRunner(Int8Runner):
         slots ``0 .. start + i`` or its tree slots from :meth:`_tree_slots`, in order), parallel
         over (row, head)."""
         slots, lengths = (_EMPTY, _EMPTY) if tree is None else tree
-        return _kernels().attention(q, keys, values, start, slots, lengths, self.weights.head_dim**-0.5, IMPLEMENTATIONS[_IMPL[0]])
+        return _kernels().attention(q, keys, values, start, slots, lengths, self.weights.head_dim**-0.5, kernel_isa_number())
 
 
 _EMPTY = torch.empty(0, dtype=torch.int64)

@@ -93,3 +93,61 @@ def _build():
         )
     except Exception as exc:  # cpp_extension raises RuntimeError, OSError, ImportError, CalledProcessError
         raise InvalidParameterError(f"building the gguf kernels failed ({type(exc).__name__}: {exc}); use --runner int8") from exc
+
+
+# ---------------------------------------------------------------------------------------------
+# Which instruction set the kernels run (dispatch.cpp): the best one for the CPU unless forced.
+
+ISA_ENV = "VERISPEC_KERNEL_ISA"
+# The kernels' ISA numbers (the ``impl`` argument of ``linear``, ``attention``, ``requantize_4bit``).
+ISA_NUMBERS = {"auto": 0, "portable": 1, "avx512": 2, "avx2": 3, "avxvnni": 4, "neon": 5}
+_FORCED: list[str | None] = [None]
+_RESOLVED: dict[tuple[str | None, str], str] = {}
+
+
+def set_kernel_isa(name: str | None) -> None:
+    """Force the kernels' instruction set for this process (None: back to ``$VERISPEC_KERNEL_ISA``
+    or the best for the CPU). Every path gives the same bits; tests and benchmarks use this.
+
+    Raises:
+        InvalidParameterError: an unknown name, or one this CPU cannot run (naming its features).
+    """
+    if name is not None:
+        _check_isa(name, source="set_kernel_isa")
+    _FORCED[0] = name
+
+
+def kernel_isa() -> str:
+    """The instruction set the kernels run now: ``portable``, ``avx2`` (AVX2 + FMA + F16C),
+    ``avxvnni`` (AVX2 with 256-bit VNNI), ``avx512`` (AVX-512 VNNI) or ``neon`` (ARMv8.2 dotprod).
+
+    Chosen by :func:`set_kernel_isa`, else ``$VERISPEC_KERNEL_ISA``, else the fastest path the CPU
+    has. Raises InvalidParameterError when the forced one is unknown or this CPU lacks it.
+    """
+    key = (_FORCED[0], os.environ.get(ISA_ENV, ""))
+    resolved = _RESOLVED.get(key)
+    if resolved is None:  # once per setting: every linear layer asks
+        name = key[0]
+        if name is None:
+            name = key[1].strip().lower() or "auto"
+            _check_isa(name, source=f"{ISA_ENV}={key[1]}")
+        resolved = _RESOLVED[key] = gguf_kernels().best_isa() if name == "auto" else name
+    return resolved
+
+
+def kernel_isa_number() -> int:
+    """:func:`kernel_isa` as the kernels' ``impl`` number."""
+    return ISA_NUMBERS[kernel_isa()]
+
+
+def _check_isa(name: str, *, source: str) -> None:
+    if name not in ISA_NUMBERS:
+        raise InvalidParameterError(f"unknown kernel ISA {name!r} ({source}); choose one of {', '.join(ISA_NUMBERS)}")
+    if name == "auto":
+        return
+    kernels = gguf_kernels()
+    if name not in kernels.supported_isas():
+        raise InvalidParameterError(
+            f"this CPU cannot run the {name} kernels ({source}): it has {kernels.cpu_features()}; "
+            f"paths it runs: {', '.join(kernels.supported_isas())}"
+        )
