@@ -63,15 +63,36 @@ def test_kernel_equals_oracle_bit_for_bit(qtype, out_features, in_features, impl
     assert torch.all(y[3] == 0)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("qtype", TYPES)
-def test_every_row_of_a_k_row_product_equals_the_one_row_product(qtype):
+def test_every_row_of_a_k_row_product_equals_the_one_row_product(qtype, impl):
     rng = np.random.default_rng(3)
     raw = random_blocks(qtype, 64, 512, rng)
     weight = packed(qtype, raw, 64, 512)
     x = torch.from_numpy(rng.standard_normal((17, 512)).astype(np.float32))
-    singles = torch.cat([gguf_kernels().linear(x[i : i + 1], weight, int(qtype), 64, 0) for i in range(17)])
+    singles = torch.cat([gguf_kernels().linear(x[i : i + 1], weight, int(qtype), 64, impl) for i in range(17)])
     for k in range(1, 18):  # every register-tile remainder, up to 17 rows
-        assert torch.equal(gguf_kernels().linear(x[:k], weight, int(qtype), 64, 0), singles[:k]), k
+        assert torch.equal(gguf_kernels().linear(x[:k], weight, int(qtype), 64, impl), singles[:k]), k
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_every_path_equals_the_portable_one_bit_for_bit_for_1_to_16_rows(qtype):
+    """Same bits, NaN payloads and signed zeros included: rows with a NaN, an infinity, an
+    all-zero block and values at the int8 clamp, for every row count of a verify pass."""
+    rng = np.random.default_rng(9)
+    in_features = 768 if qtype in (T.Q4_K, T.Q6_K) else 224  # 3 super-blocks / 7 blocks
+    raw = random_blocks(qtype, 40, in_features, rng)  # 40 columns: a half-padded last tile
+    weight = packed(qtype, raw, 40, in_features)
+    x = rng.standard_normal((16, in_features)).astype(np.float32) * rng.uniform(0.01, 100, (16, 1)).astype(np.float32)
+    x[1, 7] = np.nan
+    x[2, 40] = np.inf
+    x[3, :256] = 0.0
+    x[4, ::3] = -0.0
+    x = torch.from_numpy(x)
+    for k in range(1, 17):
+        portable = gguf_kernels().linear(x[:k], weight, int(qtype), 40, ISA_NUMBERS["portable"]).view(torch.int32)
+        for impl in IMPLS[1:]:
+            assert torch.equal(gguf_kernels().linear(x[:k], weight, int(qtype), 40, impl).view(torch.int32), portable), (k, impl)
 
 
 def test_rows_do_not_depend_on_the_thread_count():

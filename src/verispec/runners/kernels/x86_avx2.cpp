@@ -1,8 +1,473 @@
+// The AVX2 path (Haswell and later, AMD Zen 1-3; with AVX-VNNI on Alder Lake and later): half a
+// tile (8 columns) in the lanes of a 256-bit register, up to ROWS rows sharing each unpacked weight
+// register. The tile layout is the AVX-512 one: each 64-byte run holds 4 values of 16 columns, so
+// columns 8h .. 8h + 7 are the run's bytes 32h .. 32h + 31.
+//
+// Integer sums, exact (core.h). With AVX-VNNI, vpdpbusd adds 4 u8 x s8 products per column into
+// int32 with no saturation. Without it, vpmaddubsw adds pairs of u8 x s8 products into int16 with
+// saturation at +-32767, so every use keeps |unsigned weight| <= 128 and |activation| <= 127 (a
+// pair is at most 2 * 128 * 127 = 32512): the 4- and 5- and 6-bit weights are small unsigned
+// integers already; IQ4_NL levels and Q8_0 weights are signed, so they go in as |w| with the
+// activation's sign flipped where w < 0 (vpsignb; llama.cpp's trick). Where pair sums of several
+// groups are added in int16 before vpmaddwd widens them, the count is bounded so that they cannot
+// pass 32767 either (named below, per format). Float steps are the portable ones lane by lane.
+
 #include "core.h"
+
+#if defined(__x86_64__) || defined(_M_X64)
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+
 namespace vsk {
-void tile_avx2(int64_t, const TileArgs&, bool) { fail("todo"); }
-void quantize_block_avx2(const float*, int, int8_t*, float*) { fail("todo"); }
-void fit_iq4_nl_avx2(const float*, const float*, float, float&, float&) { fail("todo"); }
-void scores_avx2(const float*, int, const float*, int64_t, const int64_t*, int64_t, float, float*) { fail("todo"); }
-void weighted_sum_avx2(const float*, int, const float*, int64_t, const int64_t*, int64_t, float*) { fail("todo"); }
+
+#define VS_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+namespace {
+
+constexpr int ROWS = 4;             // rows per register tile (16 ymm registers)
+constexpr int HALF = 8;             // columns per register
+constexpr int PREFETCH_BLOCKS = 2;     // prefetch distance of the 256-value formats, in blocks of the tile
+constexpr int PREFETCH_BLOCKS_32 = 8;  // of the 32-value formats
+
+VS_AVX2 inline void prefetch_block(const uint8_t* next, int bytes) {
+    for (int l = 0; l < bytes; l += 64) _mm_prefetch((const char*)(next + l), _MM_HINT_T0);
 }
+
+VS_AVX2 inline __m256i bcast4(const int8_t* p) { return _mm256_set1_epi32(load_i32(p)); }
+
+// acc += per column (4 bytes per 32-bit lane) the sum of 4 products u (unsigned) x s (signed).
+// VNNI: one vpdpbusd (VEX-encoded; inline assembly so this function needs no avxvnni target and
+// the dispatch alone decides whether it runs). Else vpmaddubsw + vpmaddwd (|u| <= 128, |s| <= 127).
+template <bool VNNI>
+VS_AVX2 inline __m256i dot4(__m256i acc, __m256i u, __m256i s) {
+    if constexpr (VNNI) {
+        asm("%{vex%} vpdpbusd %[s], %[u], %[acc]" : [acc] "+x"(acc) : [u] "x"(u), [s] "x"(s));
+        return acc;
+    } else {
+        return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+    }
+}
+
+// 8 fp16 scales of columns 8h .. 8h + 7 at p (2 bytes each) as floats.
+VS_AVX2 inline __m256 halves(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
+
+// 8 unsigned bytes (one per column) -> int32 lanes; duplicated: the same in both int16 halves.
+VS_AVX2 inline __m256i widen_u8(const uint8_t* p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p)); }
+VS_AVX2 inline __m256i duplicated_u8(const uint8_t* p) {
+    const __m256i v = widen_u8(p);
+    return _mm256_or_si256(v, _mm256_slli_epi32(v, 16));
+}
+
+// acc = acc + (float)total * (dx * d), the portable step.
+VS_AVX2 inline __m256 scaled_add(__m256 acc, __m256i total, float dx, __m256 d) {
+    return _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(_mm256_set1_ps(dx), d)));
+}
+
+// Q4_K: per sub-block pair p, low nibbles are sub-block 2p, high nibbles 2p + 1 (4-bit unsigned
+// weights). Without VNNI a sub-block's 8 groups add in int16: 8 * 2 * 15 * 127 = 30480 <= 32767,
+// and vpmaddwd by the duplicated 6-bit scale gives (pair sum) * scale in int32.
+template <int R, bool VNNI>
+VS_AVX2 void tile_q4k(const TileArgs& a, int h) {
+    constexpr int BYTES = 2368;
+    const Activations& x = *a.act;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const int64_t nb = x.in / 256;
+    __m256 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < a.nblocks; ++b) {
+        const uint8_t* t = a.tile + b * BYTES;
+        if (h == 0) prefetch_block(t + PREFETCH_BLOCKS * BYTES, BYTES);
+        const int8_t* xb = x.q.data() + a.row0 * x.in + b * 256;
+        __m256i isum[R];
+        for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
+        for (int p = 0; p < 4; ++p) {
+            const uint8_t* qp = t + 320 + p * 512 + 32 * h;
+            __m256i lo[R], hi[R];
+            for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+            for (int g = 0; g < 8; ++g) {
+                const __m256i v = _mm256_loadu_si256((const __m256i*)(qp + 64 * g));
+                const __m256i wl = _mm256_and_si256(v, m4), wh = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                for (int r = 0; r < R; ++r) {
+                    const int8_t* xr = xb + r * x.in + 64 * p + 4 * g;
+                    if constexpr (VNNI) {
+                        lo[r] = dot4<true>(lo[r], wl, bcast4(xr));
+                        hi[r] = dot4<true>(hi[r], wh, bcast4(xr + 32));
+                    } else {
+                        lo[r] = _mm256_add_epi16(lo[r], _mm256_maddubs_epi16(wl, bcast4(xr)));
+                        hi[r] = _mm256_add_epi16(hi[r], _mm256_maddubs_epi16(wh, bcast4(xr + 32)));
+                    }
+                }
+            }
+            const uint8_t* sc = t + 64 + 32 * p + HALF * h;  // scales of sub-blocks 2p (sc) and 2p + 1 (sc + 16)
+            if constexpr (VNNI) {
+                const __m256i sl = widen_u8(sc), sh = widen_u8(sc + 16);
+                for (int r = 0; r < R; ++r)
+                    isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(_mm256_mullo_epi32(lo[r], sl), _mm256_mullo_epi32(hi[r], sh)));
+            } else {
+                const __m256i sl = duplicated_u8(sc), sh = duplicated_u8(sc + 16);
+                for (int r = 0; r < R; ++r)
+                    isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(_mm256_madd_epi16(lo[r], sl), _mm256_madd_epi16(hi[r], sh)));
+            }
+        }
+        const __m256 d = halves(t + 16 * h), dmin = halves(t + 32 + 16 * h);
+        __m256i mins[4];  // per p: (min of 2p, min of 2p + 1) per column, int16 pairs
+        for (int p = 0; p < 4; ++p) mins[p] = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(t + 192 + 32 * p + 16 * h)));
+        for (int r = 0; r < R; ++r) {
+            const int16_t* s32 = x.s32.data() + (a.row0 + r) * (x.in / 32) + b * 8;
+            __m256i imin = _mm256_setzero_si256();
+            for (int p = 0; p < 4; ++p) imin = _mm256_add_epi32(imin, _mm256_madd_epi16(mins[p], _mm256_set1_epi32(load_i32(s32 + 2 * p))));
+            const float dx = x.d[(a.row0 + r) * nb + b];
+            acc[r] = scaled_add(acc[r], isum[r], dx, d);
+            acc[r] = _mm256_sub_ps(acc[r], _mm256_mul_ps(_mm256_cvtepi32_ps(imin), _mm256_mul_ps(_mm256_set1_ps(dx), dmin)));
+        }
+    }
+    for (int r = 0; r < R; ++r) _mm256_storeu_ps(a.out + r * a.ldo + HALF * h, acc[r]);
+}
+
+// Q6_K: 16 sub-blocks of 16 values, weights q in 0..63 (the value is q - 32, taken back with the
+// activations' 16-sums). Without VNNI two groups add in int16: 2 * 2 * 63 * 127 = 32004 <= 32767.
+template <int R, bool VNNI>
+VS_AVX2 void tile_q6k(const TileArgs& a, int h) {
+    constexpr int BYTES = 3360;
+    const Activations& x = *a.act;
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    const int64_t nb = x.in / 256;
+    __m256 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < a.nblocks; ++b) {
+        const uint8_t* t = a.tile + b * BYTES;
+        if (h == 0) prefetch_block(t + PREFETCH_BLOCKS * BYTES, BYTES);
+        const int8_t* xb = x.q.data() + a.row0 * x.in + b * 256;
+        __m256i isum[R];
+        for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
+        for (int j = 0; j < 16; ++j) {
+            const int p = j / 2, e = j & 1;
+            const uint8_t* n = t + 288 + 384 * p + 32 * h;
+            const __m256i hb = _mm256_loadu_si256((const __m256i*)(n + 256 + 64 * e));
+            // int16 pairs (scale of sub-block 2p, of 2p + 1) per column
+            const __m256i pairs = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(t + 32 + 32 * p + 16 * h)));
+            __m256i w[4];
+            for (int g = 0; g < 4; ++g) {
+                const __m256i v = _mm256_loadu_si256((const __m256i*)(n + 64 * g));
+                const __m256i lo = e ? _mm256_and_si256(_mm256_srli_epi16(v, 4), m4) : _mm256_and_si256(v, m4);
+                __m256i bits;  // bits 2g..2g+1 moved to bits 4..5
+                switch (g) {
+                    case 0: bits = _mm256_slli_epi16(hb, 4); break;
+                    case 1: bits = _mm256_slli_epi16(hb, 2); break;
+                    case 2: bits = hb; break;
+                    default: bits = _mm256_srli_epi16(hb, 2); break;
+                }
+                w[g] = _mm256_or_si256(lo, _mm256_and_si256(bits, m30));
+            }
+            if constexpr (VNNI) {
+                const __m256i sc = e ? _mm256_srai_epi32(pairs, 16) : _mm256_srai_epi32(_mm256_slli_epi32(pairs, 16), 16);
+                for (int r = 0; r < R; ++r) {
+                    const int8_t* xr = xb + r * x.in + 16 * j;
+                    __m256i dot = _mm256_setzero_si256();
+                    for (int g = 0; g < 4; ++g) dot = dot4<true>(dot, w[g], bcast4(xr + 4 * g));
+                    isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(dot, sc));
+                }
+            } else {
+                // the sub-block's scale in both int16 lanes of each column
+                const __m256i sc = e ? _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(pairs, 0xF5), 0xF5)
+                                     : _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(pairs, 0xA0), 0xA0);
+                for (int r = 0; r < R; ++r) {
+                    const int8_t* xr = xb + r * x.in + 16 * j;
+                    const __m256i m01 = _mm256_add_epi16(_mm256_maddubs_epi16(w[0], bcast4(xr)), _mm256_maddubs_epi16(w[1], bcast4(xr + 4)));
+                    const __m256i m23 = _mm256_add_epi16(_mm256_maddubs_epi16(w[2], bcast4(xr + 8)), _mm256_maddubs_epi16(w[3], bcast4(xr + 12)));
+                    isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(_mm256_madd_epi16(m01, sc), _mm256_madd_epi16(m23, sc)));
+                }
+            }
+        }
+        const __m256 d = halves(t + 16 * h);
+        for (int r = 0; r < R; ++r) {
+            const int16_t* s16 = x.s16.data() + (a.row0 + r) * (x.in / 16) + b * 16;
+            __m256i ioff = _mm256_setzero_si256();
+            for (int p = 0; p < 8; ++p) {
+                const __m256i pairs = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(t + 32 + 32 * p + 16 * h)));
+                ioff = _mm256_add_epi32(ioff, _mm256_madd_epi16(pairs, _mm256_set1_epi32(load_i32(s16 + 2 * p))));
+            }
+            const __m256i total = _mm256_sub_epi32(isum[r], _mm256_slli_epi32(ioff, 5));
+            acc[r] = scaled_add(acc[r], total, x.d[(a.row0 + r) * nb + b], d);
+        }
+    }
+    for (int r = 0; r < R; ++r) _mm256_storeu_ps(a.out + r * a.ldo + HALF * h, acc[r]);
+}
+
+// The 32-value formats. Q4_0 (q - 8) and Q5_0 ((nibble | fifth bit) - 16): unsigned weights, the
+// offset taken back with the activations' block sum; without VNNI Q4_0's 8 groups add in int16
+// (8 * 2 * 15 * 127 = 30480) and Q5_0's in two halves of 4 (4 * 2 * 31 * 127 = 31496). IQ4_NL
+// (the nibble's signed level) and Q8_0 (signed bytes; activations stored as q + 128, xor 0x80
+// gives q back): |w| x (activation with w's sign), each group widened at once.
+template <int R, bool VNNI, int64_t QT>
+VS_AVX2 void tile_32(const TileArgs& a, int h) {
+    constexpr int BYTES = QT == Q5_0 ? 352 : QT == Q8_0 ? 544 : 288;
+    constexpr bool SIGNED = QT == IQ4_NL || QT == Q8_0;
+    const Activations& x = *a.act;
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m10 = _mm256_set1_epi8(0x10), flip = _mm256_set1_epi8((char)0x80);
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)IQ4_NL_VALUES));
+    const int64_t nb = x.in / 32;
+    __m256 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < a.nblocks; ++b) {
+        const uint8_t* t = a.tile + b * BYTES;
+        if (h == 0) prefetch_block(t + PREFETCH_BLOCKS_32 * BYTES, BYTES);
+        __m256i w[8];  // w[k]: the weights of values 4k .. 4k + 3 of each column (Q8_0: signed)
+        if constexpr (QT == Q8_0) {
+            for (int k = 0; k < 8; ++k) w[k] = _mm256_loadu_si256((const __m256i*)(t + 32 + 64 * k + 32 * h));
+        } else {
+            const __m256i hb = QT == Q5_0 ? _mm256_loadu_si256((const __m256i*)(t + 288 + 32 * h)) : _mm256_setzero_si256();
+            for (int g = 0; g < 4; ++g) {  // values 4g .. (low nibbles) and 16 + 4g .. (high nibbles)
+                const __m256i v = _mm256_loadu_si256((const __m256i*)(t + 32 + 64 * g + 32 * h));
+                __m256i w0 = _mm256_and_si256(v, m4), w1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                if constexpr (QT == IQ4_NL) {
+                    w0 = _mm256_shuffle_epi8(table, w0);
+                    w1 = _mm256_shuffle_epi8(table, w1);
+                } else if constexpr (QT == Q5_0) {
+                    // bit g (group g) and bit g + 4 (group g + 4) moved to bit 4
+                    const __m256i b0 = _mm256_slli_epi16(hb, 4 - g), b1 = _mm256_srli_epi16(hb, g);
+                    w0 = _mm256_or_si256(w0, _mm256_and_si256(b0, m10));
+                    w1 = _mm256_or_si256(w1, _mm256_and_si256(b1, m10));
+                }
+                w[g] = w0;
+                w[g + 4] = w1;
+            }
+        }
+        __m256i mag[8];  // |w| (signed formats)
+        if constexpr (SIGNED)
+            for (int k = 0; k < 8; ++k) mag[k] = _mm256_abs_epi8(w[k]);
+        const __m256 d = halves(t + 16 * h);
+        for (int r = 0; r < R; ++r) {
+            const int8_t* xr = x.q.data() + (a.row0 + r) * x.in + b * 32;
+            __m256i total;
+            if constexpr (SIGNED) {
+                __m256i dot = _mm256_setzero_si256();
+                for (int k = 0; k < 8; ++k) {
+                    __m256i xs = bcast4(xr + 4 * k);
+                    if constexpr (QT == Q8_0) xs = _mm256_xor_si256(xs, flip);
+                    dot = dot4<VNNI>(dot, mag[k], _mm256_sign_epi8(xs, w[k]));
+                }
+                total = dot;
+            } else {
+                constexpr int32_t OFFSET = QT == Q4_0 ? 8 : 16;
+                __m256i dot;
+                if constexpr (VNNI) {
+                    dot = _mm256_setzero_si256();
+                    for (int k = 0; k < 8; ++k) dot = dot4<true>(dot, w[k], bcast4(xr + 4 * k));
+                } else {
+                    constexpr int GROUP = QT == Q4_0 ? 8 : 4;  // groups added in int16 (bounds above)
+                    const __m256i ones = _mm256_set1_epi16(1);
+                    dot = _mm256_setzero_si256();
+                    for (int k0 = 0; k0 < 8; k0 += GROUP) {
+                        __m256i s = _mm256_setzero_si256();
+                        for (int k = k0; k < k0 + GROUP; ++k) s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[k], bcast4(xr + 4 * k)));
+                        dot = _mm256_add_epi32(dot, _mm256_madd_epi16(s, ones));
+                    }
+                }
+                total = _mm256_sub_epi32(dot, _mm256_set1_epi32(OFFSET * x.s32[(a.row0 + r) * nb + b]));
+            }
+            acc[r] = scaled_add(acc[r], total, x.d[(a.row0 + r) * nb + b], d);
+        }
+    }
+    for (int r = 0; r < R; ++r) _mm256_storeu_ps(a.out + r * a.ldo + HALF * h, acc[r]);
+}
+
+template <int R, bool VNNI>
+void tile_rows(int64_t qtype, const TileArgs& a) {
+    for (int h = 0; h < 2; ++h) switch (qtype) {
+            case Q4_K: tile_q4k<R, VNNI>(a, h); break;
+            case Q6_K: tile_q6k<R, VNNI>(a, h); break;
+            case Q4_0: tile_32<R, VNNI, Q4_0>(a, h); break;
+            case IQ4_NL: tile_32<R, VNNI, IQ4_NL>(a, h); break;
+            case Q5_0: tile_32<R, VNNI, Q5_0>(a, h); break;
+            case Q8_0: tile_32<R, VNNI, Q8_0>(a, h); break;
+            default: fail("unsupported GGUF block type " + std::to_string(qtype));
+        }
+}
+
+template <bool VNNI>
+void tile_split(int64_t qtype, const TileArgs& args) {
+    for (int r0 = 0; r0 < args.rows; r0 += ROWS) {
+        TileArgs a = args;
+        a.row0 = args.row0 + r0;
+        a.rows = std::min(ROWS, args.rows - r0);
+        a.out = args.out + r0 * args.ldo;
+        switch (a.rows) {
+            case 1: tile_rows<1, VNNI>(qtype, a); break;
+            case 2: tile_rows<2, VNNI>(qtype, a); break;
+            case 3: tile_rows<3, VNNI>(qtype, a); break;
+            default: tile_rows<4, VNNI>(qtype, a); break;
+        }
+    }
+}
+
+// The nearest IQ4_NL level of each lane, as a float: the lowest level plus the step to the next
+// level for every midpoint strictly below v (ties go low, NaN to the lowest: nearest_iq4_nl's
+// index). The sums are of small integers: exact.
+VS_AVX2 inline __m256 nearest_levels(__m256 v) {
+    __m256 level = _mm256_set1_ps((float)IQ4_NL_VALUES[0]);
+    for (int k = 0; k < 15; ++k) {
+        const __m256 mid = _mm256_set1_ps(0.5f * (float)(IQ4_NL_VALUES[k] + IQ4_NL_VALUES[k + 1]));
+        const __m256 step = _mm256_set1_ps((float)(IQ4_NL_VALUES[k + 1] - IQ4_NL_VALUES[k]));
+        level = _mm256_add_ps(level, _mm256_and_ps(_mm256_cmp_ps(v, mid, _CMP_GT_OQ), step));
+    }
+    return level;
+}
+
+// Lanes 0-7 in lo, 8-15 in hi, folded l += l + 8, l + 4, l + 2, l + 1 (fold16 of portable.cpp).
+VS_AVX2 inline float fold16(__m256 lo, __m256 hi) {
+    const __m256 a8 = _mm256_add_ps(lo, hi);
+    const __m128 a4 = _mm_add_ps(_mm256_castps256_ps128(a8), _mm256_extractf128_ps(a8, 1));
+    const __m128 a2 = _mm_add_ps(a4, _mm_movehl_ps(a4, a4));
+    const __m128 a1 = _mm_add_ss(a2, _mm_shuffle_ps(a2, a2, 1));
+    return _mm_cvtss_f32(a1);
+}
+
+// The product of 2 queries with NC * 8 columns of the values, the portable order per element.
+template <int NC>
+VS_AVX2 void weighted_sum_tile(const float* p, int nq, const float* values, int64_t head_dim, const int64_t* slots,
+                               int64_t count, int64_t c0, float* out) {
+    for (int a = 0; a < nq; a += 2) {
+        const bool two = a + 1 < nq;
+        __m256 s0[NC], s1[NC];
+        for (int i = 0; i < NC; ++i) s0[i] = s1[i] = _mm256_setzero_ps();
+        for (int64_t j = 0; j < count; ++j) {
+            const float* v = values + (slots ? slots[j] : j) * head_dim + c0;
+            const __m256 p0 = _mm256_set1_ps(p[a * count + j]);
+            const __m256 p1 = _mm256_set1_ps(two ? p[(a + 1) * count + j] : 0.0f);
+            for (int i = 0; i < NC; ++i) {
+                const __m256 vi = _mm256_loadu_ps(v + 8 * i);
+                s0[i] = _mm256_add_ps(s0[i], _mm256_mul_ps(p0, vi));
+                s1[i] = _mm256_add_ps(s1[i], _mm256_mul_ps(p1, vi));
+            }
+        }
+        for (int i = 0; i < NC; ++i) {
+            _mm256_storeu_ps(out + a * head_dim + c0 + 8 * i, s0[i]);
+            if (two) _mm256_storeu_ps(out + (a + 1) * head_dim + c0 + 8 * i, s1[i]);
+        }
+    }
+}
+
+}  // namespace
+
+void tile_avx2(int64_t qtype, const TileArgs& a, bool vnni) {
+    if (vnni) tile_split<true>(qtype, a);
+    else tile_split<false>(qtype, a);
+}
+
+// quantize_block_portable with 8 lanes, the same values bit for bit (see x86_avx512.cpp; packing
+// the int32 results to bytes cannot saturate: they lie in -127 .. 127).
+VS_AVX2 void quantize_block_avx2(const float* xb, int block_k, int8_t* qb, float* d_out) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 amax = _mm256_setzero_ps();
+    for (int i = 0; i < block_k; i += 8) amax = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(xb + i)), amax);
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+    const float d = _mm_cvtss_f32(m) / 127.0f;
+    const __m256 id = _mm256_set1_ps(d > 0.0f ? 1.0f / d : 0.0f);
+    const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int i = 0; i < block_k; i += 32) {
+        __m256i q[4];
+        for (int k = 0; k < 4; ++k) {
+            __m256 v = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(xb + i + 8 * k), id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            v = _mm256_min_ps(_mm256_max_ps(v, lo), hi);
+            q[k] = _mm256_cvtps_epi32(v);
+        }
+        // packs work per 128-bit lane: bytes come out as groups of 4 values in the order 0,1,2,3 of
+        // each lane's halves; the permute puts the 8 groups of 4 back in value order.
+        const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+        _mm256_storeu_si256((__m256i*)(qb + i), _mm256_permutevar8x32_epi32(p, order));
+    }
+    *d_out = d;
+}
+
+VS_AVX2 void fit_iq4_nl_avx2(const float* x, const float* w, float inv, float& sumqx, float& sumq2) {
+    const __m256 s = _mm256_set1_ps(inv), zero = _mm256_setzero_ps();
+    __m256 qx[2], q2[2];
+    for (int k = 0; k < 2; ++k) {  // lanes 8k .. 8k + 7: values l and l + 16
+        const __m256 xa = _mm256_loadu_ps(x + 8 * k), xb = _mm256_loadu_ps(x + 16 + 8 * k);
+        const __m256 qa = nearest_levels(_mm256_mul_ps(s, xa)), qb = nearest_levels(_mm256_mul_ps(s, xb));
+        const __m256 wqa = _mm256_mul_ps(_mm256_loadu_ps(w + 8 * k), qa), wqb = _mm256_mul_ps(_mm256_loadu_ps(w + 16 + 8 * k), qb);
+        qx[k] = _mm256_add_ps(_mm256_add_ps(zero, _mm256_mul_ps(wqa, xa)), _mm256_mul_ps(wqb, xb));
+        q2[k] = _mm256_add_ps(_mm256_add_ps(zero, _mm256_mul_ps(wqa, qa)), _mm256_mul_ps(wqb, qb));
+    }
+    sumqx = fold16(qx[0], qx[1]);
+    sumq2 = fold16(q2[0], q2[1]);
+}
+
+// scores_portable for 4 keys at a time: each key's 16 partial lanes in two registers, then the
+// tree l + 8, l + 4, l + 2, l + 1 on all four together (lower partial first, as the portable
+// loop adds them). A last short group repeats its first key in the unused places.
+VS_AVX2 void scores_avx2(const float* q, int nq, const float* keys, int64_t head_dim, const int64_t* slots, int64_t count,
+                         float scale, float* scores) {
+    constexpr int KEYS = 4;
+    const __m256i order = _mm256_setr_epi32(0, 4, 2, 6, 1, 3, 5, 7);  // key t's sum is in lane 0, 4, 2, 6
+    const __m256 vscale = _mm256_set1_ps(scale);
+    for (int64_t j0 = 0; j0 < count; j0 += KEYS) {
+        const int n = (int)std::min<int64_t>(KEYS, count - j0);
+        const float* k[KEYS];
+        for (int t = 0; t < KEYS; ++t) k[t] = keys + (slots ? slots[j0 + (t < n ? t : 0)] : j0 + (t < n ? t : 0)) * head_dim;
+        for (int a = 0; a < nq; ++a) {
+            const float* qa = q + a * head_dim;
+            __m256 lo[KEYS], hi[KEYS];
+            for (int t = 0; t < KEYS; ++t) lo[t] = hi[t] = _mm256_setzero_ps();
+            for (int64_t c = 0; c < head_dim; c += LANES) {
+                const __m256 q0 = _mm256_loadu_ps(qa + c), q1 = _mm256_loadu_ps(qa + c + 8);
+                for (int t = 0; t < KEYS; ++t) {
+                    lo[t] = _mm256_add_ps(lo[t], _mm256_mul_ps(q0, _mm256_loadu_ps(k[t] + c)));
+                    hi[t] = _mm256_add_ps(hi[t], _mm256_mul_ps(q1, _mm256_loadu_ps(k[t] + c + 8)));
+                }
+            }
+            __m256 u[KEYS];  // l + 8
+            for (int t = 0; t < KEYS; ++t) u[t] = _mm256_add_ps(lo[t], hi[t]);
+            // l + 4: [key 0 lanes 0-3 | key 1 lanes 0-3] + [key 0 lanes 4-7 | key 1 lanes 4-7], keys 2, 3 likewise
+            const __m256 w01 = _mm256_add_ps(_mm256_permute2f128_ps(u[0], u[1], 0x20), _mm256_permute2f128_ps(u[0], u[1], 0x31));
+            const __m256 w23 = _mm256_add_ps(_mm256_permute2f128_ps(u[2], u[3], 0x20), _mm256_permute2f128_ps(u[2], u[3], 0x31));
+            // l + 2 within each 128-bit half: [k0: 0+2, 1+3, k2: 0+2, 1+3 | k1: .., k3: ..]
+            const __m256 y = _mm256_add_ps(_mm256_shuffle_ps(w01, w23, 0x44), _mm256_shuffle_ps(w01, w23, 0xEE));
+            // l + 1: lane 2i + 1 added to lane 2i
+            const __m256 z = _mm256_add_ps(y, _mm256_shuffle_ps(y, y, 0xB1));
+            const __m256 sums = _mm256_mul_ps(_mm256_permutevar8x32_ps(z, order), vscale);
+            alignas(32) float lanes[8];
+            _mm256_store_ps(lanes, sums);
+            for (int t = 0; t < n; ++t) scores[a * count + j0 + t] = lanes[t];
+        }
+    }
+}
+
+void weighted_sum_avx2(const float* p, int nq, const float* values, int64_t head_dim, const int64_t* slots, int64_t count,
+                       float* out) {
+    constexpr int NC = 4;  // 8-column registers per pass (two queries: 8 accumulators)
+    for (int64_t c0 = 0; c0 < head_dim; c0 += NC * 8) {
+        switch (std::min<int64_t>(NC, (head_dim - c0) / 8)) {
+            case 1: weighted_sum_tile<1>(p, nq, values, head_dim, slots, count, c0, out); break;
+            case 2: weighted_sum_tile<2>(p, nq, values, head_dim, slots, count, c0, out); break;
+            case 3: weighted_sum_tile<3>(p, nq, values, head_dim, slots, count, c0, out); break;
+            default: weighted_sum_tile<4>(p, nq, values, head_dim, slots, count, c0, out); break;
+        }
+    }
+}
+
+}  // namespace vsk
+
+#else  // not x86-64: the path is not compiled in (isa_supported says so; these are never called)
+
+namespace vsk {
+void tile_avx2(int64_t, const TileArgs&, bool) { fail("the AVX2 path is not compiled for this CPU"); }
+void quantize_block_avx2(const float*, int, int8_t*, float*) { fail("the AVX2 path is not compiled for this CPU"); }
+void fit_iq4_nl_avx2(const float*, const float*, float, float&, float&) { fail("the AVX2 path is not compiled for this CPU"); }
+void scores_avx2(const float*, int, const float*, int64_t, const int64_t*, int64_t, float, float*) {
+    fail("the AVX2 path is not compiled for this CPU");
+}
+void weighted_sum_avx2(const float*, int, const float*, int64_t, const int64_t*, int64_t, float*) {
+    fail("the AVX2 path is not compiled for this CPU");
+}
+}  // namespace vsk
+
+#endif
