@@ -83,34 +83,28 @@ VS_AVX2 void tile_q4k(const TileArgs& a, int h) {
         const int8_t* xb = x.q.data() + a.row0 * x.in + b * 256;
         __m256i isum[R];
         for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
-        for (int p = 0; p < 4; ++p) {
+        for (int j = 0; j < 8; ++j) {  // sub-block j: nibbles (j odd: high) of pair p = j / 2
+            const int p = j / 2, high = j & 1;
             const uint8_t* qp = t + 320 + p * 512 + 32 * h;
-            __m256i lo[R], hi[R];
-            for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm256_setzero_si256();
+            __m256i dot[R];
+            for (int r = 0; r < R; ++r) dot[r] = _mm256_setzero_si256();
 #pragma GCC unroll 8
             for (int g = 0; g < 8; ++g) {
                 const __m256i v = _mm256_loadu_si256((const __m256i*)(qp + 64 * g));
-                const __m256i wl = _mm256_and_si256(v, m4), wh = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                const __m256i w = high ? _mm256_and_si256(_mm256_srli_epi16(v, 4), m4) : _mm256_and_si256(v, m4);
                 for (int r = 0; r < R; ++r) {
-                    const int8_t* xr = xb + r * x.in + 64 * p + 4 * g;
-                    if constexpr (VNNI) {
-                        lo[r] = dot4<true>(lo[r], wl, bcast4(xr));
-                        hi[r] = dot4<true>(hi[r], wh, bcast4(xr + 32));
-                    } else {
-                        lo[r] = _mm256_add_epi16(lo[r], _mm256_maddubs_epi16(wl, bcast4(xr)));
-                        hi[r] = _mm256_add_epi16(hi[r], _mm256_maddubs_epi16(wh, bcast4(xr + 32)));
-                    }
+                    const __m256i xr = bcast4(xb + r * x.in + 32 * j + 4 * g);
+                    if constexpr (VNNI) dot[r] = dot4<true>(dot[r], w, xr);
+                    else dot[r] = _mm256_add_epi16(dot[r], _mm256_maddubs_epi16(w, xr));
                 }
             }
-            const uint8_t* sc = t + 64 + 32 * p + HALF * h;  // scales of sub-blocks 2p (sc) and 2p + 1 (sc + 16)
+            const uint8_t* sc = t + 64 + 16 * j + HALF * h;  // the sub-block's scale per column
             if constexpr (VNNI) {
-                const __m256i sl = widen_u8(sc), sh = widen_u8(sc + 16);
-                for (int r = 0; r < R; ++r)
-                    isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(_mm256_mullo_epi32(lo[r], sl), _mm256_mullo_epi32(hi[r], sh)));
+                const __m256i scale = widen_u8(sc);
+                for (int r = 0; r < R; ++r) isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(dot[r], scale));
             } else {
-                const __m256i sl = duplicated_u8(sc), sh = duplicated_u8(sc + 16);
-                for (int r = 0; r < R; ++r)
-                    isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(_mm256_madd_epi16(lo[r], sl), _mm256_madd_epi16(hi[r], sh)));
+                const __m256i scale = duplicated_u8(sc);
+                for (int r = 0; r < R; ++r) isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(dot[r], scale));
             }
         }
         const __m256 d = halves(t + 16 * h), dmin = halves(t + 32 + 16 * h);
@@ -150,7 +144,12 @@ VS_AVX2 void tile_q6k(const TileArgs& a, int h) {
             const __m256i hb = _mm256_loadu_si256((const __m256i*)(n + 256 + 64 * e));
             // int16 pairs (scale of sub-block 2p, of 2p + 1) per column
             const __m256i pairs = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(t + 32 + 32 * p + 16 * h)));
-            __m256i w[4];
+            // VNNI: the sub-block's scale per column (int32); else in both int16 lanes of each column
+            const __m256i sc = VNNI ? (e ? _mm256_srai_epi32(pairs, 16) : _mm256_srai_epi32(_mm256_slli_epi32(pairs, 16), 16))
+                                    : (e ? _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(pairs, 0xF5), 0xF5)
+                                         : _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(pairs, 0xA0), 0xA0));
+            __m256i dot[R];
+            for (int r = 0; r < R; ++r) dot[r] = _mm256_setzero_si256();
             for (int g = 0; g < 4; ++g) {
                 const __m256i v = _mm256_loadu_si256((const __m256i*)(n + 64 * g));
                 const __m256i lo = e ? _mm256_and_si256(_mm256_srli_epi16(v, 4), m4) : _mm256_and_si256(v, m4);
@@ -161,27 +160,20 @@ VS_AVX2 void tile_q6k(const TileArgs& a, int h) {
                     case 2: bits = hb; break;
                     default: bits = _mm256_srli_epi16(hb, 2); break;
                 }
-                w[g] = _mm256_or_si256(lo, _mm256_and_si256(bits, m30));
-            }
-            if constexpr (VNNI) {
-                const __m256i sc = e ? _mm256_srai_epi32(pairs, 16) : _mm256_srai_epi32(_mm256_slli_epi32(pairs, 16), 16);
+                const __m256i w = _mm256_or_si256(lo, _mm256_and_si256(bits, m30));
                 for (int r = 0; r < R; ++r) {
-                    const int8_t* xr = xb + r * x.in + 16 * j;
-                    __m256i dot = _mm256_setzero_si256();
-                    for (int g = 0; g < 4; ++g) dot = dot4<true>(dot, w[g], bcast4(xr + 4 * g));
-                    isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(dot, sc));
+                    const __m256i xr = bcast4(xb + r * x.in + 16 * j + 4 * g);
+                    if constexpr (VNNI) dot[r] = dot4<true>(dot[r], w, xr);
+                    else dot[r] = _mm256_add_epi16(dot[r], _mm256_maddubs_epi16(w, xr));
                 }
-            } else {
-                // the sub-block's scale in both int16 lanes of each column
-                const __m256i sc = e ? _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(pairs, 0xF5), 0xF5)
-                                     : _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(pairs, 0xA0), 0xA0);
-                for (int r = 0; r < R; ++r) {
-                    const int8_t* xr = xb + r * x.in + 16 * j;
-                    const __m256i m01 = _mm256_add_epi16(_mm256_maddubs_epi16(w[0], bcast4(xr)), _mm256_maddubs_epi16(w[1], bcast4(xr + 4)));
-                    const __m256i m23 = _mm256_add_epi16(_mm256_maddubs_epi16(w[2], bcast4(xr + 8)), _mm256_maddubs_epi16(w[3], bcast4(xr + 12)));
-                    isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(_mm256_madd_epi16(m01, sc), _mm256_madd_epi16(m23, sc)));
-                }
+                if (!VNNI && (g & 1))  // two groups per int16 sum (bound above), then times the scale
+                    for (int r = 0; r < R; ++r) {
+                        isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(dot[r], sc));
+                        dot[r] = _mm256_setzero_si256();
+                    }
             }
+            if constexpr (VNNI)
+                for (int r = 0; r < R; ++r) isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(dot[r], sc));
         }
         const __m256 d = halves(t + 16 * h);
         for (int r = 0; r < R; ++r) {
@@ -207,73 +199,64 @@ template <int R, bool VNNI, int64_t QT>
 VS_AVX2 void tile_32(const TileArgs& a, int h) {
     constexpr int BYTES = QT == Q5_0 ? 352 : QT == Q8_0 ? 544 : 288;
     constexpr bool SIGNED = QT == IQ4_NL || QT == Q8_0;
+    constexpr int GROUP = QT == Q4_0 ? 8 : 4;  // Q4_0, Q5_0 without VNNI: groups added in int16 (bounds above)
     const Activations& x = *a.act;
     const __m256i m4 = _mm256_set1_epi8(0x0F), m10 = _mm256_set1_epi8(0x10), flip = _mm256_set1_epi8((char)0x80);
     const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)IQ4_NL_VALUES));
     const int64_t nb = x.in / 32;
-    __m256 acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    float* out = a.out + HALF * h;  // the float accumulators live in the output rows
+    for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * a.ldo, _mm256_setzero_ps());
     for (int64_t b = 0; b < a.nblocks; ++b) {
         const uint8_t* t = a.tile + b * BYTES;
         if (h == 0) prefetch_block(t + PREFETCH_BLOCKS_32 * BYTES, BYTES);
-        __m256i w[8];  // w[k]: the weights of values 4k .. 4k + 3 of each column (Q8_0: signed)
-        if constexpr (QT == Q8_0) {
-            for (int k = 0; k < 8; ++k) w[k] = _mm256_loadu_si256((const __m256i*)(t + 32 + 64 * k + 32 * h));
-        } else {
-            const __m256i hb = QT == Q5_0 ? _mm256_loadu_si256((const __m256i*)(t + 288 + 32 * h)) : _mm256_setzero_si256();
-            for (int g = 0; g < 4; ++g) {  // values 4g .. (low nibbles) and 16 + 4g .. (high nibbles)
+        const int8_t* xb = x.q.data() + a.row0 * x.in + b * 32;
+        __m256i dot[R], part[R];
+        for (int r = 0; r < R; ++r) dot[r] = part[r] = _mm256_setzero_si256();
+        for (int k = 0; k < 8; ++k) {  // values 4k .. 4k + 3 of each column
+            __m256i w;
+            if constexpr (QT == Q8_0) {
+                w = _mm256_loadu_si256((const __m256i*)(t + 32 + 64 * k + 32 * h));
+            } else {  // group g = k % 4: low nibbles are values 4g .., high nibbles 16 + 4g ..
+                const int g = k & 3;
                 const __m256i v = _mm256_loadu_si256((const __m256i*)(t + 32 + 64 * g + 32 * h));
-                __m256i w0 = _mm256_and_si256(v, m4), w1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                w = k < 4 ? _mm256_and_si256(v, m4) : _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
                 if constexpr (QT == IQ4_NL) {
-                    w0 = _mm256_shuffle_epi8(table, w0);
-                    w1 = _mm256_shuffle_epi8(table, w1);
-                } else if constexpr (QT == Q5_0) {
-                    // bit g (group g) and bit g + 4 (group g + 4) moved to bit 4
-                    const __m256i b0 = _mm256_slli_epi16(hb, 4 - g), b1 = _mm256_srli_epi16(hb, g);
-                    w0 = _mm256_or_si256(w0, _mm256_and_si256(b0, m10));
-                    w1 = _mm256_or_si256(w1, _mm256_and_si256(b1, m10));
+                    w = _mm256_shuffle_epi8(table, w);
+                } else if constexpr (QT == Q5_0) {  // the fifth bit of value 4k + i is bit k of H
+                    const __m256i hb = _mm256_loadu_si256((const __m256i*)(t + 288 + 32 * h));
+                    const __m256i bit = k < 4 ? _mm256_slli_epi16(hb, 4 - k) : _mm256_srli_epi16(hb, k - 4);
+                    w = _mm256_or_si256(w, _mm256_and_si256(bit, m10));
                 }
-                w[g] = w0;
-                w[g + 4] = w1;
+            }
+            if constexpr (SIGNED) {
+                const __m256i mag = _mm256_abs_epi8(w);
+                for (int r = 0; r < R; ++r) {
+                    __m256i xs = bcast4(xb + r * x.in + 4 * k);
+                    if constexpr (QT == Q8_0) xs = _mm256_xor_si256(xs, flip);
+                    dot[r] = dot4<VNNI>(dot[r], mag, _mm256_sign_epi8(xs, w));
+                }
+            } else if constexpr (VNNI) {
+                for (int r = 0; r < R; ++r) dot[r] = dot4<true>(dot[r], w, bcast4(xb + r * x.in + 4 * k));
+            } else {
+                for (int r = 0; r < R; ++r) part[r] = _mm256_add_epi16(part[r], _mm256_maddubs_epi16(w, bcast4(xb + r * x.in + 4 * k)));
+                if (k % GROUP == GROUP - 1)
+                    for (int r = 0; r < R; ++r) {
+                        dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(part[r], _mm256_set1_epi16(1)));
+                        part[r] = _mm256_setzero_si256();
+                    }
             }
         }
-        __m256i mag[8];  // |w| (signed formats)
-        if constexpr (SIGNED)
-            for (int k = 0; k < 8; ++k) mag[k] = _mm256_abs_epi8(w[k]);
         const __m256 d = halves(t + 16 * h);
         for (int r = 0; r < R; ++r) {
-            const int8_t* xr = x.q.data() + (a.row0 + r) * x.in + b * 32;
-            __m256i total;
-            if constexpr (SIGNED) {
-                __m256i dot = _mm256_setzero_si256();
-                for (int k = 0; k < 8; ++k) {
-                    __m256i xs = bcast4(xr + 4 * k);
-                    if constexpr (QT == Q8_0) xs = _mm256_xor_si256(xs, flip);
-                    dot = dot4<VNNI>(dot, mag[k], _mm256_sign_epi8(xs, w[k]));
-                }
-                total = dot;
-            } else {
+            __m256i total = dot[r];
+            if constexpr (!SIGNED) {
                 constexpr int32_t OFFSET = QT == Q4_0 ? 8 : 16;
-                __m256i dot;
-                if constexpr (VNNI) {
-                    dot = _mm256_setzero_si256();
-                    for (int k = 0; k < 8; ++k) dot = dot4<true>(dot, w[k], bcast4(xr + 4 * k));
-                } else {
-                    constexpr int GROUP = QT == Q4_0 ? 8 : 4;  // groups added in int16 (bounds above)
-                    const __m256i ones = _mm256_set1_epi16(1);
-                    dot = _mm256_setzero_si256();
-                    for (int k0 = 0; k0 < 8; k0 += GROUP) {
-                        __m256i s = _mm256_setzero_si256();
-                        for (int k = k0; k < k0 + GROUP; ++k) s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[k], bcast4(xr + 4 * k)));
-                        dot = _mm256_add_epi32(dot, _mm256_madd_epi16(s, ones));
-                    }
-                }
-                total = _mm256_sub_epi32(dot, _mm256_set1_epi32(OFFSET * x.s32[(a.row0 + r) * nb + b]));
+                total = _mm256_sub_epi32(total, _mm256_set1_epi32(OFFSET * x.s32[(a.row0 + r) * nb + b]));
             }
-            acc[r] = scaled_add(acc[r], total, x.d[(a.row0 + r) * nb + b], d);
+            const __m256 acc = _mm256_loadu_ps(out + r * a.ldo);
+            _mm256_storeu_ps(out + r * a.ldo, scaled_add(acc, total, x.d[(a.row0 + r) * nb + b], d));
         }
     }
-    for (int r = 0; r < R; ++r) _mm256_storeu_ps(a.out + r * a.ldo + HALF * h, acc[r]);
 }
 
 template <int R, bool VNNI>
