@@ -14,7 +14,7 @@ from gguf_models import DRAFT_LIKE, MIXED, TOKENS, perturbed_copy, write_gguf_mo
 from helpers import single_thread  # noqa: F401  (fixture)
 from verispec.cli import app
 from verispec.runners.int8 import Int8Runner
-from verispec.runners.kernels import gguf_kernels
+from verispec.runners.kernels import gguf_kernels, kernel_isa
 
 cli = CliRunner()
 
@@ -76,7 +76,8 @@ def test_stats_table_labels_the_speedup_an_estimate(files):
     result = cli.invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "speedup estimate" in result.output and "realised speedup" not in result.output
-    assert re.search(r"loaded target target\.gguf \(gguf runner, [0-9.]+ GiB\) in \d+\.\d s", " ".join(result.output.split()))
+    line = rf"loaded target target\.gguf \(gguf runner, {kernel_isa()} kernels, [0-9.]+ GiB\) in \d+\.\d s"  # the path that ran
+    assert re.search(line, " ".join(result.output.split()))
 
 
 def test_incompatible_draft_is_refused_before_any_weight_is_read(files, monkeypatch):
@@ -165,8 +166,11 @@ def test_files_with_one_tokenizer_share_one_tokenizer_object(files, tmp_path):
 
 
 def test_int8_gguf_path_through_the_pipeline(files):
+    from verispec.runners.int8_ops import default_kernel
+
     data = generate_json(files, "--method", "draft", "--runner", "int8", "--compare-plain")
     assert data["runner"] == "int8" and data["compare_plain"]["identical"] is True
+    assert data["int8_kernel"] == default_kernel() and "kernel_isa" not in data  # int8's product; no gguf kernels ran
 
 
 def test_bench_and_advise_measure_the_runner_asked_for(files, tmp_path):
@@ -227,6 +231,14 @@ def test_bench_compares_several_runners_in_one_run(files, tmp_path):
         assert list(curve["draft"]) == ["1"]
     report = (out / "report.md").read_text()
     assert "## Cost of one target pass" in report and "| gguf |" in report
+    from verispec.runners.int8_ops import default_kernel
+
+    assert {(r["family"], r["kernel_isa"]) for r in data["records"]} == {
+        ("gguf", kernel_isa()), ("int8", None), ("torch", None), ("transformers", None)}  # each gguf record names its path
+    assert (data["environment"]["kernel_isa"], data["environment"]["int8_kernel"]) == (kernel_isa(), default_kernel())
+    assert data["environment"]["cpu_features"] == gguf_kernels().cpu_features()
+    assert f"gguf kernels {kernel_isa()}" in report.splitlines()[2]  # the header line of report.md
+    assert f"gguf kernels {kernel_isa()}" in bench.output  # and of the printed summary
     twice = cli.invoke(app, ["bench", "--prompts", str(prompts), "--runner", "gguf,auto", "--peers", "none",
                              "--target", str(files["target"]), "--draft", str(files["draft"])])
     assert twice.exit_code == 2 and "gguf runner twice" in twice.output
@@ -302,3 +314,88 @@ def test_an_unwritable_weight_cache_only_costs_time(files, tmp_path, capsys):
     logits = Int8Runner(int8_weights_from_gguf(files["target"], 64, cache_dir=blocked), max_context_length=64).forward(prompt)
     assert torch.equal(logits, Int8Runner(int8_weights_from_gguf(files["target"], 64), max_context_length=64).forward(prompt))
     assert "not caching derived weights" in capsys.readouterr().err and blocked.read_text() == ""
+
+
+def test_json_and_the_cost_cache_name_the_kernel_path(files, home, monkeypatch):
+    from verispec.runners import notices
+
+    data = generate_json(files, "--method", "none")
+    assert (data["runner"], data["kernel_isa"], data["cpu_features"]) == ("gguf", kernel_isa(), gguf_kernels().cpu_features())
+    best = kernel_isa()
+    monkeypatch.setenv("VERISPEC_KERNEL_ISA", "portable")  # a slow host, simulated: the same bits, slowly
+    monkeypatch.setattr(notices, "_SAID", set())
+    args = ["generate", "ab!c", "--target", str(files["target"]), "--draft", str(files["draft"]), "--json", "--max-tokens", "8",
+            "--runner", "gguf", "--method", "draft"]
+    result = cli.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout.strip().splitlines()[-1])["kernel_isa"] == "portable"
+    assert result.output.count("portable path") == 1 and "use --runner llamacpp" in result.output  # said once, plainly
+    (costs,) = (home / "costs").glob("*.json")
+    measured = {runner for entry in json.loads(costs.read_text()).values() for runner in entry}
+    assert measured == {f"gguf:{best}", "gguf:portable"}  # one curve per kernel path, neither overwrites the other
+
+
+@pytest.mark.parametrize(
+    "installed, chosen, advice",
+    [
+        (True, "llamacpp", "--runner auto uses llama.cpp instead"),  # the faster runner is there: auto takes it, says why
+        (False, "gguf", "use --runner llamacpp"),  # nothing faster installed: gguf, and the way to something faster
+    ],
+)
+def test_auto_prefers_llama_cpp_to_the_portable_path(files, monkeypatch, capsys, installed, chosen, advice):
+    from verispec.runners import llamacpp, notices, select
+
+    monkeypatch.setattr(notices, "_SAID", set())
+    monkeypatch.setattr(llamacpp, "llama_cpp_available", lambda: installed)
+    assert select.auto_file_runner(files["target"], files["draft"]) == "gguf"  # the CPU's best path: gguf, whatever is installed
+    monkeypatch.setenv("VERISPEC_KERNEL_ISA", "portable")
+    assert select.auto_file_runner(files["target"], files["draft"]) == chosen
+    assert select.auto_file_runner(files["target"], files["draft"]) == chosen
+    err = capsys.readouterr().err
+    assert err.count("portable path") == 1 and advice in err
+
+
+class PortableOnly:
+    """The kernels as a CPU without AVX2, AVX-512 or NEON reports them."""
+
+    def best_isa(self):
+        return "portable"
+
+    def supported_isas(self):
+        return ["portable"]
+
+    def cpu_features(self):
+        return "sse4_2"
+
+
+@pytest.mark.parametrize(
+    "installed, advice",
+    [
+        (False, "use --runner llamacpp (pip install 'verispec[llamacpp]') or a CPU with AVX2 or NEON"),
+        (True, "use --runner llamacpp (faster here, not token-identical under speculation)"),
+    ],
+)
+def test_a_cpu_without_vector_kernels_is_told_what_is_faster(monkeypatch, installed, advice):
+    from verispec.runners import kernels
+    from verispec.runners.notices import portable_gguf_warning, runner_label
+
+    monkeypatch.setattr(kernels, "gguf_kernels", PortableOnly)
+    monkeypatch.setattr(kernels, "_RESOLVED", {})
+    monkeypatch.delenv("VERISPEC_KERNEL_ISA", raising=False)
+    warning = portable_gguf_warning(llama_cpp_installed=installed)
+    assert warning.startswith("this CPU (features: sse4_2) runs the gguf kernels on their portable path, about 9x slower")
+    assert warning.endswith(advice)
+    assert runner_label("gguf") == "gguf runner, portable kernels"
+
+
+def test_bench_runners_names_the_kernel_path(files, tmp_path):
+    from verispec.bench.runners_table import format_table
+    from verispec.bench_runners import RunnersBenchConfig, run_runners_bench
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "ab!c"}\n')
+    config = RunnersBenchConfig(target=str(files["target"]), draft=str(files["draft"]), runners=("gguf",), methods=("none", "draft"),
+                                prompts_file=str(prompts), num_prompts=1, max_tokens=4, repeats=1, peer=False)
+    report = run_runners_bench(config, log=lambda line: None)
+    assert (report["machine"]["kernel_isa"], report["machine"]["cpu_features"]) == (kernel_isa(), gguf_kernels().cpu_features())
+    assert format_table(report)[0].title.endswith(f" · gguf kernels {kernel_isa()}")

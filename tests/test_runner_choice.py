@@ -1,6 +1,8 @@
 """Cost curves (measure, cache, choose) and the pipeline's runner choice (torch, int8, auto)."""
 
 import json
+import re
+import time
 
 import pytest
 import torch
@@ -166,3 +168,93 @@ def test_bench_runners_prompts_file_errors_are_clear(tmp_path):
         load_prompts(str(bad), 5)
     with pytest.raises(WorkloadError, match="not found"):
         load_prompts(str(tmp_path / "missing.jsonl"), 5)
+
+
+class SlowRunner(BigramRunner):
+    """Every forward sleeps: a kernel path far slower than the quick measurement's budget."""
+
+    def forward(self, token_ids, num_logits=None):
+        time.sleep(0.3)
+        return super().forward(token_ids, num_logits)
+
+
+def test_quick_cost_curve_stops_early_on_a_slow_path_and_runs_in_full_on_a_fast_one(monkeypatch):
+    from verispec.runners import costs
+
+    slow = SlowRunner(torch.zeros(50, 50), max_context_length=64)
+    measured = measure_cost_curve(slow, runner_name="slow", model="x", context_tokens=16, repeats=3, warmup=1, budget_s=0.5)
+    assert sorted(measured.ms) == [1, 2]  # a 0.3 s pass: no warm-up, one round, stopped once two k values are timed
+    assert slow.num_forwards == 1 + 1 + 2  # the context, the first pass that found it slow, k = 1 and 2
+    monkeypatch.setattr(costs, "SLOW_PASS_S", 60.0)  # no pass of a table lookup counts as slow, however busy the machine
+    fast = BigramRunner(torch.zeros(50, 50), max_context_length=64)
+    measured = measure_cost_curve(fast, runner_name="fast", model="x", context_tokens=16, repeats=3, warmup=1, budget_s=60.0)
+    assert sorted(measured.ms) == [1, 2, 4, 8, 16] and all(len(v) == 3 for v in measured.samples.values())
+    assert fast.num_forwards == 1 + 1 + 4 * 5  # within the budget: the warm-up round and every repeat
+
+
+def test_machine_key_follows_the_cpu_features(monkeypatch):
+    from verispec.runners import costs
+
+    monkeypatch.setattr(costs, "cpu_description", lambda: "AMD EPYC 7B13|fma avx2")
+    avx2_only = costs.machine_key()
+    monkeypatch.setattr(costs, "cpu_description", lambda: "AMD EPYC 7B13|fma avx2 avx512f avx512_vnni")
+    assert costs.machine_key() != avx2_only  # same model name, other features: its own cost file
+    monkeypatch.undo()
+    assert "|" in costs.cpu_description() and costs.cpu_description().split("|")[0]  # this host: a name, then its flags
+
+
+def test_slow_steps_are_announced_and_fast_ones_are_silent(capsys):
+    from verispec.progress import announce_slow
+
+    with announce_slow("timing the gguf runner on m", "the controller starts from it", after_s=0.0) as announced:
+        assert announced.wait(10)  # still running after after_s: the first line is out
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "verispec: timing the gguf runner on m (the controller starts from it) ..."
+    assert re.fullmatch(r"verispec: timing the gguf runner on m: done in \d+\.\d s", lines[1])
+    with pytest.raises(RuntimeError):
+        with announce_slow("loading x", "why", after_s=0.0) as announced:
+            announced.wait(10)
+            raise RuntimeError("failed")
+    assert re.search(r"verispec: loading x: stopped after \d+\.\d s", capsys.readouterr().err)  # never "done" when it failed
+    with announce_slow("loading y", "why", after_s=60.0) as announced:
+        pass
+    assert not announced.is_set() and capsys.readouterr().err == ""  # a fast step says nothing
+
+
+def test_auto_leaves_out_int8_where_its_fast_kernel_is_not_exact(target_model, tmp_path, monkeypatch, capsys):
+    from verispec.runners import int8_ops, notices
+    from verispec.runners.notices import runner_label
+    from verispec.runners.select import auto_candidates
+
+    monkeypatch.setattr(notices, "_SAID", set())
+    assert auto_candidates(None) == (["int8"] if int8_ops.default_kernel() == "onednn" else [])  # this CPU
+    monkeypatch.setattr(notices, "_SAID", set())
+    monkeypatch.setattr(int8_ops, "default_kernel", lambda: "int_mm")  # an AVX2-only CPU: torch._int_mm
+    capsys.readouterr()
+    assert auto_candidates(None) == [] and auto_candidates(None) == []
+    err = capsys.readouterr().err
+    assert err.count("leaves out the int8 runner") == 1 and "AVX-512 VNNI" in err  # said once, plainly
+
+    def build(kind):
+        raise AssertionError(f"auto measured {kind}")
+
+    assert resolve_auto("tiny", None, build, speculative=False, cache=CostCache(tmp_path, machine="m")) == "torch"
+    assert runner_label("int8") == "int8 runner, torch._int_mm int8 kernel (slow here: no AVX-512 VNNI)"
+    monkeypatch.setenv("VERISPEC_HOME", str(tmp_path))
+    pipe = SpeculativePipeline(loaded("target", target_model), None, runners=RunnerOptions(kind="int8"))
+    assert pipe.runner_kind == "int8"  # asked for by name: it runs, and says why it is slow
+    assert "--runner gguf is the fast exact runner" in capsys.readouterr().err
+
+
+def test_cost_curves_are_cached_per_kernel_path(tmp_path, target_model, monkeypatch):
+    from verispec.runners import int8_ops
+    from verispec.runners.select import cached_curve
+
+    monkeypatch.setenv("VERISPEC_HOME", str(tmp_path))
+    SpeculativePipeline(loaded("target", target_model), None, runners=RunnerOptions(kind="auto"))
+    (path,) = (tmp_path / "costs").glob("*.json")
+    assert list(json.loads(path.read_text())["target"]) == [f"int8:{int8_ops.default_kernel()}"]
+    assert cached_curve("target", None, "int8") is not None
+    other = "int_mm" if int8_ops.default_kernel() == "onednn" else "onednn"
+    monkeypatch.setattr(int8_ops, "default_kernel", lambda: other)
+    assert cached_curve("target", None, "int8") is None  # another kernel path: measured anew

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from server_support import client, http, metric_value, reference, served  # noqa: F401
 from verispec.engine import SpeculativeConfig
@@ -237,6 +239,30 @@ def test_metrics_counters_move_by_the_request(client, served):
     assert metric_value(served.url, "verispec_time_to_first_token_seconds_count") == ttft_count + 1
     assert metric_value(served.url, "verispec_spec_decode_num_accepted_tokens_per_pos_total", position="0") > 0
     assert metric_value(served.url, "verispec_requests_in_flight") == 0
+
+
+def kernel_info(text: str) -> tuple[dict, float]:
+    (sample,) = [s for f in text_string_to_metric_families(text) for s in f.samples if s.name == "verispec_kernel_info"]
+    return sample.labels, sample.value
+
+
+def test_metrics_name_the_runner_and_its_kernels(served, reference, tmp_path, monkeypatch):
+    from gguf_models import write_gguf_model
+    from verispec.pipeline import SpeculativePipeline
+    from verispec.runners.int8_ops import default_kernel
+    from verispec.runners.kernels import gguf_kernels, kernel_isa
+    from verispec.runners.select import RunnerOptions
+    from verispec.server import create_app
+
+    assert kernel_info(httpx.get(f"{served.url}/metrics").text) == ({"runner": "torch"}, 1.0)  # torch picks its own kernels
+    monkeypatch.setenv("VERISPEC_HOME", str(tmp_path))
+    gguf = SpeculativePipeline.load(str(write_gguf_model(tmp_path / "target.gguf")), None, runners=RunnerOptions(kind="gguf"))
+    int8 = SpeculativePipeline(reference.target, None, runners=RunnerOptions(kind="int8"))
+    for pipe, labels in [
+        (gguf, {"runner": "gguf", "kernel_isa": kernel_isa(), "cpu_features": gguf_kernels().cpu_features()}),  # the path that runs
+        (int8, {"runner": "int8", "int8_kernel": default_kernel()}),  # oneDNN's VNNI product or torch._int_mm
+    ]:
+        assert kernel_info(create_app(pipe).state.verispec.metrics.exposition()[0].decode()) == (labels, 1.0)
 
 
 def test_openai_client_raises_typed_errors(client):

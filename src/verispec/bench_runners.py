@@ -25,6 +25,7 @@ from verispec.engine import SpeculativeConfig, SpeculativeEngine
 from verispec.proposers.draft_model import DraftModelProposer
 from verispec.proposers.ngram import NgramProposer
 from verispec.runners.costs import measure_cost_curve, seed_cost_model
+from verispec.runners.notices import kernel_facts
 from verispec.runners.weight_cache import default_cache_dir
 from verispec.sampling import SamplingParams
 
@@ -188,6 +189,7 @@ def run_runners_bench(config: RunnersBenchConfig, log: Callable[[str], None] = p
             start = time.perf_counter()
             built[kind] = _build(kind, config, target_info, draft_info, threads, log)
             log(f"[{kind}] loaded target + drafts in {time.perf_counter() - start:.1f} s")
+            report["machine"].update(kernel_facts(kind))  # gguf: the kernels' ISA path and the CPU's features; int8: its product
         except Exception as exc:  # a missing extra or an unsupported model: report and go on
             log(f"[{kind}] skipped: {exc}")
             report["curves"][kind] = {"skipped": str(exc)}

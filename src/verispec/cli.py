@@ -22,6 +22,7 @@ from verispec.generate_stats import plain_comparison, stats_table
 from verispec.datastore_cli import datastore_app
 from verispec.models.cli import models_app
 from verispec.pipeline import DEFAULT_DRAFT, DEFAULT_TARGET, DrafterOptions, SpeculativePipeline, peak_rss_bytes
+from verispec.runners.notices import kernel_facts, runner_label
 from verispec.runners.select import RunnerOptions
 from verispec.sampling import SamplingParams
 
@@ -135,7 +136,7 @@ def generate(
             )
         for summary in pipe.model_summaries():
             requantized = f", re-quantized to {pipe.draft_requantize}" if summary.role == "draft" and pipe.draft_requantize else ""
-            err.print(f"loaded {summary.role} {summary.name} ({pipe.runner_kind} runner{requantized}, "
+            err.print(f"loaded {summary.role} {summary.name} ({runner_label(pipe.runner_kind)}{requantized}, "
                       f"{summary.param_bytes / 2**30:.2f} GiB) in {summary.load_time_s:.1f} s", highlight=False, markup=False)
         if pipe.runner_kind == "llamacpp" and method != "none":
             err.print(
@@ -167,7 +168,7 @@ def generate(
         comparison = plain_comparison(output, plain, greedy=params.temperature == 0)
     if as_json:
         data = output.to_dict()
-        data.update(method=method, runner=pipe.runner_kind, models=models, peak_rss_bytes=peak_rss_bytes())
+        data.update(method=method, runner=pipe.runner_kind, **kernel_facts(pipe.runner_kind), models=models, peak_rss_bytes=peak_rss_bytes())
         if comparison is not None:
             data["compare_plain"] = comparison
         print(json.dumps(data))

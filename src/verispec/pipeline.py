@@ -30,7 +30,8 @@ from verispec.proposers.layer_skip import LayerSkipProposer
 from verispec.proposers.ngram import NgramProposer
 from verispec.runners.quantize import quantize_linear_layers
 from verispec.runners.costs import seed_cost_model
-from verispec.runners.select import RunnerOptions, auto_picks_gguf, build_runners, cached_auto_choice, cached_curve
+from verispec.progress import announce_slow
+from verispec.runners.select import RunnerOptions, auto_file_runner, build_runners, cached_auto_choice, cached_curve
 from verispec.sampling import SamplingParams
 
 # --draft-quantization: the runner each one needs (None: any); "gguf" ones are re-quantizations the
@@ -228,11 +229,15 @@ class SpeculativePipeline:
             from verispec.runners.llamacpp import load_gguf_info  # weights are read by the runner itself
 
             name = {"llamacpp": "llama.cpp"}.get(runners.kind, runners.kind)
-            target_model = load_gguf_info(target, runner=name)
-            draft_model = load_gguf_info(draft, runner=name) if draft else None
+            with announce_slow(f"reading the GGUF headers and tokenizer of {target}" + (f" and {draft}" if draft else ""),
+                               "the tokenizer is built from the file once, then cached"):
+                target_model = load_gguf_info(target, runner=name)
+                draft_model = load_gguf_info(draft, runner=name) if draft else None
         else:
-            target_model = load_model(target, dtype=dtype, device=device)
-            draft_model = load_model(draft, dtype=dtype, device=device) if draft else None
+            with announce_slow(f"loading {target}" + (f" and {draft}" if draft else "") + " into torch",
+                               f"--runner {runners.kind} starts from the float model"):
+                target_model = load_model(target, dtype=dtype, device=device)
+                draft_model = load_model(draft, dtype=dtype, device=device) if draft else None
         return cls(target_model, draft_model, drafters, controller, runners)
 
     def encode(self, prompt: str, *, chat: bool = False) -> list[int]:
@@ -291,8 +296,9 @@ def _cached_auto(target: str, draft: str | None, device: str) -> str | None:
     store = ModelStore()
     target_source = store.resolve(target)
     draft_source = store.resolve(draft) if draft else None
-    if auto_picks_gguf(target_source.path, draft_source.path if draft_source else None, device):
-        return "gguf"
+    chosen = auto_file_runner(target_source.path, draft_source.path if draft_source else None, device)
+    if chosen is not None:
+        return chosen
     return cached_auto_choice(
         target_source.name, target_source.path, speculative=draft is not None, device=device,
         draft=(draft_source.name, draft_source.path) if draft_source else None,

@@ -21,6 +21,7 @@ from verispec.bench.report import (
     build_results,
     category_matrix,
     curve_rows,
+    kernel_line,
     overall_rows,
     report_markdown,
     rich_table,
@@ -30,6 +31,8 @@ from verispec.bench.run import BenchConfig, as_pipelines, load_measured, memory_
 from verispec.errors import InvalidParameterError
 from verispec.bench.workload import WorkloadItem
 from verispec.pipeline import SpeculativePipeline
+from verispec.progress import announce_slow
+from verispec.runners.notices import kernel_facts
 
 RESULTS_FILE = "results.json"
 REPORT_FILE = "report.md"
@@ -82,6 +85,8 @@ def run_and_report(
     by_runner = {kind: memory_facts(pipe, rss.get(kind)) for kind, pipe in pipes.items()}
     memory = by_runner[next(iter(pipes))] | {"by_runner": by_runner}
     results = build_results(settings, models, memory, runners, records, auditor.counts.to_dict())
+    for kind in pipes:  # which kernels ran: the gguf runner's ISA path and the CPU's features, int8's product
+        results.environment.update(kernel_facts(kind))
     results.curves = cost_curves
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -104,7 +109,8 @@ def measure_curves(pipes: Mapping[str, SpeculativePipeline], console: Console) -
         entry = {}
         for role, runner, ks in roles:
             try:
-                curve = measure_cost_curve(runner, runner_name=kind, model=role, ks=ks)
+                with announce_slow(f"timing the {kind} runner's {role} passes", "--curves: 2 warm-up and 7 timed passes of each k"):
+                    curve = measure_cost_curve(runner, runner_name=kind, model=role, ks=ks)
             except ValueError as exc:  # the context does not fit the runner
                 console.print(f"{kind} {role}: no cost curve ({exc})", highlight=False)
                 continue
@@ -139,9 +145,12 @@ def progress(console: Console, total: int) -> Iterator[Callable[[str], None]]:
 
 
 def print_summary(results: BenchResults, console: Console) -> None:
-    """The per-category and per-runner tables, then exactness in one line."""
+    """The kernels that ran, the per-category and per-runner tables, then exactness in one line."""
     if not console.is_terminal:
         console.width = max(console.width, 160)  # a log file: do not squeeze the tables
+    kernels = kernel_line(results.environment)
+    if kernels:
+        console.print(kernels, highlight=False)
     console.print(rich_table("per category: plain rows tok/s; others speedup over their runner's plain, α, τ", *category_matrix(results.summary)))
     console.print(rich_table("all prompts", *overall_rows(results.summary)))
     if results.curves:

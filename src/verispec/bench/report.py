@@ -144,6 +144,17 @@ def environment(threads: int | None) -> dict:
     }
 
 
+def kernel_line(environment: dict) -> str | None:
+    """Which kernels ran, from the environment facts: ``gguf kernels avx512 (CPU features: ...) ·
+    int8 kernel onednn``; None when neither runner ran."""
+    parts = []
+    if environment.get("kernel_isa"):
+        parts.append(f"gguf kernels {environment['kernel_isa']} (CPU features: {environment.get('cpu_features') or 'none detected'})")
+    if environment.get("int8_kernel"):
+        parts.append(f"int8 kernel {environment['int8_kernel']}")
+    return " · ".join(parts) or None
+
+
 def write_results(results: BenchResults, path: Path) -> None:
     path.write_text(json.dumps(results.to_dict(), indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
 
@@ -245,14 +256,15 @@ def _mib(value) -> str:
 
 
 def report_markdown(results: BenchResults) -> str:
-    """report.md: settings, the two tables, exactness, long-text decay, memory, audit, plots."""
+    """report.md: settings (and the kernels that ran), the two tables, exactness, long-text decay, memory, audit, plots."""
     c, s = results.config, results.summary
+    kernels = kernel_line(results.environment)
     lines = [
         "# verispec benchmark",
         "",
         f"{results.created_at} · workload `{c.get('workload')}` · {c.get('num_prompts')} prompts · max tokens {c.get('max_tokens')} · "
         f"{'greedy' if c.get('temperature', 0) == 0 else 'temperature ' + str(c.get('temperature'))} · k = {c.get('num_speculative_tokens')} · "
-        f"threads {results.environment.get('threads')} · dtype {c.get('dtype')}",
+        f"threads {results.environment.get('threads')} · dtype {c.get('dtype')}" + (f" · {kernels}" if kernels else ""),
         "",
         "Speedup: geometric mean over prompts of end-to-end tokens/s over plain decoding of the same runner "
         "(α acceptance rate, τ mean acceptance length).",

@@ -22,6 +22,7 @@ from verispec.engine import METHODS, GenerationOutput, SpeculativeConfig, Specul
 from verispec.errors import InvalidParameterError
 from verispec.models.loading import load_model
 from verispec.pipeline import SpeculativePipeline, peak_rss_bytes
+from verispec.runners.notices import kernel_facts
 from verispec.sampling import SamplingParams
 
 REFERENCE_RUNNER = "verispec:none"  # results written before runners were named by kind
@@ -105,6 +106,8 @@ class RunRecord:
     ``spec``: the speculative counters (:data:`SPEC_COUNT_FIELDS`), empty for peers.
     ``matches_plain``: greedy tokens equal those of plain decoding of the same family (None for
     the plain run itself and for sampling); ``matches_reference``: equal to verispec's plain.
+    ``kernel_isa``: the gguf runner's kernel path (``avx512``, ``avx2``, ``portable``, ...), None
+    for other runners.
     """
 
     prompt_id: str
@@ -128,6 +131,7 @@ class RunRecord:
     text: str = ""
     matches_plain: bool | None = None
     matches_reference: bool | None = None
+    kernel_isa: str | None = None
 
     @classmethod
     def of(cls, item: WorkloadItem, runner: BenchRunner, output: GenerationOutput) -> RunRecord:
@@ -153,6 +157,7 @@ class RunRecord:
             spec={k: spec[k] for k in SPEC_COUNT_FIELDS} if m.spec.num_drafts else {},
             token_ids=list(output.token_ids),
             text=output.text,
+            kernel_isa=runner.settings.get("kernel_isa"),
         )
 
     def to_dict(self) -> dict:
@@ -174,12 +179,14 @@ class BenchRunner(Protocol):
 
 class VerispecRunner:
     """verispec's engine with one method (``none`` = plain decoding) on one runner kind; named
-    ``"<kind>:<method>"`` (``int8:draft``), its family is the kind."""
+    ``"<kind>:<method>"`` (``int8:draft``), its family is the kind. ``settings`` name the kernels
+    it runs (gguf: ``kernel_isa``; int8: ``int8_kernel``)."""
 
     def __init__(self, engine: SpeculativeEngine, method: str, num_speculative_tokens: int, kind: str = "verispec") -> None:
         self.engine, self.method, self.family, self.name = engine, method, kind, f"{kind}:{method}"
         self.spec = SpeculativeConfig(method=method, num_speculative_tokens=num_speculative_tokens)
         self.settings = {} if method == "none" else {"num_speculative_tokens": num_speculative_tokens}
+        self.settings |= {key: value for key, value in kernel_facts(kind).items() if key != "cpu_features"}
 
     def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> GenerationOutput:
         return self.engine.generate(prompt_token_ids, params, self.spec)

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 
 def format_table(report: dict):
-    """Two rich tables: cost curves (ms and ratio to k=1) and methods (tokens/s, speedup vs the peer)."""
+    """Two rich tables: cost curves (ms and ratio to k=1) and methods (tokens/s, speedup vs the peer);
+    the first title names the kernels that ran (``report["machine"]``: gguf's ISA path, int8's product)."""
     from rich.table import Table
 
-    curves = Table(title="cost of one forward of k new tokens after a 64-token context (median ms)")
+    machine = report.get("machine", {})
+    kernels = [f"gguf kernels {machine['kernel_isa']}"] if machine.get("kernel_isa") else []
+    kernels += [f"int8 kernel {machine['int8_kernel']}"] if machine.get("int8_kernel") else []
+    curves = Table(title="cost of one forward of k new tokens after a 64-token context (median ms)" + "".join(f" · {k}" for k in kernels))
     ks = [1, 2, 4, 8, 16]
     for column in ["runner", "model"] + [f"k={k}" for k in ks] + ["8/1"]:
         curves.add_column(column, justify="right" if column.startswith("k") or column == "8/1" else "left")

@@ -1,9 +1,11 @@
 """Measured cost curves of runners: ms per forward of k new tokens, cached per machine and model.
 
 Owns the measurement (a fixed pseudo-random context, then forwards of k = 1, 2, 4, 8, 16 tokens,
-median of several), the on-disk cache (``$VERISPEC_HOME/costs/<machine>.json``) and the choice
-of the fastest runner from those curves (``--runner auto``). Seeds the draft-length
-controller's cost model with a curve. Knows nothing about how a runner computes.
+median of several; :data:`QUICK_CURVE` for a first run: seconds, not minutes), the on-disk cache
+(``$VERISPEC_HOME/costs/<machine>.json``, one file per CPU model and features, threads and torch
+version; inside it per model file and per runner and kernel path) and the choice of the fastest
+runner from those curves (``--runner auto``). Seeds the draft-length controller's cost model with
+a curve. Knows nothing about how a runner computes.
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ from verispec.runners import Runner
 
 COST_KS = (1, 2, 4, 8, 16)
 CONTEXT_TOKENS = 64
+SLOW_PASS_S = 0.25  # a one-token pass this slow needs no warm-up round: first-touch effects are noise beside it
+# what auto and the controller's seed measure on first use (bench measures in full): a short
+# context, a few rounds, and a time budget that ends the measurement early on a slow path
+QUICK_CURVE = {"context_tokens": 16, "repeats": 3, "warmup": 1, "budget_s": 2.0}
 
 
 @dataclass
@@ -70,12 +76,17 @@ def measure_cost_curve(
     context_tokens: int = CONTEXT_TOKENS,
     repeats: int = 7,
     warmup: int = 2,
+    budget_s: float | None = None,
 ) -> CostCurve:
     """Time ``runner.forward`` of k tokens after a ``context_tokens`` context (median of ``repeats``).
 
     The context and the new tokens are fixed pseudo-random ids below the vocabulary size; the
-    k values are timed in turn within each repeat. The runner's cache is left empty. Raises
-    ValueError if the context does not fit the runner.
+    k values are timed in turn within each repeat. With ``budget_s`` (seconds) it stops early, so
+    a slow kernel path costs seconds, not minutes: a first one-token pass over
+    :data:`SLOW_PASS_S` means no warm-up and one round; once ``budget_s`` have passed since the
+    context was cached it stops as soon as two k values are timed (``ks`` ascending: the larger
+    ones are then left out and :meth:`CostCurve.at` extrapolates them). The runner's cache is left
+    empty. Raises ValueError if the context does not fit the runner.
     """
     generator = torch.Generator().manual_seed(0)
     vocab = min(runner.vocab_size, 32000)
@@ -86,29 +97,50 @@ def measure_cost_curve(
     runner.forward(context, num_logits=1)
     new_tokens = {k: torch.randint(10, vocab, (k,), generator=generator).tolist() for k in ks}
     samples: dict[int, list[float]] = {k: [] for k in ks}
-    for i in range(warmup + repeats):
-        for k in ks:  # k round-robin: a load change on a shared machine hits every k alike
-            runner.truncate(context_tokens)
-            start = time.perf_counter()
-            runner.forward(new_tokens[k])
-            if i >= warmup:
-                samples[k].append(round((time.perf_counter() - start) * 1000, 3))
+    start = time.perf_counter()
+    if budget_s is not None and _timed_pass(runner, context_tokens, new_tokens[ks[0]]) > SLOW_PASS_S * 1000:
+        warmup, repeats = 0, 1
+    enough = min(2, len(ks))
+    for i, k in [(i, k) for i in range(warmup + repeats) for k in ks]:  # k round-robin: a load change hits every k alike
+        ms = _timed_pass(runner, context_tokens, new_tokens[k])
+        if i >= warmup:
+            samples[k].append(ms)
+        if budget_s is not None and time.perf_counter() - start > budget_s and sum(map(bool, samples.values())) >= enough:
+            break
+    samples = {k: v for k, v in samples.items() if v}
     ms = {k: statistics.median(v) for k, v in samples.items()}
     runner.truncate(0)
     return CostCurve(runner_name, model, ms, context_tokens, torch.get_num_threads(), time.time(), samples)
 
 
+def _timed_pass(runner: Runner, context_tokens: int, token_ids: list[int]) -> float:
+    """ms of one forward of ``token_ids`` after the first ``context_tokens`` cached ones."""
+    runner.truncate(context_tokens)
+    start = time.perf_counter()
+    runner.forward(token_ids)
+    return round((time.perf_counter() - start) * 1000, 3)
+
+
 def machine_key() -> str:
-    """Short id of this machine kind: CPU model, usable CPUs, torch threads, torch version."""
-    cpu = platform.processor() or platform.machine()
+    """Short id of this machine kind: CPU model and features, usable CPUs, torch threads, torch version."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    text = f"{cpu_description()}|{cpus}|{torch.get_num_threads()}|{torch.__version__}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def cpu_description() -> str:
+    """The CPU's model name and feature flags (Linux ``/proc/cpuinfo``: ``flags`` on x86,
+    ``Features`` on ARM), else the platform's processor name."""
+    found: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as info:
-            cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), cpu)
+            for line in info:
+                name, _, value = line.partition(":")
+                found.setdefault(name.strip(), value.strip())  # the first CPU's
     except OSError:
         pass
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    text = f"{cpu}|{cpus}|{torch.get_num_threads()}|{torch.__version__}"
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    cpu = found.get("model name") or platform.processor() or platform.machine()
+    return f"{cpu}|{found.get('flags') or found.get('Features', '')}"
 
 
 def model_key(name: str, path: Path | None) -> str:

@@ -70,6 +70,13 @@ def onednn_is_exact() -> bool:
     return _ONEDNN_EXACT
 
 
+def default_kernel() -> str:
+    """The kernel ``kernel="auto"`` gives on this CPU: ``"onednn"`` (oneDNN's VNNI product, checked
+    exact here) or ``"int_mm"`` (``torch._int_mm``: exact everywhere, but several times slower; what
+    CPUs without AVX-512 VNNI get, e.g. AVX2-only Zen 1-3)."""
+    return "onednn" if _onednn_available() and onednn_is_exact() else "int_mm"
+
+
 def _probe_onednn() -> bool:
     generator = torch.Generator().manual_seed(0)
     weight = torch.randint(-INT8_MAX, INT8_MAX + 1, (64, 256), generator=generator, dtype=torch.int8)

@@ -2,9 +2,11 @@
 
 Owns the names (gguf, int8, llamacpp, torch, auto), building a runner for a loaded model, and the
 ``auto`` decision: on a CPU, the batch-invariant gguf runner for every GGUF file it can run
-(exact under speculation, and the fastest we measured), else the fastest of the others by cached
-cost curves (measured on first use, see :mod:`verispec.runners.costs`). Knows nothing about
-drafting or decoding.
+(exact under speculation, and the fastest we measured) unless its kernels would run on their
+portable path here and llama.cpp is installed, else the fastest of the others by cached cost
+curves (measured on first use in seconds, see :mod:`verispec.runners.costs`; int8 only where its
+fast kernel is exact). A slow choice is said on stderr, once, and so is every step over ~2 s
+(:mod:`verispec.runners.notices`). Knows nothing about drafting or decoding.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ import torch
 
 from verispec.errors import InvalidParameterError
 from verispec.runners import Runner
-from verispec.runners.costs import CostCache, CostCurve, choose_runner, measure_cost_curve, model_key
+from verispec.runners.costs import COST_KS, QUICK_CURVE, CostCache, CostCurve, choose_runner, measure_cost_curve, model_key
+from verispec.progress import announce_slow
+from verispec.runners.notices import int8_warning, kernel_key, portable_gguf_warning, say_once
 from verispec.runners.weight_cache import default_cache_dir
 
 RUNNERS = ("auto", "gguf", "int8", "llamacpp", "torch")
@@ -155,17 +159,39 @@ def auto_picks_gguf(target_path: Path | None, draft_path: Path | None = None, de
 _WARNED: list[bool] = []
 
 
-def auto_candidates(path: Path | None, device: str = "cpu") -> list[str]:
-    """Runners ``auto`` weighs for a model file: int8 on CPU, llama.cpp for GGUF when installed.
+def auto_file_runner(target_path: Path | None, draft_path: Path | None = None, device: str = "cpu") -> str | None:
+    """The runner ``auto`` takes for these files without measuring: ``gguf`` where
+    :func:`auto_picks_gguf`, but ``llamacpp`` when the gguf kernels would run on their portable
+    path here and llama.cpp is installed; None: weigh the others by cost curves. A portable path
+    is said on stderr, once, with the faster option."""
+    from verispec.runners.kernels import kernel_isa
+    from verispec.runners.llamacpp import llama_cpp_available
 
-    The transformers runner is the fallback (other devices, other architectures); on this
-    kind of CPU it is several times slower than int8 (``../shared/MODELS.md``).
+    if not auto_picks_gguf(target_path, draft_path, device):
+        return None
+    if kernel_isa() != "portable":
+        return "gguf"
+    installed = llama_cpp_available()
+    say_once("portable", portable_gguf_warning(llama_cpp_installed=installed, auto_uses_llama_cpp=installed))
+    return "llamacpp" if installed else "gguf"
+
+
+def auto_candidates(path: Path | None, device: str = "cpu") -> list[str]:
+    """Runners ``auto`` weighs for a model file: int8 on CPU where its fast kernel (oneDNN, AVX-512
+    VNNI) is exact (else said once on stderr), llama.cpp for GGUF when installed.
+
+    The transformers runner is the fallback (other devices, other architectures, no candidate);
+    on this kind of CPU it is several times slower than int8 (``../shared/MODELS.md``).
     """
     from verispec.runners.llamacpp import llama_cpp_available
 
     if not str(device).startswith("cpu"):
         return ["torch"]
     candidates = ["int8"]
+    warning = int8_warning(auto=True)
+    if warning is not None:
+        say_once("int8-auto", warning)
+        candidates = []
     if path is not None and Path(path).suffix == ".gguf" and llama_cpp_available():
         candidates.append("llamacpp")
     return candidates
@@ -207,16 +233,23 @@ def resolve_auto(
 
 def _curve(cache: CostCache, name: str, path: Path | None, kind: str, build: Callable[[str], Runner]) -> CostCurve | None:
     key = model_key(name, path)
-    curve = cache.get(key, kind)
+    curve = cache.get(key, kernel_key(kind))
     if curve is None:
         try:
-            runner = build(kind)
+            with announce_slow(f"loading {name} on the {kind} runner", "--runner auto times each candidate runner once"):
+                runner = build(kind)
         except InvalidParameterError:
             return None
-        with torch.inference_mode():
-            curve = measure_cost_curve(runner, runner_name=kind, model=key)
+        curve = _measure(runner, kind, key, name, "--runner auto picks the fastest runner by it")
         cache.put(key, curve)
     return curve
+
+
+def _measure(runner: Runner, kind: str, key: str, name: str, why: str) -> CostCurve:
+    """The quick cost curve (:data:`QUICK_CURVE`) of ``runner`` for model ``key``, named by its kernel path."""
+    with announce_slow(f"timing the {kind} runner on {name}", f"{why}; once per CPU, model file and kernel path"):
+        with torch.inference_mode():
+            return measure_cost_curve(runner, runner_name=kernel_key(kind), model=key, **QUICK_CURVE)
 
 
 @dataclass
@@ -246,8 +279,8 @@ def build_runners(options: RunnerOptions, target, draft=None, *, cache: CostCach
     kind = options.kind
     capacity = options.max_context_length
     device = "cpu" if target.model is None else str(next(target.model.parameters()).device)
-    if kind == "auto" and auto_picks_gguf(target.path, None if draft is None else draft.path, device):
-        kind = "gguf"
+    if kind == "auto":
+        kind = auto_file_runner(target.path, None if draft is None else draft.path, device) or "auto"
     if kind == "auto":
         draft_spec = None
         if draft is not None:
@@ -265,15 +298,19 @@ def build_runners(options: RunnerOptions, target, draft=None, *, cache: CostCach
         draft_requantize = "iq4_nl" if kind == "gguf" else None
     if draft_requantize is not None and draft is not None and kind != "gguf":
         raise InvalidParameterError(f"--draft-quantization {draft_requantize} needs --runner gguf (or auto choosing it), not {kind}")
+    _warn_slow_kernels(kind)
     load_s: dict[str, float] = {}
     start = time.perf_counter()
-    target_runner = make_runner(kind, target, max_context_length=capacity)
+    with announce_slow(f"loading the target {target.name} on the {kind} runner", "reading and repacking its weights"):
+        target_runner = make_runner(kind, target, max_context_length=capacity)
     load_s["target"] = time.perf_counter() - start
     draft_runner = draft_tree = None
     if draft is not None:
         start = time.perf_counter()
-        draft_runner = make_runner(kind, draft, max_context_length=capacity, head_token_ids=head_token_ids,
-                                   requantize=draft_requantize)
+        requantizing = f"; re-quantizing them to {draft_requantize} unless cached" if draft_requantize else ""
+        with announce_slow(f"loading the draft {draft.name} on the {kind} runner", f"reading and repacking its weights{requantizing}"):
+            draft_runner = make_runner(kind, draft, max_context_length=capacity, head_token_ids=head_token_ids,
+                                       requantize=draft_requantize)
         load_s["draft"] = time.perf_counter() - start
         if kind in BATCH_INVARIANT:  # same weights, its own KV cache
             draft_tree = type(draft_runner)(draft_runner.weights, max_context_length=draft_runner.max_context_length)
@@ -291,9 +328,23 @@ def build_runners(options: RunnerOptions, target, draft=None, *, cache: CostCach
 
 def _ensure_curve(cache: CostCache, loaded, runner: Runner, kind: str) -> None:
     key = model_key(loaded.name, loaded.path)
-    if cache.get(key, kind) is None and runner.max_context_length >= 96:
-        with torch.inference_mode():
-            cache.put(key, measure_cost_curve(runner, runner_name=kind, model=key))
+    if cache.get(key, kernel_key(kind)) is None and runner.max_context_length >= QUICK_CURVE["context_tokens"] + max(COST_KS):
+        cache.put(key, _measure(runner, kind, key, loaded.name, "the draft-length controller starts from this CPU's costs"))
+
+
+def _warn_slow_kernels(kind: str) -> None:
+    """Say once on stderr when the chosen runner runs a slow kernel here (gguf's portable path,
+    int8 without oneDNN's exact product), naming the faster option."""
+    from verispec.runners.kernels import kernel_isa
+    from verispec.runners.llamacpp import llama_cpp_available
+
+    warning = None
+    if kind == "gguf" and kernel_isa() == "portable":
+        warning = portable_gguf_warning(llama_cpp_installed=llama_cpp_available())
+    elif kind == "int8":
+        warning = int8_warning(auto=False)
+    if warning is not None:
+        say_once("portable" if kind == "gguf" else "int8", warning)
 
 
 def draft_head_token_ids(options: RunnerOptions, draft, always: tuple[int, ...] = ()):
@@ -311,7 +362,7 @@ def draft_head_token_ids(options: RunnerOptions, draft, always: tuple[int, ...] 
 
 def cached_curve(name: str, path: Path | None, kind: str, cache: CostCache | None = None) -> CostCurve | None:
     """The cached cost curve of ``kind`` for a model, if one was measured on this machine."""
-    return (cache or CostCache()).get(model_key(name, path), kind)
+    return (cache or CostCache()).get(model_key(name, path), kernel_key(kind))
 
 
 def cached_auto_choice(name: str, path: Path | None, *, speculative: bool, device: str = "cpu",

@@ -30,6 +30,7 @@ from verispec.audit import QualityAuditor
 from verispec.engine import SpeculativeConfig
 from verispec.errors import InvalidParameterError
 from verispec.pipeline import peak_rss_bytes
+from verispec.runners.notices import kernel_facts
 from verispec.server import logprobs, protocol
 from verispec.server.limits import BodyLimitMiddleware, validation_error
 from verispec.server.prom import ServerMetrics
@@ -91,6 +92,7 @@ class _State:
         self.model_name = config.model_name or pipeline.target.name
         self.created = int(time.time())
         self.metrics = ServerMetrics()
+        self.metrics.describe_runner(pipeline.runner_kind, kernel_facts(pipeline.runner_kind))
         self.token_texts = logprobs.TokenText(pipeline.tokenizer)
         self.auditor = QualityAuditor(config.audit_rate)
         self.metrics.track_audits(self.auditor)

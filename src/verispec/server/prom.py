@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from verispec.metrics import RequestMetrics
@@ -42,6 +42,10 @@ class ServerMetrics:
     verispec_iteration_tokens_total (rows in the pass: prefill chunks and verify rows; vLLM's name).
     Gauges: verispec_requests_in_flight (accepted, not yet answered), verispec_num_requests_waiting
     (queued, not yet in a pass), verispec_num_requests_running (in the batch).
+    Info: verispec_kernel_info{runner, kernel_isa, cpu_features} (gguf: the kernels' instruction-set
+    path and the CPU features they detected) or {runner, int8_kernel} (int8); other runners carry
+    only ``runner``: they choose their own kernels. Set by :meth:`describe_runner`; merged across
+    replicas its value counts the replicas that run those kernels.
     Quality audits, once :meth:`track_audits` is called: see :class:`AuditCollector`.
     """
 
@@ -95,8 +99,13 @@ class ServerMetrics:
         self.iteration_tokens = Histogram(
             "verispec_iteration_tokens_total", "Rows (tokens) per target pass.", buckets=ITERATION_TOKEN_BUCKETS, registry=r
         )
+        self.kernel = Info("verispec_kernel", "The runner and the kernels it runs on this CPU.", registry=r)
         for reason in FINISH_REASONS:
             self.requests.labels(finish_reason=reason)  # export zeros from the start
+
+    def describe_runner(self, kind: str, kernels: dict[str, str]) -> None:
+        """Export which runner serves and its kernels (:func:`verispec.runners.notices.kernel_facts`)."""
+        self.kernel.info({"runner": kind, **kernels})
 
     def observe_finished(self, metrics: RequestMetrics, finish_reason: str, *, queue_s: float, e2e_s: float) -> None:
         """Add one finished request (``stop`` or ``length``); times in seconds."""

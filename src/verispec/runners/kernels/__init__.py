@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from verispec.errors import InvalidParameterError
+from verispec.progress import NOTICE_AFTER_S, announce_slow
 
 DIRECTORY = Path(__file__).parent
 # The torch-free core (one file per concern and per ISA, see core.h) and the torch bindings.
@@ -81,18 +82,21 @@ def _build():
             raise InvalidParameterError("the gguf runner builds its kernels with ninja: pip install ninja") from None
     directory = kernel_build_dir()
     directory.mkdir(parents=True, exist_ok=True)
-    if not list(directory.glob("*.so")):
-        print(f"verispec: compiling the gguf runner's kernels into {directory} (once, ~20 s)", file=sys.stderr, flush=True)
+    compiling = not list(directory.glob("*.so"))
     try:
-        return cpp_extension.load(
-            name=f"verispec_gguf_{build_key()}",
-            sources=[str(path) for path in SOURCES],
-            extra_cflags=CFLAGS,
-            build_directory=str(directory),
-            verbose=False,
-        )
+        with announce_slow("compiling the gguf runner's kernels", f"once, ~40 s on 2 cores, into {directory}",
+                           after_s=0.0 if compiling else NOTICE_AFTER_S):
+            module = cpp_extension.load(
+                name=f"verispec_gguf_{build_key()}",
+                sources=[str(path) for path in SOURCES],
+                extra_cflags=CFLAGS,
+                build_directory=str(directory),
+                verbose=False,
+            )
     except Exception as exc:  # cpp_extension raises RuntimeError, OSError, ImportError, CalledProcessError
         raise InvalidParameterError(f"building the gguf kernels failed ({type(exc).__name__}: {exc}); use --runner int8") from exc
+    return module
+
 
 
 # ---------------------------------------------------------------------------------------------
