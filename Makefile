@@ -14,8 +14,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# The pinned CPU torch first, so no dependency can pull a multi-GB CUDA build.
-	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install "$(TORCH_SPEC)"
+	$(PY) -m pip install -e ".[test]"
 	touch $@
 
 # Optional llama.cpp runner and peer: compiles llama.cpp (~5 min; pip caches the wheel). If the
