@@ -51,6 +51,7 @@ bool isa_supported(Isa isa);   // compiled in and the CPU has every instruction 
 Isa best_isa();                // the fastest supported path (never Auto)
 Isa resolve_isa(int64_t impl); // Auto -> best_isa(); an unsupported one fails naming the CPU's features
 std::string cpu_features();    // the features the dispatch looks at, e.g. "avx2 fma f16c avx512vnni"
+bool neon_has_i8mm();          // AArch64 with FEAT_I8MM: the NEON path multiplies pairs of rows by smmla
 
 // ---------------------------------------------------------------------------------------------
 // Block formats and the 16-column tile layout (formats.cpp).

@@ -13,6 +13,9 @@
 #ifndef HWCAP_ASIMDDP
 #define HWCAP_ASIMDDP (1 << 20)
 #endif
+#ifndef HWCAP2_I8MM
+#define HWCAP2_I8MM (1 << 13)
+#endif
 #endif
 
 namespace vsk {
@@ -20,7 +23,7 @@ namespace vsk {
 namespace {
 
 struct Features {
-    bool avx2 = false, fma = false, f16c = false, avxvnni = false, avx512 = false, neon_dotprod = false;
+    bool avx2 = false, fma = false, f16c = false, avxvnni = false, avx512 = false, neon_dotprod = false, i8mm = false;
 };
 
 Features detect() {
@@ -38,8 +41,14 @@ Features detect() {
 #elif defined(__aarch64__)
 #if defined(__linux__)
     f.neon_dotprod = (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
-#elif defined(__ARM_FEATURE_DOTPROD)
+    f.i8mm = f.neon_dotprod && (getauxval(AT_HWCAP2) & HWCAP2_I8MM) != 0;
+#else
+#if defined(__ARM_FEATURE_DOTPROD)
     f.neon_dotprod = true;
+#endif
+#if defined(__ARM_FEATURE_DOTPROD) && defined(__ARM_FEATURE_MATMUL_INT8)
+    f.i8mm = true;
+#endif
 #endif
 #endif
     return f;
@@ -76,8 +85,11 @@ std::string cpu_features() {
     add(f.avxvnni, "avxvnni");
     add(f.avx512, "avx512f+bw+vl+dq+vnni");
     add(f.neon_dotprod, "neon+dotprod");
+    add(f.i8mm, "i8mm");
     return s.empty() ? "none of avx2, avx512, neon dotprod" : s;
 }
+
+bool neon_has_i8mm() { return features().i8mm; }
 
 bool isa_supported(Isa isa) {
     const Features& f = features();
