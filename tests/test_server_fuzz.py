@@ -55,8 +55,11 @@ def test_no_input_causes_a_server_error(api_schema, served, path, method, mode):
         database=None,
     )
     def check(case, served_model):
-        if served_model and isinstance(case.body, dict) and "model" in case.body:
-            case.body["model"] = "tiny-target"  # else nearly every request stops at 404
+        if served_model and isinstance(case.body, dict) and isinstance(case.body.get("model"), str):
+            # else nearly every request stops at 404; a model of the wrong type stays as it is, so a
+            # schema-invalid request is never repaired into a valid one (seen: an array model plus a
+            # null grammar, which the schema allows, answered 200 and was counted as accepted-invalid)
+            case.body["model"] = "tiny-target"
         response = case.call(base_url=served.url, timeout=60)
         statuses.append(response.status_code)
         assert response.status_code < 500, response.text
