@@ -204,3 +204,11 @@ def test_attention_paths_give_the_same_bits():
         lengths = torch.tensor([18, 17, 16, 1, 3])
         tree = [gguf_kernels().attention(q, keys, values, 0, slots, lengths, head_dim**-0.5, impl) for impl in IMPLS]
         assert all(torch.equal(tree[0], other) for other in tree[1:])
+
+
+def test_python_isa_numbers_are_the_kernels_own():
+    """ISA_NUMBERS (Python) and vsk::Isa (dispatch.cpp) name the same numbers: a path forced by
+    name runs that path, and auto is the best one the CPU has."""
+    kernels = gguf_kernels()
+    assert list(ISA_NUMBERS) == kernels.isa_names()
+    assert kernels.supported_isas()[0] == "portable" and kernels.best_isa() in kernels.supported_isas()
