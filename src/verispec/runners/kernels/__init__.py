@@ -52,7 +52,7 @@ def build_key() -> str:
 
 
 def gguf_kernels():
-    """The compiled kernel module (``repack``, ``linear``, ``attention``, ``has_avx512_vnni``).
+    """The compiled kernel module (``repack``, ``linear``, ``attention``, ``supported_isas``, ...).
 
     Raises:
         InvalidParameterError: no C++ compiler, or the build failed (with the compiler's reason).

@@ -238,7 +238,6 @@ std::vector<std::string> supported_isas() {
 }
 
 std::string best_isa() { return vsk::isa_name(vsk::best_isa()); }
-bool has_avx512_vnni() { return vsk::isa_supported(Isa::Avx512); }
 
 }  // namespace
 
@@ -255,5 +254,4 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("supported_isas", &supported_isas, "the kernel ISAs this CPU runs (portable always)");
     m.def("best_isa", &best_isa, "the ISA impl 0 (auto) runs on this CPU");
     m.def("cpu_features", &vsk::cpu_features, "the CPU features the dispatch looks at");
-    m.def("has_avx512_vnni", &has_avx512_vnni, "whether this CPU runs the AVX-512 VNNI path");
 }
