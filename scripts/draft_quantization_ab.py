@@ -19,7 +19,7 @@ from verispec.runners.costs import measure_cost_curve, seed_cost_model
 from verispec.runners.gguf_runner import GGUFRunner, GGUFWeights
 from verispec.runners.llamacpp import load_gguf_info
 from verispec.runners.weight_cache import default_cache_dir
-from verispec.sampling import SamplingParams
+from verispec.spec.sampling import SamplingParams
 
 
 def main(num_prompts: int, max_tokens: int) -> None:

@@ -23,7 +23,7 @@ from verispec.engine import SpeculativeConfig, SpeculativeEngine  # noqa: E402
 from verispec.proposers.draft_model import DraftModelProposer  # noqa: E402
 from verispec.runners import prefill  # noqa: E402
 from verispec.runners.torch_runner import TransformersRunner  # noqa: E402
-from verispec.sampling import SamplingParams  # noqa: E402
+from verispec.spec.sampling import SamplingParams  # noqa: E402
 
 dev = torch.device("cuda")
 print(json.dumps({"device": torch.cuda.get_device_name(0), "torch": torch.__version__}))

@@ -24,7 +24,7 @@ from verispec.constraints import StructuredOutput
 from verispec.engine import SpeculativeConfig
 from verispec.pipeline import SpeculativePipeline
 from verispec.runners.select import RunnerOptions
-from verispec.sampling import SamplingParams
+from verispec.spec.sampling import SamplingParams
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "specbench_questions.jsonl"
 TEXT = {"type": "string", "maxLength": 600}

@@ -9,7 +9,7 @@ from helpers import make_engine
 from verispec.audit import QualityAuditor, describe_audit, first_difference, target_logprobs
 from verispec.engine import SpeculativeConfig
 from verispec.errors import InvalidParameterError
-from verispec.sampling import SamplingParams
+from verispec.spec.sampling import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=12)
 DRAFT = SpeculativeConfig(method="draft", num_speculative_tokens=4)

@@ -18,9 +18,9 @@ from verispec.runners import ForwardCall, forward_batch, prefill
 from verispec.runners.gguf_runner import GGUFRunner
 from verispec.runners.int8 import Int8Runner
 from verispec.runners.torch_runner import TransformersRunner
-from verispec.sampling import SamplingParams
+from verispec.spec.sampling import SamplingParams
 from verispec.scheduler import Scheduler
-from verispec.tree import TokenTree, tree_attention_mask, tree_position_ids
+from verispec.spec.tree import TokenTree, tree_attention_mask, tree_position_ids
 
 PIECES = CharTokenizer(default_pieces(VOCAB))
 PROMPTS = [[5, 17, 33, 2, 9], [70, 3], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20], [40] * 12, [8, 9, 8, 9, 8, 9, 8],

@@ -9,7 +9,7 @@ import torch
 from server_support import build_tokenizer
 from verispec.constraints import GrammarCompiler, StructuredOutput, TokenConstraints
 from verispec.errors import InvalidParameterError
-from verispec.sampling import SamplingParams, process_logits
+from verispec.spec.sampling import SamplingParams, process_logits
 
 EOS = 7
 

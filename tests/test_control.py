@@ -2,19 +2,18 @@
 
 import pytest
 
-from verispec.control import (
+from verispec.spec.control import (
     OUTPUT_LENGTH_HISTORY,
     PLAIN_STEP_WINDOW,
     AcceptanceEstimate,
     ControllerConfig,
     CostModel,
-    CostModelSchedule,
-    HeuristicSchedule,
     best_draft_length,
     catch_up_pays,
     expected_tokens,
     interpolate,
 )
+from verispec.spec.schedules import CostModelSchedule, HeuristicSchedule
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ from verispec.engine import SpeculativeConfig
 from verispec.errors import InvalidParameterError
 from verispec.pipeline import DrafterOptions
 from verispec.proposers import DraftRequest
-from verispec.sampling import SamplingParams
+from verispec.spec.sampling import SamplingParams
 
 
 @pytest.mark.parametrize("method", ["draft", "tree", "auto"])

@@ -19,7 +19,7 @@ from verispec.proposers.draft_tree import DraftTreeProposer
 from verispec.runners import Runner, prefill
 from verispec.runners.gguf_runner import GGUFRunner, set_kernel_implementation
 from verispec.runners.kernels import gguf_kernels
-from verispec.sampling import SamplingParams
+from verispec.spec.sampling import SamplingParams
 
 PROMPTS = [[5, 17, 33, 2, 9], [70, 3], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20]]
 GREEDY_40 = SamplingParams(max_tokens=40)
@@ -172,7 +172,7 @@ def test_greedy_tree_speculation_equals_plain(files, num_nodes):
 
 
 def test_tree_nodes_get_the_logits_of_their_path(files):
-    from verispec.tree import TokenTree, tree_attention_mask, tree_position_ids
+    from verispec.spec.tree import TokenTree, tree_attention_mask, tree_position_ids
 
     context = PROMPTS[2]
     tree = TokenTree(token_ids=(7, 8, 9, 10, 11, 12), parents=(-1, 0, 0, 1, 1, 3))

@@ -9,7 +9,7 @@ from verispec.errors import InvalidParameterError
 from verispec.models.loading import LoadedModel
 from verispec.pipeline import DrafterOptions, SpeculativePipeline
 from verispec.runners.quantize import Int8Linear, quantize_linear_layers, quantize_rows_int8
-from verispec.sampling import SamplingParams
+from verispec.spec.sampling import SamplingParams
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ from verispec.engine import SpeculativeConfig
 from verispec.errors import ModelFetchError
 from verispec.models.store import ModelStore
 from verispec.pipeline import DEFAULT_DRAFT, DEFAULT_TARGET, SpeculativePipeline
-from verispec.sampling import SamplingParams
+from verispec.spec.sampling import SamplingParams
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from helpers import BigramRunner, default_pieces, perturbed_copy
-from verispec.control import CostModel
+from verispec.spec.control import CostModel
 from verispec.engine import SpeculativeConfig
 from verispec.errors import InvalidParameterError
 from verispec.models.loading import LoadedModel
@@ -17,7 +17,7 @@ from verispec.runners.costs import CostCache, CostCurve, choose_runner, measure_
 from verispec.runners.int8 import Int8Runner
 from verispec.runners.select import RunnerOptions, resolve_auto
 from verispec.runners.torch_runner import TransformersRunner
-from verispec.sampling import SamplingParams
+from verispec.spec.sampling import SamplingParams
 from test_quantize import VocabTokenizer
 
 

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from server_support import client, http, metric_value, reference, served  # noqa: F401
 from verispec.engine import SpeculativeConfig
-from verispec.sampling import SamplingParams
+from verispec.spec.sampling import SamplingParams
 
 MODEL = "tiny-target"
 CHAT = [{"role": "user", "content": "你好"}]

@@ -16,7 +16,7 @@ from verispec.engine import SpeculativeConfig, SpeculativeEngine
 from verispec.errors import InvalidParameterError
 from verispec.proposers import DraftRequest
 from verispec.proposers.suffix import SuffixCache, SuffixProposer, most_frequent_path
-from verispec.sampling import SamplingParams
+from verispec.spec.sampling import SamplingParams
 
 
 def request(prompt, output=()):

@@ -3,19 +3,20 @@
 import pytest
 from helpers import make_engine, single_thread  # noqa: F401 (autouse fixture)
 
-from verispec.control import (
-    ControllerConfig,
-    CostModel,
+from verispec.spec.control import ControllerConfig, CostModel, expected_tokens
+from verispec.spec.schedules import (
     CostModelSchedule,
-    expected_tokens,
+    TreeAcceptance,
+    TreeBudgetSchedule,
+    accepted_within,
+    best_tree_budget,
     make_schedule,
 )
-from verispec.control_tree import TreeAcceptance, TreeBudgetSchedule, accepted_within, best_tree_budget
 from verispec.engine import SpeculativeConfig
 from verispec.policy import make_policy
 from verispec.proposers.draft_tree import DraftTreeProposer
 from verispec.runners.torch_runner import TransformersRunner
-from verispec.sampling import SamplingParams
+from verispec.spec.sampling import SamplingParams
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,7 @@ Owns the advisor's arithmetic (expected speedup per draft length, best length, b
 acceptance rate, memory of weights and KV caches, cost per million tokens), the measurement it
 needs (a short benchmark without peers, and the target's verify-cost curve), the verdict per
 category and the equivalent settings for transformers and vLLM. The expected-tokens formula and
-the best-length search are the draft-length controller's (:mod:`verispec.control`), not a copy.
+the best-length search are the draft-length controller's (:mod:`verispec.spec.control`), not a copy.
 Knows nothing about how decoding works; it reads benchmark records.
 """
 
@@ -17,7 +17,7 @@ from typing import Sequence
 
 from verispec.bench.figures import ALL, SummaryRow
 from verispec.bench.run import VERISPEC_FAMILIES, RunRecord
-from verispec.control import CostModel, best_draft_length, expected_tokens
+from verispec.spec.control import CostModel, best_draft_length, expected_tokens
 from verispec.errors import InvalidParameterError
 from verispec.runners import Runner, prefill
 
@@ -50,7 +50,7 @@ def expected_speedup(alpha: float, num_speculative_tokens: int, step_costs: Sequ
 def best_speedup(alpha: float, step_costs: Sequence[float], coverage: float = 1.0) -> tuple[int, float]:
     """``(k, speedup)`` maximising :func:`expected_speedup` over ``k = 0 .. len(step_costs) - 1``;
     k = 0 (speedup 1) when no draft length pays. With full coverage this is
-    :func:`verispec.control.best_draft_length`."""
+    :func:`verispec.spec.control.best_draft_length`."""
     if coverage >= 1.0:
         return best_draft_length(alpha, step_costs)
     best = (0, 1.0)

@@ -23,7 +23,7 @@ import torch
 from verispec.engine import GenerationOutput, SpeculativeConfig, SpeculativeEngine
 from verispec.errors import InvalidParameterError
 from verispec.runners import Runner
-from verispec.sampling import SamplingParams, apply_penalties, logits_to_probs
+from verispec.spec.sampling import SamplingParams, apply_penalties, logits_to_probs
 
 MAX_DISAGREEMENTS_KEPT = 20
 PLAIN = SpeculativeConfig(method="none")
@@ -44,7 +44,7 @@ def target_logprobs(
     """Log-probability of each emitted token under the target's sampling distribution.
 
     One target pass over ``prompt + output[:-1]``; each row goes through the same penalties,
-    temperature, top-k and top-p as plain decoding (:func:`verispec.sampling.process_logits`).
+    temperature, top-k and top-p as plain decoding (:func:`verispec.spec.sampling.process_logits`).
     Returns float32 ``[len(output_token_ids)]`` (``-inf`` for a token outside top-k/top-p).
     Empties the runner's cache afterwards. Raises InvalidParameterError for greedy params.
     """

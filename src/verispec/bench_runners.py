@@ -27,7 +27,7 @@ from verispec.proposers.ngram import NgramProposer
 from verispec.runners.costs import measure_cost_curve, seed_cost_model
 from verispec.runners.notices import kernel_facts
 from verispec.runners.weight_cache import default_cache_dir
-from verispec.sampling import SamplingParams
+from verispec.spec.sampling import SamplingParams
 
 BENCH_RUNNERS = ("gguf", "int8", "llamacpp", "torch")
 BENCH_METHODS = ("none", "ngram", "draft", "draft-frspec", "tree", "auto")

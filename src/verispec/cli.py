@@ -24,7 +24,7 @@ from verispec.models.cli import models_app
 from verispec.pipeline import DEFAULT_DRAFT, DEFAULT_TARGET, DrafterOptions, SpeculativePipeline, peak_rss_bytes
 from verispec.runners.notices import kernel_facts, runner_label
 from verispec.runners.select import RunnerOptions
-from verispec.sampling import SamplingParams
+from verispec.spec.sampling import SamplingParams
 
 RUNNER_HELP = (
     "auto (default: gguf on a CPU when it can run the files, else the fastest by measured cost curves), "

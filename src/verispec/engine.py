@@ -22,7 +22,7 @@ from typing import Iterator, Mapping, Sequence
 import torch
 
 from verispec.constraints import GrammarCompiler, TokenConstraints, cut_draft
-from verispec.control import ControllerConfig, CostModel
+from verispec.spec.control import ControllerConfig, CostModel
 from verispec.errors import ContextLengthError, InvalidParameterError
 from verispec.metrics import RequestMetrics
 from verispec.output import Detokenizer, OutputBuilder
@@ -40,9 +40,9 @@ from verispec.request import (  # re-exported: the engine's public types
 )
 from verispec.request_state import RequestState, Slot  # re-exported
 from verispec.runners import ForwardCall, Runner, forward_batch
-from verispec.sampling import SamplingParams, process_logits, token_logprobs
-from verispec.tree import tree_attention_mask, tree_position_ids
-from verispec.verify_step import pick_token, verify_chain, verify_tree
+from verispec.spec.sampling import SamplingParams, process_logits, token_logprobs
+from verispec.spec.tree import tree_attention_mask, tree_position_ids
+from verispec.spec.step import pick_token, verify_chain, verify_tree
 
 __all__ = [
     "MAX_SPECULATIVE_TOKENS", "METHODS", "GenerationOutput", "RequestState", "Slot", "SpeculativeConfig",
@@ -186,7 +186,7 @@ class SpeculativeEngine:
         """Generate, yielding a chunk per target pass; the last chunk carries the output.
 
         A batch of one through :meth:`step`. Greedy output is token-identical to plain greedy
-        decoding; sampled output has the target's distribution (see :mod:`verispec.verify`).
+        decoding; sampled output has the target's distribution (see :mod:`verispec.spec.verify`).
         ``learn``: the suffix drafter's cache keeps the answer, and the cost model its length
         (False for warm-ups, audits and other runs that are not users' requests).
 

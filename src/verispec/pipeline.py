@@ -19,7 +19,7 @@ import resource
 from dataclasses import dataclass
 from typing import Iterator
 
-from verispec.control import ControllerConfig
+from verispec.spec.control import ControllerConfig
 from verispec.engine import GenerationOutput, SpeculativeConfig, SpeculativeEngine, StreamChunk
 from verispec.errors import InvalidParameterError
 from verispec.models.compat import check_draft_compatibility
@@ -32,7 +32,7 @@ from verispec.runners.quantize import quantize_linear_layers
 from verispec.runners.costs import seed_cost_model
 from verispec.progress import announce_slow
 from verispec.runners.select import RunnerOptions, auto_file_runner, build_runners, cached_auto_choice, cached_curve
-from verispec.sampling import SamplingParams
+from verispec.spec.sampling import SamplingParams
 
 # --draft-quantization: the runner each one needs (None: any); "gguf" ones are re-quantizations the
 # gguf runner applies as it loads (auto picks one when the runner is gguf)

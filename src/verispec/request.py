@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from verispec.control import SCHEDULES
+from verispec.spec.schedules import SCHEDULES
 from verispec.errors import InvalidParameterError
 from verispec.metrics import RequestMetrics
 
@@ -31,8 +31,8 @@ class SpeculativeConfig:
         schedule: ``"constant"``, ``"heuristic"`` (+2 after a full accept, -1 otherwise) or
             ``"cost"`` (the k maximising expected tokens per unit of measured time; may switch
             speculation off; for ``tree``, the node budget maximising the realised accepted
-            length per unit time, also switching off: :class:`verispec.control_tree.TreeBudgetSchedule`);
-            see :mod:`verispec.control`.
+            length per unit time, also switching off: :class:`verispec.spec.schedules.TreeBudgetSchedule`);
+            see :mod:`verispec.spec.control`.
         draft_stop_threshold: a model drafter stops drafting once its own top probability for
             the token it just drafted is below this, in [0, 1); 0 disables.
     Raises:
@@ -63,7 +63,7 @@ class GenerationOutput:
 
     ``token_sources`` ``[output_tokens]``: for each output token, the drafter whose accepted
     draft token it was, or ``"target"`` (first token, recovered and bonus tokens, plain steps).
-    ``logprobs`` ``[output_tokens]``: each token's :class:`~verispec.sampling.TokenLogprob`
+    ``logprobs`` ``[output_tokens]``: each token's :class:`~verispec.spec.sampling.TokenLogprob`
     when the request asked (``SamplingParams.logprobs``), else None; ``prompt_logprobs``
     ``[prompt_tokens - 1]`` likewise for the prompt's tokens after the first.
     """

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from verispec.engine import RequestState, Slot, SpeculativeConfig, SpeculativeEngine, StreamChunk
 from verispec.errors import InvalidParameterError
-from verispec.sampling import SamplingParams
+from verispec.spec.sampling import SamplingParams
 
 DEFAULT_MAX_NUM_SEQS = 8
 

@@ -17,7 +17,7 @@ import torch
 
 from verispec.engine import GenerationOutput
 from verispec.metrics import RequestMetrics, RequestTimes, SpecDecodeStats
-from verispec.sampling import SamplingParams
+from verispec.spec.sampling import SamplingParams
 
 TRANSFORMERS_METHODS = ("plain", "assisted", "prompt-lookup")
 ASSISTED_DEFAULTS = {"num_assistant_tokens": 20, "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.4}

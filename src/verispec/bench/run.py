@@ -23,7 +23,7 @@ from verispec.errors import InvalidParameterError
 from verispec.models.loading import load_model
 from verispec.pipeline import SpeculativePipeline, peak_rss_bytes
 from verispec.runners.notices import kernel_facts
-from verispec.sampling import SamplingParams
+from verispec.spec.sampling import SamplingParams
 
 REFERENCE_RUNNER = "verispec:none"  # results written before runners were named by kind
 VERISPEC_FAMILIES = ("verispec", "gguf", "int8", "llamacpp", "torch")  # verispec's engine on each runner

@@ -8,39 +8,13 @@ Knows nothing about verification or about the target model.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 import torch
-from torch import Tensor
 
-from verispec.sampling import SamplingParams
-from verispec.tree import TokenTree
-
-
-@dataclass
-class DraftOutput:
-    """Tokens proposed for one verify step.
-
-    Attributes:
-        draft_token_ids: ``[num_draft_tokens]`` proposed continuation of the context.
-        draft_probs: ``[num_draft_tokens, vocab]`` float32, the distribution each token was drawn
-            from (after the same penalties/temperature/top-k/top-p as the target). None for
-            greedy requests and for deterministic drafters (treated as one-hot).
-        tree: set by tree drafters: the whole token tree (root = last context token);
-            ``draft_token_ids`` then lists its nodes below the root, in tree order.
-    """
-
-    draft_token_ids: list[int] = field(default_factory=list)
-    draft_probs: Tensor | None = None
-    tree: TokenTree | None = None
-
-    @classmethod
-    def of_tree(cls, tree: TokenTree) -> DraftOutput:
-        """A deterministic tree as a draft: its nodes below the root; empty for the root alone."""
-        if tree.num_nodes == 1:
-            return cls()
-        return cls(draft_token_ids=list(tree.token_ids[1:]), tree=tree)
+from verispec.spec.sampling import SamplingParams
+from verispec.spec.draft import DraftOutput  # re-exported: what every drafter returns
 
 
 @dataclass

@@ -13,7 +13,7 @@ import torch
 
 from verispec.proposers import DraftCacheSequences, DraftOutput, DraftRequest
 from verispec.runners import ForwardCall, Runner, forward_batch
-from verispec.sampling import ProcessedRows, process_logits, sample_from
+from verispec.spec.sampling import ProcessedRows, process_logits, sample_from
 
 
 class DraftModelProposer(DraftCacheSequences):

@@ -14,7 +14,7 @@ from typing import Sequence
 
 from verispec.errors import InvalidParameterError
 from verispec.proposers import DraftOutput, DraftRequest
-from verispec.tree import TokenTree
+from verispec.spec.tree import TokenTree
 
 MAX_OCCURRENCES = 4  # most recent occurrences the index keeps per n-gram (tree branches come from them)
 
@@ -241,7 +241,7 @@ class NgramTreeProposer:
     token tree (drafter name ``"ngram-tree"``). Shares the wrapped proposer's index.
 
     The tree is a deterministic function of the context, so every child is a one-hot candidate
-    and :func:`verispec.tree.tree_rejection_sample` keeps sampling exact.
+    and :func:`verispec.spec.tree.tree_rejection_sample` keeps sampling exact.
     """
 
     def __init__(self, ngram: NgramProposer) -> None:

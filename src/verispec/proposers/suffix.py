@@ -22,7 +22,7 @@ from typing import Sequence
 from verispec.errors import InvalidParameterError
 from verispec.proposers import DraftOutput, DraftRequest
 from verispec.proposers.ngram import NgramIndex, NgramProposer, copy_continuation, ngram_tree
-from verispec.tree import TokenTree
+from verispec.spec.tree import TokenTree
 
 DEFAULT_MAX_TOKENS = 65_536  # tokens of past requests kept (the index costs up to ~2-3 KB a token)
 

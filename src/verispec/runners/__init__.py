@@ -60,7 +60,7 @@ class ForwardCall:
         num_logits: rows returned, the last ones (None: all; 0: none, e.g. a prefill chunk
             that is not the prompt's last).
         position_ids, attention_mask: set for a token tree (``forward_tree``'s arguments,
-            :mod:`verispec.tree`), None for a chain.
+            :mod:`verispec.spec.tree`), None for a chain.
     """
 
     runner: Runner

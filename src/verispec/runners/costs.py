@@ -22,7 +22,7 @@ from typing import Mapping, Sequence
 
 import torch
 
-from verispec.control import CostModel, expected_tokens, interpolate
+from verispec.spec.control import CostModel, expected_tokens, interpolate
 from verispec.runners import Runner
 
 COST_KS = (1, 2, 4, 8, 16)

@@ -102,7 +102,7 @@ class Int8Runner:
 
     @torch.inference_mode()
     def forward_tree(self, token_ids: Sequence[int], position_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        """Score a token tree in one pass (layout: :mod:`verispec.tree`).
+        """Score a token tree in one pass (layout: :mod:`verispec.spec.tree`).
 
         Args:
             token_ids: ``[num_nodes]`` in topological order; node i goes to cache slot

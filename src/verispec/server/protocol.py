@@ -1,7 +1,7 @@
 """Translation between the OpenAI wire format and the library: requests in, payloads out.
 
 Owns: OpenAI's error shape (:class:`APIError`), turning a validated request into prompt token
-ids, :class:`~verispec.sampling.SamplingParams` and a
+ids, :class:`~verispec.spec.sampling.SamplingParams` and a
 :class:`~verispec.engine.SpeculativeConfig` (library errors become 400s), and building
 response bodies, stream chunks and usage from a :class:`~verispec.engine.GenerationOutput`.
 Knows nothing about routes, queues or threads.
@@ -18,7 +18,7 @@ from verispec.constraints import StructuredOutput
 from verispec.engine import SpeculativeConfig
 from verispec.errors import InvalidParameterError, VerispecError
 from verispec.metrics import RequestMetrics
-from verispec.sampling import SamplingParams
+from verispec.spec.sampling import SamplingParams
 from verispec.server import tools
 from verispec.server.schemas import (
     ChatCompletionRequest,

@@ -26,7 +26,7 @@ from verispec.audit import QualityAuditor
 from verispec.engine import SpeculativeConfig, SpeculativeEngine, StreamChunk
 from verispec.errors import VerispecError
 from verispec.runners.openmp import release_thread_pool
-from verispec.sampling import SamplingParams
+from verispec.spec.sampling import SamplingParams
 from verispec.scheduler import ScheduledRequest, Scheduler
 from verispec.server.prom import ServerMetrics
 

@@ -1,17 +1,20 @@
-"""Node-budget control for token trees: how many nodes the next tree should have.
+"""Draft-length and node-budget schedules: how many tokens (or tree nodes) to draft next.
 
-Owns the tree counterpart of :mod:`verispec.control`'s draft-length choice: the realised
-accepted length per node budget (:class:`TreeAcceptance`), the budget maximising tokens per unit
-of measured time (:func:`best_tree_budget`) and the ``cost`` schedule of tree drafters
-(:class:`TreeBudgetSchedule`). Knows nothing about models or tokens: it sees node indices,
-counts and the costs :class:`verispec.control.CostModel` measured.
+The schedules users choose between (:data:`SCHEDULES`: constant, heuristic, cost model), built on
+the estimates of :mod:`verispec.spec.control`, and the tree counterpart of the draft-length choice:
+the realised accepted length per node budget (:class:`TreeAcceptance`), the budget maximising
+tokens per unit of measured time (:func:`best_tree_budget`) and the ``cost`` schedule of tree
+drafters (:class:`TreeBudgetSchedule`). Knows nothing about models or tokens: it sees node
+indices, counts and the costs :class:`verispec.spec.control.CostModel` measured.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Protocol, Sequence
 
-from verispec.control import ControllerConfig, CostModel, expected_tokens
+from verispec.spec.control import AcceptanceEstimate, ControllerConfig, CostModel, best_draft_length, expected_tokens
+
+SCHEDULES = ("constant", "heuristic", "cost")
 
 
 def best_tree_budget(accepted_lengths: Sequence[float], step_costs: Sequence[float]) -> tuple[int, float]:
@@ -129,3 +132,122 @@ class TreeBudgetSchedule:
 
     def observe_tree(self, num_nodes: int, accepted_nodes: Sequence[int]) -> None:
         self.acceptance.update(num_nodes, accepted_nodes)
+
+
+class DraftLengthSchedule(Protocol):
+    def next_k(self, batch_size: int = 1) -> int:
+        """Draft length for the next step, ``0 .. max``; 0 means a plain decoding step.
+        ``batch_size``: decoding requests in the pass it joins (:meth:`CostModel.step_costs`)."""
+        ...
+
+    def update(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        """Feedback after verification of a draft produced with this schedule."""
+        ...
+
+
+class ConstantSchedule:
+    """Always the same draft length (transformers ``num_assistant_tokens_schedule="constant"``)."""
+
+    def __init__(self, num_speculative_tokens: int) -> None:
+        self.k = num_speculative_tokens
+
+    def next_k(self, batch_size: int = 1) -> int:
+        return self.k
+
+    def update(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        pass
+
+
+class HeuristicSchedule:
+    """+2 after a fully accepted draft, -1 otherwise, within ``[1, max_k]``; starts at ``max_k``.
+
+    (transformers ``num_assistant_tokens_schedule="heuristic"``, capped here.)
+    """
+
+    def __init__(self, max_k: int) -> None:
+        self.max_k = max_k
+        self.k = max_k
+
+    def next_k(self, batch_size: int = 1) -> int:
+        return self.k
+
+    def update(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        if num_draft_tokens == 0:
+            return
+        step = 2 if num_accepted_tokens == num_draft_tokens else -1
+        self.k = min(self.max_k, max(1, self.k + step))
+
+
+class CostModelSchedule:
+    """Draft length maximising expected tokens per unit time (:func:`best_draft_length`).
+
+    Uses the request's acceptance estimate and the engine's measured costs. Until the drafter
+    and the target have been timed it drafts ``max_k`` tokens (which times them). When the best
+    k is 0 it drafts nothing, and after ``probe_interval`` such steps drafts ``probe_length``
+    tokens once, so the acceptance estimate can recover. A fully accepted probe is followed by
+    one more in the next step (never more: then the cost model decides again): back-to-back
+    drafting is what re-measures the drafter's steady-state cost (an isolated probe also pays
+    for catching up on the skipped tokens).
+
+    In a batch (``batch_size`` > 1) a switched-off drafter is not probed: a probe of a model
+    drafter first feeds it every token it skipped (the whole prompt, the first time), a cost
+    the whole batch waits for and the cost model does not see; the estimate is probed again once
+    the request runs alone, or drafts as soon as the batch shrinks enough for the prediction.
+    """
+
+    def __init__(
+        self, drafter: str, max_k: int, alpha: AcceptanceEstimate, costs: CostModel, config: ControllerConfig
+    ) -> None:
+        self.drafter, self.max_k, self.alpha, self.costs, self.config = drafter, max_k, alpha, costs, config
+        self.num_steps_off = 0
+        self.last_predicted_speedup: float | None = None
+        self._probing: str | None = None  # the last k handed out: "probe", "follow-up" or None
+        self._follow_up = False  # the last probe was fully accepted: probe again next step
+
+    def next_k(self, batch_size: int = 1) -> int:
+        step_costs = self.costs.step_costs(self.drafter, self.max_k, batch_size)
+        if step_costs is None:
+            return self.max_k
+        k, self.last_predicted_speedup = best_draft_length(self.alpha.alpha, step_costs)
+        self._probing = None
+        if k > 0:
+            self.num_steps_off = 0
+            return k
+        if batch_size > 1 and not self._follow_up:
+            return 0  # no probes in a batch (see the class docstring)
+        if not self._follow_up:
+            self.num_steps_off += 1
+        if self._follow_up or self.num_steps_off > self.config.probe_interval:
+            self._probing = "follow-up" if self._follow_up else "probe"
+            self.num_steps_off, self._follow_up = 0, False
+            return min(self.config.probe_length, self.max_k)
+        return 0
+
+    def update(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        """Only probes matter here; the acceptance estimate is updated by the policy."""
+        self._follow_up = self._probing == "probe" and 0 < num_draft_tokens == num_accepted_tokens
+
+
+def make_schedule(
+    name: str,
+    drafter: str,
+    max_k: int,
+    alpha: AcceptanceEstimate,
+    costs: CostModel,
+    config: ControllerConfig,
+    tree: bool = False,
+) -> DraftLengthSchedule:
+    """The schedule called ``name`` (one of :data:`SCHEDULES`); ValueError otherwise.
+
+    ``tree``: the drafter proposes token trees, so ``cost`` picks a node budget
+    (:class:`TreeBudgetSchedule`); the other schedules treat the budget like a draft length.
+    """
+    if name == "constant":
+        return ConstantSchedule(max_k)
+    if name == "heuristic":
+        return HeuristicSchedule(max_k)
+    if name == "cost" and tree:
+        return TreeBudgetSchedule(drafter, max_k, costs, config)
+    if name == "cost":
+        return CostModelSchedule(drafter, max_k, alpha, costs, config)
+    raise ValueError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULES)}")

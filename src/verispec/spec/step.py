@@ -1,6 +1,6 @@
 """One request's verification of one target pass: the rows processed as plain decoding would
 process them (penalties, temperature, top-k/top-p), then greedy or rejection verification of the
-chain or the tree (:mod:`verispec.verify`, :mod:`verispec.tree`). Knows nothing about runners,
+chain or the tree (:mod:`verispec.spec.verify`, :mod:`verispec.spec.tree`). Knows nothing about runners,
 caches or batching.
 """
 
@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import torch
 
-from verispec.proposers import DraftOutput
-from verispec.sampling import ProcessedRows, SamplingParams, process_logits, sample_from
-from verispec.tree import TokenTree, TreeVerifyResult, greedy_tree_verify, tree_rejection_sample
-from verispec.verify import VerifyResult, greedy_verify, pad_vocab, rejection_sample
+from verispec.spec.draft import DraftOutput
+from verispec.spec.sampling import ProcessedRows, SamplingParams, process_logits, sample_from
+from verispec.spec.tree import TokenTree, TreeVerifyResult, greedy_tree_verify, tree_rejection_sample
+from verispec.spec.verify import VerifyResult, greedy_verify, pad_vocab, rejection_sample
 
 
 def pick_token(rows: ProcessedRows, generator: torch.Generator) -> int:

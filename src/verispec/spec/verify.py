@@ -13,7 +13,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from verispec.sampling import sample_from
+from verispec.spec.sampling import sample_from
 
 
 @dataclass(frozen=True)
