@@ -33,9 +33,9 @@ import time
 from pathlib import Path
 
 from verispec.engine import SpeculativeEngine
-from verispec.pipeline import SpeculativePipeline
+from verispec.engine.loader import SpeculativePipeline
 from verispec.proposers.suffix import SuffixCache, SuffixProposer
-from verispec.request import SpeculativeConfig
+from verispec.engine.request import SpeculativeConfig
 from verispec.runners.select import RunnerOptions
 from verispec.spec.sampling import SamplingParams
 

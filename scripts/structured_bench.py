@@ -20,9 +20,9 @@ from pathlib import Path
 
 import jsonschema
 
-from verispec.constraints import StructuredOutput
+from verispec.engine.constraints import StructuredOutput
 from verispec.engine import SpeculativeConfig
-from verispec.pipeline import SpeculativePipeline
+from verispec.engine.loader import SpeculativePipeline
 from verispec.runners.select import RunnerOptions
 from verispec.spec.sampling import SamplingParams
 

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from verispec.engine import SpeculativeConfig
-from verispec.pipeline import SpeculativePipeline
+from verispec.engine.loader import SpeculativePipeline
 from verispec.proposers.datastore import Datastore
 from verispec.proposers.suffix import SuffixCache
 from verispec.runners.select import RunnerOptions

@@ -26,7 +26,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from verispec.models.loading import LoadedModel
-from verispec.pipeline import SpeculativePipeline
+from verispec.engine.loader import SpeculativePipeline
 from verispec.server import create_app
 
 CYCLE_TEXT = "Hello 你好🙂世界é!"

@@ -8,7 +8,7 @@ from helpers import BigramRunner, CharTokenizer, chain_table, make_engine, singl
 from verispec.spec.control import ControllerConfig, CostModel
 from verispec.engine import SpeculativeConfig, SpeculativeEngine
 from verispec.errors import InvalidParameterError
-from verispec.policy import drafter_order
+from verispec.engine.policy import drafter_order
 from verispec.proposers.draft_model import DraftModelProposer
 from verispec.proposers.layer_skip import LayerSkipProposer
 from verispec.spec.sampling import SamplingParams

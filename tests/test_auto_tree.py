@@ -5,7 +5,7 @@ from helpers import make_engine, single_thread  # noqa: F401 (autouse fixture)
 
 from verispec.spec.control import ControllerConfig, CostModel
 from verispec.engine import SpeculativeConfig
-from verispec.policy import DraftPolicy, drafter_order
+from verispec.engine.policy import DraftPolicy, drafter_order
 from verispec.proposers import DraftOutput
 from verispec.proposers.draft_tree import DraftTreeProposer
 from verispec.runners.torch_runner import TransformersRunner

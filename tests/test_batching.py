@@ -19,7 +19,7 @@ from verispec.runners.gguf_runner import GGUFRunner
 from verispec.runners.int8 import Int8Runner
 from verispec.runners.torch_runner import TransformersRunner
 from verispec.spec.sampling import SamplingParams
-from verispec.scheduler import Scheduler
+from verispec.engine.scheduler import Scheduler
 from verispec.spec.tree import TokenTree, tree_attention_mask, tree_position_ids
 
 PIECES = CharTokenizer(default_pieces(VOCAB))

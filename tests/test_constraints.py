@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from server_support import build_tokenizer
-from verispec.constraints import GrammarCompiler, StructuredOutput, TokenConstraints
+from verispec.engine.constraints import GrammarCompiler, StructuredOutput, TokenConstraints
 from verispec.errors import InvalidParameterError
 from verispec.spec.sampling import SamplingParams, process_logits
 

@@ -8,7 +8,7 @@ import pytest
 from test_batching import PROMPTS, gguf_engine, gguf_files  # noqa: F401
 from verispec.engine import SpeculativeConfig
 from verispec.errors import InvalidParameterError
-from verispec.pipeline import DrafterOptions
+from verispec.engine.loader import DrafterOptions
 from verispec.proposers import DraftRequest
 from verispec.spec.sampling import SamplingParams
 

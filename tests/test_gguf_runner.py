@@ -248,7 +248,7 @@ def test_other_architectures_are_refused(tmp_path):
 
 
 def test_pipeline_auto_runs_gguf_files_on_the_gguf_runner(files, tmp_path, monkeypatch):
-    from verispec.pipeline import SpeculativePipeline
+    from verispec.engine.loader import SpeculativePipeline
 
     monkeypatch.setenv("VERISPEC_HOME", str(tmp_path))
     pipe = SpeculativePipeline.load(str(files["target"]), str(files["partial"]))
@@ -262,7 +262,7 @@ def test_pipeline_auto_runs_gguf_files_on_the_gguf_runner(files, tmp_path, monke
 
 @pytest.mark.parametrize("quantization, draft_head", [("auto", T.IQ4_NL), ("q4_0", T.Q4_0), ("iq4_nl", T.IQ4_NL), ("none", T.Q6_K)])
 def test_pipeline_with_a_q4_0_draft_gives_plain_output(files, tmp_path, monkeypatch, quantization, draft_head):
-    from verispec.pipeline import DrafterOptions, SpeculativePipeline
+    from verispec.engine.loader import DrafterOptions, SpeculativePipeline
 
     monkeypatch.setenv("VERISPEC_HOME", str(tmp_path))
     pipe = SpeculativePipeline.load(str(files["target"]), str(files["partial"]), drafters=DrafterOptions(draft_quantization=quantization))
@@ -281,7 +281,7 @@ def test_pipeline_with_a_q4_0_draft_gives_plain_output(files, tmp_path, monkeypa
     [("torch", "q4_0", "needs --runner gguf"), ("gguf", "int8", "needs --runner torch")],
 )
 def test_draft_quantization_on_the_wrong_runner_is_refused(files, tmp_path, monkeypatch, runner_kind, quantization, message):
-    from verispec.pipeline import DrafterOptions, SpeculativePipeline
+    from verispec.engine.loader import DrafterOptions, SpeculativePipeline
     from verispec.runners.select import RunnerOptions
 
     monkeypatch.setenv("VERISPEC_HOME", str(tmp_path))

@@ -8,7 +8,7 @@ from helpers import BigramTreeRunner, CharTokenizer, make_engine, single_thread 
 from test_engine import sequence_distribution
 
 from verispec.engine import SpeculativeConfig, SpeculativeEngine
-from verispec.policy import drafter_order
+from verispec.engine.policy import drafter_order
 from verispec.proposers import DraftRequest
 from verispec.proposers.draft_tree import DraftTreeProposer
 from verispec.proposers.ngram import (

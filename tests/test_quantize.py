@@ -7,7 +7,7 @@ from helpers import CharTokenizer, default_pieces, make_engine, perturbed_copy, 
 from verispec.engine import SpeculativeConfig
 from verispec.errors import InvalidParameterError
 from verispec.models.loading import LoadedModel
-from verispec.pipeline import DrafterOptions, SpeculativePipeline
+from verispec.engine.loader import DrafterOptions, SpeculativePipeline
 from verispec.runners.quantize import Int8Linear, quantize_linear_layers, quantize_rows_int8
 from verispec.spec.sampling import SamplingParams
 

@@ -25,7 +25,7 @@ from gguf_models import perturbed_copy, write_gguf_model
 from server_support import LiveServer, wait_ready
 from verispec.cli import app
 from verispec.errors import InvalidParameterError
-from verispec.pipeline import SpeculativePipeline
+from verispec.engine.loader import SpeculativePipeline
 from verispec.runners.select import RunnerOptions
 from verispec.server import ServerConfig, create_app
 from verispec.server.replicas import REPLICA_HEADER, ReplicaSpec, ScalingOptions, merge_expositions
@@ -90,7 +90,7 @@ def test_an_engine_that_keeps_failing_or_hangs_reports_itself_unhealthy():
     import asyncio
 
     from server_support import tiny_pipeline
-    from verispec.request import SpeculativeConfig
+    from verispec.engine.request import SpeculativeConfig
     from verispec.spec.sampling import SamplingParams
     from verispec.server.prom import ServerMetrics
     from verispec.server.worker import MAX_CONSECUTIVE_ERRORS, EngineWorker, Job

@@ -12,7 +12,7 @@ from verispec.spec.control import CostModel
 from verispec.engine import SpeculativeConfig
 from verispec.errors import InvalidParameterError
 from verispec.models.loading import LoadedModel
-from verispec.pipeline import SpeculativePipeline
+from verispec.engine.loader import SpeculativePipeline
 from verispec.runners.costs import CostCache, CostCurve, choose_runner, measure_cost_curve, seed_cost_model
 from verispec.runners.int8 import Int8Runner
 from verispec.runners.select import RunnerOptions, resolve_auto

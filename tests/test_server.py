@@ -248,7 +248,7 @@ def kernel_info(text: str) -> tuple[dict, float]:
 
 def test_metrics_name_the_runner_and_its_kernels(served, reference, tmp_path, monkeypatch):
     from gguf_models import write_gguf_model
-    from verispec.pipeline import SpeculativePipeline
+    from verispec.engine.loader import SpeculativePipeline
     from verispec.runners.int8_ops import default_kernel
     from verispec.runners.kernels import gguf_kernels, kernel_isa
     from verispec.runners.select import RunnerOptions

@@ -13,7 +13,7 @@ from verispec.spec.schedules import (
     make_schedule,
 )
 from verispec.engine import SpeculativeConfig
-from verispec.policy import make_policy
+from verispec.engine.policy import make_policy
 from verispec.proposers.draft_tree import DraftTreeProposer
 from verispec.runners.torch_runner import TransformersRunner
 from verispec.spec.sampling import SamplingParams

@@ -10,7 +10,7 @@ from test_cli import checkpoints, runner  # noqa: F401 (fixture)
 from verispec.cli import app
 from verispec.engine import SpeculativeConfig
 from verispec.errors import InvalidParameterError
-from verispec.pipeline import DrafterOptions
+from verispec.engine.loader import DrafterOptions
 from verispec.proposers import DraftRequest
 from verispec.proposers.draft_tree import DraftTreeProposer, validate_tree_choices
 from verispec.runners.torch_runner import TransformersRunner

@@ -21,7 +21,7 @@ from verispec.errors import InvalidParameterError, VerispecError
 from verispec.generate_stats import plain_comparison, stats_table
 from verispec.datastore_cli import datastore_app
 from verispec.models.cli import models_app
-from verispec.pipeline import DEFAULT_DRAFT, DEFAULT_TARGET, DrafterOptions, SpeculativePipeline, peak_rss_bytes
+from verispec.engine.loader import DEFAULT_DRAFT, DEFAULT_TARGET, DrafterOptions, SpeculativePipeline, peak_rss_bytes
 from verispec.runners.notices import kernel_facts, runner_label
 from verispec.runners.select import RunnerOptions
 from verispec.spec.sampling import SamplingParams

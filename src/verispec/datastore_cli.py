@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 
 from verispec.errors import VerispecError
-from verispec.pipeline import DEFAULT_TARGET
+from verispec.engine.loader import DEFAULT_TARGET
 
 datastore_app = typer.Typer(help="Static corpora for suffix drafting (REST-style retrieval).", no_args_is_help=True)
 err = Console(stderr=True)

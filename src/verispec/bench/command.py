@@ -30,7 +30,7 @@ from verispec.bench.report import (
 from verispec.bench.run import BenchConfig, as_pipelines, load_measured, memory_facts, run_bench
 from verispec.errors import InvalidParameterError
 from verispec.bench.workload import WorkloadItem
-from verispec.pipeline import SpeculativePipeline
+from verispec.engine.loader import SpeculativePipeline
 from verispec.progress import announce_slow
 from verispec.runners.notices import kernel_facts
 

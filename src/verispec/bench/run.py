@@ -21,7 +21,7 @@ from verispec.bench.workload import WorkloadItem
 from verispec.engine import METHODS, GenerationOutput, SpeculativeConfig, SpeculativeEngine
 from verispec.errors import InvalidParameterError
 from verispec.models.loading import load_model
-from verispec.pipeline import SpeculativePipeline, peak_rss_bytes
+from verispec.engine.loader import SpeculativePipeline, peak_rss_bytes
 from verispec.runners.notices import kernel_facts
 from verispec.spec.sampling import SamplingParams
 

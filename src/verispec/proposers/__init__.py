@@ -23,7 +23,7 @@ class DraftRequest:
 
     ``draft_stop_threshold``: a drafter with probabilities stops after a token whose own top
     probability is below this (draft-side early stop); 0 disables. ``constraints``: the
-    request's token masks (:class:`verispec.constraints.TokenConstraints`), which a model
+    request's token masks (:class:`verispec.engine.constraints.TokenConstraints`), which a model
     drafter applies to its own rows (:meth:`allowed_after`) so it drafts what the target may emit.
     """
 

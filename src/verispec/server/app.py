@@ -29,7 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from verispec.audit import QualityAuditor
 from verispec.engine import SpeculativeConfig
 from verispec.errors import InvalidParameterError
-from verispec.pipeline import peak_rss_bytes
+from verispec.engine.loader import peak_rss_bytes
 from verispec.runners.notices import kernel_facts
 from verispec.server import logprobs, protocol
 from verispec.server.limits import BodyLimitMiddleware, validation_error
@@ -68,7 +68,7 @@ class ServerConfig:
         max_num_seqs: requests batched into one target pass (continuous batching); None: 8
             where the runners can hold several sequences, else 1.
         max_kv_tokens: KV-cache positions the running requests may reserve together; a
-            request that does not fit waits (:class:`verispec.scheduler.Scheduler`).
+            request that does not fit waits (:class:`verispec.engine.scheduler.Scheduler`).
         suffix_cache: a file holding the suffix drafter's cache of past requests: loaded at
             start when it exists, written at shutdown (:class:`verispec.proposers.suffix.SuffixCache`).
     """
@@ -112,7 +112,7 @@ class _State:
 
 
 def create_app(pipeline, config: ServerConfig | None = None, *, metrics_exposition=None, **options) -> FastAPI:
-    """The FastAPI app serving ``pipeline`` (a loaded :class:`~verispec.pipeline.SpeculativePipeline`).
+    """The FastAPI app serving ``pipeline`` (a loaded :class:`~verispec.engine.loader.SpeculativePipeline`).
 
     ``options`` override fields of ``config`` (e.g. ``create_app(pipe, api_key="k", max_queue=4)``).
     ``metrics_exposition``: an async callable returning the Prometheus text ``/metrics`` serves

@@ -14,7 +14,7 @@ import time
 import uuid
 from typing import Any, Sequence
 
-from verispec.constraints import StructuredOutput
+from verispec.engine.constraints import StructuredOutput
 from verispec.engine import SpeculativeConfig
 from verispec.errors import InvalidParameterError, VerispecError
 from verispec.metrics import RequestMetrics

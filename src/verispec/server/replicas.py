@@ -45,7 +45,7 @@ class ReplicaSpec:
 
     Attributes:
         target, draft: model references as the CLI takes them (draft None: plain decoding).
-        dtype, runner: as :meth:`verispec.pipeline.SpeculativePipeline.load`.
+        dtype, runner: as :meth:`verispec.engine.loader.SpeculativePipeline.load`.
         config: the server options of each replica (:class:`ServerConfig`; its ``suffix_cache``
             must be None: replicas would overwrite one file).
         max_num_batched_tokens: chunked-prefill tokens per pass (the engine's).
@@ -223,7 +223,7 @@ def replica_app(spec: ReplicaSpec, replica_id: str, merged_metrics=None):
 
     Raises what :meth:`SpeculativePipeline.load` and :func:`create_app` raise.
     """
-    from verispec.pipeline import SpeculativePipeline
+    from verispec.engine.loader import SpeculativePipeline
     from verispec.runners.select import RunnerOptions
     from verispec.server.app import create_app
 
@@ -337,7 +337,7 @@ def serve_replicas_command(err, *, target: str, draft: str | None, dtype: str, r
     machine, a damaged datastore) before Ray starts, then serves. Returns the exit code: 0, or
     2 after printing the error on ``err`` (a rich console)."""
     from verispec.models.store import ModelStore
-    from verispec.request import SpeculativeConfig
+    from verispec.engine.request import SpeculativeConfig
 
     try:
         import_serve()

@@ -14,7 +14,7 @@ import re
 import uuid
 from typing import Any, Sequence
 
-from verispec.constraints import JSON_OPTIONS, StructuredOutput
+from verispec.engine.constraints import JSON_OPTIONS, StructuredOutput
 
 TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 

@@ -2,7 +2,7 @@
 
 HTTP handlers put a :class:`Job` in a bounded FIFO queue (full -> :class:`QueueFullError`, a
 429) and read the job's events from an asyncio queue that this thread fills through the event
-loop. Each turn the thread moves queued jobs into the :class:`verispec.scheduler.Scheduler`
+loop. Each turn the thread moves queued jobs into the :class:`verispec.engine.scheduler.Scheduler`
 while it has free sequences (continuous batching: a new request joins at the next pass), drops
 jobs whose client went away (a queued job is skipped, a running one's slot is freed at once),
 and runs one target pass over all running requests. On a batch-invariant runner a request's
@@ -27,7 +27,7 @@ from verispec.engine import SpeculativeConfig, SpeculativeEngine, StreamChunk
 from verispec.errors import VerispecError
 from verispec.runners.openmp import release_thread_pool
 from verispec.spec.sampling import SamplingParams
-from verispec.scheduler import ScheduledRequest, Scheduler
+from verispec.engine.scheduler import ScheduledRequest, Scheduler
 from verispec.server.prom import ServerMetrics
 
 log = logging.getLogger("verispec.server")
@@ -89,7 +89,7 @@ class EngineWorker:
             run on ``engine`` while nothing runs or waits, one per idle turn. None: no audits.
         max_num_seqs: requests in one pass; None: 8 where the engine can batch, else 1.
         max_kv_tokens: KV-cache positions the running requests may reserve together
-            (:class:`verispec.scheduler.Scheduler`); None: ``max_num_seqs`` context windows.
+            (:class:`verispec.engine.scheduler.Scheduler`); None: ``max_num_seqs`` context windows.
     Raises:
         InvalidParameterError: ``max_num_seqs`` > 1 on an engine that cannot batch, or an
             impossible budget.

@@ -47,7 +47,7 @@ class SamplingParams:
         logprobs: None, or the number of most likely alternatives (0..20) to report with each
             output token's log-probability (:func:`token_logprobs`).
         structured_output: the grammar the output must follow
-            (:class:`verispec.constraints.StructuredOutput`), or None.
+            (:class:`verispec.engine.constraints.StructuredOutput`), or None.
         prompt_logprobs: None, or alternatives per prompt token: each prompt token after the
             first gets its raw log-probability (no penalties or masks) from the prefill's rows.
 
@@ -233,7 +233,7 @@ def process_logits(
     """The one path from raw logits to what a decoder needs (argmax ids or probabilities).
 
     Order: penalties (:func:`apply_penalties`), ``logit_bias``, the ``allowed`` mask (min_tokens
-    and grammar: :class:`verispec.constraints.TokenConstraints`) as ``-inf``, then greedy argmax
+    and grammar: :class:`verispec.engine.constraints.TokenConstraints`) as ``-inf``, then greedy argmax
     or temperature / top-k / top-p (:func:`logits_to_probs`). Row i is the step after
     ``output + appended[:i]``; the caller's ``allowed[i]`` must be that step's mask too.
     """

@@ -14,7 +14,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from verispec.engine import RequestState, Slot, SpeculativeConfig, SpeculativeEngine, StreamChunk
+from verispec.engine.loop import SpeculativeEngine
+from verispec.engine.request import SpeculativeConfig, StreamChunk
+from verispec.engine.state import RequestState, Slot
 from verispec.errors import InvalidParameterError
 from verispec.spec.sampling import SamplingParams
 

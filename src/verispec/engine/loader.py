@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from verispec.spec.control import ControllerConfig
-from verispec.engine import GenerationOutput, SpeculativeConfig, SpeculativeEngine, StreamChunk
+from verispec.engine.loop import SpeculativeEngine
+from verispec.engine.request import GenerationOutput, SpeculativeConfig, StreamChunk
 from verispec.errors import InvalidParameterError
 from verispec.models.compat import check_draft_compatibility
 from verispec.models.loading import LoadedModel, load_model

@@ -2,7 +2,7 @@
 
 Plain decoding is the same loop with no drafter (zero draft tokens per step), so the baseline
 and every speculative method share prefill, sampling, stops and metrics. Which drafter drafts
-and how many tokens is decided per step by a :class:`verispec.policy.DraftPolicy`. Knows nothing about
+and how many tokens is decided per step by a :class:`verispec.engine.policy.DraftPolicy`. Knows nothing about
 tokenization beyond handing token ids to :class:`verispec.output.OutputBuilder`, and nothing
 about how a runner or drafter computes.
 
@@ -21,33 +21,27 @@ from typing import Iterator, Mapping, Sequence
 
 import torch
 
-from verispec.constraints import GrammarCompiler, TokenConstraints, cut_draft
+from verispec.engine.constraints import GrammarCompiler, TokenConstraints, cut_draft
 from verispec.spec.control import ControllerConfig, CostModel
 from verispec.errors import ContextLengthError, InvalidParameterError
 from verispec.metrics import RequestMetrics
 from verispec.output import Detokenizer, OutputBuilder
-from verispec.policy import DraftStep, drafter_order, make_policy
+from verispec.engine.policy import DraftStep, drafter_order, make_policy
 from verispec.proposers import DraftRequest, Proposer, can_hold_sequences, for_new_sequence
 from verispec.proposers.draft_model import propose_batch
 from verispec.proposers.ngram import NgramProposer, NgramTreeProposer
 from verispec.proposers.suffix import SuffixCache, SuffixProposer, SuffixTreeProposer
-from verispec.request import (  # re-exported: the engine's public types
-    MAX_SPECULATIVE_TOKENS,
-    METHODS,
+from verispec.engine.request import (
     GenerationOutput,
     SpeculativeConfig,
     StreamChunk,
 )
-from verispec.request_state import RequestState, Slot  # re-exported
+from verispec.engine.state import RequestState, Slot
 from verispec.runners import ForwardCall, Runner, forward_batch
 from verispec.spec.sampling import SamplingParams, process_logits, token_logprobs
 from verispec.spec.tree import tree_attention_mask, tree_position_ids
 from verispec.spec.step import pick_token, verify_chain, verify_tree
 
-__all__ = [
-    "MAX_SPECULATIVE_TOKENS", "METHODS", "GenerationOutput", "RequestState", "Slot", "SpeculativeConfig",
-    "SpeculativeEngine", "StreamChunk",
-]
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 256  # prompt tokens per pass while others decode (vLLM's name)
 TARGET_SOURCE = "target"  # token_sources entry of a token the target chose (not a draft token)
 
@@ -440,7 +434,7 @@ class SpeculativeEngine:
     @staticmethod
     def _constrain_draft(state: RequestState, step: DraftStep) -> DraftStep:
         """The step with its chain cut where the request's constraints refuse a token
-        (:func:`verispec.constraints.cut_draft`)."""
+        (:func:`verispec.engine.constraints.cut_draft`)."""
         if not state.constraints.active:
             return step
         draft = cut_draft(state.constraints, len(state.out.token_ids), step.draft, state.params.is_greedy)

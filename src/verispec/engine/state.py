@@ -13,13 +13,13 @@ from typing import Sequence
 
 import torch
 
-from verispec.constraints import TokenConstraints
+from verispec.engine.constraints import TokenConstraints
 from verispec.metrics import RequestTimes, SpecDecodeStats
 from verispec.output import OutputBuilder
-from verispec.policy import DraftPolicy
+from verispec.engine.policy import DraftPolicy
 from verispec.proposers import Proposer
 from verispec.proposers.draft_model import batches
-from verispec.request import GenerationOutput, SpeculativeConfig
+from verispec.engine.request import GenerationOutput, SpeculativeConfig
 from verispec.runners import Runner
 from verispec.spec.sampling import SamplingParams, TokenLogprob, token_logprobs
 
