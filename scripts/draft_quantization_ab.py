@@ -12,7 +12,7 @@ plain's. Usage: ``../shared/tools/alone .venv/bin/python scripts/draft_quantizat
 import sys
 import time
 
-from verispec.bench_runners import RunnersBenchConfig, _frspec_rows, load_prompts
+from verispec.ops.bench.runner_compare import RunnersBenchConfig, _frspec_rows, load_prompts
 from verispec.engine import SpeculativeConfig, SpeculativeEngine
 from verispec.proposers.draft_model import DraftModelProposer
 from verispec.runners.costs import measure_cost_curve, seed_cost_model

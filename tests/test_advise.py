@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from helpers import BigramRunner
-from verispec.advise import (
+from verispec.ops.advise import (
     DrafterFit,
     best_speedup,
     break_even_alpha,
@@ -89,7 +89,7 @@ def test_memory_advice_budget_and_overhead():
 def test_kv_geometry_of_a_gguf_runner_comes_from_the_header(tmp_path):
     from gguf_models import write_gguf_model
 
-    from verispec.advise import kv_geometry
+    from verispec.ops.advise import kv_geometry
 
     path = write_gguf_model(tmp_path / "m.gguf", num_layers=2, heads=4, kv_heads=2)  # hidden 256: head_dim 64
     loaded = SimpleNamespace(model=None, path=path)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from helpers import make_engine
-from verispec.audit import QualityAuditor, describe_audit, first_difference, target_logprobs
+from verispec.ops.audit import QualityAuditor, describe_audit, first_difference, target_logprobs
 from verispec.engine import SpeculativeConfig
 from verispec.errors import InvalidParameterError
 from verispec.spec.sampling import SamplingParams

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from verispec.bench.workload import (
+from verispec.ops.bench.workload import (
     BUILTIN_WORKLOADS,
     WorkloadError,
     WorkloadItem,

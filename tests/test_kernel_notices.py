@@ -106,8 +106,8 @@ def test_a_cpu_without_vector_kernels_is_told_what_is_faster(monkeypatch, instal
 
 
 def test_bench_runners_names_the_kernel_path(files, tmp_path):
-    from verispec.bench.runners_table import format_table
-    from verispec.bench_runners import RunnersBenchConfig, run_runners_bench
+    from verispec.ops.bench.runners_table import format_table
+    from verispec.ops.bench.runner_compare import RunnersBenchConfig, run_runners_bench
 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "ab!c"}\n')

@@ -136,8 +136,8 @@ def test_default_runner_is_unchanged(target_model):
 
 
 def test_bench_runners_decodes_and_formats(target_model):
-    from verispec.bench.runners_table import format_table
-    from verispec.bench_runners import MethodResult, _engine, decode_all
+    from verispec.ops.bench.runners_table import format_table
+    from verispec.ops.bench.runner_compare import MethodResult, _engine, decode_all
     from helpers import CharTokenizer
 
     target = Int8Runner.from_module(target_model, max_context_length=128)
@@ -156,8 +156,8 @@ def test_bench_runners_decodes_and_formats(target_model):
 
 
 def test_bench_runners_prompts_file_errors_are_clear(tmp_path):
-    from verispec.bench.workload import WorkloadError
-    from verispec.bench_runners import load_prompts
+    from verispec.ops.bench.workload import WorkloadError
+    from verispec.ops.bench.runner_compare import load_prompts
 
     good = tmp_path / "p.jsonl"
     good.write_text('{"prompt": "def a():"}\n\n{"prompt": "def b():"}\n{"prompt": "def c():"}\n')

@@ -15,13 +15,14 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
-from verispec.audit import QualityAuditor, describe_audit
+from verispec.ops.audit import QualityAuditor, describe_audit
 from verispec.engine import SpeculativeConfig
 from verispec.errors import InvalidParameterError, VerispecError
 from verispec.generate_stats import plain_comparison, stats_table
 from verispec.datastore_cli import datastore_app
 from verispec.models.cli import models_app
-from verispec.engine.loader import DEFAULT_DRAFT, DEFAULT_TARGET, DrafterOptions, SpeculativePipeline, peak_rss_bytes
+from verispec.engine.loader import DEFAULT_DRAFT, DEFAULT_TARGET, DrafterOptions, SpeculativePipeline
+from verispec.metrics import peak_rss_bytes
 from verispec.runners.notices import kernel_facts, runner_label
 from verispec.runners.select import RunnerOptions
 from verispec.spec.sampling import SamplingParams
@@ -332,9 +333,9 @@ def bench(
     out: Optional[Path] = typer.Option(None, help="Write results.json, report.md and PNG plots into this folder."),
 ) -> None:
     """Benchmark plain decoding, every speculative method and the peers, interleaved prompt by prompt."""
-    from verispec.bench.command import available_methods, load_pipelines, print_summary, run_and_report, split
-    from verispec.bench.run import BenchConfig
-    from verispec.bench.workload import load_workload
+    from verispec.ops.bench.command import available_methods, load_pipelines, print_summary, run_and_report, split
+    from verispec.ops.bench.run import BenchConfig
+    from verispec.ops.bench.workload import load_workload
     from verispec.runners.select import RUNNERS
 
     try:
@@ -399,8 +400,8 @@ def bench_runners(
     out: Path = typer.Option(Path("bench-runners.json"), help="Where to write the JSON report."),
 ) -> None:
     """Cost curves and end-to-end tokens/s of each runner and method, beside llama.cpp's plain decoding."""
-    from verispec.bench.runners_table import format_table
-    from verispec.bench_runners import RunnersBenchConfig, run_runners_bench
+    from verispec.ops.bench.runners_table import format_table
+    from verispec.ops.bench.runner_compare import RunnersBenchConfig, run_runners_bench
 
     try:
         config = RunnersBenchConfig(
@@ -444,13 +445,13 @@ def advise(
     export_file: Optional[Path] = typer.Option(None, help="File for --export's JSON (default: stdout)."),
 ) -> None:
     """Measure α and costs on a workload sample and say whether speculation pays, per category."""
-    from verispec.advise import advise as run_advice
-    from verispec.advise_render import render
-    from verispec.bench.command import load_pipelines, progress, runs_per_prompt, split
-    from verispec.bench.run import BenchConfig
-    from verispec.bench.workload import load_workload
+    from verispec.ops.advise import advise as run_advice
+    from verispec.ops.advise_render import render
+    from verispec.ops.bench.command import load_pipelines, progress, runs_per_prompt, split
+    from verispec.ops.bench.run import BenchConfig
+    from verispec.ops.bench.workload import load_workload
 
-    from verispec.export import EXPORT_TOOLS
+    from verispec.ops.export import EXPORT_TOOLS
 
     if export is not None and export not in EXPORT_TOOLS:
         err.print(f"[red]error:[/red] --export must be one of {', '.join(EXPORT_TOOLS)}, got {export!r}", highlight=False)
@@ -479,7 +480,7 @@ def advise(
     if as_json:
         print(json.dumps(advice.to_dict()))
     if export is not None:
-        from verispec.advise_render import export_advice
+        from verispec.ops.advise_render import export_advice
 
         try:
             export_advice(advice, export, export_file, target, None if draft.lower() == "none" else draft, pipe.drafters, err)

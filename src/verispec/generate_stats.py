@@ -8,7 +8,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from verispec.engine import GenerationOutput
-from verispec.engine.loader import peak_rss_bytes
+from verispec.metrics import peak_rss_bytes
 
 
 def plain_comparison(output: GenerationOutput, plain: GenerationOutput, *, greedy: bool) -> dict:

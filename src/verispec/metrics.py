@@ -7,6 +7,8 @@ how tokens were produced; the engine feeds it counts and monotonic times (second
 
 from __future__ import annotations
 
+import os
+import resource
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -279,3 +281,17 @@ class RequestMetrics:
         data = {k: v for k, v in asdict(self).items() if k != "spec"}
         data["spec"] = self.spec.to_dict()
         return data
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process so far, in bytes (Linux ru_maxrss is in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def current_rss_bytes() -> int | None:
+    """Resident set size of this process now, bytes (Linux /proc; None elsewhere)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, IndexError, ValueError):
+        return None

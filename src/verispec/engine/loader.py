@@ -15,7 +15,6 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import resource
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -341,8 +340,3 @@ def _layer_skip_proposer(target: LoadedModel, num_layers: int | None) -> LayerSk
 def _tensor_bytes(model) -> int:
     """Bytes of a model's parameters and buffers (after quantization: int8 weights + scales)."""
     return sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
-
-
-def peak_rss_bytes() -> int:
-    """Peak resident set size of this process so far, in bytes (Linux ru_maxrss is in KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

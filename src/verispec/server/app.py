@@ -26,10 +26,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from verispec.audit import QualityAuditor
+from verispec.ops.audit import QualityAuditor
 from verispec.engine import SpeculativeConfig
 from verispec.errors import InvalidParameterError
-from verispec.engine.loader import peak_rss_bytes
+from verispec.metrics import peak_rss_bytes
 from verispec.runners.notices import kernel_facts
 from verispec.server import logprobs, protocol
 from verispec.server.limits import BodyLimitMiddleware, validation_error
@@ -64,7 +64,7 @@ class ServerConfig:
         default_spec: speculation of requests that send no ``speculative`` field.
         model_name: the name clients send as ``model`` (default: the target's name).
         audit_rate: fraction of delivered responses re-decoded plainly in idle time, in [0, 1]
-            (:mod:`verispec.audit`); counts in ``/metrics`` and ``/health``.
+            (:mod:`verispec.ops.audit`); counts in ``/metrics`` and ``/health``.
         max_num_seqs: requests batched into one target pass (continuous batching); None: 8
             where the runners can hold several sequences, else 1.
         max_kv_tokens: KV-cache positions the running requests may reserve together; a

@@ -7,7 +7,7 @@ while it has free sequences (continuous batching: a new request joins at the nex
 jobs whose client went away (a queued job is skipped, a running one's slot is freed at once),
 and runs one target pass over all running requests. On a batch-invariant runner a request's
 output is the output it would get alone. Quality audits (plain re-decodes of delivered
-responses, :mod:`verispec.audit`) run here too, one at a time and only while no request runs or
+responses, :mod:`verispec.ops.audit`) run here too, one at a time and only while no request runs or
 waits, so they never delay the response they audit. Knows nothing about HTTP or JSON.
 """
 
@@ -22,7 +22,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from verispec.audit import QualityAuditor
+from verispec.ops.audit import QualityAuditor
 from verispec.engine import SpeculativeConfig, SpeculativeEngine, StreamChunk
 from verispec.errors import VerispecError
 from verispec.runners.openmp import release_thread_pool

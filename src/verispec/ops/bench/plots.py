@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from verispec.bench.figures import ALL, SummaryRow
+from verispec.ops.bench.figures import ALL, SummaryRow
 from verispec.metrics import OUTPUT_BUCKET_TOKENS
 
 PLOT_FILES = {

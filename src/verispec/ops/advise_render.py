@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from verispec.advise import Advice
-from verispec.bench.figures import ALL
+from verispec.ops.advise import Advice
+from verispec.ops.bench.figures import ALL
 
 
 def render(advice: Advice, console) -> None:
@@ -72,11 +72,11 @@ def render(advice: Advice, console) -> None:
 
 def export_advice(advice, tool: str, path, target: str, draft: str | None, drafters, console) -> None:
     """``advise --export``: the overall verdict's setup as ``tool``'s configuration
-    (:func:`verispec.export.export_setup`), JSON on stdout or in ``path``; the command and the
+    (:func:`verispec.ops.export.export_setup`), JSON on stdout or in ``path``; the command and the
     notes on ``console``. Raises what ``export_setup`` raises, and VerispecError when ``path``
     cannot be written."""
     from verispec.errors import VerispecError
-    from verispec.export import export_setup
+    from verispec.ops.export import export_setup
 
     overall = advice.verdicts[-1]
     setup = export_setup(tool, overall.method, overall.num_speculative_tokens, target, draft,

@@ -15,8 +15,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
-from verispec.bench.figures import ALL, SummaryRow
-from verispec.bench.run import VERISPEC_FAMILIES, RunRecord
+from verispec.ops.bench.figures import ALL, SummaryRow
+from verispec.ops.bench.run import VERISPEC_FAMILIES, RunRecord
 from verispec.spec.control import CostModel, best_draft_length, expected_tokens
 from verispec.errors import InvalidParameterError
 from verispec.runners import Runner, prefill
@@ -105,9 +105,9 @@ def cost_per_million_tokens(cost_per_month: float, tokens_per_s: float) -> float
 
 def equivalent_settings(method: str, num_speculative_tokens: int, draft_ref: str | None, min_ngram: int = 2, max_ngram: int = 4) -> dict:
     """``{"transformers": generate kwargs, "vllm": --speculative-config JSON}`` for ``method``
-    (None where the other tool has no equivalent); :func:`verispec.export.export_setup` has
+    (None where the other tool has no equivalent); :func:`verispec.ops.export.export_setup` has
     the whole configuration of each tool (``advise --export``)."""
-    from verispec.export import export_setup
+    from verispec.ops.export import export_setup
 
     out: dict = {}
     for tool in ("transformers", "vllm"):
@@ -340,8 +340,8 @@ def model_ref(loaded) -> str:
 def advise(pipe, items, config, *, max_k: int = 10, context_length: int = 4096, memory_budget_bytes: int | None = None, gpu_cost_per_month: float | None = None, on_run=None) -> Advice:
     """Measure ``config``'s methods (a :class:`BenchConfig` without peers) on ``items`` and the
     target's verify curve, then fit, predict and decide. Raises as :func:`run_bench` does."""
-    from verispec.bench.figures import summarize
-    from verispec.bench.run import encode, run_bench
+    from verispec.ops.bench.figures import summarize
+    from verispec.ops.bench.run import encode, run_bench
 
     records, _, _ = run_bench(pipe, items, config, on_run)
     kind = pipe.runner_kind  # records are named "<kind>:<method>"

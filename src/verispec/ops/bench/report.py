@@ -17,8 +17,8 @@ from typing import Sequence
 
 from rich.table import Table
 
-from verispec.bench.figures import ALL, SummaryRow, summarize
-from verispec.bench.run import RunnerInfo, RunRecord, plain_method, reference_runner
+from verispec.ops.bench.figures import ALL, SummaryRow, summarize
+from verispec.ops.bench.run import RunnerInfo, RunRecord, plain_method, reference_runner
 from verispec.errors import VerispecError
 from verispec.metrics import OUTPUT_BUCKET_TOKENS
 

@@ -15,8 +15,8 @@ from typing import Callable, Iterator, Mapping, Sequence
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from verispec.bench.plots import write_plots
-from verispec.bench.report import (
+from verispec.ops.bench.plots import write_plots
+from verispec.ops.bench.report import (
     BenchResults,
     build_results,
     category_matrix,
@@ -27,9 +27,10 @@ from verispec.bench.report import (
     rich_table,
     write_results,
 )
-from verispec.bench.run import BenchConfig, as_pipelines, load_measured, memory_facts, run_bench
+from verispec.ops.bench.memory import load_measured, memory_facts
+from verispec.ops.bench.run import BenchConfig, as_pipelines, run_bench
 from verispec.errors import InvalidParameterError
-from verispec.bench.workload import WorkloadItem
+from verispec.ops.bench.workload import WorkloadItem
 from verispec.engine.loader import SpeculativePipeline
 from verispec.progress import announce_slow
 from verispec.runners.notices import kernel_facts

@@ -31,7 +31,7 @@ from verispec.spec.sampling import SamplingParams
 
 BENCH_RUNNERS = ("gguf", "int8", "llamacpp", "torch")
 BENCH_METHODS = ("none", "ngram", "draft", "draft-frspec", "tree", "auto")
-DEFAULT_PROMPTS_FILE = ""  # empty: humaneval_dev.jsonl in the shared data folder (verispec.bench.workload.data_dir)
+DEFAULT_PROMPTS_FILE = ""  # empty: humaneval_dev.jsonl in the shared data folder (verispec.ops.bench.workload.data_dir)
 CAPACITY = 1024  # KV positions: the longest HumanEval dev prompt + 128 new tokens fit
 PREFILL_TEXT = "def f(x):\n    return x * 2 + 1  # a line of code\n"  # repeated to make long prompts
 
@@ -52,7 +52,7 @@ class RunnersBenchConfig:
             each, on this many prompts.
         prefill_tokens: also time one prefill of this many prompt tokens per runner (tokens/s).
         quality_prompts: also score each runner against the float32 model, teacher-forced on its
-            greedy output (``max_tokens`` capped at 32) on this many prompts (:mod:`verispec.bench.quality`).
+            greedy output (``max_tokens`` capped at 32) on this many prompts (:mod:`verispec.ops.bench.quality`).
         draft_quantization: the gguf runner's drafts re-quantized as they load (``"iq4_nl"``, what
             ``generate`` and ``serve`` do by default, or ``"q4_0"``) or ``"none"`` (the file's blocks).
     """
@@ -120,7 +120,7 @@ def load_prompts(path: str, limit: int) -> list[str]:
     Raises:
         WorkloadError: a missing file, a line that is not JSON, or a line without ``prompt``.
     """
-    from verispec.bench.workload import WorkloadError, data_dir
+    from verispec.ops.bench.workload import WorkloadError, data_dir
 
     file = Path(path) if path else data_dir() / "humaneval_dev.jsonl"
     if not file.is_file():
@@ -156,7 +156,7 @@ def decode_all(engine: SpeculativeEngine, prompts: list[list[int]], spec: Specul
 
 
 def run_runners_bench(config: RunnersBenchConfig, log: Callable[[str], None] = print) -> dict:
-    """Run the benchmark; returns the JSON-ready report (see :func:`verispec.bench.runners_table.format_table`).
+    """Run the benchmark; returns the JSON-ready report (see :func:`verispec.ops.bench.runners_table.format_table`).
 
     All runners stay loaded and the (runner, method) pairs take turns prompt by prompt, in an
     order rotated per prompt, so a load change on a shared machine hits every pair alike.
@@ -236,7 +236,7 @@ def run_runners_bench(config: RunnersBenchConfig, log: Callable[[str], None] = p
             report["exactness"][f"llama-cpp-python:plain vs llamacpp:none:{config.max_tokens}"] = f"{same}/{len(peer_result.outputs)}"
         log(f"[peer] llama-cpp-python plain: {peer_result.tokens_per_s:.2f} tokens/s")
     if config.quality_prompts:
-        from verispec.bench.quality import measure_quality
+        from verispec.ops.bench.quality import measure_quality
         from verispec.models.loading import load_model
 
         log("[quality] loading the float32 reference (transformers)")
@@ -393,7 +393,7 @@ def _check_exactness(kind, target, drafts, tokenizer, eos, prompts, config, log)
 def _peer_runner(config, target_info, tokenizer, eos, threads, log):
     """llama-cpp-python's own plain decoding of the target GGUF (None when not installed)."""
     try:
-        from verispec.bench.peers import LlamaCppPeer
+        from verispec.ops.bench.peers import LlamaCppPeer
 
         return LlamaCppPeer(str(target_info.path), tokenizer, eos, threads, context_length=CAPACITY)
     except ImportError as exc:

@@ -1,4 +1,4 @@
-"""``verispec bench-runners`` on a terminal: its report (:func:`verispec.bench_runners.run_runners_bench`)
+"""``verispec bench-runners`` on a terminal: its report (:func:`verispec.ops.bench.runner_compare.run_runners_bench`)
 as rich tables."""
 
 from __future__ import annotations

@@ -8,20 +8,18 @@ Knows nothing about figures or file formats (see ``figures`` and ``report``).
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Protocol, Sequence
 
 import torch
 
-from verispec.audit import QualityAuditor
-from verispec.bench.peers import PEER_FAMILIES, TRANSFORMERS_METHODS, LlamaCppPeer, TransformersPeer
-from verispec.bench.workload import WorkloadItem
+from verispec.ops.audit import QualityAuditor
+from verispec.ops.bench.peers import PEER_FAMILIES, TRANSFORMERS_METHODS, LlamaCppPeer, TransformersPeer
+from verispec.ops.bench.workload import WorkloadItem
 from verispec.engine import METHODS, GenerationOutput, SpeculativeConfig, SpeculativeEngine
 from verispec.errors import InvalidParameterError
-from verispec.models.loading import load_model
-from verispec.engine.loader import SpeculativePipeline, peak_rss_bytes
+from verispec.engine.loader import SpeculativePipeline
 from verispec.runners.notices import kernel_facts
 from verispec.spec.sampling import SamplingParams
 
@@ -341,56 +339,3 @@ def _audit(auditor: QualityAuditor, engine, prompt, params, outputs: dict[str, G
     for name, output in outputs.items():
         if name.startswith(f"{kind}:") and name != f"{kind}:none" and auditor.select():
             auditor.audit(engine, prompt, params, output, plain=plain, request_id=f"{request_id} {name}")
-
-
-def current_rss_bytes() -> int | None:
-    """Resident set size of this process now, bytes (Linux /proc; None elsewhere)."""
-    try:
-        with open("/proc/self/statm") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def load_measured(target: str, draft: str | None, dtype: str, runner: str = "torch") -> tuple[SpeculativePipeline, dict]:
-    """Load the pair like :meth:`SpeculativePipeline.load`, noting RSS before and after each model.
-
-    Returns the pipeline and ``{"rss_before_load_bytes", "rss_after_target_bytes",
-    "rss_after_draft_bytes"}`` (None where /proc is unavailable, and ``rss_after_target_bytes``
-    for runners other than torch, which load both models together). Raises as ``load`` does.
-    """
-    before = current_rss_bytes()
-    if runner != "torch":
-        from verispec.runners.select import RunnerOptions
-
-        pipe = SpeculativePipeline.load(target, draft, dtype=dtype, runners=RunnerOptions(kind=runner))
-        return pipe, {"rss_before_load_bytes": before, "rss_after_target_bytes": None, "rss_after_draft_bytes": current_rss_bytes()}
-    target_model = load_model(target, dtype=dtype)
-    after_target = current_rss_bytes()
-    draft_model = load_model(draft, dtype=dtype) if draft else None
-    after_draft = current_rss_bytes()
-    pipe = SpeculativePipeline(target_model, draft_model)
-    return pipe, {"rss_before_load_bytes": before, "rss_after_target_bytes": after_target, "rss_after_draft_bytes": after_draft}
-
-
-def memory_facts(pipe: SpeculativePipeline, rss: dict | None = None) -> dict:
-    """Memory section of results.json: parameter bytes, RSS snapshots, peak RSS, draft overhead %."""
-    from verispec.bench.figures import percent
-
-    rss = rss or {}
-    target_bytes = pipe.target.param_bytes
-    draft_bytes = pipe.draft.param_bytes if pipe.draft is not None else 0
-    before, after_target, after_draft = (rss.get(k) for k in ("rss_before_load_bytes", "rss_after_target_bytes", "rss_after_draft_bytes"))
-    rss_overhead = None
-    if None not in (before, after_target, after_draft):
-        rss_overhead = percent(after_draft - after_target, after_target - before)
-    return {
-        "target_param_bytes": target_bytes,
-        "draft_param_bytes": draft_bytes,
-        "draft_overhead_pct": percent(draft_bytes, target_bytes),
-        "rss_before_load_bytes": before,
-        "rss_after_target_bytes": after_target,
-        "rss_after_draft_bytes": after_draft,
-        "draft_rss_overhead_pct": rss_overhead,
-        "peak_rss_bytes": peak_rss_bytes(),
-    }
