@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from verispec.spec.control import ControllerConfig
-from verispec.engine.loop import SpeculativeEngine
+from verispec.engine.loop import DEFAULT_MAX_NUM_BATCHED_TOKENS, SpeculativeEngine
 from verispec.engine.request import GenerationOutput, SpeculativeConfig, StreamChunk
 from verispec.errors import InvalidParameterError
 from verispec.models.compat import check_draft_compatibility
@@ -143,6 +143,7 @@ class SpeculativePipeline:
         drafters: DrafterOptions | None = None,
         controller: ControllerConfig | None = None,
         runners: RunnerOptions | None = None,
+        max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
     ) -> None:
         drafters = drafters or DrafterOptions()
         runners = runners or RunnerOptions()
@@ -193,6 +194,7 @@ class SpeculativePipeline:
             eos_token_ids=target.eos_token_ids,
             proposers=proposers,
             controller=controller,
+            max_num_batched_tokens=max_num_batched_tokens,
         )
         curve = cached_curve(target.name, target.path, built.kind)
         if curve is not None:  # the controller starts from this machine's measured verify costs
@@ -209,6 +211,7 @@ class SpeculativePipeline:
         drafters: DrafterOptions | None = None,
         controller: ControllerConfig | None = None,
         runners: RunnerOptions | None = None,
+        max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
     ) -> SpeculativePipeline:
         """Load the target and (unless ``draft`` is None) the draft, then check they fit together.
 
@@ -221,6 +224,7 @@ class SpeculativePipeline:
             InvalidParameterError: unknown dtype, or a runner that cannot run the models.
 
         ``runners`` defaults to ``auto``: on a CPU the gguf runner for GGUF files it can run.
+        ``max_num_batched_tokens``: the engine's chunked-prefill budget (:class:`SpeculativeEngine`).
         """
         runners = runners or RunnerOptions(kind="auto")
         if runners.kind == "auto":
@@ -238,7 +242,7 @@ class SpeculativePipeline:
                                f"--runner {runners.kind} starts from the float model"):
                 target_model = load_model(target, dtype=dtype, device=device)
                 draft_model = load_model(draft, dtype=dtype, device=device) if draft else None
-        return cls(target_model, draft_model, drafters, controller, runners)
+        return cls(target_model, draft_model, drafters, controller, runners, max_num_batched_tokens)
 
     def encode(self, prompt: str, *, chat: bool = False) -> list[int]:
         """Token ids of ``prompt``; with ``chat``, as one user turn through the model's template.
