@@ -1,4 +1,5 @@
 # Two commands for a fresh machine: `make demo` and `make test` (each installs what it needs).
+# `make docs` builds the documentation site (docs/, mkdocs.yml) into site/.
 VENV ?= .venv
 PYTHON ?= python3
 TORCH_SPEC ?= torch==2.13.0
@@ -8,7 +9,7 @@ LLAMACPP_STAMP := $(VENV)/.verispec-llamacpp
 PROMPT ?= def fibonacci(n):
 LLAMACPP ?= 1
 
-.PHONY: install install-llamacpp demo test clean
+.PHONY: install install-llamacpp demo test docs clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +39,11 @@ demo: install
 
 test: install install-llamacpp
 	$(PY) -m pytest -q
+
+# The docs site: mkdocs with mkdocs-material; --strict fails on any warning (broken links, pages left out of nav).
+docs: install
+	$(PY) -m pip install -q -e ".[docs]"
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache
