@@ -73,9 +73,9 @@ def forget_drafts(engine: SpeculativeEngine) -> None:
     must not find the prompt already prefilled by the one before it (a head start of the draft's
     catch-up prefill, the cost ``draft_context_window`` trades against)."""
     for proposer in engine.proposers.values():
-        if hasattr(proposer, "_cached_token_ids") and hasattr(proposer, "runner"):
+        if hasattr(proposer, "cached_token_ids") and hasattr(proposer, "runner"):
             proposer.runner.truncate(0)
-            proposer._cached_token_ids = []
+            proposer.cached_token_ids = []
 
 
 def summarize(records: list[dict], names) -> list[dict]:

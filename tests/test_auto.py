@@ -152,7 +152,7 @@ class SlowFirstProposer(DraftModelProposer):
     """A draft model whose first proposal of a request is slow, as a real draft's prefill is."""
 
     def propose(self, request, num_speculative_tokens):
-        if not self._cached_token_ids:
+        if not self.cached_token_ids:
             time.sleep(0.2)
         return super().propose(request, num_speculative_tokens)
 

@@ -6,7 +6,7 @@ from helpers import make_engine, single_thread  # noqa: F401 (autouse fixture)
 from verispec.spec.control import ControllerConfig, CostModel
 from verispec.engine import SpeculativeConfig
 from verispec.engine.policy import DraftPolicy, drafter_order
-from verispec.proposers import DraftOutput
+from verispec.proposers import DraftOutput, Proposer
 from verispec.proposers.draft_tree import DraftTreeProposer
 from verispec.runners.torch_runner import TransformersRunner
 from verispec.spec.sampling import SamplingParams
@@ -25,7 +25,7 @@ def test_auto_offers_the_tree_only_beside_the_draft_chain(loaded, trees, order):
     assert drafter_order("auto", loaded, trees) == order
 
 
-class Fixed:
+class Fixed(Proposer):
     """A proposer that always drafts ``[7, 7]``."""
 
     def propose(self, request, num_speculative_tokens):

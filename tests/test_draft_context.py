@@ -33,6 +33,6 @@ def test_the_draft_sees_the_prompts_last_tokens_and_the_output(gguf_files):  # n
     request = DraftRequest([1, 2, 3, 4, 5], [6, 7], SamplingParams(), None)
     assert proposer.draft_context(request) == [3, 4, 5, 6, 7]
     proposer.propose(request, 2)
-    assert proposer._cached_token_ids[:5] == [3, 4, 5, 6, 7]  # the cache starts at the window, not the prompt
+    assert proposer.cached_token_ids[:5] == [3, 4, 5, 6, 7]  # the cache starts at the window, not the prompt
     with pytest.raises(InvalidParameterError, match="draft_context_window"):
         DrafterOptions(draft_context_window=0)

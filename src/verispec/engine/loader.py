@@ -24,78 +24,15 @@ from verispec.engine.request import GenerationOutput, SpeculativeConfig, StreamC
 from verispec.errors import InvalidParameterError
 from verispec.models.compat import check_draft_compatibility
 from verispec.models.loading import LoadedModel, load_model
-from verispec.proposers.draft_model import DraftModelProposer
-from verispec.proposers.draft_tree import DraftTreeProposer, validate_tree_choices
-from verispec.proposers.layer_skip import LayerSkipProposer
-from verispec.proposers.ngram import NgramProposer
+from verispec.proposers.factory import DRAFT_QUANTIZATIONS, DrafterOptions, build_drafters
 from verispec.runners.quantize import quantize_linear_layers
 from verispec.runners.costs import seed_cost_model
 from verispec.progress import announce_slow
 from verispec.runners.select import RunnerOptions, auto_file_runner, build_runners, cached_auto_choice, cached_curve
 from verispec.spec.sampling import SamplingParams
 
-# --draft-quantization: the runner each one needs (None: any); "gguf" ones are re-quantizations the
-# gguf runner applies as it loads (auto picks one when the runner is gguf)
-DRAFT_QUANTIZATIONS = {"auto": None, "none": None, "int8": "torch", "q4_0": "gguf", "iq4_nl": "gguf"}
-
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
-DEFAULT_LAYER_SKIP_FRACTION = 4  # layer skip drafts with the first 1/4 of the target's layers
-
-
-@dataclass(frozen=True)
-class DrafterOptions:
-    """How the drafters are built.
-
-    Attributes:
-        min_ngram, max_ngram: suffix lengths n-gram lookup tries (longest first).
-        layer_skip_layers: target layers the layer-skip drafter runs; None = a quarter of the
-            target's layers; 0 = no layer-skip drafter.
-        draft_quantization: ``"none"`` (the draft as loaded); ``"int8"`` (weight-only, per output
-            channel, torch runner); ``"iq4_nl"`` or ``"q4_0"`` (gguf runner: the draft's matrices
-            stored in more than 4.5 bits per weight, Q5_0 / Q8_0 / Q6_K, re-quantized to 4.5 bits
-            as they load, once, then read from ``$VERISPEC_HOME/weights``, so a draft step reads
-            fewer bytes); ``"auto"`` (default): ``iq4_nl`` on the gguf runner, ``none``
-            elsewhere. Each changes only what the draft proposes, never the output. The default
-            pair on the gguf runner, HumanEval dev prompts 0-9, greedy, 128 tokens, draft k = 4,
-            one run, alone (``scripts/draft_quantization_ab.py``): a draft step costs 0.254
-            (iq4_nl) / 0.252 (q4_0) / 0.333 (as stored) of a target step, acceptance rate 0.853 /
-            0.822 / 0.872, 1.798x / 1.790x / 1.631x plain decoding, every output identical to plain.
-        tree_choices: a static shape for the draft model's token trees (Medusa-style paths of
-            child ranks, :func:`verispec.proposers.draft_tree.validate_tree_choices`); None =
-            the dynamic EAGLE-2-style tree.
-        draft_context_window: prompt tokens the draft model sees (the last ones; None: all). The
-            draft prefills them outside the target's passes before its first proposal, which short
-            answers to long prompts never earn back. Measured on 3 Spec-Bench questions of each of
-            10 categories (gguf pair, alone, decode speedup of ``auto`` over plain, all windows
-            interleaved per question in one run): rag 1.031 / 1.031 / 0.791 and extraction 1.194 /
-            1.169 / 0.956 with windows 32 / 64 / 256, the other 8 categories within noise of each
-            other (sum of the 10 speedups 11.551 / 11.653 / 10.937). Earlier, on 20 JSON prompts,
-            the whole prompt gave 32.71 decode tokens/s against 49.17 with 256. Output never
-            changes (the target verifies).
-    Raises:
-        InvalidParameterError: an unknown quantization, a negative layer count, bad tree choices
-            or a window below 1.
-    """
-
-    min_ngram: int = 2
-    max_ngram: int = 4
-    layer_skip_layers: int | None = None
-    draft_quantization: str = "auto"
-    tree_choices: tuple[tuple[int, ...], ...] | None = None
-    draft_context_window: int | None = 64
-
-    def __post_init__(self) -> None:
-        if self.draft_context_window is not None and self.draft_context_window < 1:
-            raise InvalidParameterError(f"draft_context_window must be >= 1 or None, got {self.draft_context_window}")
-        if self.tree_choices is not None:
-            object.__setattr__(self, "tree_choices", validate_tree_choices(self.tree_choices))
-        if self.draft_quantization not in DRAFT_QUANTIZATIONS:
-            raise InvalidParameterError(
-                f"unknown draft quantization {self.draft_quantization!r}; choose one of {', '.join(DRAFT_QUANTIZATIONS)}"
-            )
-        if self.layer_skip_layers is not None and self.layer_skip_layers < 0:
-            raise InvalidParameterError(f"layer_skip_layers must be >= 0, got {self.layer_skip_layers}")
 
 
 @dataclass
@@ -177,17 +114,7 @@ class SpeculativePipeline:
         self.target = target
         self.draft = draft
         self.target_runner, self.draft_runner = built.target, built.draft  # verispec.runners.Runner (draft: None without one)
-        proposers = {"ngram": NgramProposer(drafters.min_ngram, drafters.max_ngram)}
-        if draft is not None:
-            proposers["draft"] = DraftModelProposer(built.draft, context_window=drafters.draft_context_window)
-        if built.draft_tree is not None:
-            # same weights, its own KV cache
-            proposers["tree"] = DraftTreeProposer(
-                built.draft_tree, choices=drafters.tree_choices, context_window=drafters.draft_context_window
-            )
-        layer_skip = _layer_skip_proposer(target, drafters.layer_skip_layers)
-        if layer_skip is not None:
-            proposers["layer-skip"] = layer_skip
+        proposers = build_drafters(drafters, target, built.draft if draft is not None else None, built.draft_tree)
         self.engine = SpeculativeEngine(
             built.target,
             self.tokenizer,
@@ -323,22 +250,6 @@ def _is_gguf(*refs: str | None) -> bool:
 
     store = ModelStore()
     return all(store.resolve(ref).kind == "gguf" for ref in refs if ref)
-
-
-def _layer_skip_proposer(target: LoadedModel, num_layers: int | None) -> LayerSkipProposer | None:
-    """The layer-skip drafter over ``target``; None when disabled (0) or, by default (None: a
-    quarter of the layers), when the target's layout does not support it. An explicit layer
-    count on an unsupported model raises InvalidParameterError."""
-    if num_layers == 0:
-        return None
-    try:
-        total = int(target.model.config.num_hidden_layers)
-        layers = max(1, total // DEFAULT_LAYER_SKIP_FRACTION) if num_layers is None else num_layers
-        return LayerSkipProposer(target.model, layers, max_context_length=target.context_length)
-    except (InvalidParameterError, AttributeError, TypeError):
-        if num_layers is None:
-            return None
-        raise
 
 
 def _tensor_bytes(model) -> int:

@@ -16,21 +16,18 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass
 from typing import Iterator, Mapping, Sequence
 
 import torch
 
+from verispec.engine.commit import Plan, commit, finish, verify_call
 from verispec.engine.constraints import GrammarCompiler, TokenConstraints, cut_draft
 from verispec.spec.control import ControllerConfig, CostModel
 from verispec.errors import ContextLengthError, InvalidParameterError
-from verispec.metrics import RequestMetrics
 from verispec.output import Detokenizer, OutputBuilder
 from verispec.engine.policy import DraftStep, drafter_order, make_policy
-from verispec.proposers import DraftRequest, Proposer, can_hold_sequences, for_new_sequence
-from verispec.proposers.draft_model import propose_batch
-from verispec.proposers.ngram import NgramProposer, NgramTreeProposer
-from verispec.proposers.suffix import SuffixCache, SuffixProposer, SuffixTreeProposer
+from verispec.proposers.base import DraftRequest, Proposer
+from verispec.proposers.factory import for_new_sequence, with_lookup_drafters, with_own_suffix_cache
 from verispec.engine.request import (
     GenerationOutput,
     SpeculativeConfig,
@@ -38,24 +35,9 @@ from verispec.engine.request import (
 )
 from verispec.engine.state import RequestState, Slot
 from verispec.runners import ForwardCall, Runner, forward_batch
-from verispec.spec.sampling import SamplingParams, process_logits, token_logprobs
-from verispec.spec.tree import tree_attention_mask, tree_position_ids
-from verispec.spec.step import pick_token, verify_chain, verify_tree
+from verispec.spec.sampling import SamplingParams
 
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 256  # prompt tokens per pass while others decode (vLLM's name)
-TARGET_SOURCE = "target"  # token_sources entry of a token the target chose (not a draft token)
-
-
-@dataclass
-class _Plan:
-    """What one request does in a pass: a prefill chunk, a chain or a tree verify."""
-
-    state: RequestState
-    call: ForwardCall | None
-    cached: int = 0
-    limit: int = 0
-    step: DraftStep | None = None
-    request: DraftRequest | None = None
 
 
 class SpeculativeEngine:
@@ -87,13 +69,7 @@ class SpeculativeEngine:
         self.target = target
         self.tokenizer = tokenizer
         self.eos_token_ids = tuple(eos_token_ids)
-        self.proposers = dict(proposers or {})
-        self.proposers.setdefault("ngram", NgramProposer())
-        if isinstance(self.proposers["ngram"], NgramProposer):  # method "tree": its branches first
-            self.proposers.setdefault("ngram-tree", NgramTreeProposer(self.proposers["ngram"]))
-        self.proposers.setdefault("suffix", SuffixProposer())  # one cache of past requests per engine
-        if isinstance(self.proposers["suffix"], SuffixProposer):
-            self.proposers.setdefault("suffix-tree", SuffixTreeProposer(self.proposers["suffix"]))
+        self.proposers = with_lookup_drafters(proposers)  # n-gram and suffix lookup, and their trees
         self.controller = controller or ControllerConfig()
         self.cost_model = CostModel(weight=self.controller.cost_weight)  # machine facts: kept across requests
         if max_num_batched_tokens < 1:
@@ -111,18 +87,8 @@ class SpeculativeEngine:
         Benchmarks give each method one: a method run after another on the same prompt must not
         be drafted from the other's answer (a cache shared across methods would be).
         """
-        suffix = self.proposers.get("suffix")
-        fresh = suffix
-        if isinstance(suffix, SuffixProposer):
-            old = suffix.cache
-            cache = SuffixCache(old.max_tokens, old.min_ngram, old.max_ngram, old.max_occurrences)
-            fresh = SuffixProposer(cache, suffix.min_ngram, suffix.max_ngram, suffix.spec_factor, suffix.add_prompts,
-                                   suffix.datastore)
-        proposers = {  # every name the suffix drafter is loaded under; its tree is rebuilt over the new one
-            name: fresh if p is suffix else p for name, p in self.proposers.items()
-            if not (name == "suffix-tree" and isinstance(p, SuffixTreeProposer))
-        }
-        engine = SpeculativeEngine(self.target, self.tokenizer, eos_token_ids=self.eos_token_ids, proposers=proposers,
+        engine = SpeculativeEngine(self.target, self.tokenizer, eos_token_ids=self.eos_token_ids,
+                                   proposers=with_own_suffix_cache(self.proposers),
                                    controller=self.controller, max_num_batched_tokens=self.max_num_batched_tokens)
         engine.cost_model = self.cost_model  # the machine's measured costs, as this engine's requests see them
         return engine
@@ -130,9 +96,7 @@ class SpeculativeEngine:
     @property
     def supports_batching(self) -> bool:
         """The target runner and every drafter can hold more sequences (:meth:`new_slot`)."""
-        return hasattr(self.target, "new_sequence") and all(
-            can_hold_sequences(p) for p in self.proposers.values()
-        )
+        return hasattr(self.target, "new_sequence") and all(p.holds_sequences for p in self.proposers.values())
 
     def new_slot(self) -> Slot:
         """Another sequence slot over the same models: a new target sequence, each drafter's own.
@@ -145,15 +109,7 @@ class SpeculativeEngine:
                 f"the {type(self.target).__name__} (or a drafter) holds one sequence: batching needs the gguf, "
                 "int8 or torch runner (or --max-num-seqs 1)"
             )
-        wrappers = {"ngram-tree": (NgramTreeProposer, "ngram", NgramProposer), "suffix-tree": (SuffixTreeProposer, "suffix", SuffixProposer)}
-        proposers = {name: for_new_sequence(p) for name, p in self.proposers.items() if name not in wrappers}
-        for name, (wrapper, base, base_type) in wrappers.items():
-            tree = self.proposers.get(name)
-            if isinstance(tree, wrapper) and isinstance(proposers.get(base), base_type):
-                proposers[name] = wrapper(proposers[base])  # shares the slot's index
-            elif tree is not None:
-                proposers[name] = for_new_sequence(tree)
-        return Slot(self.target.new_sequence(), proposers)
+        return Slot(self.target.new_sequence(), for_new_sequence(self.proposers))
 
     def generate(
         self,
@@ -274,7 +230,7 @@ class SpeculativeEngine:
             else:
                 plan = self._plan_decode(state, len(decoding))
                 if plan is None:  # no room left in the context window
-                    chunks[id(state)] = self._finish(state, [])
+                    chunks[id(state)] = finish(state, self.cost_model, [])
                     continue
             plans.append(plan)
         self._run_deferred_drafts([plan for plan in plans if plan.step is not None and plan.step.deferred])
@@ -282,7 +238,7 @@ class SpeculativeEngine:
             if plan.step is not None:
                 plan.state.times.draft_s += plan.step.draft_s
                 plan.step = self._constrain_draft(plan.state, plan.step)
-                plan.call = self._verify_call(plan)
+                plan.call = verify_call(plan)
         if plans:
             start = time.perf_counter()
             logits = forward_batch([plan.call for plan in plans])
@@ -294,12 +250,12 @@ class SpeculativeEngine:
             for plan, plan_logits in zip(plans, logits):
                 plan.state.times.target_s += pass_s
                 plan.state.times.num_target_forwards += 1
-                chunk = self._commit(plan, plan_logits, pass_s, rows - len(plan.call.token_ids))
+                chunk = commit(plan, plan_logits, pass_s, rows - len(plan.call.token_ids), self.cost_model)
                 if chunk is not None:
                     chunks[id(plan.state)] = chunk
         return [chunks.get(id(state)) for state in states]
 
-    def _plan_prefill(self, state: RequestState, budget: int | None) -> _Plan | None:
+    def _plan_prefill(self, state: RequestState, budget: int | None) -> Plan | None:
         if budget is not None and budget <= 0:
             return None
         if state.num_prefilled == 0:
@@ -309,9 +265,9 @@ class SpeculativeEngine:
         num_logits = 1 if end == len(state.prompt) else 0
         if state.params.prompt_logprobs is not None:
             num_logits = len(chunk)  # every row scores the next prompt token
-        return _Plan(state, ForwardCall(state.slot.target, chunk, num_logits=num_logits))
+        return Plan(state, ForwardCall(state.slot.target, chunk, num_logits=num_logits))
 
-    def _plan_decode(self, state: RequestState, batch_size: int) -> _Plan | None:
+    def _plan_decode(self, state: RequestState, batch_size: int) -> Plan | None:
         """The request's draft decision (a model drafter's proposal deferred to
         :meth:`_run_deferred_drafts`); None when the context window is full."""
         target, out = state.slot.target, state.out
@@ -327,109 +283,26 @@ class SpeculativeEngine:
         step = state.policy.draft(
             request, limit, batch_size=batch_size, defer=state.slot.batched_drafters
         )
-        return _Plan(state, None, cached, limit, step, request)
+        return Plan(state, None, cached, limit, step, request)
 
     @staticmethod
-    def _run_deferred_drafts(plans: list[_Plan]) -> None:
+    def _run_deferred_drafts(plans: list[Plan]) -> None:
         """The draft model's chains of every request that chose it, one draft pass per position
-        (:func:`verispec.proposers.draft_model.propose_batch`); each request's share of the time."""
+        (:meth:`verispec.proposers.base.Proposer.propose_batch`, by drafter type); each request's share of the time."""
         if not plans:
             return
         start = time.perf_counter()
         items = [(plan.state.policy.proposer(plan.step.drafter), plan.request, plan.step.deferred) for plan in plans]
-        drafts = propose_batch(items)
+        groups: dict = {}  # drafters that batch together: the same propose_batch
+        for index, item in enumerate(items):
+            groups.setdefault(type(item[0]).propose_batch, []).append(index)
+        drafts: list = [None] * len(items)
+        for propose_batch, indices in groups.items():
+            for index, draft in zip(indices, propose_batch([items[i] for i in indices])):
+                drafts[index] = draft
         share = (time.perf_counter() - start) / len(plans)
         for plan, draft in zip(plans, drafts):
             plan.step = plan.state.policy.complete(plan.step, draft, share, plan.request, alone=len(plans) == 1)
-
-    @staticmethod
-    def _verify_call(plan: _Plan) -> ForwardCall:
-        """The target rows of a decode step: the pending token and the chain, or the tree."""
-        target, tree = plan.state.slot.target, plan.step.draft.tree
-        if tree is None:
-            return ForwardCall(target, [plan.state.pending] + plan.step.draft.draft_token_ids)
-        cached = plan.cached
-        return ForwardCall(target, list(tree.token_ids), None, tree_position_ids(tree, cached), tree_attention_mask(tree, cached))
-
-    def _commit(self, plan: _Plan, logits: torch.Tensor, pass_s: float, base_rows: int) -> StreamChunk | None:
-        state = plan.state
-        out, params = state.out, state.params
-        if plan.step is None:  # a prefill chunk
-            first = state.num_prefilled
-            state.num_prefilled += len(plan.call.token_ids)
-            if params.prompt_logprobs is not None:  # row j scores prompt token first + j + 1
-                for j, position in enumerate(range(first + 1, min(state.num_prefilled + 1, len(state.prompt)))):
-                    state.prompt_logprobs.append(token_logprobs(logits[j], state.prompt[position], params.prompt_logprobs))
-            if state.num_prefilled < len(state.prompt):
-                return None
-            rows = process_logits(logits[-1:], params, state.prompt, [], allowed=state.constraints.masks(0))
-            state.pending = pick_token(rows, state.generator)
-            out.append(state.pending)
-            state.record_logprobs(rows.logits, [state.pending])
-            state.constraints.commit(out.token_ids)
-            state.times.first_token = time.perf_counter()
-            state.sources = [TARGET_SOURCE] * len(out.token_ids)
-            if out.finished:
-                return self._finish(state, list(out.token_ids))
-            prompt_logprobs = list(state.prompt_logprobs) if params.prompt_logprobs is not None else None
-            return StreamChunk(out.take_delta(), list(out.token_ids), logprobs=state.chunk_logprobs(out.token_ids),
-                               prompt_logprobs=prompt_logprobs)
-        step, target = plan.step, state.slot.target
-        draft_token_ids = step.draft.draft_token_ids
-        constraints = state.constraints
-        tree = step.draft.tree
-        if tree is None:
-            allowed = constraints.masks(len(out.token_ids), draft_token_ids)
-            result, rows = verify_chain(logits, step.draft, params, state.prompt, out.token_ids, state.generator, allowed)
-            target.truncate(plan.cached + 1 + result.num_accepted_tokens)
-            accepted_nodes = None
-            scoring_rows = list(range(len(result.token_ids)))
-        else:
-            paths = [[tree.token_ids[j] for j in tree.path_to(i)] for i in range(tree.num_nodes)] if constraints.active else []
-            allowed = constraints.path_masks(len(out.token_ids), paths)
-            result, rows = verify_tree(tree, logits, params, state.prompt, out.token_ids, state.generator, allowed)
-            target.keep_tree_path(plan.cached, [0] + result.accepted_nodes)  # the accepted path's KV
-            accepted_nodes = result.accepted_nodes
-            scoring_rows = [0] + list(result.accepted_nodes)
-        realised = state.policy.observe(step, result.num_accepted_tokens, pass_s, accepted_nodes, base_rows=base_rows)
-        state.stats.record(len(draft_token_ids), result.num_accepted_tokens, len(out.token_ids), step.drafter)
-        if state.policy.active and plan.limit > 0:  # a step with no room to draft says nothing about control
-            state.stats.record_control(step.chosen_k, step.predicted, realised)
-        num_before = len(out.token_ids)
-        for i, token_id in enumerate(result.token_ids):
-            finished = out.append(token_id)
-            if len(out.token_ids) > len(state.sources):
-                state.sources.append(step.drafter if i < result.num_accepted_tokens else TARGET_SOURCE)
-            if finished:
-                break
-        committed = out.token_ids[num_before:]
-        state.record_logprobs(rows, committed, scoring_rows)
-        constraints.commit(committed)
-        state.pending = result.token_ids[-1]
-        if out.finished:
-            return self._finish(state, committed)
-        return StreamChunk(out.take_delta(), committed, logprobs=state.chunk_logprobs(committed))
-
-    def _finish(self, state: RequestState, committed: list[int]) -> StreamChunk:
-        out = state.out
-        if not out.finished:
-            out.finish("length")
-        state.times.end = time.perf_counter()
-        if state.learn:  # what a draft's catch-up is amortised over (not warm-ups' lengths)
-            self.cost_model.record_output_length(len(out.token_ids))
-            state.policy.finish(len(out.token_ids))
-        # drafters that learn across requests (suffix), each once even if loaded under two names
-        for proposer in {id(p): p for p in state.slot.proposers.values()}.values() if state.learn else ():
-            end_request = getattr(proposer, "end_request", None)
-            if end_request is not None:
-                end_request(state.prompt, out.token_ids)
-        metrics = RequestMetrics.from_times(state.times, len(state.prompt), len(out.token_ids), state.stats)
-        state.output = GenerationOutput(
-            list(out.token_ids), out.text, out.finish_reason or "length", metrics, state.sources,
-            list(state.logprobs) if state.params.logprobs is not None else None,
-            list(state.prompt_logprobs) if state.params.prompt_logprobs is not None else None,
-        )
-        return StreamChunk(out.take_delta(), committed, state.output, state.chunk_logprobs(committed))
 
     @staticmethod
     def _constrain_draft(state: RequestState, step: DraftStep) -> DraftStep:

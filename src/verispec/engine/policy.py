@@ -168,7 +168,7 @@ class DraftPolicy:
             predicted = self._predicted(name, num_tokens, batch_size)  # before this step's own timing
             # a drafter that drafted the previous step is steady (its cost per token covers what it
             # feeds, a tree's accepted path included); only one coming back to the request catches up
-            rows = proposer.catch_up_rows(request) if self._previous != name and hasattr(proposer, "catch_up_rows") else 0
+            rows = proposer.catch_up_rows(request) if self._previous != name else 0
             if not self._catch_up_pays(name, rows, predicted, request, limit, batch_size, num_tokens):
                 self.num_declined_catch_ups += 1
                 continue

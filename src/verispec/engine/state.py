@@ -18,7 +18,6 @@ from verispec.metrics import RequestTimes, SpecDecodeStats
 from verispec.output import OutputBuilder
 from verispec.engine.policy import DraftPolicy
 from verispec.proposers import Proposer
-from verispec.proposers.draft_model import batches
 from verispec.engine.request import GenerationOutput, SpeculativeConfig
 from verispec.runners import Runner
 from verispec.spec.sampling import SamplingParams, TokenLogprob, token_logprobs
@@ -34,10 +33,10 @@ class Slot:
 
     target: Runner
     proposers: dict[str, Proposer]
-    batched_drafters: list[str] = field(init=False)  # run for many requests at once (:func:`batches`)
+    batched_drafters: list[str] = field(init=False)  # run for many requests at once (``Proposer.batches``)
 
     def __post_init__(self) -> None:
-        self.batched_drafters = [name for name, p in self.proposers.items() if batches(p)]
+        self.batched_drafters = [name for name, p in self.proposers.items() if p.batches]
 
 
 @dataclass

@@ -1,129 +1,13 @@
 """Drafters: whatever proposes the tokens the target will verify.
 
-The protocol is small (transformers ``CandidateGenerator`` shape): ``propose`` returns only new
-tokens (possibly none, never None) and ``observe`` is the feedback hook after verification.
-Knows nothing about verification or about the target model.
+:mod:`.base` declares the protocol every drafter implements (:class:`Proposer`, its hooks and
+their defaults); :mod:`.factory` decides which drafters an engine gets. The drafters: a draft
+model's chains (:mod:`.draft_model`) and trees (:mod:`.draft_tree`), layer skip
+(:mod:`.layer_skip`), n-gram lookup (:mod:`.ngram`), suffix lookup over earlier requests and a
+corpus datastore (:mod:`.suffix`, :mod:`.datastore`).
 """
 
-from __future__ import annotations
+from verispec.proposers.base import DraftCacheSequences, DraftRequest, Proposer, common_prefix_length
+from verispec.spec.draft import DraftOutput
 
-import copy
-from dataclasses import dataclass
-from typing import Protocol, Sequence
-
-import torch
-
-from verispec.spec.sampling import SamplingParams
-from verispec.spec.draft import DraftOutput  # re-exported: what every drafter returns
-
-
-@dataclass
-class DraftRequest:
-    """What a drafter sees of the request: the context, split as the penalties need it.
-
-    ``draft_stop_threshold``: a drafter with probabilities stops after a token whose own top
-    probability is below this (draft-side early stop); 0 disables. ``constraints``: the
-    request's token masks (:class:`verispec.engine.constraints.TokenConstraints`), which a model
-    drafter applies to its own rows (:meth:`allowed_after`) so it drafts what the target may emit.
-    """
-
-    prompt_token_ids: Sequence[int]
-    output_token_ids: Sequence[int]
-    params: SamplingParams
-    generator: torch.Generator
-    draft_stop_threshold: float = 0.0
-    constraints: object | None = None
-
-    def allowed_after(self, appended_token_ids: Sequence[int], width: int) -> torch.Tensor | None:
-        """``[1, width]`` bool: the tokens allowed after the output and ``appended_token_ids``
-        (a draft row's mask), or None when nothing is masked."""
-        if self.constraints is None:
-            return None
-        mask = self.constraints.path_masks(len(self.output_token_ids), [list(appended_token_ids)])
-        if mask is None:
-            return None
-        if mask.shape[-1] >= width:
-            return mask[:, :width]
-        return torch.nn.functional.pad(mask, (0, width - mask.shape[-1]), value=False)
-
-    @property
-    def context(self) -> list[int]:
-        return list(self.prompt_token_ids) + list(self.output_token_ids)
-
-
-class Proposer(Protocol):
-    def propose(self, request: DraftRequest, num_speculative_tokens: int) -> DraftOutput:
-        """Propose up to ``num_speculative_tokens`` tokens that continue ``request.context``."""
-        ...
-
-    def observe(self, num_accepted_tokens: int) -> None:
-        """Feedback after verification of the last proposal."""
-        ...
-
-
-class DraftCacheSequences:
-    """For drafters that own a draft runner's cache (``runner``, ``_cached_token_ids``): another
-    sequence is the same drafter over ``runner.new_sequence()`` with an empty cache.
-
-    ``context_window``: prompt tokens the draft model sees, the last ones (None: all). The draft
-    prefills what it sees before its first proposal, outside the target's passes; on long
-    prompts (RAG, summarization) that prefill costs more than the draft then saves. A shorter
-    context can only lower acceptance, never change the output (the target verifies).
-    """
-
-    context_window: int | None = None
-
-    def draft_context(self, request: DraftRequest) -> list[int]:
-        """The token ids the draft continues: the prompt's last ``context_window`` and the output."""
-        prompt = request.prompt_token_ids
-        if self.context_window is not None and len(prompt) > self.context_window:
-            prompt = prompt[len(prompt) - self.context_window :]
-        return list(prompt) + list(request.output_token_ids)
-
-    def reusable_prefix(self, context: Sequence[int]) -> int:
-        """Tokens of ``context`` the draft cache keeps: the prefix it shares with it, but never the
-        last token (its logits are needed, so it is always fed again)."""
-        return min(common_prefix_length(self._cached_token_ids, context), len(context) - 1)
-
-    def catch_up_rows(self, request: DraftRequest) -> int:
-        """Context tokens the next proposal for ``request`` feeds before it drafts: 1-2 after its
-        own chain, the whole visible prompt at a request's first proposal."""
-        context = self.draft_context(request)
-        return len(context) - self.reusable_prefix(context)
-
-    @property
-    def holds_sequences(self) -> bool:
-        """The draft runner can give another sequence."""
-        return hasattr(self.runner, "new_sequence")
-
-    def new_sequence(self):
-        """This drafter for another request: the same draft weights, its own empty cache."""
-        clone = copy.copy(self)
-        clone.runner = self.runner.new_sequence()
-        clone._cached_token_ids = []
-        return clone
-
-
-def can_hold_sequences(proposer: Proposer) -> bool:
-    """The drafter can follow another sequence (:func:`for_new_sequence`)."""
-    return getattr(proposer, "new_sequence", None) is not None and getattr(proposer, "holds_sequences", True)
-
-
-def for_new_sequence(proposer: Proposer) -> Proposer:
-    """The same drafter for another sequence: its own caches and state (``new_sequence()``).
-
-    Raises:
-        ValueError: the drafter cannot follow another sequence (:func:`can_hold_sequences`).
-    """
-    if not can_hold_sequences(proposer):
-        raise ValueError(f"{type(proposer).__name__} cannot follow another sequence")
-    return proposer.new_sequence()
-
-
-def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two token sequences."""
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+__all__ = ["DraftCacheSequences", "DraftOutput", "DraftRequest", "Proposer", "common_prefix_length"]

@@ -11,7 +11,8 @@ from typing import Sequence
 
 import torch
 
-from verispec.proposers import DraftCacheSequences, DraftOutput, DraftRequest
+from verispec.proposers.base import DraftCacheSequences, DraftRequest
+from verispec.spec.draft import DraftOutput
 from verispec.runners import ForwardCall, Runner, forward_batch
 from verispec.spec.sampling import ProcessedRows, process_logits, sample_from
 
@@ -28,7 +29,7 @@ class DraftModelProposer(DraftCacheSequences):
     def __init__(self, runner: Runner, context_window: int | None = None) -> None:
         self.runner = runner
         self.context_window = context_window
-        self._cached_token_ids: list[int] = []
+        self.cached_token_ids: list[int] = []
 
     def propose(self, request: DraftRequest, num_speculative_tokens: int) -> DraftOutput:
         return propose_batch([(self, request, num_speculative_tokens)])[0]
@@ -36,11 +37,15 @@ class DraftModelProposer(DraftCacheSequences):
     def observe(self, num_accepted_tokens: int) -> None:
         """Nothing to do: the next ``propose`` rolls the cache back to the shared prefix."""
 
+    @property
+    def batches(self) -> bool:
+        """True unless a subclass drafts its own way (overrides :meth:`propose`)."""
+        return type(self).propose is DraftModelProposer.propose
 
-def batches(proposer) -> bool:
-    """``proposer`` drafts through :func:`propose_batch` (a :class:`DraftModelProposer` whose
-    ``propose`` is the stock one), so an engine may run it for many requests at once."""
-    return isinstance(proposer, DraftModelProposer) and type(proposer).propose is DraftModelProposer.propose
+    @staticmethod
+    def propose_batch(items: Sequence[tuple[DraftModelProposer, DraftRequest, int]]) -> list[DraftOutput]:
+        """One draft pass per position for all ``items`` (:func:`propose_batch`)."""
+        return propose_batch(items)
 
 
 def propose_batch(items: Sequence[tuple[DraftModelProposer, DraftRequest, int]]) -> list[DraftOutput]:
@@ -64,7 +69,7 @@ def propose_batch(items: Sequence[tuple[DraftModelProposer, DraftRequest, int]])
             continue
         keep = proposer.reusable_prefix(context)
         proposer.runner.truncate(keep)
-        proposer._cached_token_ids = proposer._cached_token_ids[:keep]
+        proposer.cached_token_ids = proposer.cached_token_ids[:keep]
         active.append([index, context[keep:], num_tokens, [], []])
     while active:
         logits = forward_batch([ForwardCall(items[a[0]][0].runner, a[1], num_logits=1) for a in active])
@@ -72,7 +77,7 @@ def propose_batch(items: Sequence[tuple[DraftModelProposer, DraftRequest, int]])
         for entry, row in zip(active, logits):
             index, pending, left, draft_token_ids, draft_rows = entry
             proposer, request, _ = items[index]
-            proposer._cached_token_ids.extend(pending)
+            proposer.cached_token_ids.extend(pending)
             # The draft's row is processed like the target's would be at this point of the chain.
             rows = process_logits(
                 row, request.params, request.prompt_token_ids, list(request.output_token_ids) + draft_token_ids,

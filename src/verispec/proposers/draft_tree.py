@@ -15,7 +15,8 @@ from typing import Sequence
 import torch
 
 from verispec.errors import InvalidParameterError
-from verispec.proposers import DraftCacheSequences, DraftOutput, DraftRequest
+from verispec.proposers.base import DraftCacheSequences, DraftRequest
+from verispec.spec.draft import DraftOutput
 from verispec.spec.sampling import process_logits
 from verispec.spec.tree import TokenTree, tree_attention_mask, tree_position_ids
 
@@ -98,7 +99,7 @@ class DraftTreeProposer(DraftCacheSequences):
         self.branching = branching
         self.max_depth = max_depth
         self.choices = validate_tree_choices(choices) if choices is not None else None
-        self._cached_token_ids: list[int] = []
+        self.cached_token_ids: list[int] = []
 
     def propose_tree(self, request: DraftRequest, num_nodes: int) -> TokenTree:
         """A tree of at most ``num_nodes`` drafted nodes below the root (the last context token)."""
@@ -111,7 +112,7 @@ class DraftTreeProposer(DraftCacheSequences):
         keep = self.reusable_prefix(context)
         self.runner.truncate(keep)
         root_logits = self.runner.forward(context[keep:], num_logits=1)
-        self._cached_token_ids = list(context)
+        self.cached_token_ids = list(context)
         if self.choices is not None:
             tree = self._static_tree(request, len(context) - 1, num_nodes, root_logits)
         else:

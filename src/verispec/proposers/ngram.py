@@ -13,7 +13,8 @@ import heapq
 from typing import Sequence
 
 from verispec.errors import InvalidParameterError
-from verispec.proposers import DraftOutput, DraftRequest
+from verispec.proposers.base import DraftRequest, Proposer
+from verispec.spec.draft import DraftOutput
 from verispec.spec.tree import TokenTree
 
 MAX_OCCURRENCES = 4  # most recent occurrences the index keeps per n-gram (tree branches come from them)
@@ -173,7 +174,7 @@ class NgramIndex:
         return found[:max_matches]
 
 
-class NgramProposer:
+class NgramProposer(Proposer):
     """Prompt-lookup drafter over the request's context (prompt + output so far).
 
     Args:
@@ -236,7 +237,7 @@ class NgramProposer:
         return self._index
 
 
-class NgramTreeProposer:
+class NgramTreeProposer(Proposer):
     """The proposer protocol over :meth:`NgramProposer.propose_tree`: n-gram branches as one
     token tree (drafter name ``"ngram-tree"``). Shares the wrapped proposer's index.
 

@@ -20,7 +20,8 @@ from collections import deque
 from typing import Sequence
 
 from verispec.errors import InvalidParameterError
-from verispec.proposers import DraftOutput, DraftRequest
+from verispec.proposers.base import DraftRequest, Proposer
+from verispec.spec.draft import DraftOutput
 from verispec.proposers.ngram import NgramIndex, NgramProposer, copy_continuation, ngram_tree
 from verispec.spec.tree import TokenTree
 
@@ -184,7 +185,7 @@ class SuffixCache:
                     del self._index[key]
 
 
-class SuffixProposer:
+class SuffixProposer(Proposer):
     """Suffix drafting for one request over a shared :class:`SuffixCache`.
 
     Each proposal looks up the context's tail in the request's own prompt and output (as
@@ -216,6 +217,12 @@ class SuffixProposer:
     def new_sequence(self) -> SuffixProposer:
         """The same drafter for another request: the same shared cache, its own context index."""
         return SuffixProposer(self.cache, self.min_ngram, self.max_ngram, self.spec_factor, self.add_prompts, self.datastore)
+
+    def with_empty_cache(self) -> SuffixProposer:
+        """The same drafter (settings, datastore) over a new, empty cache of the same settings."""
+        old = self.cache
+        cache = SuffixCache(old.max_tokens, old.min_ngram, old.max_ngram, old.max_occurrences)
+        return SuffixProposer(cache, self.min_ngram, self.max_ngram, self.spec_factor, self.add_prompts, self.datastore)
 
     def propose(self, request: DraftRequest, num_speculative_tokens: int) -> DraftOutput:
         """The most frequent continuation (a chain) of at most ``num_speculative_tokens``."""
@@ -261,7 +268,7 @@ class SuffixProposer:
         return best
 
 
-class SuffixTreeProposer:
+class SuffixTreeProposer(Proposer):
     """The proposer protocol over :meth:`SuffixProposer.propose_tree` (drafter ``"suffix-tree"``),
     for runners that verify token trees. Shares the wrapped proposer's index and cache."""
 

@@ -1,0 +1,137 @@
+"""One request's share of a target pass: its plan (a prefill chunk, a chain or a tree to
+verify), the rows it puts in the pass, and what the pass's logits then commit to it.
+
+The engine's loop (:mod:`verispec.engine.loop`) plans every request, runs one pass, then calls
+:func:`commit` on each; :func:`finish` ends a request. Lossless by construction: what is
+committed is what :mod:`verispec.spec.step` verified against the target's own rows.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from verispec.engine.policy import DraftStep
+from verispec.engine.request import GenerationOutput, StreamChunk
+from verispec.engine.state import RequestState
+from verispec.metrics import RequestMetrics
+from verispec.proposers.base import DraftRequest
+from verispec.runners import ForwardCall
+from verispec.spec.control import CostModel
+from verispec.spec.sampling import process_logits, token_logprobs
+from verispec.spec.step import pick_token, verify_chain, verify_tree
+from verispec.spec.tree import tree_attention_mask, tree_position_ids
+
+TARGET_SOURCE = "target"  # token_sources entry of a token the target chose (not a draft token)
+
+
+@dataclass
+class Plan:
+    """What one request does in a pass: a prefill chunk, a chain or a tree verify."""
+
+    state: RequestState
+    call: ForwardCall | None
+    cached: int = 0
+    limit: int = 0
+    step: DraftStep | None = None
+    request: DraftRequest | None = None
+
+
+def verify_call(plan: Plan) -> ForwardCall:
+    """The target rows of a decode step: the pending token and the chain, or the tree."""
+    target, tree = plan.state.slot.target, plan.step.draft.tree
+    if tree is None:
+        return ForwardCall(target, [plan.state.pending] + plan.step.draft.draft_token_ids)
+    cached = plan.cached
+    return ForwardCall(target, list(tree.token_ids), None, tree_position_ids(tree, cached), tree_attention_mask(tree, cached))
+
+
+def commit(plan: Plan, logits: torch.Tensor, pass_s: float, base_rows: int, cost_model: CostModel) -> StreamChunk | None:
+    """Apply one pass's ``logits`` (``[rows of plan.call, vocab]`` float32) to the plan's request:
+    a prefill chunk's prompt logprobs and, after the last chunk, the first token; or a verify
+    (:func:`verispec.spec.step.verify_chain` / ``verify_tree``), the commit of the accepted
+    tokens and the bonus or recovered token, and the rollback of the target's KV cache to them.
+    ``pass_s``: the pass's seconds; ``base_rows``: rows of the other requests in it. Returns the
+    chunk committed, or None for a prefill chunk that is not the prompt's last.
+    """
+    state = plan.state
+    out, params = state.out, state.params
+    if plan.step is None:  # a prefill chunk
+        first = state.num_prefilled
+        state.num_prefilled += len(plan.call.token_ids)
+        if params.prompt_logprobs is not None:  # row j scores prompt token first + j + 1
+            for j, position in enumerate(range(first + 1, min(state.num_prefilled + 1, len(state.prompt)))):
+                state.prompt_logprobs.append(token_logprobs(logits[j], state.prompt[position], params.prompt_logprobs))
+        if state.num_prefilled < len(state.prompt):
+            return None
+        rows = process_logits(logits[-1:], params, state.prompt, [], allowed=state.constraints.masks(0))
+        state.pending = pick_token(rows, state.generator)
+        out.append(state.pending)
+        state.record_logprobs(rows.logits, [state.pending])
+        state.constraints.commit(out.token_ids)
+        state.times.first_token = time.perf_counter()
+        state.sources = [TARGET_SOURCE] * len(out.token_ids)
+        if out.finished:
+            return finish(state, cost_model, list(out.token_ids))
+        prompt_logprobs = list(state.prompt_logprobs) if params.prompt_logprobs is not None else None
+        return StreamChunk(out.take_delta(), list(out.token_ids), logprobs=state.chunk_logprobs(out.token_ids),
+                           prompt_logprobs=prompt_logprobs)
+    step, target = plan.step, state.slot.target
+    draft_token_ids = step.draft.draft_token_ids
+    constraints = state.constraints
+    tree = step.draft.tree
+    if tree is None:
+        allowed = constraints.masks(len(out.token_ids), draft_token_ids)
+        result, rows = verify_chain(logits, step.draft, params, state.prompt, out.token_ids, state.generator, allowed)
+        target.truncate(plan.cached + 1 + result.num_accepted_tokens)
+        accepted_nodes = None
+        scoring_rows = list(range(len(result.token_ids)))
+    else:
+        paths = [[tree.token_ids[j] for j in tree.path_to(i)] for i in range(tree.num_nodes)] if constraints.active else []
+        allowed = constraints.path_masks(len(out.token_ids), paths)
+        result, rows = verify_tree(tree, logits, params, state.prompt, out.token_ids, state.generator, allowed)
+        target.keep_tree_path(plan.cached, [0] + result.accepted_nodes)  # the accepted path's KV
+        accepted_nodes = result.accepted_nodes
+        scoring_rows = [0] + list(result.accepted_nodes)
+    realised = state.policy.observe(step, result.num_accepted_tokens, pass_s, accepted_nodes, base_rows=base_rows)
+    state.stats.record(len(draft_token_ids), result.num_accepted_tokens, len(out.token_ids), step.drafter)
+    if state.policy.active and plan.limit > 0:  # a step with no room to draft says nothing about control
+        state.stats.record_control(step.chosen_k, step.predicted, realised)
+    num_before = len(out.token_ids)
+    for i, token_id in enumerate(result.token_ids):
+        finished = out.append(token_id)
+        if len(out.token_ids) > len(state.sources):
+            state.sources.append(step.drafter if i < result.num_accepted_tokens else TARGET_SOURCE)
+        if finished:
+            break
+    committed = out.token_ids[num_before:]
+    state.record_logprobs(rows, committed, scoring_rows)
+    constraints.commit(committed)
+    state.pending = result.token_ids[-1]
+    if out.finished:
+        return finish(state, cost_model, committed)
+    return StreamChunk(out.take_delta(), committed, logprobs=state.chunk_logprobs(committed))
+
+
+def finish(state: RequestState, cost_model: CostModel, committed: list[int]) -> StreamChunk:
+    """End the request: its finish reason, metrics and output; what it teaches the cost model
+    and the drafters that learn across requests (unless it is not a user's request)."""
+    out = state.out
+    if not out.finished:
+        out.finish("length")
+    state.times.end = time.perf_counter()
+    if state.learn:  # what a draft's catch-up is amortised over (not warm-ups' lengths)
+        cost_model.record_output_length(len(out.token_ids))
+        state.policy.finish(len(out.token_ids))
+    # drafters that learn across requests (suffix), each once even if loaded under two names
+    for proposer in {id(p): p for p in state.slot.proposers.values()}.values() if state.learn else ():
+        proposer.end_request(state.prompt, out.token_ids)
+    metrics = RequestMetrics.from_times(state.times, len(state.prompt), len(out.token_ids), state.stats)
+    state.output = GenerationOutput(
+        list(out.token_ids), out.text, out.finish_reason or "length", metrics, state.sources,
+        list(state.logprobs) if state.params.logprobs is not None else None,
+        list(state.prompt_logprobs) if state.params.prompt_logprobs is not None else None,
+    )
+    return StreamChunk(out.take_delta(), committed, state.output, state.chunk_logprobs(committed))

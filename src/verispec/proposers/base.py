@@ -1,0 +1,163 @@
+"""The drafter protocol: what the engine may ask of any drafter, every hook declared with its default.
+
+The core is small (transformers ``CandidateGenerator`` shape): ``propose`` returns only new
+tokens (possibly none, never None) and ``observe`` is the feedback hook after verification. The
+other hooks have defaults that suit a stateless drafter: it holds one sequence, feeds nothing
+before drafting, learns nothing when a request ends, drafts for each request on its own. Every
+drafter subclasses :class:`Proposer`; the engine calls the hooks directly, never by ``hasattr``.
+Knows nothing about verification or about the target model.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from verispec.spec.draft import DraftOutput
+from verispec.spec.sampling import SamplingParams
+
+
+@dataclass
+class DraftRequest:
+    """What a drafter sees of the request: the context, split as the penalties need it.
+
+    ``draft_stop_threshold``: a drafter with probabilities stops after a token whose own top
+    probability is below this (draft-side early stop); 0 disables. ``constraints``: the
+    request's token masks (:class:`verispec.engine.constraints.TokenConstraints`), which a model
+    drafter applies to its own rows (:meth:`allowed_after`) so it drafts what the target may emit.
+    """
+
+    prompt_token_ids: Sequence[int]
+    output_token_ids: Sequence[int]
+    params: SamplingParams
+    generator: torch.Generator
+    draft_stop_threshold: float = 0.0
+    constraints: object | None = None
+
+    def allowed_after(self, appended_token_ids: Sequence[int], width: int) -> torch.Tensor | None:
+        """``[1, width]`` bool: the tokens allowed after the output and ``appended_token_ids``
+        (a draft row's mask), or None when nothing is masked."""
+        if self.constraints is None:
+            return None
+        mask = self.constraints.path_masks(len(self.output_token_ids), [list(appended_token_ids)])
+        if mask is None:
+            return None
+        if mask.shape[-1] >= width:
+            return mask[:, :width]
+        return torch.nn.functional.pad(mask, (0, width - mask.shape[-1]), value=False)
+
+    @property
+    def context(self) -> list[int]:
+        return list(self.prompt_token_ids) + list(self.output_token_ids)
+
+
+class Proposer:
+    """Base of every drafter. Subclasses implement :meth:`propose`; the rest have defaults.
+
+    Hooks (all called by the engine, none looked up by name):
+        propose: the draft for one step (required).
+        observe: feedback after verification (default: nothing).
+        holds_sequences / new_sequence: whether the drafter can follow another sequence, and the
+            drafter for it (its own caches, shared weights) -- batching needs both (default: a
+            drafter holds sequences when it implements ``new_sequence``).
+        catch_up_rows: context tokens the next proposal feeds before drafting (default 0: a
+            lookup drafter reads the context without a pass).
+        end_request: a finished request's tokens, for drafters that learn across requests
+            (default: nothing).
+        batches / propose_batch: whether steps of several requests may be drafted together, and
+            how (default: each on its own through :meth:`propose`).
+    """
+
+    def propose(self, request: DraftRequest, num_speculative_tokens: int) -> DraftOutput:
+        """Propose up to ``num_speculative_tokens`` tokens that continue ``request.context``."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement propose")
+
+    def observe(self, num_accepted_tokens: int) -> None:
+        """Feedback after verification of the last proposal."""
+
+    @property
+    def holds_sequences(self) -> bool:
+        """This drafter can follow another sequence: by default, when it implements :meth:`new_sequence`."""
+        return type(self).new_sequence is not Proposer.new_sequence
+
+    @property
+    def batches(self) -> bool:
+        """Steps of several requests may be drafted together through :meth:`propose_batch`."""
+        return False
+
+    def new_sequence(self) -> Proposer:
+        """The same drafter for another sequence: its own caches and state.
+
+        Raises:
+            ValueError: the drafter cannot follow another sequence (:attr:`holds_sequences`).
+        """
+        raise ValueError(f"{type(self).__name__} cannot follow another sequence")
+
+    def catch_up_rows(self, request: DraftRequest) -> int:
+        """Context tokens the next proposal for ``request`` feeds before it drafts."""
+        return 0
+
+    def end_request(self, prompt_token_ids: Sequence[int], output_token_ids: Sequence[int]) -> None:
+        """A request finished with these tokens (drafters that learn across requests keep them)."""
+
+    @staticmethod
+    def propose_batch(items: Sequence[tuple[Proposer, DraftRequest, int]]) -> list[DraftOutput]:
+        """Drafts for several requests, each ``(its own drafter, its request, tokens at most)``,
+        in order. Drafters with ``batches`` override this to share passes; the result must equal
+        each :meth:`propose` alone."""
+        return [proposer.propose(request, k) for proposer, request, k in items]
+
+
+class DraftCacheSequences(Proposer):
+    """For drafters that own a draft runner's cache (``runner``, ``cached_token_ids``): another
+    sequence is the same drafter over ``runner.new_sequence()`` with an empty cache.
+
+    ``context_window``: prompt tokens the draft model sees, the last ones (None: all). The draft
+    prefills what it sees before its first proposal, outside the target's passes; on long
+    prompts (RAG, summarization) that prefill costs more than the draft then saves. A shorter
+    context can only lower acceptance, never change the output (the target verifies).
+    """
+
+    context_window: int | None = None
+
+    def draft_context(self, request: DraftRequest) -> list[int]:
+        """The token ids the draft continues: the prompt's last ``context_window`` and the output."""
+        prompt = request.prompt_token_ids
+        if self.context_window is not None and len(prompt) > self.context_window:
+            prompt = prompt[len(prompt) - self.context_window :]
+        return list(prompt) + list(request.output_token_ids)
+
+    def reusable_prefix(self, context: Sequence[int]) -> int:
+        """Tokens of ``context`` the draft cache keeps: the prefix it shares with it, but never the
+        last token (its logits are needed, so it is always fed again)."""
+        return min(common_prefix_length(self.cached_token_ids, context), len(context) - 1)
+
+    def catch_up_rows(self, request: DraftRequest) -> int:
+        """Context tokens the next proposal for ``request`` feeds before it drafts: 1-2 after its
+        own chain, the whole visible prompt at a request's first proposal."""
+        context = self.draft_context(request)
+        return len(context) - self.reusable_prefix(context)
+
+    @property
+    def holds_sequences(self) -> bool:
+        """The draft runner can give another sequence."""
+        return hasattr(self.runner, "new_sequence")
+
+    def new_sequence(self):
+        """This drafter for another request: the same draft weights, its own empty cache."""
+        clone = copy.copy(self)
+        clone.runner = self.runner.new_sequence()
+        clone.cached_token_ids = []
+        return clone
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
