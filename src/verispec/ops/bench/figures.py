@@ -13,7 +13,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Iterable, Sequence
 
-from verispec.ops.bench.run import SPEC_COUNT_FIELDS, RunRecord, plain_method, reference_runner
+from verispec.ops.bench.run import SPEC_COUNT_FIELDS, RunRecord, plain_method, reference_participant
 from verispec.metrics import SpecDecodeStats
 
 LLAMA_CPP_PLAIN = "llama.cpp:plain"  # the peer every runner is also compared with, when it ran
@@ -78,7 +78,7 @@ class SummaryRow:
     - speedup / decode_speedup: geometric mean over prompts of total (end-to-end) / decode
       tokens/s divided by that of plain decoding of the same family on the same prompt
     - speedup_vs_reference: the same against plain decoding of the first verispec runner
-      (:func:`verispec.ops.bench.run.reference_runner`; puts every runner and peer on one scale)
+      (:func:`verispec.ops.bench.run.reference_participant`; puts every runner and peer on one scale)
     - speedup_vs_llama_cpp: the same against the llama.cpp peer's plain decoding (None without it)
     - acceptance_rate, mean_acceptance_length, acceptance_per_position,
       acceptance_by_output_bucket: pooled counters (metrics.py definitions); None without drafts
@@ -118,7 +118,7 @@ def summarize(records: Sequence[RunRecord]) -> list[SummaryRow]:
     """One row per runner and category (categories in first-seen order), then per runner ``all``."""
     speedups = per_prompt_speedups(records)
     decode = per_prompt_speedups(records, key="decode_tokens_per_s")
-    vs_reference = per_prompt_speedups(records, baseline=reference_runner(r.runner for r in records))
+    vs_reference = per_prompt_speedups(records, baseline=reference_participant(r.runner for r in records))
     vs_peer = per_prompt_speedups(records, baseline=LLAMA_CPP_PLAIN)
     runners = list(dict.fromkeys(r.runner for r in records))
     categories = list(dict.fromkeys(r.category for r in records))

@@ -18,7 +18,7 @@ from typing import Sequence
 from rich.table import Table
 
 from verispec.ops.bench.figures import ALL, SummaryRow, summarize
-from verispec.ops.bench.run import RunnerInfo, RunRecord, plain_method, reference_runner
+from verispec.ops.bench.run import ParticipantInfo, RunRecord, plain_method, reference_participant
 from verispec.errors import VerispecError
 from verispec.metrics import OUTPUT_BUCKET_TOKENS
 
@@ -38,7 +38,7 @@ class BenchResults:
     environment: dict
     models: list[dict]
     memory: dict
-    runners: list[RunnerInfo]
+    runners: list[ParticipantInfo]
     records: list[RunRecord]
     summary: list[SummaryRow]
     exactness: dict
@@ -80,7 +80,7 @@ class BenchResults:
                 environment=data["environment"],
                 models=data["models"],
                 memory=data["memory"],
-                runners=[RunnerInfo(**r) for r in data["runners"]],
+                runners=[ParticipantInfo(**r) for r in data["runners"]],
                 records=[RunRecord.from_dict(r) for r in data["records"]],
                 summary=[SummaryRow(**({"speedup_vs_llama_cpp": None} | r)) for r in data["summary"]],
                 exactness=data["exactness"],
@@ -93,7 +93,7 @@ class BenchResults:
             raise ResultsFormatError(f"malformed results document: {exc}") from None
 
 
-def build_results(config: dict, models: list[dict], memory: dict, runners: list[RunnerInfo], records: list[RunRecord], audit: dict) -> BenchResults:
+def build_results(config: dict, models: list[dict], memory: dict, runners: list[ParticipantInfo], records: list[RunRecord], audit: dict) -> BenchResults:
     """Summarise ``records`` and bundle them with the run's facts (environment read here)."""
     return BenchResults(
         config=config,
@@ -207,7 +207,7 @@ def overall_rows(summary: Sequence[SummaryRow]) -> tuple[list[str], list[list[st
     """Header and rows of the per-runner table over all prompts (a "vs llama.cpp:plain" column
     when the peer ran)."""
     peer = any(r.speedup_vs_llama_cpp is not None for r in summary)
-    header = ["runner", "speedup", f"vs {reference_runner(r.runner for r in summary)}"] + (["vs llama.cpp:plain"] if peer else [])
+    header = ["runner", "speedup", f"vs {reference_participant(r.runner for r in summary)}"] + (["vs llama.cpp:plain"] if peer else [])
     header += ["decode tok/s", "e2e tok/s", "TTFT ms", "TPOT ms", "α", "τ", "tok/target fwd", "exact"]
     rows = []
     for r in summary:

@@ -45,7 +45,7 @@ def plain_method(family: str) -> str:
     return "none" if family in VERISPEC_FAMILIES else "plain"
 
 
-def reference_runner(names: Iterable[str]) -> str:
+def reference_participant(names: Iterable[str]) -> str:
     """The baseline every runner is also compared with: plain decoding of the first verispec
     runner in ``names`` (``gguf:none`` in ``gguf:none, gguf:draft, int8:none, ...``)."""
     for name in names:
@@ -132,7 +132,7 @@ class RunRecord:
     kernel_isa: str | None = None
 
     @classmethod
-    def of(cls, item: WorkloadItem, runner: BenchRunner, output: GenerationOutput) -> RunRecord:
+    def of(cls, item: WorkloadItem, runner: Participant, output: GenerationOutput) -> RunRecord:
         m = output.metrics
         spec = m.spec.to_dict()
         return cls(
@@ -166,7 +166,9 @@ class RunRecord:
         return cls(**data)
 
 
-class BenchRunner(Protocol):
+class Participant(Protocol):
+    """One contender of a benchmark run: a verispec method on one runner kind, or a peer."""
+
     name: str  # "family:method", e.g. "verispec:draft"
     family: str
     method: str
@@ -175,7 +177,7 @@ class BenchRunner(Protocol):
     def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> GenerationOutput: ...
 
 
-class VerispecRunner:
+class VerispecParticipant:
     """verispec's engine with one method (``none`` = plain decoding) on one runner kind; named
     ``"<kind>:<method>"`` (``int8:draft``), its family is the kind. ``settings`` name the kernels
     it runs (gguf: ``kernel_isa``; int8: ``int8_kernel``)."""
@@ -191,8 +193,8 @@ class VerispecRunner:
 
 
 @dataclass
-class RunnerInfo:
-    """A runner as results.json lists it: ``status`` is ``ok``, ``not installed`` or ``skipped: why``."""
+class ParticipantInfo:
+    """A benchmark participant as results.json lists it (its ``runners`` entry): ``status`` is ``ok``, ``not installed`` or ``skipped: why``."""
 
     name: str
     family: str
@@ -202,8 +204,8 @@ class RunnerInfo:
     load_time_s: float | None = None
 
 
-def build_runners(pipes: Mapping[str, SpeculativePipeline], config: BenchConfig) -> tuple[list[BenchRunner], list[RunnerInfo]]:
-    """The runners ``config`` asks for over each pipeline of ``pipes`` (``{runner kind: pipeline}``,
+def build_participants(pipes: Mapping[str, SpeculativePipeline], config: BenchConfig) -> tuple[list[Participant], list[ParticipantInfo]]:
+    """The participants ``config`` asks for over each pipeline of ``pipes`` (``{runner kind: pipeline}``,
     the first is the reference), then the peers, and a description of each (skipped ones too).
     The transformers peers run on the pipeline that holds a torch model; llama.cpp on the
     first pipeline's target file.
@@ -211,7 +213,7 @@ def build_runners(pipes: Mapping[str, SpeculativePipeline], config: BenchConfig)
     Raises:
         InvalidParameterError: a method whose drafter a pipeline did not load.
     """
-    runners: list[BenchRunner] = []
+    runners: list[Participant] = []
     for kind, pipe in pipes.items():
         loaded = set(pipe.engine.proposers)
         missing = [m for m in config.methods if m not in ("none", "auto") and m not in loaded]
@@ -219,24 +221,24 @@ def build_runners(pipes: Mapping[str, SpeculativePipeline], config: BenchConfig)
             raise InvalidParameterError(f"method {', '.join(missing)} needs a drafter the {kind} runner did not load (loaded: {', '.join(sorted(loaded))})")
         # each method its own suffix cache: it learns from its own earlier answers, never from
         # another method's answer to the same prompt (the methods take turns on every prompt)
-        runners += [VerispecRunner(pipe.engine.with_own_suffix_cache(), m, config.num_speculative_tokens, kind)
+        runners += [VerispecParticipant(pipe.engine.with_own_suffix_cache(), m, config.num_speculative_tokens, kind)
                     for m in config.methods]
-    infos = [RunnerInfo(r.name, r.family, r.method, settings=r.settings) for r in runners]
+    infos = [ParticipantInfo(r.name, r.family, r.method, settings=r.settings) for r in runners]
     first = next(iter(pipes.values()))
     if "transformers" in config.peers:
         torch_pipe = next((p for p in pipes.values() if p.target.model is not None), None)
         for method in TRANSFORMERS_METHODS:
             if torch_pipe is None:
                 which = f"the {next(iter(pipes))} runner holds no torch model" if len(pipes) == 1 else f"none of the {', '.join(pipes)} runners holds a torch model"
-                infos.append(RunnerInfo(f"transformers:{method}", "transformers", method, f"skipped: {which} (add torch to --runner)"))
+                infos.append(ParticipantInfo(f"transformers:{method}", "transformers", method, f"skipped: {which} (add torch to --runner)"))
                 continue
             if method == "assisted" and torch_pipe.draft is None:
-                infos.append(RunnerInfo(f"transformers:{method}", "transformers", method, "skipped: no draft model loaded"))
+                infos.append(ParticipantInfo(f"transformers:{method}", "transformers", method, "skipped: no draft model loaded"))
                 continue
             draft_model = torch_pipe.draft.model if torch_pipe.draft is not None else None
             peer = TransformersPeer(method, torch_pipe.target.model, torch_pipe.tokenizer, torch_pipe.target.eos_token_ids, draft_model, config.num_speculative_tokens)
             runners.append(peer)
-            infos.append(RunnerInfo(peer.name, peer.family, method, settings=peer.settings))
+            infos.append(ParticipantInfo(peer.name, peer.family, method, settings=peer.settings))
     if "llama.cpp" in config.peers:
         runner, info = _llama_cpp(first, config)
         infos.append(info)
@@ -245,8 +247,8 @@ def build_runners(pipes: Mapping[str, SpeculativePipeline], config: BenchConfig)
     return runners, infos
 
 
-def _llama_cpp(pipe: SpeculativePipeline, config: BenchConfig) -> tuple[LlamaCppPeer | None, RunnerInfo]:
-    info = RunnerInfo("llama.cpp:plain", "llama.cpp", "plain")
+def _llama_cpp(pipe: SpeculativePipeline, config: BenchConfig) -> tuple[LlamaCppPeer | None, ParticipantInfo]:
+    info = ParticipantInfo("llama.cpp:plain", "llama.cpp", "plain")
     path = pipe.target.path
     if path is None or Path(path).suffix != ".gguf":
         info.status = "skipped: the target is not a GGUF file"
@@ -270,7 +272,7 @@ def run_bench(
     items: Sequence[WorkloadItem],
     config: BenchConfig,
     on_run: Callable[[str], None] | None = None,
-) -> tuple[list[RunRecord], list[RunnerInfo], QualityAuditor]:
+) -> tuple[list[RunRecord], list[ParticipantInfo], QualityAuditor]:
     """Run every runner on every item, interleaved prompt by prompt; returns the records (prompt
     order, then runner order), the runner descriptions and the auditor with its counts.
 
@@ -284,14 +286,14 @@ def run_bench(
     pipes = as_pipelines(pipes)
     if config.threads is not None:
         torch.set_num_threads(config.threads)
-    runners, infos = build_runners(pipes, config)
+    runners, infos = build_participants(pipes, config)
     auditor = QualityAuditor(config.audit_rate, seed=config.seed)
     first = next(iter(pipes.values()))
     prompts = [encode(first, item, config.chat) for item in items]
     if config.warmup and prompts:
         warm = SamplingParams(max_tokens=min(WARMUP_TOKENS, config.max_tokens))
         for runner in runners:
-            if isinstance(runner, VerispecRunner):  # its suffix cache keeps nothing of a warm-up
+            if isinstance(runner, VerispecParticipant):  # its suffix cache keeps nothing of a warm-up
                 runner.engine.generate(prompts[0], warm, runner.spec, learn=False)
             else:
                 runner.generate(prompts[0], warm)
@@ -325,7 +327,7 @@ def as_pipelines(pipes: SpeculativePipeline | Mapping[str, SpeculativePipeline])
 def mark_exactness(batch: list[RunRecord]) -> None:
     """Set ``matches_plain`` / ``matches_reference`` on the greedy records of one prompt."""
     by_name = {r.runner: r for r in batch}
-    reference = by_name.get(reference_runner(by_name))
+    reference = by_name.get(reference_participant(by_name))
     for record in batch:
         plain = by_name.get(f"{record.family}:{plain_method(record.family)}")
         if plain is not None and plain is not record:
