@@ -17,7 +17,7 @@ from typing import Any, Sequence
 from verispec.engine.constraints import StructuredOutput
 from verispec.engine import SpeculativeConfig
 from verispec.errors import InvalidParameterError, VerispecError
-from verispec.metrics import RequestMetrics
+from verispec.metrics import RequestMetrics, acceptance_rate, mean_acceptance_length
 from verispec.spec.sampling import SamplingParams
 from verispec.server import tools
 from verispec.server.schemas import (
@@ -257,8 +257,8 @@ def usage(results: Sequence[tuple[int, RequestMetrics, float]]) -> Usage:
         num_drafts=drafts,
         num_draft_tokens=drafted,
         num_accepted_tokens=accepted,
-        acceptance_rate=accepted / drafted if drafted else None,
-        mean_acceptance_length=1 + accepted / drafts if drafts else None,
+        acceptance_rate=acceptance_rate(accepted, drafted),
+        mean_acceptance_length=mean_acceptance_length(accepted, drafts),
         ttft_ms=sum(metrics.ttft_ms for _, metrics, _ in results) / len(results),
         tpot_ms=sum(tpots) / len(tpots) if tpots else None,
         queue_ms=max(queue_s for _, _, queue_s in results) * 1e3,

@@ -22,6 +22,7 @@ from typing import Callable
 import torch
 
 from verispec.engine import SpeculativeConfig, SpeculativeEngine
+from verispec.metrics import acceptance_rate, mean_acceptance_length
 from verispec.proposers.draft_model import DraftModelProposer
 from verispec.proposers.ngram import NgramProposer
 from verispec.runners.costs import measure_cost_curve, seed_cost_model
@@ -108,8 +109,8 @@ class MethodResult:
         data = asdict(self)
         data.pop("outputs")
         data["tokens_per_s"] = self.tokens_per_s
-        data["acceptance_rate"] = self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
-        data["mean_acceptance_length"] = 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else None
+        data["acceptance_rate"] = acceptance_rate(self.num_accepted_tokens, self.num_draft_tokens)
+        data["mean_acceptance_length"] = mean_acceptance_length(self.num_accepted_tokens, self.num_drafts)
         data["draft_ms_per_token"] = self.draft_ms / self.num_draft_tokens if self.num_draft_tokens else None
         return data
 
