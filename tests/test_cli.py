@@ -89,3 +89,47 @@ def test_tree_method_from_the_command_line_equals_plain(checkpoints):
     tree = run_json(checkpoints, "--method", "tree", "-k", "6", "--schedule", "constant")
     assert tree["token_ids"] == plain["token_ids"]
     assert tree["metrics"]["spec"]["num_drafts"] > 0
+
+
+def test_user_errors_prints_the_message_verbatim_and_exits_2():
+    import typer
+
+    from verispec.cli.common import user_errors
+    from verispec.errors import InvalidParameterError
+
+    app = typer.Typer()
+
+    @app.command()
+    def fail(kind: str) -> None:
+        with user_errors(OSError):
+            raise InvalidParameterError("pip install 'verispec[ray]'") if kind == "user" else OSError("disk full")
+
+    result = runner.invoke(app, ["user"])
+    assert result.exit_code == 2 and "error: pip install 'verispec[ray]'" in result.output  # "[ray]" is not markup
+    assert runner.invoke(app, ["os"]).output.strip() == "error: disk full"
+
+
+def test_serve_passes_the_prefill_budget_to_load(monkeypatch):
+    import uvicorn
+
+    from server_support import tiny_pipeline
+    from verispec.engine.loader import SpeculativePipeline
+
+    seen = {}
+
+    def load(cls, *args, **kwargs):
+        seen.update(kwargs)
+        return tiny_pipeline()
+
+    monkeypatch.setattr(SpeculativePipeline, "load", classmethod(load))
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: None)
+    result = runner.invoke(app, ["serve", "--max-num-batched-tokens", "64"])
+    assert result.exit_code == 0, result.output
+    assert seen["max_num_batched_tokens"] == 64
+
+
+@pytest.mark.parametrize("args", [["advise", "--export", "nope"], ["bench-runners", "--prefill-tokens", "0"],
+                                  ["serve", "--log-level", "loud"]])
+def test_argument_checks_are_user_errors(args):
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2 and result.output.startswith("error: --") and "Traceback" not in result.output

@@ -107,9 +107,10 @@ def test_serve_command_passes_the_audit_rate(monkeypatch):
     from typer.testing import CliRunner
 
     from verispec import cli
+    from verispec.engine.loader import SpeculativePipeline
 
     captured = {}
-    monkeypatch.setattr(cli.SpeculativePipeline, "load", classmethod(lambda cls, *a, **k: tiny_pipeline()))
+    monkeypatch.setattr(SpeculativePipeline, "load", classmethod(lambda cls, *a, **k: tiny_pipeline()))
     monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: captured.update(app=app))
     result = CliRunner().invoke(cli.app, ["serve", "--audit-rate", "0.25"])
     assert result.exit_code == 0, result.output

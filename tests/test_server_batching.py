@@ -110,8 +110,9 @@ def test_serve_command_refuses_a_kv_budget_below_one_context(monkeypatch):
     from typer.testing import CliRunner
 
     from verispec import cli
+    from verispec.engine.loader import SpeculativePipeline
 
-    monkeypatch.setattr(cli.SpeculativePipeline, "load", classmethod(lambda cls, *a, **k: tiny_pipeline()))
+    monkeypatch.setattr(SpeculativePipeline, "load", classmethod(lambda cls, *a, **k: tiny_pipeline()))
     monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: None)
     result = CliRunner().invoke(cli.app, ["serve", "--max-kv-tokens", "10"])
     assert result.exit_code == 2 and "below one context window" in result.output

@@ -263,9 +263,10 @@ def test_serve_command_loads_binds_loopback_and_serves(monkeypatch):
     from typer.testing import CliRunner
 
     from verispec import cli
+    from verispec.engine.loader import SpeculativePipeline
 
     captured = {}
-    monkeypatch.setattr(cli.SpeculativePipeline, "load", classmethod(lambda cls, *a, **k: tiny_pipeline()))
+    monkeypatch.setattr(SpeculativePipeline, "load", classmethod(lambda cls, *a, **k: tiny_pipeline()))
     monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: captured.update(app=app, **kwargs))
     result = CliRunner().invoke(cli.app, ["serve", "--max-tokens-cap", "8", "-k", "3"])
     assert result.exit_code == 0, result.output

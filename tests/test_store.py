@@ -18,7 +18,8 @@ import typer
 from typer.testing import CliRunner
 
 from verispec.errors import ModelFetchError, ModelIntegrityError, ModelNotFoundError
-from verispec.models import cli, store
+from verispec.cli import models as models_cli
+from verispec.models import store
 from verispec.models.registry import (
     BUILTIN_MODELS, DEFAULT_DRAFT, DEFAULT_TARGET, BuiltinModel, WheelPart, get_builtin,
 )
@@ -275,9 +276,9 @@ def test_hub_unreachable_when_offline_or_port_closed(monkeypatch):
 
 @pytest.fixture
 def cli_app(make_store, monkeypatch):
-    monkeypatch.setattr(cli, "ModelStore", lambda **kw: make_store(**kw))
+    monkeypatch.setattr(models_cli, "ModelStore", lambda **kw: make_store(**kw))
     app = typer.Typer()
-    app.add_typer(cli.models_app, name="models")
+    app.add_typer(models_cli.models_app, name="models")
     return app
 
 

@@ -5,17 +5,16 @@ Owns what a replica loads (:class:`ReplicaSpec`), the deployment's scaling optio
 id header on every response, ``/metrics`` merged over all replicas, the health check that lets
 Ray restart a replica whose engine died, and starting / stopping it all. Ray Serve's proxy and
 router spread the requests; each replica is one process owning one batched engine and the same
-app :func:`verispec.server.create_app` builds for one machine. Knows nothing about decoding.
+app :func:`verispec.server.create_app` builds for one machine. Knows nothing about decoding;
+the command line's launch (checks before Ray starts) is :mod:`verispec.cli.replicas`.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -227,8 +226,8 @@ def replica_app(spec: ReplicaSpec, replica_id: str, merged_metrics=None):
     from verispec.runners.select import RunnerOptions
     from verispec.server.app import create_app
 
-    pipe = SpeculativePipeline.load(spec.target, spec.draft, dtype=spec.dtype, runners=RunnerOptions(kind=spec.runner))
-    pipe.engine.max_num_batched_tokens = spec.max_num_batched_tokens
+    pipe = SpeculativePipeline.load(spec.target, spec.draft, dtype=spec.dtype, runners=RunnerOptions(kind=spec.runner),
+                                    max_num_batched_tokens=spec.max_num_batched_tokens)
     if spec.datastore is not None:
         pipe.use_datastore(spec.datastore)
     app = create_app(pipe, spec.config, metrics_exposition=merged_metrics)
@@ -327,60 +326,6 @@ def run_replicas(spec: ReplicaSpec, scaling: ScalingOptions, *, host: str = "127
     return None
 
 
-def serve_replicas_command(err, *, target: str, draft: str | None, dtype: str, runner: str, host: str, port: int,
-                           ray_address: str | None, suffix_cache, datastore, max_num_batched_tokens: int,
-                           replicas: int | None, min_replicas: int | None, max_replicas: int | None,
-                           target_ongoing_requests: float | None, replica_cpus: float | None, server: dict,
-                           spec: dict) -> int:
-    """``verispec serve --replicas``: checks what a user can get wrong (Ray missing, the options,
-    the model references, which built-ins are fetched here once for every replica on this
-    machine, a damaged datastore) before Ray starts, then serves. Returns the exit code: 0, or
-    2 after printing the error on ``err`` (a rich console)."""
-    from verispec.models.store import ModelStore
-    from verispec.engine.request import SpeculativeConfig
-
-    try:
-        import_serve()
-        if suffix_cache is not None:
-            raise InvalidParameterError(SUFFIX_CACHE_REFUSED)
-        max_queue, max_num_seqs = server["max_queue"], server["max_num_seqs"]
-        num_replicas = 1 if replicas is None else replicas
-        if replica_cpus is None:  # this machine's cores shared by the first replicas; 1 on a cluster
-            first = num_replicas if min_replicas is None else max(1, min_replicas)
-            replica_cpus = 1.0 if ray_address else float(max(1, (os.cpu_count() or 1) // max(1, first)))
-        scaling = ScalingOptions(
-            num_replicas=num_replicas, min_replicas=min_replicas, max_replicas=max_replicas,
-            target_ongoing_requests=target_ongoing_requests, num_cpus=replica_cpus,
-            max_ongoing_requests=max_queue + (max_num_seqs or 8),
-        )
-        config = ServerConfig(default_spec=SpeculativeConfig(**spec), **server)
-        store = ModelStore()
-        for ref in (target, draft):
-            if ref is not None:
-                with err.status(f"resolving {ref}"):
-                    store.resolve(ref)
-        # local paths made absolute: a replica's working directory is Ray's, not this shell's
-        target, draft = (_absolute(ref) for ref in (target, draft))
-        if datastore is not None:
-            from verispec.proposers.datastore import Datastore
-
-            Datastore(datastore)
-            datastore = Path(datastore).resolve()
-        replica_spec = ReplicaSpec(target, draft, dtype, runner, config, max_num_batched_tokens,
-                                   None if datastore is None else str(datastore))
-        run_replicas(replica_spec, scaling, host=host, port=port, ray_address=ray_address)
-    except VerispecError as exc:
-        from rich.markup import escape
-
-        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)  # "[ray]" is not markup
-        return 2
-    return 0
-
-
-def _absolute(ref: str | None) -> str | None:
-    return str(Path(ref).expanduser().resolve()) if ref is not None and Path(ref).expanduser().exists() else ref
-
-
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     for line in reversed(text.splitlines()):  # Ray's message ends with the replica's own error
@@ -391,5 +336,5 @@ def _first_line(exc: BaseException) -> str:
 
 __all__ = [
     "RAY_MISSING", "REPLICA_HEADER", "RayMissingError", "ReplicasFailedError", "ReplicaSpec", "ScalingOptions", "build_deployment",
-    "merge_expositions", "replica_app", "run_replicas", "import_serve", "serve_replicas_command",
+    "merge_expositions", "replica_app", "run_replicas", "import_serve",
 ]

@@ -1,19 +1,16 @@
 """The ``verispec models`` sub-commands: list the built-in models and fetch one into the cache.
 
-Only parses arguments and formats output; the store does the work. Mounted by the main CLI with
-``app.add_typer(models_app, name="models")``.
+Only parses arguments and formats output; the store does the work. Mounted by
+:mod:`verispec.cli` as ``verispec models``.
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from verispec.errors import VerispecError
+from verispec.cli.common import user_errors
 from verispec.models.store import ModelStore
 
 models_app = typer.Typer(
@@ -33,7 +30,7 @@ def list_models() -> None:
     for column in ("role", "arch", "size", "cached"):
         table.add_column(column)
     table.add_column("path", overflow="fold")
-    with _user_errors():
+    with user_errors():
         for name, entry in store.registry.items():
             table.add_row(
                 name,
@@ -53,21 +50,9 @@ def fetch_model(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """Download and verify a built-in model, then print the path of its file."""
-    with _user_errors():
+    with user_errors():
         path = ModelStore(progress=not quiet).fetch(name, force=force)
     typer.echo(str(path))
-
-
-@contextmanager
-def _user_errors() -> Iterator[None]:
-    """Print a VerispecError as ``error: ...`` in red on stderr and exit with code 2."""
-    try:
-        yield
-    except VerispecError as exc:
-        Console(stderr=True).print(
-            f"error: {exc}", style="red", markup=False, highlight=False, soft_wrap=True
-        )
-        raise typer.Exit(2) from None
 
 
 def _format_bytes(size: int) -> str:

@@ -8,13 +8,11 @@ from pathlib import Path
 from typing import List
 
 import typer
-from rich.console import Console
 
-from verispec.errors import VerispecError
-from verispec.engine.loader import DEFAULT_TARGET
+from verispec.cli.common import err, target_option, user_errors
+from verispec.errors import InvalidParameterError
 
 datastore_app = typer.Typer(help="Static corpora for suffix drafting (REST-style retrieval).", no_args_is_help=True)
-err = Console(stderr=True)
 TEXT_SUFFIXES = (".py", ".txt", ".md", ".rst", ".json", ".jsonl", ".c", ".h", ".cpp", ".js", ".ts", ".java", ".go", ".rs", ".html", ".yaml", ".yml", ".toml", ".cfg", ".sh")
 
 
@@ -40,7 +38,7 @@ def corpus_files(paths: List[Path], exclude: List[str] = ()) -> list[Path]:
 def build(
     corpus: List[Path] = typer.Argument(..., help="Files and directories (their text files, recursively)."),
     out: Path = typer.Option(..., help="Directory to write the datastore to."),
-    target: str = typer.Option(DEFAULT_TARGET, help="The model whose tokenizer tokenizes the corpus (the target you serve)."),
+    target: str = target_option("The model whose tokenizer tokenizes the corpus (the target you serve)."),
     depth: int = typer.Option(8, min=1, max=32, help="Longest n-gram the datastore can match."),
     exclude: List[str] = typer.Option([], help="Directory names to skip inside the corpus directories (repeatable)."),
 ) -> None:
@@ -48,10 +46,9 @@ def build(
     from verispec.proposers.datastore import build_datastore
     from verispec.runners.llamacpp import load_gguf_info
 
-    if not str(out) or out.is_file() or (out.is_dir() and any(out.iterdir()) and not (out / "datastore.json").exists()):
-        err.print(f"[red]error:[/red] --out {str(out)!r} must be a new or empty directory, or an earlier datastore", highlight=False)
-        raise typer.Exit(2)
-    try:
+    with user_errors(OSError):
+        if not str(out) or out.is_file() or (out.is_dir() and any(out.iterdir()) and not (out / "datastore.json").exists()):
+            raise InvalidParameterError(f"--out {str(out)!r} must be a new or empty directory, or an earlier datastore")
         files = corpus_files(corpus, exclude)
         if not files:
             raise typer.BadParameter("no text files in the corpus")
@@ -65,7 +62,4 @@ def build(
                     yield tokenizer.encode(text, add_special_tokens=False)
 
         summary = build_datastore(documents(), out, depth=depth)
-    except (VerispecError, OSError) as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
-        raise typer.Exit(2) from None
     err.print(f"{summary['num_documents']} documents, {summary['num_tokens']} tokens -> {out} in {time.perf_counter() - start:.1f} s")

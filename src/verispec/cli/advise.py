@@ -1,0 +1,85 @@
+"""``verispec advise``: measure the acceptance rate and the costs on a workload sample, then say per
+category whether speculation pays (``--export``: the advised setup for another serving stack).
+The advice is :mod:`verispec.ops.advise`'s; this module parses, validates and prints."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from verispec.cli.common import (
+    K_ADVISE,
+    categories_option,
+    chat_template_option,
+    draft_option,
+    draft_or_none,
+    dtype_option,
+    err,
+    json_option,
+    num_speculative_tokens_option,
+    prompts_option,
+    runner_option,
+    target_option,
+    user_errors,
+    workload_option,
+)
+from verispec.errors import InvalidParameterError
+
+
+def advise(
+    workload: Optional[str] = workload_option(),
+    prompts: Optional[Path] = prompts_option(),
+    categories: Optional[str] = categories_option(),
+    limit: int = typer.Option(1, help="Prompts per category measured."),
+    methods: str = typer.Option("draft,ngram", help="Comma-separated drafters to assess."),
+    num_speculative_tokens: int = num_speculative_tokens_option(K_ADVISE),
+    max_k: int = typer.Option(10, min=1, max=64, help="Largest draft length in the predictions."),
+    max_tokens: int = typer.Option(64, help="New tokens per measured prompt."),
+    context_length: int = typer.Option(4096, min=1, help="Context length for the KV-cache memory estimate (tokens)."),
+    memory_budget: Optional[float] = typer.Option(None, help="Memory available for weights + KV caches, GiB."),
+    gpu_cost_per_month: Optional[float] = typer.Option(None, help="Monthly cost of the machine, for the cost per million tokens."),
+    threads: Optional[int] = typer.Option(None, help="CPU threads (default: torch's)."),
+    chat: Optional[bool] = chat_template_option(),
+    target: str = target_option("Target model reference."),
+    draft: str = draft_option(),
+    dtype: str = dtype_option(),
+    runner: str = runner_option("The runner advised on (as generate's --runner): the one you would run."),
+    as_json: bool = json_option("Also print the advice as one JSON object on stdout."),
+    export: Optional[str] = typer.Option(None, help="Write the advised setup for vllm, sglang or transformers (JSON)."),
+    export_file: Optional[Path] = typer.Option(None, help="File for --export's JSON (default: stdout)."),
+) -> None:
+    """Measure α and costs on a workload sample and say whether speculation pays, per category."""
+    from verispec.ops.advise import advise as run_advice
+    from verispec.ops.advise_render import export_advice, render
+    from verispec.ops.bench.command import load_pipelines, progress, runs_per_prompt, split
+    from verispec.ops.bench.run import BenchConfig
+    from verispec.ops.bench.workload import load_workload
+    from verispec.ops.export import EXPORT_TOOLS
+
+    with user_errors():
+        if export is not None and export not in EXPORT_TOOLS:
+            raise InvalidParameterError(f"--export must be one of {', '.join(EXPORT_TOOLS)}, got {export!r}")
+        if export is not None and as_json and export_file is None:
+            raise InvalidParameterError("--json and --export both write to stdout: give --export-file")
+        items = load_workload(None if prompts else workload or "specbench", prompts, split(categories), limit)
+        config = BenchConfig(
+            methods=tuple(split(methods)), peers=(), num_speculative_tokens=num_speculative_tokens,
+            max_tokens=max_tokens, threads=threads, chat=chat,
+        )
+        pipes, _ = load_pipelines(target, draft_or_none(draft), dtype, err, [runner])
+        pipe = next(iter(pipes.values()))
+        with progress(err, len(items) * runs_per_prompt(config)) as on_run:
+            advice = run_advice(
+                pipe, items, config, max_k=max_k, context_length=context_length,
+                memory_budget_bytes=int(memory_budget * 2**30) if memory_budget is not None else None,
+                gpu_cost_per_month=gpu_cost_per_month, on_run=on_run,
+            )
+    render(advice, err)
+    if as_json:
+        print(json.dumps(advice.to_dict()))
+    if export is not None:
+        with user_errors():
+            export_advice(advice, export, export_file, target, draft_or_none(draft), pipe.drafters, err)

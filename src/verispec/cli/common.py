@@ -1,0 +1,109 @@
+"""What every command shares: the stderr console, the one user-error handler and the options
+several commands take.
+
+A user mistake is a :class:`verispec.errors.VerispecError`, raised wherever it is found (argument
+checks raise :class:`~verispec.errors.InvalidParameterError`); :func:`user_errors` turns it into
+``error: ...`` on stderr and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from verispec.engine.loader import DEFAULT_DRAFT, DEFAULT_TARGET
+from verispec.errors import VerispecError
+
+err = Console(stderr=True)
+"""Statistics, progress, warnings and errors: stderr, so that stdout can be piped."""
+
+USER_ERROR_EXIT = 2
+
+
+@contextmanager
+def user_errors(*also: type[BaseException]) -> Iterator[None]:
+    """Print a :class:`VerispecError` (or one of ``also``, e.g. ``OSError``) as ``error: ...`` in
+    red on stderr, the message verbatim (never read as markup), and exit with status 2.
+
+    A context manager, and a decorator too (``@user_errors()``), as any ``contextmanager``.
+    """
+    try:
+        yield
+    except (VerispecError, *also) as exc:
+        err.print(Text.assemble(("error:", "red"), f" {exc}"), highlight=False, soft_wrap=True)
+        raise typer.Exit(USER_ERROR_EXIT) from None
+
+
+def draft_or_none(draft: str) -> str | None:
+    """``--draft none`` (any case) as None: no draft model."""
+    return None if draft.lower() == "none" else draft
+
+
+# --- shared options: one definition each; a command passes its own help only where it says more.
+
+TARGET_HELP = "Target model: built-in name, .gguf file, HF directory or hub id."
+DRAFT_HELP = "Draft model reference, or 'none'."
+RUNNER_HELP = (
+    "auto (default: gguf on a CPU when it can run the files, else the fastest by measured cost curves), "
+    "gguf (the GGUF file's own 4-bit blocks, batch-invariant C++ kernels: exact and fast on a CPU), "
+    "int8 (batch-invariant int8 re-quantization, Llama/Qwen2), llamacpp (GGUF through llama.cpp, needs the "
+    "llamacpp extra; not exact under speculation) or torch (transformers, any device: the fp32 reference)."
+)
+WORKLOAD_HELP = "Built-in workload: specbench (6 tasks), specbench-categories (13), humaneval (default: specbench)."
+PROMPTS_HELP = "JSONL file: 'prompt' or 'turns' per line, optional 'category'."
+NUM_SPECULATIVE_TOKENS_HELP = (
+    "Draft tokens per target pass: the draft length under the constant schedule, the most under the others."
+)
+
+# -k's default is the one option whose value differs by command, on purpose:
+K_GENERATE = 8  # generate's default schedule is cost: 8 is only the bound the controller picks k under
+K_SERVE = 5  # the default of requests that give no 'speculative' of their own (SpeculativeConfig's)
+K_BENCH = 5  # bench runs the constant schedule: every method compared at this one draft length
+K_BENCH_RUNNERS = 4  # the runner tables' measurement setting (constant schedule), as published in docs/benchmarks.md
+K_ADVISE = 5  # the draft length alpha and the costs are measured at; the predictions then cover k = 1..--max-k
+
+
+def num_speculative_tokens_option(default: int) -> Any:
+    """``-k/--num-speculative-tokens``; ``default``: one of the ``K_*`` constants above."""
+    return typer.Option(default, "--num-speculative-tokens", "-k", help=NUM_SPECULATIVE_TOKENS_HELP)
+
+
+def target_option(help: str = TARGET_HELP) -> Any:
+    return typer.Option(DEFAULT_TARGET, help=help)
+
+
+def draft_option(help: str = DRAFT_HELP) -> Any:
+    return typer.Option(DEFAULT_DRAFT, help=help)
+
+
+def dtype_option() -> Any:
+    return typer.Option("float32", help="float32 or bfloat16.")
+
+
+def runner_option(help: str = RUNNER_HELP) -> Any:
+    return typer.Option("auto", help=help)
+
+
+def workload_option() -> Any:
+    return typer.Option(None, help=WORKLOAD_HELP)
+
+
+def prompts_option(help: str = PROMPTS_HELP) -> Any:
+    return typer.Option(None, help=help)
+
+
+def categories_option() -> Any:
+    return typer.Option(None, help="Comma-separated categories to keep.")
+
+
+def chat_template_option() -> Any:
+    """``--chat/--no-chat`` of the workload commands: None leaves it to each prompt line."""
+    return typer.Option(None, "--chat/--no-chat", help="Force the chat template (default: 'turns' lines use it).")
+
+
+def json_option(help: str) -> Any:
+    return typer.Option(False, "--json", help=help)

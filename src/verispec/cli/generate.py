@@ -1,0 +1,169 @@
+"""``verispec generate``: one prompt decoded speculatively, the text streamed to stdout as it is
+accepted, the statistics after it on stderr (``--json``: one JSON object on stdout instead)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import List, Optional
+
+import typer
+
+from verispec.cli.common import (
+    K_GENERATE,
+    draft_option,
+    dtype_option,
+    err,
+    json_option,
+    num_speculative_tokens_option,
+    runner_option,
+    target_option,
+    user_errors,
+)
+from verispec.cli.generate_stats import plain_comparison, stats_table
+from verispec.engine import SpeculativeConfig
+from verispec.engine.loader import DrafterOptions, SpeculativePipeline
+from verispec.errors import InvalidParameterError
+from verispec.metrics import peak_rss_bytes
+from verispec.ops.audit import QualityAuditor, describe_audit
+from verispec.runners.notices import kernel_facts, runner_label
+from verispec.runners.select import RunnerOptions
+from verispec.spec.sampling import SamplingParams
+
+
+def generate(
+    prompt: Optional[str] = typer.Argument(None, help="Prompt text; read from stdin when omitted."),
+    target: str = target_option(),
+    draft: str = draft_option("Draft model reference (same forms as --target), or 'none'."),
+    method: str = typer.Option(
+        "auto",
+        help="auto (suffix lookup in this request and earlier ones when it matches, else the draft model, else layer skip; per step), "
+        "draft, ngram, suffix (continuations seen in earlier requests and this one), layer-skip, "
+        "tree (token trees: n-gram branches, else the draft's tree), or none (plain decoding).",
+    ),
+    num_speculative_tokens: int = num_speculative_tokens_option(K_GENERATE),
+    schedule: str = typer.Option("cost", help="Draft length: cost (cost-model controller), heuristic or constant."),
+    draft_stop_threshold: float = typer.Option(0.0, help="Stop drafting below this draft confidence (0 = off)."),
+    min_ngram: int = typer.Option(2, help="Shortest context suffix n-gram lookup matches (methods ngram, tree)."),
+    max_ngram: int = typer.Option(4, help="Longest context suffix n-gram lookup matches (methods ngram, tree)."),
+    tree_choices: Optional[str] = typer.Option(
+        None,
+        help="Static draft tree shape for --method tree, as JSON paths of child ranks, e.g. "
+        "'[[0],[1],[0,0],[0,1],[0,0,0]]' (default: dynamic tree).",
+    ),
+    layer_skip_layers: Optional[int] = typer.Option(
+        None, help="Target layers the layer-skip drafter runs (default: a quarter; 0 = no layer skip)."
+    ),
+    draft_quantization: str = typer.Option(
+        "auto", help="auto (iq4_nl on the gguf runner, else none); none; int8 (weight-only, --runner torch); iq4_nl or q4_0 (--runner gguf: the draft's 5-8-bit matrices re-quantized to 4.5 bits per weight as they load, once, kept under $VERISPEC_HOME/weights). Changes only what the draft proposes, never the output."
+    ),
+    runner: str = runner_option(),
+    compare_plain: bool = typer.Option(
+        False, "--compare-plain", help="Also decode the prompt plainly (after a 4-token untimed warm-up) and print both rates, the measured speedup and whether the tokens match."
+    ),
+    draft_vocab: Optional[int] = typer.Option(
+        None, help="Reduced draft LM head: keep this many most frequent tokens (FR-Spec; --runner gguf or int8)."
+    ),
+    draft_vocab_corpus: Optional[List[str]] = typer.Option(
+        None, help="Text file whose token counts pick the --draft-vocab tokens (repeatable; default: BPE rank)."
+    ),
+    temperature: float = typer.Option(0.0, help="0 = greedy."),
+    top_k: int = typer.Option(0, help="Keep the k most likely tokens (0 = off)."),
+    top_p: float = typer.Option(1.0, help="Nucleus mass in (0, 1]."),
+    repetition_penalty: float = typer.Option(1.0, help="CTRL repetition penalty (1 = off)."),
+    max_tokens: int = typer.Option(128, help="New tokens at most."),
+    seed: Optional[int] = typer.Option(None, help="Seed for sampling."),
+    stop: Optional[List[str]] = typer.Option(None, help="Stop string (repeatable)."),
+    chat: bool = typer.Option(False, help="Apply the model's chat template to the prompt."),
+    dtype: str = dtype_option(),
+    as_json: bool = json_option("Print one JSON object (text, token_ids, metrics)."),
+    audit_rate: float = typer.Option(
+        0.0, help="Probability of re-decoding this request plainly after the response, to check agreement (0 = off)."
+    ),
+) -> None:
+    """Generate text with the target, speculatively verified against a draft."""
+    with user_errors():
+        if prompt is None:
+            if sys.stdin.isatty():
+                raise InvalidParameterError("give a PROMPT argument or pipe the prompt on stdin")
+            prompt = sys.stdin.read()
+        params = SamplingParams(
+            temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
+            max_tokens=max_tokens, seed=seed, stop=tuple(stop or ()),
+        )
+        auditor = QualityAuditor(audit_rate, seed=seed)
+        spec = SpeculativeConfig(
+            method=method, num_speculative_tokens=num_speculative_tokens, schedule=schedule,
+            draft_stop_threshold=draft_stop_threshold,
+        )
+        drafters = DrafterOptions(
+            min_ngram=min_ngram, max_ngram=max_ngram, layer_skip_layers=layer_skip_layers,
+            draft_quantization=draft_quantization, tree_choices=parse_tree_choices(tree_choices, method),
+        )
+        use_draft = method in ("draft", "auto", "tree") and draft.lower() != "none"
+        runners = RunnerOptions(kind=runner, draft_vocab_size=draft_vocab, draft_vocab_corpus=tuple(draft_vocab_corpus or ()))
+        if dtype != "float32" and method != "none" and runner == "torch":
+            err.print(
+                f"[yellow]warning:[/yellow] {dtype} matmuls on this CPU round a k-token verify pass slightly "
+                "differently from a 1-token decode step, so at near-ties greedy speculative output can differ "
+                "from plain decoding; use --dtype float32 for token-identical output",
+                highlight=False,
+            )
+        with err.status(f"loading {target}" + (f" + {draft}" if use_draft else "")):
+            pipe = SpeculativePipeline.load(
+                target, draft if use_draft else None, dtype=dtype, drafters=drafters, runners=runners
+            )
+        for summary in pipe.model_summaries():
+            requantized = f", re-quantized to {pipe.draft_requantize}" if summary.role == "draft" and pipe.draft_requantize else ""
+            err.print(f"loaded {summary.role} {summary.name} ({runner_label(pipe.runner_kind)}{requantized}, "
+                      f"{summary.param_bytes / 2**30:.2f} GiB) in {summary.load_time_s:.1f} s", highlight=False, markup=False)
+        if pipe.runner_kind == "llamacpp" and method != "none":
+            err.print(
+                "[yellow]warning:[/yellow] llama.cpp computes a k-token batch differently from a 1-token step, so "
+                "greedy speculative output can differ from plain llama.cpp decoding at near-ties; use --runner gguf "
+                "for token-identical output",
+                highlight=False,
+            )
+        if compare_plain:  # both timed runs start warm: neither pays the first pass's one-off costs
+            pipe.generate(prompt, SamplingParams(max_tokens=min(4, params.max_tokens)), spec, chat=chat, learn=False)
+        output = None
+        for chunk in pipe.stream(prompt, params, spec, chat=chat):
+            if not as_json:
+                sys.stdout.write(chunk.text)
+                sys.stdout.flush()
+            output = chunk.output or output
+        comparison = None
+        if compare_plain:
+            with err.status("plain decoding of the same prompt (--compare-plain)"):
+                plain = pipe.generate(prompt, params, SpeculativeConfig(method="none"), chat=chat)
+            comparison = plain_comparison(output, plain, greedy=params.temperature == 0)
+    models = [vars(m) for m in pipe.model_summaries()]
+    if as_json:
+        data = output.to_dict()
+        data.update(method=method, runner=pipe.runner_kind, **kernel_facts(pipe.runner_kind), models=models, peak_rss_bytes=peak_rss_bytes())
+        if comparison is not None:
+            data["compare_plain"] = comparison
+        print(json.dumps(data))
+    else:
+        sys.stdout.write("\n")
+        err.print(stats_table(output, method, models, comparison))
+    if auditor.submit(pipe.encode(prompt, chat=chat), params, output):  # after the response is out
+        with err.status("audit: plain decoding of the same request"):
+            result = auditor.run_pending(pipe.engine)[0]
+        err.print(f"audit: {describe_audit(result)}", highlight=False)
+
+
+def parse_tree_choices(text: Optional[str], method: str):
+    """``--tree-choices`` as a list of rank paths (validated by DrafterOptions), or None.
+
+    Raises:
+        InvalidParameterError: malformed JSON, or the option given without ``--method tree``.
+    """
+    if text is None:
+        return None
+    if method != "tree":
+        raise InvalidParameterError(f"--tree-choices needs --method tree, got --method {method}")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidParameterError(f"--tree-choices is not valid JSON ({exc.msg}): {text!r}") from None

@@ -1,0 +1,115 @@
+"""``verispec serve``: the OpenAI-compatible HTTP server, in this process (uvicorn) or, with any of
+the ``--replicas`` family of options, as Ray Serve replicas (:mod:`verispec.cli.replicas`)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from verispec.cli.common import (
+    K_SERVE,
+    draft_option,
+    draft_or_none,
+    dtype_option,
+    err,
+    num_speculative_tokens_option,
+    runner_option,
+    target_option,
+    user_errors,
+)
+from verispec.engine import SpeculativeConfig
+from verispec.engine.loader import SpeculativePipeline
+from verispec.errors import InvalidParameterError, VerispecError
+from verispec.runners.select import RunnerOptions
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def serve(
+    target: str = target_option(),
+    draft: str = draft_option("Draft model reference, or 'none' to serve plain decoding."),
+    method: Optional[str] = typer.Option(None, help="Default method of requests without 'speculative' (draft if a draft is loaded)."),
+    num_speculative_tokens: int = num_speculative_tokens_option(K_SERVE),
+    schedule: str = typer.Option(
+        "cost", help="Default draft-length schedule: cost (batch-aware cost model), heuristic or constant."
+    ),
+    host: str = typer.Option("127.0.0.1", help="Address to bind; loopback unless you say otherwise."),
+    port: int = typer.Option(8000, help="TCP port."),
+    api_key: Optional[str] = typer.Option(None, envvar="VERISPEC_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1."),
+    dtype: str = dtype_option(),
+    runner: str = runner_option(),
+    max_queue: int = typer.Option(64, min=1, help="Requests that may wait for the engine before 429."),
+    max_num_seqs: Optional[int] = typer.Option(
+        None, min=1, help="Requests batched into one target pass (default 8; 1 on the llama.cpp runner)."
+    ),
+    max_kv_tokens: Optional[int] = typer.Option(
+        None, min=1, help="KV-cache tokens the running requests may reserve together (default: a context each)."
+    ),
+    max_num_batched_tokens: int = typer.Option(
+        256, min=1, help="Prompt tokens prefilled per pass while other requests decode (chunked prefill)."
+    ),
+    max_tokens_cap: int = typer.Option(2048, min=1, help="Largest max_tokens a request may ask for."),
+    suffix_cache: Optional[Path] = typer.Option(
+        None, help="File for the suffix drafter's cache of past requests: loaded at start if present, written at shutdown."
+    ),
+    datastore: Optional[Path] = typer.Option(None, help="A corpus datastore (verispec datastore build) the suffix drafter also reads."),
+    max_body_bytes: int = typer.Option(4 * 1024 * 1024, min=1024, help="Largest request body (bytes)."),
+    log_level: str = typer.Option("info", help="debug, info, warning or error."),
+    audit_rate: float = typer.Option(
+        0.0, help="Fraction of responses re-decoded plainly when the engine is idle, to count agreement (0 = off)."
+    ),
+    replicas: Optional[int] = typer.Option(None, help="Serve N replicas on Ray Serve, each its own batched engine (needs verispec[ray])."),
+    ray_address: Optional[str] = typer.Option(None, help="Join this Ray cluster (e.g. auto or ray://host:10001) instead of starting one."),
+    min_replicas: Optional[int] = typer.Option(None, help="Autoscale replicas from this many (Ray Serve autoscaling)."),
+    max_replicas: Optional[int] = typer.Option(None, help="Autoscale replicas up to this many."),
+    target_ongoing_requests: Optional[float] = typer.Option(None, help="Requests in flight per replica the autoscaler aims at."),
+    replica_cpus: Optional[float] = typer.Option(
+        None, help="CPUs Ray reserves for each replica, its runners' threads (default: the cores / replicas; 1 on --ray-address)."
+    ),
+) -> None:
+    """Serve the models over an OpenAI-compatible HTTP API (completions, chat, streaming, /metrics)."""
+    with user_errors():
+        try:
+            import uvicorn
+
+            from verispec.cli.replicas import ReplicaOptions, serve_replicas
+            from verispec.server import ServerConfig, create_app
+            from verispec.server.replicas import ReplicaSpec
+        except ImportError as exc:
+            raise VerispecError(f"the server's dependencies are missing ({exc}): pip install -e .") from None
+        if log_level.lower() not in LOG_LEVELS:
+            raise InvalidParameterError(f"--log-level must be debug, info, warning or error, got {log_level!r}")
+        if not 0.0 <= audit_rate <= 1.0:
+            raise InvalidParameterError(f"--audit-rate must be in [0, 1], got {audit_rate}")
+        logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        draft_ref = draft_or_none(draft)
+        if host not in LOOPBACK and api_key is None:
+            err.print(f"[yellow]warning:[/yellow] serving on {host} without --api-key: anyone who can reach it can use it")
+        spec = SpeculativeConfig(
+            method=method or ("draft" if draft_ref else "none"), num_speculative_tokens=num_speculative_tokens,
+            schedule=schedule,
+        )
+        config = ServerConfig(
+            api_key=api_key, max_tokens_cap=max_tokens_cap, max_queue=max_queue, max_body_bytes=max_body_bytes,
+            default_spec=spec, audit_rate=audit_rate, max_num_seqs=max_num_seqs, max_kv_tokens=max_kv_tokens,
+            suffix_cache=None if suffix_cache is None else str(suffix_cache),
+        )
+        scaling = ReplicaOptions(replicas, ray_address, min_replicas, max_replicas, target_ongoing_requests, replica_cpus)
+        if scaling.requested:
+            models = ReplicaSpec(target, draft_ref, dtype, runner, config, max_num_batched_tokens,
+                                 None if datastore is None else str(datastore))
+            serve_replicas(models, scaling, host=host, port=port)
+            return
+        with err.status(f"loading {target}" + (f" + {draft}" if draft_ref else "")):
+            pipe = SpeculativePipeline.load(
+                target, draft_ref, dtype=dtype, runners=RunnerOptions(kind=runner),
+                max_num_batched_tokens=max_num_batched_tokens,
+            )
+        if datastore is not None:
+            pipe.use_datastore(datastore)
+        server = create_app(pipe, config)
+    uvicorn.run(server, host=host, port=port, log_level=log_level.lower())
