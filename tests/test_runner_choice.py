@@ -166,7 +166,7 @@ def test_bench_runners_prompts_file_errors_are_clear(tmp_path):
     bad.write_text('{"prompt": "x"}\n{"text": "y"}\n')
     with pytest.raises(WorkloadError, match="line 2"):
         load_prompts(str(bad), 5)
-    with pytest.raises(WorkloadError, match="not found"):
+    with pytest.raises(WorkloadError, match="cannot read workload file .*missing.jsonl: No such file"):
         load_prompts(str(tmp_path / "missing.jsonl"), 5)
 
 

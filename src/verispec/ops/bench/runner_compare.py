@@ -11,7 +11,6 @@ not a test: timings on a shared machine are noisy; compare ratios within one run
 
 from __future__ import annotations
 
-import json
 import platform
 import sysconfig
 import time
@@ -116,27 +115,15 @@ class MethodResult:
 
 
 def load_prompts(path: str, limit: int) -> list[str]:
-    """The first ``limit`` prompts of a JSONL file (``prompt`` per line; empty path: HumanEval dev).
+    """The first ``limit`` prompt texts of a workload file (empty path: HumanEval dev), read by
+    the bench's workload reader (:func:`verispec.ops.bench.workload.read_jsonl`).
 
     Raises:
-        WorkloadError: a missing file, a line that is not JSON, or a line without ``prompt``.
+        WorkloadError: a missing file or a bad line (the message names the file and line).
     """
-    from verispec.ops.bench.workload import WorkloadError, data_dir
+    from verispec.ops.bench.workload import data_dir, read_jsonl
 
-    file = Path(path) if path else data_dir() / "humaneval_dev.jsonl"
-    if not file.is_file():
-        raise WorkloadError(f"prompts file {file} not found")
-    prompts = []
-    for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            prompts.append(json.loads(line)["prompt"])
-        except (json.JSONDecodeError, KeyError, TypeError):
-            raise WorkloadError(f"{file} line {number}: expected a JSON object with a 'prompt'") from None
-        if len(prompts) == limit:
-            break
-    return prompts
+    return [item.text for item in read_jsonl(Path(path) if path else data_dir() / "humaneval_dev.jsonl")[:limit]]
 
 
 def decode_all(engine: SpeculativeEngine, prompts: list[list[int]], spec: SpeculativeConfig, params: SamplingParams, result: MethodResult) -> MethodResult:
