@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from helpers import CharTokenizer, default_pieces, tiny_qwen2
+from helpers import CharTokenizer, default_pieces, tiny_qwen2, single_thread  # noqa: F401 (single_thread: autouse fixture, one thread)
 from verispec.engine import SpeculativeConfig, SpeculativeEngine
 from verispec.errors import InvalidParameterError
 from verispec.proposers.draft_model import DraftModelProposer
@@ -19,14 +19,6 @@ DRAFT = [32, 38, 46, 26, 43]
 PROMPTS = [[5, 17, 33, 2, 9], [70, 3], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20]]
 GREEDY_40 = SamplingParams(max_tokens=40)
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One thread: OpenMP barriers cost a scheduler slice per op on an oversubscribed machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

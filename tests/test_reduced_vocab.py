@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from helpers import CharTokenizer, default_pieces
+from helpers import CharTokenizer, default_pieces, single_thread  # noqa: F401 (single_thread: autouse fixture, one thread)
 from verispec.engine import SpeculativeConfig, SpeculativeEngine
 from verispec.proposers.draft_model import DraftModelProposer
 from verispec.runners.int8 import Int8Runner
@@ -12,13 +12,6 @@ from verispec.spec.sampling import SamplingParams, logits_to_probs
 
 PROMPTS = [[5, 17, 33, 2, 9], [70, 3], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20]]
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from helpers import BigramRunner, default_pieces, perturbed_copy
+from helpers import BigramRunner, default_pieces, perturbed_copy, single_thread  # noqa: F401 (single_thread: autouse fixture, one thread)
 from verispec.spec.control import CostModel
 from verispec.engine import SpeculativeConfig
 from verispec.errors import InvalidParameterError
@@ -20,13 +20,6 @@ from verispec.runners.torch_runner import TransformersRunner
 from verispec.spec.sampling import SamplingParams
 from test_quantize import VocabTokenizer
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def curve(name, ms):

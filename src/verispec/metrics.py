@@ -25,21 +25,32 @@ def mean_acceptance_length(num_accepted_tokens: int, num_drafts: int) -> float |
     return 1.0 + num_accepted_tokens / num_drafts if num_drafts else None
 
 
+class _AcceptanceFigures:
+    """The two rates of any counters with ``num_drafts``, ``num_draft_tokens`` and
+    ``num_accepted_tokens``."""
+
+    num_drafts: int
+    num_draft_tokens: int
+    num_accepted_tokens: int
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """accepted / drafted; None when nothing was drafted."""
+        return acceptance_rate(self.num_accepted_tokens, self.num_draft_tokens)
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        """1 + accepted / drafts (bonus or recovered token included); None without drafts."""
+        return mean_acceptance_length(self.num_accepted_tokens, self.num_drafts)
+
+
 @dataclass
-class DrafterStats:
+class DrafterStats(_AcceptanceFigures):
     """Drafts, drafted and accepted tokens of one drafter, with the rates defined above."""
 
     num_drafts: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        return acceptance_rate(self.num_accepted_tokens, self.num_draft_tokens)
-
-    @property
-    def mean_acceptance_length(self) -> float | None:
-        return mean_acceptance_length(self.num_accepted_tokens, self.num_drafts)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -49,7 +60,7 @@ class DrafterStats:
 
 
 @dataclass
-class SpecDecodeStats:
+class SpecDecodeStats(_AcceptanceFigures):
     """Counters of one request (or many, via :meth:`merge`).
 
     A *draft* is one verify step that had at least one drafted token.
@@ -144,16 +155,6 @@ class SpecDecodeStats:
             self.predicted_cost += predicted[1]
             self.realised_tokens += realised[0]
             self.realised_cost += realised[1]
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        """accepted / drafted; None when nothing was drafted."""
-        return acceptance_rate(self.num_accepted_tokens, self.num_draft_tokens)
-
-    @property
-    def mean_acceptance_length(self) -> float | None:
-        """1 + accepted / drafts (bonus or recovered token included); None without drafts."""
-        return mean_acceptance_length(self.num_accepted_tokens, self.num_drafts)
 
     @property
     def predicted_speedup(self) -> float | None:
