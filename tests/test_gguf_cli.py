@@ -61,7 +61,7 @@ def test_sampling_comparison_does_not_claim_identity(files):
 
 
 def test_models_report_the_runner_load_time_and_held_bytes(files):
-    from verispec.runners.gguf_runner import GGUFWeights
+    from verispec.runners.gguf_weights import GGUFWeights
 
     data = generate_json(files, "--method", "none")
     target = data["models"][0]
@@ -81,12 +81,12 @@ def test_stats_table_labels_the_speedup_an_estimate(files):
 
 
 def test_incompatible_draft_is_refused_before_any_weight_is_read(files, monkeypatch):
-    from verispec.runners import gguf_runner
+    from verispec.runners import gguf_weights
 
     def no_weights(*args, **kwargs):
         raise AssertionError("weights were read before the tokenizer check")
 
-    monkeypatch.setattr(gguf_runner.GGUFWeights, "from_file", no_weights)
+    monkeypatch.setattr(gguf_weights.GGUFWeights, "from_file", no_weights)
     result = cli.invoke(app, ["generate", "ab", "--target", str(files["target"]), "--draft", str(files["other"]), "--max-tokens", "4"])
     assert result.exit_code == 2, result.output
     assert "error:" in result.output and "Traceback" not in result.output
@@ -115,7 +115,8 @@ def test_skip_reasons_name_commands_that_exist():
 
 @pytest.mark.parametrize("name", ["target", "llama"])
 def test_int8_runner_reads_the_gguf_directly(files, name):
-    from verispec.runners.gguf_runner import GGUFRunner, _Loader
+    from verispec.runners.gguf_runner import GGUFRunner
+    from verispec.runners.gguf_weights import _Loader
     from verispec.runners.int8_gguf import int8_weights_from_gguf
     from verispec.models.gguf_file import read_gguf_header
     from verispec.runners.int8_ops import quantize_weight_rows

@@ -293,7 +293,7 @@ def test_draft_quantization_on_the_wrong_runner_is_refused(files, tmp_path, monk
 def test_requantized_draft_is_cached_and_read_back_bit_identical(files, tmp_path, monkeypatch):
     """The first load writes the re-quantized matrices, the second reads them (re-quantizing is
     made to fail) with bit-identical logits; a reduced head is cut from the cached full head."""
-    from verispec.runners import gguf_runner
+    from verispec.runners import gguf_blocks
 
     cache = tmp_path / "weights"
     first = runner(files["draft"], requantize="iq4_nl", cache_dir=cache)
@@ -307,7 +307,7 @@ def test_requantized_draft_is_cached_and_read_back_bit_identical(files, tmp_path
                 raise AssertionError("re-quantized although the cache holds the matrices")
             return getattr(gguf_kernels(), name)
 
-    monkeypatch.setattr(gguf_runner, "_MODULE", [NoRequantize()])
+    monkeypatch.setattr(gguf_blocks, "_MODULE", [NoRequantize()])
     assert torch.equal(runner(files["draft"], requantize="iq4_nl", cache_dir=cache).forward(PROMPTS[2]), expected)
     kept = torch.tensor([1, 5, 17, 40, 95])
     reduced = runner(files["draft"], requantize="iq4_nl", cache_dir=cache, head_token_ids=kept).forward(PROMPTS[2])

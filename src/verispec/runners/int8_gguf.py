@@ -19,17 +19,8 @@ from torch import Tensor
 from verispec.errors import InvalidParameterError
 from verispec.models.gguf_file import TensorInfo, read_gguf_header
 from verispec.runners.weight_cache import WeightCache
-from verispec.runners.gguf_runner import (
-    SUPPORTED_TYPES,
-    GGUFEmbedding,
-    GGUFWeights,
-    _dequantize,
-    _kernels,
-    _Loader,
-    _unpermute_rows,
-    release_freed_memory,
-    rope_tables,
-)
+from verispec.runners.gguf_blocks import SUPPORTED_TYPES, GGUFEmbedding, _dequantize, _kernels
+from verispec.runners.gguf_weights import GGUFWeights, _Loader, _unpermute_rows, release_freed_memory, rope_tables
 
 
 INT8_CACHE_VERSION = 1  # bump when the re-quantization (requantize_int8 and its callers) changes

@@ -66,7 +66,7 @@ def make_runner(kind: str, loaded, *, max_context_length: int | None = None, hea
     """A runner of kind ``kind`` (not ``auto``) over ``loaded`` (a ``LoadedModel``).
 
     ``head_token_ids`` ``[kept]``: reduced LM head (gguf, int8). ``requantize``: see
-    :data:`verispec.runners.gguf_runner.REQUANTIZATIONS` (gguf only). Raises InvalidParameterError
+    :data:`verispec.runners.gguf_weights.REQUANTIZATIONS` (gguf only). Raises InvalidParameterError
     when the kind cannot run this model (no torch model, not a GGUF file, unsupported architecture
     or block type) or ``requantize`` is asked of another runner.
     """
@@ -116,7 +116,8 @@ def gguf_runner_supports(path: Path | None) -> str | None:
     """
     from verispec.errors import ModelIntegrityError
     from verispec.models.gguf_file import read_gguf_header
-    from verispec.runners.gguf_runner import SUPPORTED_ARCHITECTURES, SUPPORTED_TYPES
+    from verispec.runners.gguf_blocks import SUPPORTED_TYPES
+    from verispec.runners.gguf_weights import SUPPORTED_ARCHITECTURES
 
     if path is None or Path(path).suffix != ".gguf":
         return "not a GGUF file"
@@ -271,7 +272,7 @@ def build_runners(options: RunnerOptions, target, draft=None, *, cache: CostCach
 
     ``auto`` is resolved by cost curves (measured and cached on first use). The draft gets the
     reduced LM head when ``options.draft_vocab_size`` is set, and is re-quantized as it loads when
-    ``draft_requantize`` is one of :data:`verispec.runners.gguf_runner.REQUANTIZATIONS` (``"auto"``:
+    ``draft_requantize`` is one of :data:`verispec.runners.gguf_weights.REQUANTIZATIONS` (``"auto"``:
     ``iq4_nl`` when the runner is gguf, else nothing). Raises
     InvalidParameterError when the kind cannot run the models, a reduced head is asked of a runner
     other than gguf / int8, or a re-quantization of a runner other than gguf.
