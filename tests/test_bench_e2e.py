@@ -19,7 +19,7 @@ PROMPTS = [
     {"turns": ["世界é!"], "category": "chat"},
 ]
 TOP_KEYS = {"schema", "schema_version", "created_at", "output_bucket_tokens", "config", "environment", "models",
-            "memory", "runners", "records", "summary", "exactness", "audit", "plots", "curves"}
+            "memory", "runners", "records", "summary", "exactness", "audit", "plots", "curves", "prefill", "quality"}
 
 
 @pytest.fixture(scope="module")

@@ -128,7 +128,7 @@ def test_serve_passes_the_prefill_budget_to_load(monkeypatch):
     assert seen["max_num_batched_tokens"] == 64
 
 
-@pytest.mark.parametrize("args", [["advise", "--export", "nope"], ["bench-runners", "--prefill-tokens", "0"],
+@pytest.mark.parametrize("args", [["advise", "--export", "nope"], ["bench", "--prefill-tokens", "0"],
                                   ["serve", "--log-level", "loud"]])
 def test_argument_checks_are_user_errors(args):
     result = runner.invoke(app, args)

@@ -1,4 +1,4 @@
-"""What a user is told about the kernels: the path that ran (--json, the cost cache, bench-runners),
+"""What a user is told about the kernels: the path that ran (--json, the cost cache, bench),
 and the plain warning, said once, where the gguf kernels would run on their portable path."""
 
 import json
@@ -105,14 +105,20 @@ def test_a_cpu_without_vector_kernels_is_told_what_is_faster(monkeypatch, instal
     assert runner_label("gguf") == "gguf runner, portable kernels"
 
 
-def test_bench_runners_names_the_kernel_path(files, tmp_path):
-    from verispec.ops.bench.runners_table import format_table
-    from verispec.ops.bench.runner_compare import RunnersBenchConfig, run_runners_bench
+def test_bench_names_the_kernel_path_and_times_a_prefill(files):
+    from rich.console import Console
 
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text('{"prompt": "ab!c"}\n')
-    config = RunnersBenchConfig(target=str(files["target"]), draft=str(files["draft"]), runners=("gguf",), methods=("none", "draft"),
-                                prompts_file=str(prompts), num_prompts=1, max_tokens=4, repeats=1, peer=False)
-    report = run_runners_bench(config, log=lambda line: None)
-    assert (report["machine"]["kernel_isa"], report["machine"]["cpu_features"]) == (kernel_isa(), gguf_kernels().cpu_features())
-    assert format_table(report)[0].title.endswith(f" · gguf kernels {kernel_isa()}")
+    from verispec.ops.bench.command import load_pipelines, run_and_report
+    from verispec.ops.bench.report import BenchResults
+    from verispec.ops.bench.run import BenchConfig
+    from verispec.ops.bench.workload import WorkloadItem
+
+    console = Console(stderr=True, quiet=True)
+    pipes, rss = load_pipelines(str(files["target"]), str(files["draft"]), "float32", console, ["gguf"])
+    config = BenchConfig(methods=("none", "draft"), peers=(), max_tokens=4, warmup=False)
+    results = run_and_report(pipes, [WorkloadItem("p0", "code", "ab!c", False)], config, None, workload="t", dtype="float32",
+                             rss=rss, console=console, prefill_tokens=(6,))
+    assert (results.environment["kernel_isa"], results.environment["cpu_features"]) == (kernel_isa(), gguf_kernels().cpu_features())
+    assert sorted(results.prefill) == ["gguf"] and results.prefill["gguf"][6]["tokens_per_s"] > 0
+    assert pipes["gguf"].target_runner.num_cached_tokens == 0  # the prefill leaves the cache empty
+    assert BenchResults.from_dict(results.to_dict()).prefill == results.prefill

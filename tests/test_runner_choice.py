@@ -128,41 +128,6 @@ def test_default_runner_is_unchanged(target_model):
     assert pipe.runner_kind == "torch" and isinstance(pipe.engine.target, TransformersRunner)
 
 
-def test_bench_runners_decodes_and_formats(target_model):
-    from verispec.ops.bench.runners_table import format_table
-    from verispec.ops.bench.runner_compare import MethodResult, _engine, decode_all
-    from helpers import CharTokenizer
-
-    target = Int8Runner.from_module(target_model, max_context_length=128)
-    drafts = {"draft": Int8Runner.from_module(target_model, max_context_length=128)}
-    pieces = CharTokenizer(default_pieces(target.vocab_size))
-    config = type("Config", (), {"num_speculative_tokens": 3, "schedule": "constant"})()
-    results = []
-    for method in ("none", "draft"):
-        engine, spec = _engine("int8", method, target, drafts, pieces, (), config)
-        results.append(decode_all(engine, [[5, 17, 33], [70, 3]], spec, SamplingParams(max_tokens=12), MethodResult("int8", method)))
-    assert results[0].outputs == results[1].outputs and results[1].to_dict()["acceptance_rate"] == 1.0
-    report = {"curves": {"int8": {"target": {"ms": {1: 36.0, 2: 39.0, 4: 45.0, 8: 56.0, 16: 81.0}}}},
-              "methods": [r.to_dict() for r in results] + [MethodResult("llama-cpp-python", "plain (peer)", 20, 1.0).to_dict()]}
-    curves, methods = format_table(report)
-    assert curves.row_count == 1 and methods.row_count == 3
-
-
-def test_bench_runners_prompts_file_errors_are_clear(tmp_path):
-    from verispec.ops.bench.workload import WorkloadError
-    from verispec.ops.bench.runner_compare import load_prompts
-
-    good = tmp_path / "p.jsonl"
-    good.write_text('{"prompt": "def a():"}\n\n{"prompt": "def b():"}\n{"prompt": "def c():"}\n')
-    assert load_prompts(str(good), 2) == ["def a():", "def b():"]
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"prompt": "x"}\n{"text": "y"}\n')
-    with pytest.raises(WorkloadError, match="line 2"):
-        load_prompts(str(bad), 5)
-    with pytest.raises(WorkloadError, match="cannot read workload file .*missing.jsonl: No such file"):
-        load_prompts(str(tmp_path / "missing.jsonl"), 5)
-
-
 class SlowRunner(BigramRunner):
     """Every forward sleeps: a kernel path far slower than the quick measurement's budget."""
 

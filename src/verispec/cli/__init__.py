@@ -10,7 +10,7 @@ from __future__ import annotations
 import typer
 
 from verispec.cli.advise import advise
-from verispec.cli.bench import bench, bench_runners
+from verispec.cli.bench import bench
 from verispec.cli.datastore import datastore_app
 from verispec.cli.generate import generate
 from verispec.cli.models import models_app
@@ -20,7 +20,6 @@ app = typer.Typer(help="verispec: lossless speculative decoding.", no_args_is_he
 app.command()(generate)
 app.command()(serve)
 app.command()(bench)
-app.command("bench-runners")(bench_runners)
 app.command()(advise)
 app.add_typer(models_app, name="models")
 app.add_typer(datastore_app, name="datastore")

@@ -63,7 +63,6 @@ NUM_SPECULATIVE_TOKENS_HELP = (
 K_GENERATE = 8  # generate's default schedule is cost: 8 is only the bound the controller picks k under
 K_SERVE = 5  # the default of requests that give no 'speculative' of their own (SpeculativeConfig's)
 K_BENCH = 5  # bench runs the constant schedule: every method compared at this one draft length
-K_BENCH_RUNNERS = 4  # the runner tables' measurement setting (constant schedule), as published in docs/benchmarks.md
 K_ADVISE = 5  # the draft length alpha and the costs are measured at; the predictions then cover k = 1..--max-k
 
 
@@ -107,3 +106,17 @@ def chat_template_option() -> Any:
 
 def json_option(help: str) -> Any:
     return typer.Option(False, "--json", help=help)
+
+
+def draft_quantization_option() -> Any:
+    return typer.Option(
+        "auto", help="auto (iq4_nl on the gguf runner, else none); none; int8 (weight-only, --runner torch); iq4_nl or q4_0 (--runner gguf: the draft's 5-8-bit matrices re-quantized to 4.5 bits per weight as they load, once, kept under $VERISPEC_HOME/weights). Changes only what the draft proposes, never the output."
+    )
+
+
+def draft_vocab_option() -> Any:
+    return typer.Option(None, help="Reduced draft LM head: keep this many most frequent tokens (FR-Spec; --runner gguf or int8).")
+
+
+def draft_vocab_corpus_option() -> Any:
+    return typer.Option(None, help="Text file whose token counts pick the --draft-vocab tokens (repeatable; default: BPE rank).")

@@ -11,6 +11,9 @@ import typer
 
 from verispec.cli.common import (
     K_GENERATE,
+    draft_quantization_option,
+    draft_vocab_corpus_option,
+    draft_vocab_option,
     draft_option,
     dtype_option,
     err,
@@ -54,19 +57,13 @@ def generate(
     layer_skip_layers: Optional[int] = typer.Option(
         None, help="Target layers the layer-skip drafter runs (default: a quarter; 0 = no layer skip)."
     ),
-    draft_quantization: str = typer.Option(
-        "auto", help="auto (iq4_nl on the gguf runner, else none); none; int8 (weight-only, --runner torch); iq4_nl or q4_0 (--runner gguf: the draft's 5-8-bit matrices re-quantized to 4.5 bits per weight as they load, once, kept under $VERISPEC_HOME/weights). Changes only what the draft proposes, never the output."
-    ),
+    draft_quantization: str = draft_quantization_option(),
     runner: str = runner_option(),
     compare_plain: bool = typer.Option(
         False, "--compare-plain", help="Also decode the prompt plainly (after a 4-token untimed warm-up) and print both rates, the measured speedup and whether the tokens match."
     ),
-    draft_vocab: Optional[int] = typer.Option(
-        None, help="Reduced draft LM head: keep this many most frequent tokens (FR-Spec; --runner gguf or int8)."
-    ),
-    draft_vocab_corpus: Optional[List[str]] = typer.Option(
-        None, help="Text file whose token counts pick the --draft-vocab tokens (repeatable; default: BPE rank)."
-    ),
+    draft_vocab: Optional[int] = draft_vocab_option(),
+    draft_vocab_corpus: Optional[List[str]] = draft_vocab_corpus_option(),
     temperature: float = typer.Option(0.0, help="0 = greedy."),
     top_k: int = typer.Option(0, help="Keep the k most likely tokens (0 = off)."),
     top_p: float = typer.Option(1.0, help="Nucleus mass in (0, 1]."),

@@ -50,7 +50,8 @@ class DrafterOptions:
             fewer bytes); ``"auto"`` (default): ``iq4_nl`` on the gguf runner, ``none``
             elsewhere. Each changes only what the draft proposes, never the output. The default
             pair on the gguf runner, HumanEval dev prompts 0-9, greedy, 128 tokens, draft k = 4,
-            one run, alone (``scripts/draft_quantization_ab.py``): a draft step costs 0.254
+            one run, alone (2026-12-02, the since-removed ``scripts/draft_quantization_ab.py``; now
+            ``verispec bench --draft-quantization``): a draft step costs 0.254
             (iq4_nl) / 0.252 (q4_0) / 0.333 (as stored) of a target step, acceptance rate 0.853 /
             0.822 / 0.872, 1.798x / 1.790x / 1.631x plain decoding, every output identical to plain.
         tree_choices: a static shape for the draft model's token trees (Medusa-style paths of

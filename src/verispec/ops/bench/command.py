@@ -23,17 +23,21 @@ from verispec.ops.bench.report import (
     curve_rows,
     kernel_line,
     overall_rows,
+    prefill_rows,
+    quality_rows,
     report_markdown,
     rich_table,
     write_results,
 )
 from verispec.ops.bench.memory import load_measured, memory_facts
-from verispec.ops.bench.run import BenchConfig, as_pipelines, run_bench
+from verispec.ops.bench.run import BenchConfig, as_pipelines, encode, run_bench
 from verispec.errors import InvalidParameterError
 from verispec.ops.bench.workload import WorkloadItem
-from verispec.engine.loader import SpeculativePipeline
+from verispec.engine.loader import DrafterOptions, SpeculativePipeline
+from verispec.ops.bench.extras import measure_prefill, measure_quality_of
 from verispec.progress import announce_slow
 from verispec.runners.notices import kernel_facts
+from verispec.runners.select import RunnerOptions
 
 RESULTS_FILE = "results.json"
 REPORT_FILE = "report.md"
@@ -58,6 +62,8 @@ def run_and_report(
     rss: dict | None = None,
     console: Console | None = None,
     curves: bool = False,
+    prefill_tokens: Sequence[int] = (),
+    quality_prompts: int = 0,
 ) -> BenchResults:
     """Run the benchmark on ``pipes`` (one pipeline or ``{runner kind: pipeline}``, compared in
     one run); with ``out_dir`` write results.json, report.md and the PNGs.
@@ -65,6 +71,9 @@ def run_and_report(
     ``rss``: ``{runner kind: RSS snapshots}`` from :func:`load_measured` (None for injected
     pipelines). ``curves``: also time one target pass of k = 1, 2, 4, 8, 16 tokens and one draft
     pass per runner (:func:`verispec.runners.costs.measure_cost_curve`), before the decoding runs.
+    ``prefill_tokens``: also time one prefill of each length per runner (llama.cpp's beside when
+    it is a peer); ``quality_prompts``: also score each target runner against the float32 model
+    on the first N prompts (:mod:`verispec.ops.bench.extras`); both after the decoding runs.
     """
     console = console or Console(stderr=True)
     pipes = as_pipelines(pipes)
@@ -89,6 +98,12 @@ def run_and_report(
     for kind in pipes:  # which kernels ran: the gguf runner's ISA path and the CPU's features, int8's product
         results.environment.update(kernel_facts(kind))
     results.curves = cost_curves
+    log = lambda line: console.print(line, highlight=False, markup=False)  # noqa: E731
+    if prefill_tokens:
+        results.prefill = measure_prefill(pipes, prefill_tokens, llama_cpp="llama.cpp" in config.peers, threads=config.threads, log=log)
+    if quality_prompts:
+        prompts = [encode(first, item, config.chat) for item in items[:quality_prompts]]
+        results.quality = measure_quality_of(pipes, prompts, first.target.name, log)
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         results.plots = write_plots(results.summary, out_dir)
@@ -156,6 +171,10 @@ def print_summary(results: BenchResults, console: Console) -> None:
     console.print(rich_table("all prompts", *overall_rows(results.summary)))
     if results.curves:
         console.print(rich_table("ms per target pass of k tokens (median)", *curve_rows(results.curves)))
+    if results.prefill:
+        console.print(rich_table("one prefill from an empty cache", *prefill_rows(results.prefill)))
+    if results.quality:
+        console.print(rich_table("agreement with the float32 model", *quality_rows(results.quality)))
     for runner in results.runners:
         if runner.status != "ok":
             console.print(f"{runner.name}: {runner.status}")
@@ -168,16 +187,19 @@ def print_summary(results: BenchResults, console: Console) -> None:
             console.print(f"[red]not exact:[/red] {listed}")
 
 
-def load_pipelines(target: str, draft: str | None, dtype: str, console: Console, runners: Sequence[str]) -> tuple[dict[str, SpeculativePipeline], dict]:
+def load_pipelines(target: str, draft: str | None, dtype: str, console: Console, runners: Sequence[str], *,
+                   drafters: DrafterOptions | None = None, options: RunnerOptions | None = None) -> tuple[dict[str, SpeculativePipeline], dict]:
     """Load the pair once per runner kind in ``runners`` (``auto`` resolved; the same kind twice is
     an error), with RSS snapshots per kind (see :func:`load_measured`), showing a status line.
+    ``drafters``, ``options``: how every pipeline builds its drafters and runners (e.g. a reduced
+    draft head, the draft's re-quantization).
 
     Returns ``({kind: pipeline}, {kind: rss})``. Raises as :meth:`SpeculativePipeline.load` does.
     """
     pipes, rss = {}, {}
     for runner in runners:
         with console.status(f"loading {target}" + (f" + {draft}" if draft else "") + f" ({runner} runner)"):
-            pipe, snapshots = load_measured(target, draft, dtype, runner)
+            pipe, snapshots = load_measured(target, draft, dtype, runner, drafters=drafters, runners=options)
         if pipe.runner_kind in pipes:
             raise InvalidParameterError(f"--runner lists the {pipe.runner_kind} runner twice ({', '.join(runners)})")
         pipes[pipe.runner_kind], rss[pipe.runner_kind] = pipe, snapshots

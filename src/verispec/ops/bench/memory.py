@@ -3,30 +3,34 @@ the draft's overhead in percent (the ``memory`` section of results.json)."""
 
 from __future__ import annotations
 
-from verispec.engine.loader import SpeculativePipeline
+import dataclasses
+
+from verispec.engine.loader import DrafterOptions, SpeculativePipeline
 from verispec.metrics import current_rss_bytes, peak_rss_bytes
 from verispec.models.loading import load_model
 from verispec.ops.bench.figures import percent
+from verispec.runners.select import RunnerOptions
 
 
-def load_measured(target: str, draft: str | None, dtype: str, runner: str = "torch") -> tuple[SpeculativePipeline, dict]:
+def load_measured(target: str, draft: str | None, dtype: str, runner: str = "torch", *,
+                  drafters: DrafterOptions | None = None, runners: RunnerOptions | None = None) -> tuple[SpeculativePipeline, dict]:
     """Load the pair like :meth:`SpeculativePipeline.load`, noting RSS before and after each model.
+    ``drafters``, ``runners``: as ``load`` takes them (``runners.kind`` is replaced by ``runner``).
 
     Returns the pipeline and ``{"rss_before_load_bytes", "rss_after_target_bytes",
     "rss_after_draft_bytes"}`` (None where /proc is unavailable, and ``rss_after_target_bytes``
     for runners other than torch, which load both models together). Raises as ``load`` does.
     """
     before = current_rss_bytes()
+    options = dataclasses.replace(runners or RunnerOptions(), kind=runner)
     if runner != "torch":
-        from verispec.runners.select import RunnerOptions
-
-        pipe = SpeculativePipeline.load(target, draft, dtype=dtype, runners=RunnerOptions(kind=runner))
+        pipe = SpeculativePipeline.load(target, draft, dtype=dtype, drafters=drafters, runners=options)
         return pipe, {"rss_before_load_bytes": before, "rss_after_target_bytes": None, "rss_after_draft_bytes": current_rss_bytes()}
     target_model = load_model(target, dtype=dtype)
     after_target = current_rss_bytes()
     draft_model = load_model(draft, dtype=dtype) if draft else None
     after_draft = current_rss_bytes()
-    pipe = SpeculativePipeline(target_model, draft_model)
+    pipe = SpeculativePipeline(target_model, draft_model, drafters, runners=options)
     return pipe, {"rss_before_load_bytes": before, "rss_after_target_bytes": after_target, "rss_after_draft_bytes": after_draft}
 
 

@@ -46,6 +46,8 @@ class BenchResults:
     plots: list[str] = field(default_factory=list)
     created_at: str = ""
     curves: dict = field(default_factory=dict)  # {runner kind: {"target": {k: ms}, "draft": {1: ms}}} (--curves)
+    prefill: dict = field(default_factory=dict)  # {runner: {length: {"seconds", "tokens_per_s"}}} (--prefill-tokens)
+    quality: dict = field(default_factory=dict)  # {runner: {"positions", "top1_agreement", "mean_kl_nats"}} (--quality-prompts)
 
     def to_dict(self) -> dict:
         return {
@@ -64,6 +66,8 @@ class BenchResults:
             "audit": self.audit,
             "plots": self.plots,
             "curves": self.curves,
+            "prefill": self.prefill,
+            "quality": self.quality,
         }
 
     @classmethod
@@ -88,6 +92,8 @@ class BenchResults:
                 plots=data.get("plots", []),
                 created_at=data.get("created_at", ""),
                 curves=data.get("curves", {}),
+                prefill=data.get("prefill", {}),
+                quality=data.get("quality", {}),
             )
         except (KeyError, TypeError) as exc:
             raise ResultsFormatError(f"malformed results document: {exc}") from None
@@ -236,6 +242,23 @@ def curve_rows(curves: dict) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+def prefill_rows(prefill: dict) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the prefill table: tokens/s of one prefill of each length, per runner."""
+    lengths = sorted({int(n) for by_length in prefill.values() for n in by_length})
+    header = ["runner"] + [f"{n} tokens: tok/s" for n in lengths]
+    rows = [[name] + [_fmt((by_length.get(n) or by_length.get(str(n)) or {}).get("tokens_per_s"), "{:.1f}") for n in lengths]
+            for name, by_length in prefill.items()]
+    return header, rows
+
+
+def quality_rows(quality: dict) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the quality table: each target runner against the float32 model."""
+    header = ["runner", "positions", "top-1 agreement", "mean KL (nats)"]
+    rows = [[name, str(q.get("positions")), _fmt(q.get("top1_agreement"), "{:.4f}"), _fmt(q.get("mean_kl_nats"), "{:.5f}")]
+            for name, q in quality.items()]
+    return header, rows
+
+
 def rich_table(title: str, header: list[str], rows: list[list[str]]) -> Table:
     table = Table(title=title)
     for i, name in enumerate(header):
@@ -317,6 +340,11 @@ def report_markdown(results: BenchResults) -> str:
     lines += [f"- {model.get('runner', c.get('runner'))} {model['role']} `{model['name']}`: loaded in {model['load_time_s']:.1f} s" for model in results.models]
     if results.curves:
         lines += ["", "## Cost of one target pass (ms, median)", "", markdown_table(*curve_rows(results.curves))]
+    if results.prefill:
+        lines += ["", "## One prefill from an empty cache", "", markdown_table(*prefill_rows(results.prefill))]
+    if results.quality:
+        lines += ["", "## Agreement with the float32 model (teacher-forced on its greedy output)", "",
+                  markdown_table(*quality_rows(results.quality))]
     a = results.audit
     if a.get("audited"):
         lines += ["", "## Audit", "", f"{a['audited']} audited: {a['agreed']} agreed, {a['disagreed']} disagreed, {a['sampled']} sampling audits "

@@ -68,6 +68,7 @@ class BenchConfig:
     methods: tuple[str, ...] = ("none", "draft")
     peers: tuple[str, ...] = PEER_FAMILIES
     num_speculative_tokens: int = 5
+    schedule: str = "constant"
     max_tokens: int = 128
     temperature: float = 0.0
     seed: int = 0
@@ -86,7 +87,7 @@ class BenchConfig:
             raise InvalidParameterError(f"unknown peer {', '.join(bad_peers)}; choose from {', '.join(PEER_FAMILIES)} or none")
         if self.threads is not None and self.threads < 1:
             raise InvalidParameterError(f"threads must be >= 1, got {self.threads}")
-        SpeculativeConfig(num_speculative_tokens=self.num_speculative_tokens)  # validates k
+        SpeculativeConfig(num_speculative_tokens=self.num_speculative_tokens, schedule=self.schedule)  # validates k and schedule
         SamplingParams(temperature=self.temperature, max_tokens=self.max_tokens)  # validates both
         if not 0.0 <= self.audit_rate <= 1.0:
             raise InvalidParameterError(f"audit rate must be in [0, 1], got {self.audit_rate}")
@@ -182,10 +183,11 @@ class VerispecParticipant:
     ``"<kind>:<method>"`` (``int8:draft``), its family is the kind. ``settings`` name the kernels
     it runs (gguf: ``kernel_isa``; int8: ``int8_kernel``)."""
 
-    def __init__(self, engine: SpeculativeEngine, method: str, num_speculative_tokens: int, kind: str = "verispec") -> None:
+    def __init__(self, engine: SpeculativeEngine, method: str, num_speculative_tokens: int, kind: str = "verispec",
+                 schedule: str = "constant") -> None:
         self.engine, self.method, self.family, self.name = engine, method, kind, f"{kind}:{method}"
-        self.spec = SpeculativeConfig(method=method, num_speculative_tokens=num_speculative_tokens)
-        self.settings = {} if method == "none" else {"num_speculative_tokens": num_speculative_tokens}
+        self.spec = SpeculativeConfig(method=method, num_speculative_tokens=num_speculative_tokens, schedule=schedule)
+        self.settings = {} if method == "none" else {"num_speculative_tokens": num_speculative_tokens, "schedule": schedule}
         self.settings |= {key: value for key, value in kernel_facts(kind).items() if key != "cpu_features"}
 
     def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> GenerationOutput:
@@ -221,7 +223,7 @@ def build_participants(pipes: Mapping[str, SpeculativePipeline], config: BenchCo
             raise InvalidParameterError(f"method {', '.join(missing)} needs a drafter the {kind} runner did not load (loaded: {', '.join(sorted(loaded))})")
         # each method its own suffix cache: it learns from its own earlier answers, never from
         # another method's answer to the same prompt (the methods take turns on every prompt)
-        runners += [VerispecParticipant(pipe.engine.with_own_suffix_cache(), m, config.num_speculative_tokens, kind)
+        runners += [VerispecParticipant(pipe.engine.with_own_suffix_cache(), m, config.num_speculative_tokens, kind, config.schedule)
                     for m in config.methods]
     infos = [ParticipantInfo(r.name, r.family, r.method, settings=r.settings) for r in runners]
     first = next(iter(pipes.values()))
