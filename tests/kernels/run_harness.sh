@@ -9,9 +9,10 @@
 #
 # The flags are the kernels' own (-O3 -std=c++17 -ffp-contract=off -fno-math-errno, never
 # -ffast-math). Before running, the objects are checked to hold no fused multiply-add (a fused
-# operation rounds once, the portable arithmetic twice); for AArch64, arm_neon.cpp is also compiled
-# with the kernels' flags alone (no -march, as the Python extension builds it) and its sdot kernels
-# checked to hold no i8mm instruction (they run on CPUs without it). Objects live in $VSK_HARNESS_BUILD/<target>
+# operation rounds once, the portable arithmetic twice); for AArch64, arm_neon.cpp and
+# arm_neon_float.cpp are also compiled with the kernels' flags alone (no -march, as the Python
+# extension builds them) and the sdot kernels checked to hold no i8mm instruction (they run on CPUs
+# without it). Objects live in $VSK_HARNESS_BUILD/<target>
 # (default ${TMPDIR:-/tmp}/verispec-kernel-harness-<uid>-<checkout>/<target>) and are rebuilt when a
 # source, core.h or this script is newer. Exit status: the harness's (0: every path bit-identical,
 # 1: a mismatch, 2: usage); 3: cross tools missing, 4: a compile error, 5: fused multiply-adds.
@@ -22,7 +23,8 @@ kernels="$(cd "$here/../../src/verispec/runners/kernels" && pwd)"
 target="${1:-}"
 shift || true
 
-CORE_SOURCES=(formats.cpp portable.cpp dispatch.cpp attention.cpp requantize.cpp x86_avx512.cpp x86_avx2.cpp arm_neon.cpp)
+CORE_SOURCES=(formats.cpp portable.cpp dispatch.cpp attention.cpp requantize.cpp x86_avx512.cpp x86_avx2.cpp arm_neon.cpp
+              arm_neon_float.cpp)
 FLAGS=(-O3 -std=c++17 -ffp-contract=off -fno-math-errno)
 
 case "$target" in
@@ -99,6 +101,8 @@ if [[ "$target" == qemu ]]; then
     saved=("${arch_flags[@]}")
     arch_flags=()
     compile "$kernels/arm_neon.cpp" "$plain" || { echo "run_harness.sh: arm_neon.cpp does not build without -march" >&2; exit 4; }
+    compile "$kernels/arm_neon_float.cpp" "$build/arm_neon_float_plain.o" \
+        || { echo "run_harness.sh: arm_neon_float.cpp does not build without -march" >&2; exit 4; }
     arch_flags=("${saved[@]}")
     # the sdot kernels (DotAcc instances) must hold no i8mm instruction
     i8mm="$("$objdump" -d --no-show-raw-insn "$plain" "$build/arm_neon.o" \

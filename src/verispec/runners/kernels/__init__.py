@@ -24,7 +24,7 @@ from verispec.progress import NOTICE_AFTER_S, announce_slow
 DIRECTORY = Path(__file__).parent
 # The torch-free core (one file per concern and per ISA, see core.h) and the torch bindings.
 CORE_SOURCES = ("formats.cpp", "portable.cpp", "dispatch.cpp", "attention.cpp", "requantize.cpp", "x86_avx512.cpp",
-                "x86_avx2.cpp", "arm_neon.cpp")
+                "x86_avx2.cpp", "arm_neon.cpp", "arm_neon_float.cpp")
 SOURCES = tuple(DIRECTORY / name for name in CORE_SOURCES + ("bindings.cpp",))
 HEADERS = (DIRECTORY / "core.h",)
 CFLAGS = ["-O3", "-ffp-contract=off", "-fno-math-errno", "-std=c++17", "-fopenmp"]

@@ -17,7 +17,8 @@
 // Activation quantization follows llama.cpp's Q8_K (256 values per scale, K-quants) and Q8_0 (32).
 //
 // Files: formats.cpp (decoding, the repacked tile layout), portable.cpp (reference), x86_avx512.cpp,
-// x86_avx2.cpp (AVX2, with AVX-VNNI where present), arm_neon.cpp (ARMv8.2 dotprod), attention.cpp,
+// x86_avx2.cpp (AVX2, with AVX-VNNI where present), arm_neon.cpp (ARMv8.2 dotprod tile products),
+// arm_neon_float.cpp (NEON activation rows, attention, IQ4_NL scale search), attention.cpp,
 // requantize.cpp, dispatch.cpp (which path runs; the product loop), bindings.cpp (torch).
 
 #pragma once
