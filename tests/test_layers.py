@@ -1,0 +1,143 @@
+"""The package's shape: layers as folders, imports only downwards, no cycle, small files.
+
+Walks every module of ``src/verispec`` with :mod:`ast` (imports inside functions included, since
+they are how cycles hide) and checks the layout rules of the project:
+
+- each top-level package or module belongs to one layer (:data:`LAYERS`, lowest first); a module
+  may import its own layer and the layers below, never one above;
+- the graph of module imports has no cycle (a package's ``__init__`` counts as a module);
+- at most :data:`MAX_TOP_MODULES` modules loose at the top; no Python file over
+  :data:`MAX_PY_LINES` lines, no C++ file over :data:`MAX_CPP_LINES`.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "src" / "verispec"
+
+# Lowest first. A name is a top-level module or package of verispec.
+LAYERS: list[tuple[str, ...]] = [
+    ("__init__", "errors", "progress", "metrics", "output"),  # the base: imports nothing of ours above it
+    ("spec",),  # pure algorithms: verify, trees, sampling, control formulas and schedules
+    ("models",),  # store, registry, loading, GGUF reading
+    ("runners",),  # model execution and the kernels
+    ("proposers",),  # every drafter, behind one protocol
+    ("engine",),  # the loop, request state, scheduler, policy, constraints, the loader
+    ("ops",),  # bench, advise, audit, export
+    ("server",),  # the OpenAI app, worker, replicas
+    ("cli",),  # one module per command
+]
+MAX_TOP_MODULES = 8
+MAX_PY_LINES = 400
+MAX_CPP_LINES = 600
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imported_modules(source: str, name: str, known: set[str], is_package: bool = False) -> set[str]:
+    """The modules of ``known`` that module ``name`` (its text ``source``) imports anywhere in its
+    body, functions included: ``from a.b import c`` counts as ``a.b.c`` when that is a module,
+    else ``a.b``."""
+    package = name if is_package else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source, name)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            for alias in node.names:
+                found.add(f"{source}.{alias.name}" if f"{source}.{alias.name}" in known else source)
+    return {m for m in found if m in known and m != name}
+
+
+def layer_of(module: str) -> int:
+    top = module.split(".")[1] if "." in module else "__init__"
+    for index, names in enumerate(LAYERS):
+        if top in names:
+            return index
+    raise AssertionError(f"{module}: its top-level name {top!r} is in no layer of LAYERS")
+
+
+def _graph() -> dict[str, set[str]]:
+    paths = sorted(PACKAGE.rglob("*.py"))
+    known = {module_name(p) for p in paths}
+    return {module_name(p): imported_modules(p.read_text(), module_name(p), known, p.name == "__init__.py") for p in paths}
+
+
+def test_every_module_has_a_layer():
+    for module in _graph():
+        layer_of(module)
+
+
+def test_imports_point_down_the_layers():
+    upward = [
+        f"{module} ({LAYERS[layer_of(module)][0]}) imports {target} ({LAYERS[layer_of(target)][0]})"
+        for module, targets in _graph().items()
+        for target in sorted(targets)
+        if layer_of(target) > layer_of(module)
+    ]
+    assert upward == []
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as a path ``[a, b, ..., a]``, or None (iterative depth-first search)."""
+    state: dict[str, int] = {}  # 1: on the stack, 2: done
+    for start in sorted(graph):
+        if state.get(start):
+            continue
+        stack = [(start, iter(sorted(graph[start])))]
+        path = [start]
+        state[start] = 1
+        while stack:
+            node, children = stack[-1]
+            child = next(children, None)
+            if child is None:
+                state[node] = 2
+                stack.pop()
+                path.pop()
+            elif state.get(child) == 1:
+                return path[path.index(child):] + [child]
+            elif not state.get(child):
+                state[child] = 1
+                path.append(child)
+                stack.append((child, iter(sorted(graph.get(child, ())))))
+    return None
+
+
+def test_no_import_cycle():
+    assert find_cycle(_graph()) is None
+
+
+def test_find_cycle_sees_a_cycle_hidden_in_a_function():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_function_level_and_relative_imports_are_seen():
+    source = "def f():\n    from verispec.spec import verify\n    import verispec.engine\nfrom .b import x\n"
+    known = {"verispec.spec", "verispec.spec.verify", "verispec.engine", "verispec.ops.b", "verispec.ops.a"}
+    assert imported_modules(source, "verispec.ops.a", known) == {"verispec.spec.verify", "verispec.engine", "verispec.ops.b"}
+
+
+def test_few_modules_at_the_top():
+    loose = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(loose) <= MAX_TOP_MODULES, loose
+
+
+@pytest.mark.parametrize("pattern,limit", [("*.py", MAX_PY_LINES), ("*.cpp", MAX_CPP_LINES), ("*.h", MAX_CPP_LINES)])
+def test_no_file_too_long(pattern, limit):
+    long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob(pattern) if (n := len(p.read_text().splitlines())) > limit}
+    assert long == {}
