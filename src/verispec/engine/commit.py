@@ -61,6 +61,7 @@ def commit(plan: Plan, logits: torch.Tensor, pass_s: float, base_rows: int, cost
     if plan.step is None:  # a prefill chunk
         first = state.num_prefilled
         state.num_prefilled += len(plan.call.token_ids)
+        share_features(state, slice(None), first)
         if params.prompt_logprobs is not None:  # row j scores prompt token first + j + 1
             for j, position in enumerate(range(first + 1, min(state.num_prefilled + 1, len(state.prompt)))):
                 state.prompt_logprobs.append(token_logprobs(logits[j], state.prompt[position], params.prompt_logprobs))
@@ -86,6 +87,7 @@ def commit(plan: Plan, logits: torch.Tensor, pass_s: float, base_rows: int, cost
         allowed = constraints.masks(len(out.token_ids), draft_token_ids)
         result, rows = verify_chain(logits, step.draft, params, state.prompt, out.token_ids, state.generator, allowed)
         target.truncate(plan.cached + 1 + result.num_accepted_tokens)
+        share_features(state, slice(0, 1 + result.num_accepted_tokens), plan.cached)
         accepted_nodes = None
         scoring_rows = list(range(len(result.token_ids)))
     else:
@@ -93,6 +95,7 @@ def commit(plan: Plan, logits: torch.Tensor, pass_s: float, base_rows: int, cost
         allowed = constraints.path_masks(len(out.token_ids), paths)
         result, rows = verify_tree(tree, logits, params, state.prompt, out.token_ids, state.generator, allowed)
         target.keep_tree_path(plan.cached, [0] + result.accepted_nodes)  # the accepted path's KV
+        share_features(state, [0] + list(result.accepted_nodes), plan.cached)
         accepted_nodes = result.accepted_nodes
         scoring_rows = [0] + list(result.accepted_nodes)
     realised = state.policy.observe(step, result.num_accepted_tokens, pass_s, accepted_nodes, base_rows=base_rows)
@@ -135,3 +138,14 @@ def finish(state: RequestState, cost_model: CostModel, committed: list[int]) -> 
         list(state.prompt_logprobs) if state.params.prompt_logprobs is not None else None,
     )
     return StreamChunk(out.take_delta(), committed, state.output, state.chunk_logprobs(committed))
+
+
+def share_features(state: RequestState, rows: slice | list[int], position: int) -> None:
+    """Hand the drafters that read the target's features (:attr:`Slot.feature_readers`) the rows
+    of the last pass whose tokens the target keeps (``rows`` of its ``last_features``), at
+    positions ``position ..``."""
+    if not state.slot.feature_readers:
+        return
+    features = state.slot.target.last_features[rows]
+    for proposer in state.slot.feature_readers:
+        proposer.observe_features(features, position)

@@ -70,6 +70,7 @@ class SpeculativeEngine:
         self.tokenizer = tokenizer
         self.eos_token_ids = tuple(eos_token_ids)
         self.proposers = with_lookup_drafters(proposers)  # n-gram and suffix lookup, and their trees
+        capture_features(target, self.proposers.values())
         self.controller = controller or ControllerConfig()
         self.cost_model = CostModel(weight=self.controller.cost_weight)  # machine facts: kept across requests
         if max_num_batched_tokens < 1:
@@ -334,3 +335,25 @@ class SpeculativeEngine:
                 f"the {type(self.target).__name__} cannot verify token trees: use a chain method or another runner"
             )
         drafter_order(spec.method, list(self.proposers), hasattr(self.target, "forward_tree"))
+
+
+def capture_features(target: Runner, proposers) -> None:
+    """Make ``target`` record the hidden states the feature drafters read (EAGLE heads), for
+    every row of every pass, where any drafter asks for them (``Proposer.feature_layers``).
+
+    Raises:
+        InvalidParameterError: drafters asking for different layers, or a runner that cannot
+            hand out its hidden states.
+    """
+    layers = {tuple(p.feature_layers) for p in proposers if p.feature_layers}
+    if not layers:
+        return
+    if len(layers) > 1:
+        raise InvalidParameterError(f"the drafters read different target layers ({sorted(layers)}): load one feature drafter")
+    capture = getattr(target, "capture_features", None)
+    if capture is None:
+        raise InvalidParameterError(
+            f"the {type(target).__name__} cannot hand its hidden states to a feature drafter (EAGLE head): "
+            "use the gguf, int8 or torch runner"
+        )
+    capture(next(iter(layers)))

@@ -34,9 +34,11 @@ class Slot:
     target: Runner
     proposers: dict[str, Proposer]
     batched_drafters: list[str] = field(init=False)  # run for many requests at once (``Proposer.batches``)
+    feature_readers: list[Proposer] = field(init=False)  # drafters fed the target's features (``Proposer.feature_layers``)
 
     def __post_init__(self) -> None:
         self.batched_drafters = [name for name, p in self.proposers.items() if p.batches]
+        self.feature_readers = list({id(p): p for p in self.proposers.values() if p.feature_layers}.values())
 
 
 @dataclass

@@ -69,7 +69,12 @@ class Proposer:
             (default: nothing).
         batches / propose_batch: whether steps of several requests may be drafted together, and
             how (default: each on its own through :meth:`propose`).
+        feature_layers / observe_features: the target layers whose hidden states the drafter
+            reads (EAGLE heads), and the features of every token the target commits, after each
+            pass (default: none, nothing).
     """
+
+    feature_layers: tuple[int, ...] = ()
 
     def propose(self, request: DraftRequest, num_speculative_tokens: int) -> DraftOutput:
         """Propose up to ``num_speculative_tokens`` tokens that continue ``request.context``."""
@@ -102,6 +107,14 @@ class Proposer:
 
     def end_request(self, prompt_token_ids: Sequence[int], output_token_ids: Sequence[int]) -> None:
         """A request finished with these tokens (drafters that learn across requests keep them)."""
+
+    def observe_features(self, features: torch.Tensor, position: int) -> None:
+        """The target's hidden states of the tokens it just committed to the KV cache, at
+        positions ``position .. position + rows - 1``: float32 ``[rows, len(feature_layers) *
+        hidden_size]``, the layers concatenated (:attr:`feature_layers`). Called after every
+        target pass of the drafter's sequence (prefill chunks, verify passes whatever drafted),
+        only for drafters with ``feature_layers``. A position below the last one seen means the
+        target rolled back there (a new request on the sequence)."""
 
     @staticmethod
     def propose_batch(items: Sequence[tuple[Proposer, DraftRequest, int]]) -> list[DraftOutput]:
