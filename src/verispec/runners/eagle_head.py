@@ -1,0 +1,345 @@
+"""An EAGLE-3 draft head: one decoder layer over the target's own features (Li et al. 2025,
+"EAGLE-3", arXiv 2503.01840, §3; EAGLE-1/2: arXiv 2401.15077, 2406.16858).
+
+Owns the head's weights, its reduced draft vocabulary (``d2t``) and its own KV cache. The
+target's token embedding is borrowed (a reference, frozen, never in the state dict). Knows
+nothing about drafting policy, verification or training (``verispec.ops.train_head``).
+
+Alignment (EAGLE §3): a row pairs the target's feature of the token at position ``p`` with the
+embedding of the token at ``p + 1`` and predicts the token at ``p + 2``; the row sits at position
+``p`` in the head's cache. The next draft step feeds the row's output ``hidden`` in place of the
+fused feature, at position ``p + 1``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from verispec.errors import InvalidParameterError
+from verispec.runners.reduced_vocab import select_vocabulary
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")  # decoder-only, RMSNorm, SwiGLU
+
+
+def default_feature_layers(num_layers: int) -> tuple[int, int, int]:
+    """EAGLE-3's low, middle and high features: ``(2, N // 2, N - 3)`` clamped to ``[0, N - 1]``.
+
+    Indices are into transformers' ``output_hidden_states`` tuple: ``i`` is the input of decoder
+    layer ``i`` (0: the embeddings; ``N`` would be the final-normed output, never chosen).
+    """
+    top = max(num_layers - 1, 0)
+    low, middle, high = (min(max(i, 0), top) for i in (2, num_layers // 2, num_layers - 3))
+    return low, middle, high
+
+
+def choose_draft_vocabulary(counts: Tensor, draft_vocab_size: int, eos_token_ids: Sequence[int] = ()) -> Tensor:
+    """The ``draft_vocab_size`` most frequent token ids, the EOS ids always among them.
+
+    Args:
+        counts: ``[vocab]`` occurrence counts (``reduced_vocab.token_counts``).
+        draft_vocab_size: rows of the head's ``lm_head``, ``len(eos_token_ids)..vocab``.
+    Returns:
+        int64 ``[draft_vocab_size]`` ascending target token ids (ties: lower id first).
+    Raises:
+        InvalidParameterError: a size out of range or an EOS id outside the vocabulary.
+    """
+    vocab = counts.shape[0]
+    always = sorted({int(t) for t in eos_token_ids})
+    if not max(len(always), 1) <= draft_vocab_size <= vocab:
+        raise InvalidParameterError(f"draft_vocab_size must be in [{max(len(always), 1)}, {vocab}], got {draft_vocab_size}")
+    if any(not 0 <= t < vocab for t in always):
+        raise InvalidParameterError(f"an EOS id of {always} is outside the vocabulary of {vocab}")
+    boosted = counts.double().clone()
+    boosted[always] = math.inf  # the EOS ids rank first, the rest by count
+    return select_vocabulary(boosted, draft_vocab_size)
+
+
+@dataclass(frozen=True)
+class HeadShape:
+    """The head's dimensions, copied from the target's config (all ints but ``rope_theta`` and
+    ``rms_norm_eps``); ``vocab_size`` and ``num_target_layers`` are the target's."""
+
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    rope_theta: float
+    rms_norm_eps: float
+    vocab_size: int
+    num_target_layers: int
+    feature_layers: tuple[int, ...]
+    draft_vocab_size: int
+    target_model_type: str
+
+    @staticmethod
+    def of_target(config, feature_layers: Sequence[int], draft_vocab_size: int) -> HeadShape:
+        """The shape for a transformers ``config``. Raises InvalidParameterError for an
+        architecture other than :data:`SUPPORTED_MODEL_TYPES`, a non-SiLU MLP or bad layers."""
+        model_type = getattr(config, "model_type", None)
+        if model_type not in SUPPORTED_MODEL_TYPES or getattr(config, "hidden_act", "silu") != "silu":
+            supported = ", ".join(SUPPORTED_MODEL_TYPES)
+            raise InvalidParameterError(f"EAGLE heads support {supported} targets with a SiLU MLP, not {model_type!r}")
+        num_layers = int(config.num_hidden_layers)
+        layers = tuple(int(i) for i in feature_layers)
+        if not layers or any(not 0 <= i < num_layers for i in layers):
+            raise InvalidParameterError(f"feature layers {layers} must be hidden-state indices in [0, {num_layers - 1}]")
+        rope = getattr(config, "rope_parameters", None) or {}
+        heads = int(config.num_attention_heads)
+        return HeadShape(
+            hidden_size=int(config.hidden_size),
+            num_attention_heads=heads,
+            num_key_value_heads=int(getattr(config, "num_key_value_heads", None) or heads),
+            head_dim=int(getattr(config, "head_dim", None) or config.hidden_size // heads),
+            intermediate_size=int(config.intermediate_size),
+            rope_theta=float(rope.get("rope_theta") or getattr(config, "rope_theta", None) or 10000.0),
+            rms_norm_eps=float(getattr(config, "rms_norm_eps", 1e-6)),
+            vocab_size=int(config.vocab_size),
+            num_target_layers=num_layers,
+            feature_layers=layers,
+            draft_vocab_size=int(draft_vocab_size),
+            target_model_type=str(model_type),
+        )
+
+
+def _checked_d2t(d2t: Sequence[int] | Tensor, vocab_size: int) -> Tensor:
+    d2t = torch.as_tensor(d2t, dtype=torch.long).reshape(-1)
+    if d2t.numel() == 0 or int(d2t.min()) < 0 or int(d2t.max()) >= vocab_size:
+        raise InvalidParameterError(f"draft token ids must be one or more ids in [0, {vocab_size})")
+    return d2t
+
+
+def _linear(in_features: int, out_features: int) -> nn.Linear:
+    return nn.utils.skip_init(nn.Linear, in_features, out_features, bias=False)  # initialised by the head
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat([-second, first], dim=-1)
+
+
+class EagleHead(nn.Module):
+    """EAGLE-3 head (§3): ``fc`` fuses the target's features, one decoder layer attends over the
+    head's own cache, ``lm_head`` scores the draft vocabulary.
+
+    Args:
+        shape: dimensions (:meth:`HeadShape.of_target`).
+        embed_tokens: the target's input embedding module (``[ids] -> [ids, hidden]``), borrowed.
+        d2t: int64 ``[draft_vocab_size]`` target token id of each draft row.
+        lm_head_weight: ``[draft_vocab_size, hidden]`` initial rows (the target's, of ``d2t``);
+            None: random.
+        seed: seeds the random initialisation (an own ``torch.Generator``; global RNG untouched).
+    Raises:
+        InvalidParameterError: the embedding's width or vocabulary is not the shape's, or ``d2t``
+            has the wrong length or ids outside the vocabulary.
+    """
+
+    def __init__(
+        self, shape: HeadShape, embed_tokens: nn.Module, d2t: Tensor, lm_head_weight: Tensor | None = None, *, seed: int = 0
+    ) -> None:
+        super().__init__()
+        hidden, heads, head_dim = shape.hidden_size, shape.num_attention_heads, shape.head_dim
+        kv_heads = shape.num_key_value_heads
+        width = embed_tokens(torch.zeros(1, dtype=torch.long)).shape[-1]
+        rows = getattr(embed_tokens, "num_embeddings", None) or embed_tokens.weight.shape[0]
+        if width != hidden or rows != shape.vocab_size:
+            raise InvalidParameterError(
+                f"the head expects a target of hidden size {hidden} and vocabulary {shape.vocab_size}; "
+                f"this target has {width} and {rows}"
+            )
+        d2t = _checked_d2t(d2t, shape.vocab_size)
+        if d2t.numel() != shape.draft_vocab_size:
+            raise InvalidParameterError(f"d2t holds {d2t.numel()} ids, the head {shape.draft_vocab_size} rows")
+        self.shape = shape
+        self.__dict__["embed_tokens"] = embed_tokens  # a reference: no parameter, not in the state dict
+        self.fc = _linear(len(shape.feature_layers) * hidden, hidden)
+        self.input_norm = nn.RMSNorm(hidden, eps=shape.rms_norm_eps)
+        self.hidden_norm = nn.RMSNorm(hidden, eps=shape.rms_norm_eps)
+        self.q_proj = _linear(2 * hidden, heads * head_dim)
+        self.k_proj = _linear(2 * hidden, kv_heads * head_dim)
+        self.v_proj = _linear(2 * hidden, kv_heads * head_dim)
+        self.o_proj = _linear(heads * head_dim, hidden)
+        self.post_attention_norm = nn.RMSNorm(hidden, eps=shape.rms_norm_eps)
+        self.gate_proj = _linear(hidden, shape.intermediate_size)
+        self.up_proj = _linear(hidden, shape.intermediate_size)
+        self.down_proj = _linear(shape.intermediate_size, hidden)
+        self.norm = nn.RMSNorm(hidden, eps=shape.rms_norm_eps)
+        self.lm_head = _linear(hidden, shape.draft_vocab_size)
+        self.register_buffer("d2t", d2t.clone())
+        inv_freq = 1.0 / shape.rope_theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+        generator = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for module in self.modules():
+                if isinstance(module, nn.Linear):
+                    module.weight.normal_(0.0, 0.02, generator=generator)  # transformers' initializer_range
+            if lm_head_weight is not None:
+                self.lm_head.weight.copy_(lm_head_weight)
+        self._keys = self._values = torch.zeros(kv_heads, 0, head_dim)  # [kv_heads, cached, head_dim]
+
+    @classmethod
+    def from_target(
+        cls,
+        model: nn.Module,
+        feature_layers: Sequence[int] | None = None,
+        draft_token_ids: Tensor | None = None,
+        *,
+        seed: int = 0,
+    ) -> EagleHead:
+        """A fresh head for a transformers Qwen2/Llama-family causal LM.
+
+        Args:
+            feature_layers: hidden-state indices fused by ``fc`` (None: :func:`default_feature_layers`).
+            draft_token_ids: ``[draft_vocab_size]`` target ids the head can propose (None: all;
+                :func:`choose_draft_vocabulary` picks them); ``lm_head`` starts from their rows.
+        Raises:
+            InvalidParameterError: an unsupported architecture or a bad layer or token id.
+        """
+        config = model.config
+        layers = default_feature_layers(int(config.num_hidden_layers)) if feature_layers is None else feature_layers
+        target_rows = model.get_output_embeddings().weight.detach()
+        vocab = target_rows.shape[0]
+        d2t = _checked_d2t(torch.arange(vocab) if draft_token_ids is None else draft_token_ids, vocab)
+        shape = HeadShape.of_target(config, layers, d2t.numel())
+        return cls(shape, model.get_input_embeddings(), d2t, target_rows[d2t].float(), seed=seed)
+
+    @property
+    def config(self) -> dict:
+        """What storing the head needs besides its state dict: :class:`HeadShape` as a dict."""
+        return {"architecture": "eagle3", **asdict(self.shape), "feature_layers": list(self.shape.feature_layers)}
+
+    def save(self, path: str | Path) -> None:
+        """Write ``{"config", "state_dict"}`` with ``torch.save`` (no embedding, no KV cache)."""
+        torch.save({"config": self.config, "state_dict": self.state_dict()}, path)
+
+    @classmethod
+    def load(cls, path: str | Path, model: nn.Module) -> EagleHead:
+        """The head written by :meth:`save`, borrowing ``model``'s embedding.
+
+        Raises:
+            InvalidParameterError: the head was trained for a target of another architecture,
+                hidden size, vocabulary or depth.
+        """
+        stored = torch.load(path, map_location="cpu", weights_only=True)
+        fields = {k: v for k, v in stored["config"].items() if k != "architecture"}
+        shape = HeadShape(**{**fields, "feature_layers": tuple(fields["feature_layers"])})
+        target = HeadShape.of_target(model.config, shape.feature_layers, shape.draft_vocab_size)
+        mismatched = [
+            f"{name} {getattr(shape, name)} != {getattr(target, name)}"
+            for name in ("target_model_type", "hidden_size", "vocab_size", "num_target_layers")
+            if getattr(shape, name) != getattr(target, name)
+        ]
+        if mismatched:
+            raise InvalidParameterError(f"this EAGLE head belongs to another target ({'; '.join(mismatched)})")
+        head = cls(shape, model.get_input_embeddings(), stored["state_dict"]["d2t"])
+        head.load_state_dict(stored["state_dict"])
+        return head
+
+    def draft_to_target(self, draft_ids: Tensor) -> Tensor:
+        """Target token ids (int64, same shape) of draft-vocabulary rows ``draft_ids``."""
+        return self.d2t[draft_ids]
+
+    def fuse(self, features: Tensor) -> Tensor:
+        """``fc`` over the target's concatenated features ``[T, layers * hidden]`` -> ``[T, hidden]``."""
+        if features.dim() != 2 or features.shape[1] != self.fc.in_features:
+            raise InvalidParameterError(f"features must be [rows, {self.fc.in_features}], got {list(features.shape)}")
+        return self.fc(features.to(self.fc.weight.dtype))
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """float32 ``[T, draft_vocab_size]`` scores of the draft rows from the layer's output."""
+        return self.lm_head(self.norm(hidden)).float()
+
+    def layer(
+        self, hidden: Tensor, token_ids: Tensor, positions: Tensor, past_keys: Tensor, past_values: Tensor, mask: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """The decoder layer (§3) over explicit keys: rows attend to ``past + their own`` keys.
+
+        Args:
+            hidden: ``[T, hidden]`` fused features or the head's previous outputs.
+            token_ids: int64 ``[T]`` the token after each row's (embedded by the target).
+            positions: int64 ``[T]`` rotary positions.
+            past_keys, past_values: ``[kv_heads, S, head_dim]`` (rotated keys).
+            mask: bool ``[T, S + T]``, True where a row may attend.
+        Returns:
+            ``(out [T, hidden], keys [kv_heads, T, head_dim], values [kv_heads, T, head_dim])``.
+        """
+        shape, rows = self.shape, hidden.shape[0]
+        with torch.no_grad():  # the target's embedding stays frozen
+            embedded = self.embed_tokens(token_ids).to(hidden.dtype)
+        x = torch.cat([self.input_norm(embedded), self.hidden_norm(hidden)], dim=-1)
+        q = self.q_proj(x).view(rows, shape.num_attention_heads, shape.head_dim).transpose(0, 1)
+        k = self.k_proj(x).view(rows, shape.num_key_value_heads, shape.head_dim).transpose(0, 1)
+        v = self.v_proj(x).view(rows, shape.num_key_value_heads, shape.head_dim).transpose(0, 1)
+        angles = positions.to(self.inv_freq.dtype)[:, None] * self.inv_freq[None, :]
+        cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        keys, values = torch.cat([past_keys, k], dim=1), torch.cat([past_values, v], dim=1)
+        attended = F.scaled_dot_product_attention(
+            q[None], keys[None], values[None], attn_mask=mask[None, None], enable_gqa=True  # GQA: kv heads shared
+        )[0]
+        h = hidden + self.o_proj(attended.transpose(0, 1).reshape(rows, -1))
+        y = self.post_attention_norm(h)
+        return h + self.down_proj(F.silu(self.gate_proj(y)) * self.up_proj(y)), k, v
+
+    @property
+    def num_cached_tokens(self) -> int:
+        """Rows in the head's KV cache (= the default position of the next row)."""
+        return self._keys.shape[1]
+
+    def truncate(self, num_tokens: int) -> None:
+        """Keep the first ``num_tokens`` cache rows (0 empties; the current length is a no-op).
+        Raises ValueError beyond the length."""
+        if not 0 <= num_tokens <= self.num_cached_tokens:
+            raise ValueError(f"cannot truncate a cache of {self.num_cached_tokens} rows to {num_tokens}")
+        self._keys, self._values = self._keys[:, :num_tokens], self._values[:, :num_tokens]
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        token_ids: Sequence[int] | Tensor,
+        *,
+        features: Tensor | None = None,
+        hidden: Tensor | None = None,
+        positions: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """Append ``T`` rows to the head's cache and score them (inference).
+
+        Args:
+            token_ids: ``[T]`` the token after each row's feature.
+            features: float ``[T, layers * hidden]`` target features (through ``fc``); or
+            hidden: float ``[T, hidden]`` the head's own earlier outputs (``fc`` skipped).
+            positions: int64 ``[T]`` (None: ``num_cached_tokens ...``).
+            attention_mask: bool ``[T, num_cached_tokens + T]`` (None: causal), e.g. a tree's.
+        Returns:
+            ``(logits float32 [T, draft_vocab_size], hidden [T, hidden])``; ``hidden`` (before the
+            final norm) feeds the next draft step.
+        Raises:
+            InvalidParameterError: not exactly one of ``features`` / ``hidden``, or a bad shape.
+        """
+        ids = torch.as_tensor(token_ids, dtype=torch.long).reshape(-1)
+        num_new, cached = ids.numel(), self.num_cached_tokens
+        if (features is None) == (hidden is None):
+            raise InvalidParameterError("pass exactly one of features (the target's) and hidden (the head's own)")
+        hidden = self.fuse(features) if features is not None else hidden.to(self.fc.weight.dtype)
+        if num_new == 0 or hidden.shape != (num_new, self.shape.hidden_size):
+            raise InvalidParameterError(
+                f"need one [{self.shape.hidden_size}] input row per token; got {num_new} tokens, {list(hidden.shape)}"
+            )
+        positions = torch.arange(cached, cached + num_new) if positions is None else torch.as_tensor(positions, dtype=torch.long)
+        if attention_mask is None:
+            attention_mask = torch.arange(cached + num_new)[None, :] <= torch.arange(cached, cached + num_new)[:, None]
+        if attention_mask.dtype != torch.bool or attention_mask.shape != (num_new, cached + num_new):
+            raise InvalidParameterError(
+                f"attention_mask must be bool [{num_new}, {cached + num_new}], got {attention_mask.dtype} {list(attention_mask.shape)}"
+            )
+        out, keys, values = self.layer(hidden, ids, positions, self._keys, self._values, attention_mask)
+        self._keys, self._values = torch.cat([self._keys, keys], 1), torch.cat([self._values, values], 1)
+        return self.logits(out), out
