@@ -166,10 +166,10 @@ def test_import_error_names_the_extra(monkeypatch):
 
 
 def cached_smollm2():
-    from verispec.models.store import verispec_home
+    from verispec.models.store import ModelStore
 
-    path = verispec_home() / "models" / "smollm2-135m-instruct" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    return path if path.exists() else None
+    store = ModelStore(progress=False)  # the suite's home, then the user's models folder (read only)
+    return None if store.cache_state("smollm2-135m-instruct") == "missing" else store.fetch("smollm2-135m-instruct")
 
 
 @pytest.mark.skipif(cached_smollm2() is None, reason="SmolLM2-135M is not in the model cache (verispec models fetch smollm2-135m-instruct)")

