@@ -23,6 +23,23 @@ class Runner(Protocol):
     Attributes:
         vocab_size: width of the logits rows (may exceed the tokenizer's size by padding rows).
         max_context_length: positions the model supports (prompt + output).
+
+    Optional, on the runners that can hand out their hidden states to a feature drafter (EAGLE-3,
+    Li et al. 2025, arXiv 2503.01840; the int8, gguf and torch runners), not required here:
+
+    - ``capture_features(layers: Sequence[int]) -> None``: from now on every pass of this
+      sequence (``forward``, ``forward_tree``, a batched pass of :func:`forward_batch`) records,
+      for *every* row of the pass (not only the ``num_logits`` rows), the hidden state entering
+      each decoder layer in ``layers`` (transformers' ``hidden_states[i]``: 0 the embeddings,
+      ``i`` the output of layer ``i - 1``; :mod:`verispec.runners.features`). ``()`` stops it.
+      ``new_sequence()`` keeps the setting. Raises InvalidParameterError (a ValueError) for an
+      index outside ``0 .. num_layers - 1``.
+    - ``last_features: Tensor | None``: float32 ``[rows of this sequence's last pass,
+      len(layers) * hidden_size]``, the layers concatenated in the order given; only this
+      sequence's rows in a batched pass; None when not capturing (or before the first pass).
+
+    Capture is no extra pass: the states are those the pass computes anyway, and the logits are
+    bit-identical with it on or off.
     """
 
     vocab_size: int

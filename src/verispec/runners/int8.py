@@ -7,7 +7,10 @@ activation scales with exact int32 accumulation (:mod:`verispec.runners.int8_ops
 activations are row-wise, and attention runs one query at a time over exactly the keys it sees,
 with the same shapes as a one-token decode step. So a k-token verify pass gives bit-identical
 logits and KV entries to k one-token steps, and speculative greedy output equals plain greedy
-output of this runner. Rollback moves a length. Knows nothing about drafting or sampling.
+output of this runner. With :meth:`Int8Runner.capture_features` on, a pass also hands out the
+hidden states of chosen layers for every row (EAGLE-3 features, :mod:`verispec.runners.features`),
+which are as batch-invariant as the logits. Rollback moves a length. Knows nothing about drafting
+or sampling.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import torch
 from torch import Tensor
 
 from verispec.runners import ForwardCall, check_new_tokens
+from verispec.runners.features import check_feature_layers, concat_features
 from verispec.runners.int8_weights import DEFAULT_MAX_CONTEXT, Int8Weights
 
 
@@ -68,6 +72,8 @@ class Int8Runner:
         self._keys = torch.empty(shape)
         self._values = torch.empty(shape)
         self._num_cached = 0
+        self._feature_layers: tuple[int, ...] = ()
+        self.last_features: Tensor | None = None  # see capture_features
 
     @classmethod
     def from_module(
@@ -94,7 +100,25 @@ class Int8Runner:
     def new_sequence(self) -> Int8Runner:
         """Another sequence over the same weights: its own empty KV cache of the same capacity
         (allocated, not touched: pages become resident as tokens are written)."""
-        return type(self)(self.weights, max_context_length=self.max_context_length)
+        sequence = type(self)(self.weights, max_context_length=self.max_context_length)
+        sequence.capture_features(self._feature_layers)
+        return sequence
+
+    def capture_features(self, layers: Sequence[int]) -> None:
+        """From now on every pass of this sequence (``forward``, ``forward_tree``, ``forward_many``)
+        sets :attr:`last_features` to float32 ``[rows of the pass, len(layers) * hidden_size]``:
+        for every row (not only the logits rows), the hidden state entering each decoder layer in
+        ``layers`` (:mod:`verispec.runners.features`' convention; 0: the embeddings), concatenated
+        in the order given. ``()`` stops it (``last_features`` None). :meth:`new_sequence` copies
+        the setting. The states are references the pass holds anyway, copied once per sequence:
+        logits are unchanged bit for bit, and a row's features, like its logits, do not depend
+        on the other rows of the pass.
+
+        Raises:
+            InvalidParameterError: a layer outside ``0 .. num_layers - 1``.
+        """
+        self._feature_layers = check_feature_layers(layers, len(self.weights.layers))
+        self.last_features = None
 
     @torch.inference_mode()
     def forward(self, token_ids: Sequence[int], num_logits: int | None = None) -> Tensor:
@@ -231,7 +255,8 @@ class _Segment:
 def _run_segments(segments: list[_Segment]) -> list[Tensor]:
     """The decoder over every segment's new tokens (each at its cache's slots ``num_cached ..``):
     linear layers, norms and the LM head over all rows at once; RoPE, the cache write and
-    attention per segment. Returns each segment's last ``num_rows`` logits rows."""
+    attention per segment. Returns each segment's last ``num_rows`` logits rows, and sets each
+    capturing runner's ``last_features`` to its own rows (:meth:`Int8Runner.capture_features`)."""
     runners = [seg.runner for seg in segments]
     if len({id(r) for r in runners}) != len(runners):
         raise ValueError("a sequence appears twice in one pass")
@@ -241,7 +266,11 @@ def _run_segments(segments: list[_Segment]) -> list[Tensor]:
     x = w.embed(torch.tensor([t for seg in segments for t in seg.token_ids], dtype=torch.long))  # [rows, hidden]
     ropes = [r._rope_rows(seg.positions) for r, seg in zip(runners, segments)]  # once per pass
     trees = [None if seg.visible is None else r._tree_slots(seg.visible) for r, seg in zip(runners, segments)]
+    wanted = {i for r in runners for i in r._feature_layers}
+    states: dict[int, Tensor] = {}  # layer index -> the residual stream entering it, [rows, hidden]
     for index, layer in enumerate(w.layers):
+        if index in wanted:
+            states[index] = x  # a reference: x is rebound below, never written in place
         qkv = layer.qkv(rms_norm(x, layer.input_norm, w.rms_norm_eps))
         parts = []
         for i, r in enumerate(runners):
@@ -251,8 +280,10 @@ def _run_segments(segments: list[_Segment]) -> list[Tensor]:
         x = x + layer.o(parts[0] if len(parts) == 1 else torch.cat(parts))
         gate_up = layer.gate_up(rms_norm(x, layer.post_norm, w.rms_norm_eps))
         x = x + layer.down(runners[0]._swiglu(gate_up))
-    for r, size in zip(runners, sizes):
+    for i, (r, size) in enumerate(zip(runners, sizes)):
         r._num_cached += size
+        if r._feature_layers:
+            r.last_features = concat_features(states, r._feature_layers, bounds[i], bounds[i + 1])
     counts = [seg.num_rows for seg in segments]
     if sum(counts) == 0:
         return [torch.empty(0, runners[0].vocab_size) for _ in segments]

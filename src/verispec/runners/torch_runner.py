@@ -1,7 +1,9 @@
 """Runner over a transformers ``AutoModelForCausalLM`` (any architecture it loads, GGUF too).
 
 Owns the model's ``DynamicCache`` for one sequence. Rollback crops the cache by the number of
-discarded positions; the prefix is never recomputed. Knows nothing about drafting or sampling.
+discarded positions; the prefix is never recomputed. With :meth:`TransformersRunner.capture_features`
+on, a pass also hands out chosen ``output_hidden_states`` (EAGLE-3 features,
+:mod:`verispec.runners.features`). Knows nothing about drafting or sampling.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from torch import Tensor
 from transformers import DynamicCache
 
 from verispec.runners import check_new_tokens
+from verispec.runners.features import check_feature_layers, concat_features
 
 
 class TransformersRunner:
@@ -32,6 +35,8 @@ class TransformersRunner:
         self.max_context_length = int(max_context_length or getattr(config, "max_position_embeddings", 2048))
         self._cache = DynamicCache(config=config)
         self._num_cached = 0
+        self._feature_layers: tuple[int, ...] = ()
+        self.last_features: Tensor | None = None  # see capture_features
 
     @property
     def num_cached_tokens(self) -> int:
@@ -40,7 +45,38 @@ class TransformersRunner:
     def new_sequence(self) -> TransformersRunner:
         """Another sequence over the same model with its own empty cache (batched passes run
         one sequence after the other: :func:`verispec.runners.forward_batch`)."""
-        return TransformersRunner(self.model, max_context_length=self.max_context_length)
+        sequence = TransformersRunner(self.model, max_context_length=self.max_context_length)
+        sequence.capture_features(self._feature_layers)
+        return sequence
+
+    def capture_features(self, layers: Sequence[int]) -> None:
+        """From now on every ``forward`` / ``forward_tree`` asks the model for
+        ``output_hidden_states`` and sets :attr:`last_features` to float32 CPU ``[rows of the
+        pass, len(layers) * hidden_size]``: ``hidden_states[i]`` of every row (not only the logits
+        rows) for each ``i`` in ``layers``, concatenated in the order given
+        (:mod:`verispec.runners.features`' convention; 0: the embeddings). ``()`` stops it
+        (``last_features`` None, and the model is no longer asked). :meth:`new_sequence` copies
+        the setting. The fp32 reference: not batch-invariant, unlike the int8 and gguf runners.
+
+        Raises:
+            InvalidParameterError: a layer outside ``0 .. num_hidden_layers - 1``.
+        """
+        self._feature_layers = check_feature_layers(layers, int(self.model.config.num_hidden_layers))
+        self.last_features = None
+
+    def _run(self, **inputs) -> Tensor:
+        """One model call on this sequence's cache; keeps the features when capturing and returns
+        the logits as float32 CPU ``[rows, vocab_size]``."""
+        if self._feature_layers:
+            inputs["output_hidden_states"] = True
+        out = self.model(cache=self._cache, use_cache=True, **inputs)
+        if self._feature_layers:
+            states = [state[0] for state in out.hidden_states]  # [rows, hidden] each
+            self.last_features = concat_features(states, self._feature_layers, 0, states[0].shape[0]).cpu()
+        self._num_cached += inputs["input_ids"].shape[1]
+        # Sampling and verification run on the CPU with the request's CPU generator; one
+        # [k, vocab] copy per step is small next to a forward pass.
+        return out.logits[0].float().cpu()
 
     @torch.inference_mode()
     def forward(self, token_ids: Sequence[int], num_logits: int | None = None) -> Tensor:
@@ -48,18 +84,12 @@ class TransformersRunner:
         check_new_tokens(self._num_cached, num_new, self.max_context_length)
         input_ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
         positions = torch.arange(self._num_cached, self._num_cached + num_new, device=self.device)
-        out = self.model(
+        return self._run(
             input_ids=input_ids,
             position_ids=positions[None, :],
             cache_position=positions,
-            cache=self._cache,
-            use_cache=True,
             logits_to_keep=num_logits or 0,
         )
-        self._num_cached += num_new
-        # Sampling and verification run on the CPU with the request's CPU generator; one
-        # [k, vocab] copy per step is small next to a forward pass.
-        return out.logits[0].float().cpu()
 
     def truncate(self, num_tokens: int) -> None:
         if not 0 <= num_tokens <= self._num_cached:
@@ -91,16 +121,12 @@ class TransformersRunner:
         additive = torch.zeros(attention_mask.shape, dtype=dtype)
         additive.masked_fill_(~attention_mask, torch.finfo(dtype).min)
         slots = torch.arange(self._num_cached, self._num_cached + num_new, device=self.device)
-        out = self.model(
+        return self._run(
             input_ids=torch.tensor([list(token_ids)], dtype=torch.long, device=self.device),
             position_ids=position_ids.to(self.device)[None, :],
             cache_position=slots,
             attention_mask=additive.to(self.device)[None, None, :, :],
-            cache=self._cache,
-            use_cache=True,
         )
-        self._num_cached += num_new
-        return out.logits[0].float().cpu()
 
     def keep_tree_path(self, num_prefix_tokens: int, node_indices: Sequence[int]) -> None:
         """Keep the first ``num_prefix_tokens`` entries, then the tree nodes ``node_indices``
