@@ -270,6 +270,7 @@ def test_int8_cache_gives_the_same_weights_and_skips_requantizing(files, tmp_pat
     import os
     import shutil
 
+    from verispec.models.cache_files import read_checked
     from verispec.runners import int8_gguf
     from verispec.runners.int8_gguf import int8_weights_from_gguf
 
@@ -298,7 +299,7 @@ def test_int8_cache_gives_the_same_weights_and_skips_requantizing(files, tmp_pat
     with open(data, "r+b") as f:  # truncated: the index no longer matches, so it is rewritten
         f.truncate(data.stat().st_size - 1)
     assert torch.equal(Int8Runner(int8_weights_from_gguf(model, 64, cache_dir=cache), max_context_length=64).forward(prompt), first)
-    entries = json.loads(data.with_suffix(".json").read_text())["matrices"].values()
+    entries = json.loads(read_checked(data.with_suffix(".json"), "verispec-weights/1"))["matrices"].values()
     assert data.stat().st_size == sum(a["nbytes"] for arrays in entries for a in arrays)  # whole again
     os.utime(model, ns=(0, 0))  # a changed file: a new cache replaces the old one
     Int8Runner(int8_weights_from_gguf(model, 64, cache_dir=cache), max_context_length=64)

@@ -8,6 +8,7 @@ from typer.testing import CliRunner
 
 from gguf_models import MIXED, perturbed_copy, write_gguf_model
 from verispec.cli import app
+from verispec.models.cache_files import read_checked
 from verispec.runners.kernels import gguf_kernels, kernel_isa
 
 cli = CliRunner()
@@ -48,7 +49,7 @@ def test_json_and_the_cost_cache_name_the_kernel_path(files, home, monkeypatch):
     assert json.loads(result.stdout.strip().splitlines()[-1])["kernel_isa"] == "portable"
     assert result.output.count("portable path") == 1 and "use --runner llamacpp" in result.output  # said once, plainly
     (costs,) = (home / "costs").glob("*.json")
-    measured = {runner for entry in json.loads(costs.read_text()).values() for runner in entry}
+    measured = {runner for entry in json.loads(read_checked(costs, "verispec-costs/1")).values() for runner in entry}
     assert measured == {f"gguf:{best}", "gguf:portable"}  # one curve per kernel path, neither overwrites the other
 
 

@@ -11,6 +11,7 @@ from helpers import BigramRunner, default_pieces, perturbed_copy, single_thread 
 from verispec.spec.control import CostModel
 from verispec.engine import SpeculativeConfig
 from verispec.errors import InvalidParameterError
+from verispec.models.cache_files import read_checked
 from verispec.models.loading import LoadedModel
 from verispec.engine.loader import SpeculativePipeline
 from verispec.runners.costs import CostCache, CostCurve, choose_runner, measure_cost_curve, seed_cost_model
@@ -103,7 +104,7 @@ def test_pipeline_auto_resolves_and_caches(target_model, tmp_path, monkeypatch):
     pipe = SpeculativePipeline(loaded("target", target_model), None, runners=RunnerOptions(kind="auto"))
     assert pipe.runner_kind == "int8"  # CPU, no GGUF file: int8 is the only fast candidate
     assert list((tmp_path / "costs").glob("*.json"))
-    assert "target" in json.loads(next((tmp_path / "costs").glob("*.json")).read_text())
+    assert "target" in json.loads(read_checked(next((tmp_path / "costs").glob("*.json")), CostCache.KIND))
 
 
 @pytest.mark.parametrize(
@@ -211,7 +212,7 @@ def test_cost_curves_are_cached_per_kernel_path(tmp_path, target_model, monkeypa
     monkeypatch.setenv("VERISPEC_HOME", str(tmp_path))
     SpeculativePipeline(loaded("target", target_model), None, runners=RunnerOptions(kind="auto"))
     (path,) = (tmp_path / "costs").glob("*.json")
-    assert list(json.loads(path.read_text())["target"]) == [f"int8:{int8_ops.default_kernel()}"]
+    assert list(json.loads(read_checked(path, CostCache.KIND))["target"]) == [f"int8:{int8_ops.default_kernel()}"]
     assert cached_curve("target", None, "int8") is not None
     other = "int_mm" if int8_ops.default_kernel() == "onednn" else "onednn"
     monkeypatch.setattr(int8_ops, "default_kernel", lambda: other)

@@ -31,3 +31,10 @@ class InvalidParameterError(VerispecError, ValueError):
 
 class ContextLengthError(VerispecError, ValueError):
     """The prompt (plus requested tokens) does not fit the model's context window."""
+
+
+class CacheFileError(VerispecError):
+    """A cache file verispec wrote failed its check: truncated, corrupt, or of another format.
+
+    Readers of caches that can be rebuilt report it once and rebuild; the message says what was
+    wrong (``verispec.models.cache_files``)."""

@@ -23,6 +23,7 @@ from verispec.errors import InvalidParameterError
 from verispec.proposers.base import DraftRequest, Proposer
 from verispec.spec.draft import DraftOutput
 from verispec.proposers.ngram import NgramIndex, NgramProposer, copy_continuation, ngram_tree
+from verispec.proposers.suffix_file import read_sequences, write_sequences
 from verispec.spec.tree import TokenTree
 
 DEFAULT_MAX_TOKENS = 65_536  # tokens of past requests kept (the index costs up to ~2-3 KB a token)
@@ -112,57 +113,22 @@ class SuffixCache:
             return [list(tokens) for _, tokens in self._sequences]
 
     def save(self, path) -> None:
-        """Write the kept sequences to ``path`` (``.npz``: the tokens end to end and their lengths),
-        atomically (a temporary file renamed over it)."""
-        import os
-
-        import numpy as np
-
-        sequences = self.sequences()
-        tokens = np.array([t for seq in sequences for t in seq], dtype=np.int64)
-        lengths = np.array([len(seq) for seq in sequences], dtype=np.int64)
-        temporary = f"{path}.tmp-{os.getpid()}"
-        try:
-            with open(temporary, "wb") as f:
-                np.savez(f, tokens=tokens, lengths=lengths, format=np.array([1]))
-            os.replace(temporary, path)
-        finally:
-            if os.path.exists(temporary):
-                os.remove(temporary)
+        """Write the kept sequences to ``path`` atomically, with a checksum
+        (:func:`verispec.proposers.suffix_file.write_sequences`). Raises OSError (``path`` is
+        then as it was)."""
+        write_sequences(path, self.sequences())
 
     def load(self, path) -> int:
         """Add the sequences saved in ``path`` (:meth:`save`), oldest first; returns how many.
 
         Raises:
-            InvalidParameterError: the file is missing, not a suffix cache, or corrupt.
+            InvalidParameterError: the file is missing or not a suffix cache.
+            CacheFileError: a suffix cache that is truncated or corrupt (nothing of it is added).
         """
-        import zipfile
-
-        import numpy as np
-
-        try:
-            data = np.load(path, allow_pickle=False)
-            if not isinstance(data, np.lib.npyio.NpzFile):
-                raise ValueError("not an .npz archive")
-            with data:
-                tokens, lengths = data["tokens"], data["lengths"]
-        except FileNotFoundError:
-            raise InvalidParameterError(f"no suffix cache at {path}") from None
-        except (OSError, ValueError, KeyError, EOFError, TypeError, zipfile.BadZipFile) as exc:
-            raise InvalidParameterError(f"{path} is not a verispec suffix cache ({exc})") from None
-        integral = all(np.issubdtype(a.dtype, np.integer) and a.ndim == 1 for a in (tokens, lengths))
-        if not integral:
-            raise InvalidParameterError(f"{path} is corrupt: tokens and lengths must be 1-D integer arrays")
-        lengths_list, tokens_list = [int(n) for n in lengths.tolist()], [int(t) for t in tokens.tolist()]
-        if any(n < 0 for n in lengths_list) or sum(lengths_list) != len(tokens_list):
-            raise InvalidParameterError(f"{path} is corrupt: its lengths do not match its tokens")
-        if any(not 0 <= t < 2**31 for t in tokens_list):
-            raise InvalidParameterError(f"{path} is corrupt: token ids outside [0, 2**31)")
-        offset = 0
-        for length in lengths_list:
-            self.add(tokens_list[offset : offset + length])
-            offset += length
-        return len(lengths_list)
+        sequences = read_sequences(path)
+        for tokens in sequences:
+            self.add(tokens)
+        return len(sequences)
 
     def _index_sequence(self, sequence_id: int, tokens: list[int]) -> None:
         for start in range(1, len(tokens)):

@@ -3,7 +3,8 @@
 Owns the measurement (a fixed pseudo-random context, then forwards of k = 1, 2, 4, 8, 16 tokens,
 median of several; :data:`QUICK_CURVE` for a first run: seconds, not minutes), the on-disk cache
 (``$VERISPEC_HOME/costs/<machine>.json``, one file per CPU model and features, threads and torch
-version; inside it per model file and per runner and kernel path) and the choice of the fastest
+version; inside it per model file and per runner and kernel path; a checked file, see
+:class:`CostCache`) and the choice of the fastest
 runner from those curves (``--runner auto``). Seeds the draft-length controller's cost model with
 a curve. Knows nothing about how a runner computes.
 """
@@ -22,6 +23,8 @@ from typing import Mapping, Sequence
 
 import torch
 
+from verispec.errors import CacheFileError
+from verispec.models.cache_files import read_checked, report_damaged, write_checked
 from verispec.spec.control import CostModel, expected_tokens, interpolate
 from verispec.runners import Runner
 
@@ -151,7 +154,17 @@ def model_key(name: str, path: Path | None) -> str:
 
 
 class CostCache:
-    """Cost curves on disk: ``{model_key: {runner: curve}}`` in ``<directory>/<machine>.json``."""
+    """Cost curves on disk: ``{model_key: {runner: curve}}`` in ``<directory>/<machine>.json``.
+
+    The file is a checked file (:mod:`verispec.models.cache_files`): a header line with the JSON
+    payload's size and sha256, then the payload, written atomically (temporary file, fsync,
+    rename). A file that fails the check (truncated, corrupt, an older verispec's without a
+    header) or an entry that is not a curve is said once on stderr and read as empty, so its
+    curves are measured again and the next :meth:`put` replaces the file; it never raises for a
+    damaged file.
+    """
+
+    KIND = "verispec-costs/1"
 
     def __init__(self, directory: Path | None = None, machine: str | None = None) -> None:
         if directory is None:
@@ -162,24 +175,30 @@ class CostCache:
 
     def _read(self) -> dict:
         try:
-            return json.loads(self.path.read_text())
-        except (OSError, ValueError):
+            data = json.loads(read_checked(self.path, self.KIND))
+            if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+                raise CacheFileError("does not hold {model: {runner: curve}}")
+            return data
+        except FileNotFoundError:
+            return {}
+        except (CacheFileError, ValueError, OSError) as exc:
+            report_damaged(self.path, str(exc), "its cost curves are measured again")
             return {}
 
     def get(self, model: str, runner: str) -> CostCurve | None:
         data = self._read().get(model, {}).get(runner)
         try:
             return CostCurve.from_dict(data) if data else None
-        except (TypeError, KeyError, ValueError):
-            return None  # an unreadable entry is re-measured
+        except (TypeError, KeyError, ValueError, AttributeError):
+            report_damaged(self.path, f"has an unreadable curve of {model} on {runner}", "it is measured again")
+            return None
 
     def put(self, model: str, curve: CostCurve) -> None:
+        """Add (or replace) ``model``'s curve on ``curve.runner`` and rewrite the file atomically.
+        Raises OSError when the file cannot be written."""
         data = self._read()
         data.setdefault(model, {})[curve.runner] = curve.to_dict()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = self.path.with_suffix(".tmp")
-        temporary.write_text(json.dumps(data, indent=1))
-        temporary.replace(self.path)
+        write_checked(self.path, self.KIND, json.dumps(data, indent=1).encode())
 
 
 def tokens_per_second(target: CostCurve, draft_ms: float | None, acceptance_rate: float, max_k: int = 8) -> float:

@@ -28,8 +28,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from verispec.ops.audit import QualityAuditor
 from verispec.engine import SpeculativeConfig
-from verispec.errors import InvalidParameterError
+from verispec.errors import CacheFileError, InvalidParameterError
 from verispec.metrics import peak_rss_bytes
+from verispec.models.cache_files import report_damaged
 from verispec.runners.notices import kernel_facts
 from verispec.server import logprobs, protocol
 from verispec.server.limits import BodyLimitMiddleware, validation_error
@@ -70,7 +71,8 @@ class ServerConfig:
         max_kv_tokens: KV-cache positions the running requests may reserve together; a
             request that does not fit waits (:class:`verispec.engine.scheduler.Scheduler`).
         suffix_cache: a file holding the suffix drafter's cache of past requests: loaded at
-            start when it exists, written at shutdown (:class:`verispec.proposers.suffix.SuffixCache`).
+            start when it exists (a damaged one is said on stderr and ignored), written at
+            shutdown (:class:`verispec.proposers.suffix.SuffixCache`).
     """
 
     api_key: str | None = None
@@ -119,7 +121,8 @@ def create_app(pipeline, config: ServerConfig | None = None, *, metrics_expositi
     instead of this app's own (replicas merge all replicas' counters: :mod:`verispec.server.replicas`).
     The engine worker starts, warms up and stops with the app's lifespan; ``/health`` answers
     503 until the warm-up is done. Raises InvalidParameterError for an audit rate outside [0, 1]
-    or a ``suffix_cache`` file that is not one.
+    or a ``suffix_cache`` file that is not one (a suffix cache that fails its check is said once on
+    stderr and ignored).
     """
     config = dataclasses.replace(config or ServerConfig(), **options)
     state = _State(pipeline, config)
@@ -127,7 +130,10 @@ def create_app(pipeline, config: ServerConfig | None = None, *, metrics_expositi
     if config.suffix_cache is not None and cache is not None:
         _check_writable(config.suffix_cache)
         if os.path.exists(config.suffix_cache):
-            log.info("suffix cache: %d past requests from %s", cache.load(config.suffix_cache), config.suffix_cache)
+            try:
+                log.info("suffix cache: %d past requests from %s", cache.load(config.suffix_cache), config.suffix_cache)
+            except CacheFileError as exc:  # ours, damaged: never read; the next write replaces it
+                report_damaged(config.suffix_cache, str(exc), "the server starts with an empty suffix cache")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

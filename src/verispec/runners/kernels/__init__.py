@@ -2,14 +2,16 @@
 
 Owns compiling and loading the kernel sources (``core.h`` lists them) (``torch.utils.cpp_extension`` with ninja; the
 build is keyed by the source, torch and Python versions, so a change rebuilds and a cache shared
-across them never mixes) and turning a missing compiler into a clear error. The kernels choose
-between their AVX-512 VNNI and portable paths at run time, so one build works on any x86-64 CPU.
-Knows nothing about models.
+across them never mixes), checking the build before loading it (:func:`check_build`) and turning
+a missing compiler into a clear error. The kernels choose between their ISA paths at run time,
+so one build works on any CPU of the architecture. Knows nothing about models.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import os
 import shutil
 import sys
@@ -18,8 +20,14 @@ from pathlib import Path
 
 import torch
 
-from verispec.errors import InvalidParameterError
+from verispec.errors import CacheFileError, InvalidParameterError
+from verispec.models.cache_files import read_checked, report_damaged, write_checked
 from verispec.progress import NOTICE_AFTER_S, announce_slow
+
+try:
+    import fcntl
+except ImportError:  # Windows: concurrent builds are not serialized, stale torch locks not cleared
+    fcntl = None
 
 DIRECTORY = Path(__file__).parent
 # The torch-free core (one file per concern and per ISA, see core.h) and the torch bindings.
@@ -28,6 +36,8 @@ CORE_SOURCES = ("formats.cpp", "portable.cpp", "dispatch.cpp", "attention.cpp", 
 SOURCES = tuple(DIRECTORY / name for name in CORE_SOURCES + ("bindings.cpp",))
 HEADERS = (DIRECTORY / "core.h",)
 CFLAGS = ["-O3", "-ffp-contract=off", "-fno-math-errno", "-std=c++17", "-fopenmp"]
+RECORD = "verispec-build.json"  # the built library's name, size and sha256 (a checked file)
+RECORD_KIND = "verispec-kernels/1"
 _LOCK = threading.Lock()
 _MODULE = None
 
@@ -71,8 +81,6 @@ def _build():
             f"the gguf runner compiles its kernels once, and no C++ compiler ({compiler!r}) was found: "
             "install g++ (Debian: apt install g++), or use --runner int8"
         )
-    from torch.utils import cpp_extension
-
     if shutil.which("ninja") is None:  # the pip package's binary, when the venv is not activated
         try:
             import ninja
@@ -82,21 +90,110 @@ def _build():
             raise InvalidParameterError("the gguf runner builds its kernels with ninja: pip install ninja") from None
     directory = kernel_build_dir()
     directory.mkdir(parents=True, exist_ok=True)
-    compiling = not list(directory.glob("*.so"))
-    try:
-        with announce_slow("compiling the gguf runner's kernels", f"once, ~40 s on 2 cores, into {directory}",
-                           after_s=0.0 if compiling else NOTICE_AFTER_S):
-            module = cpp_extension.load(
-                name=f"verispec_gguf_{build_key()}",
-                sources=[str(path) for path in SOURCES],
-                extra_cflags=CFLAGS,
-                build_directory=str(directory),
-                verbose=False,
-            )
-    except Exception as exc:  # cpp_extension raises RuntimeError, OSError, ImportError, CalledProcessError
-        raise InvalidParameterError(f"building the gguf kernels failed ({type(exc).__name__}: {exc}); use --runner int8") from exc
+    with _build_lock(directory):
+        check_build(directory)
+        built_before = any(directory.iterdir())
+        try:
+            module = _load(directory)
+        except Exception as exc:  # cpp_extension raises RuntimeError, OSError, ImportError, CalledProcessError
+            if not built_before:
+                raise InvalidParameterError(f"building the gguf kernels failed ({type(exc).__name__}: {exc}); use --runner int8") from exc
+            # a damaged object file or build log fails the link or the load: once more from nothing
+            report_damaged(directory, f"could not be built or loaded ({type(exc).__name__})", "built again from scratch")
+            shutil.rmtree(directory, ignore_errors=True)
+            directory.mkdir(parents=True, exist_ok=True)
+            try:
+                module = _load(directory)
+            except Exception as again:
+                raise InvalidParameterError(f"building the gguf kernels failed ({type(again).__name__}: {again}); use --runner int8") from again
+        _record_build(directory, Path(module.__file__))
     return module
 
+
+def _load(directory: Path):
+    """Build (ninja: only what changed) and import the extension in ``directory``."""
+    from torch.utils import cpp_extension
+
+    compiling = not list(directory.glob("*.so"))
+    with announce_slow("compiling the gguf runner's kernels", f"once, ~40 s on 2 cores, into {directory}",
+                       after_s=0.0 if compiling else NOTICE_AFTER_S):
+        return cpp_extension.load(
+            name=f"verispec_gguf_{build_key()}",
+            sources=[str(path) for path in SOURCES],
+            extra_cflags=CFLAGS,
+            build_directory=str(directory),
+            verbose=False,
+        )
+
+
+def check_build(directory: Path) -> None:
+    """Leave in the build folder ``directory`` only a library that passes its check.
+
+    The record :data:`RECORD` (a checked file: header with size and sha256) names the library a
+    finished build produced and its size and sha256. A library without a record (a build cut
+    short, or an older verispec's), with a damaged record, or whose size or sha256 differs from it
+    is said once on stderr and deleted with its record, so ninja links it again from the object
+    files. A torch build lock left by a killed build (``lock``: torch would wait on it forever)
+    is removed; the caller holds the folder's lock, so no live build owns it. Never raises for a
+    damaged folder.
+    """
+    if fcntl is not None and (directory / "lock").exists():
+        report_damaged(directory, "holds a build lock of a build that was killed", "the lock is removed")
+        (directory / "lock").unlink(missing_ok=True)
+    libraries = sorted(directory.glob("*.so"))
+    if not libraries:
+        return
+    problem = None
+    try:
+        record = json.loads(read_checked(directory / RECORD, RECORD_KIND))
+        library = directory / record["library"]
+        if library not in libraries or library.stat().st_size != record["size"]:
+            problem = f"has a library whose size is not the recorded {record['size']} bytes (truncated)"
+        elif _sha256(library) != record["sha256"]:
+            problem = "has a library that fails its sha256 check (corrupt)"
+    except FileNotFoundError:
+        problem = "has a library without a build record (a build cut short, or an older verispec's)"
+    except (CacheFileError, ValueError, KeyError, TypeError) as exc:
+        problem = f"has a damaged build record ({exc})"
+    if problem is not None:
+        report_damaged(directory, problem, "the library is linked again")
+        for library in libraries:
+            library.unlink(missing_ok=True)
+        (directory / RECORD).unlink(missing_ok=True)
+
+
+def _record_build(directory: Path, library: Path) -> None:
+    """Write the record of ``library`` (name, size, sha256) unless it is there and matches."""
+    record = {"library": library.name, "size": library.stat().st_size, "sha256": _sha256(library)}
+    try:
+        if json.loads(read_checked(directory / RECORD, RECORD_KIND)) == record:
+            return
+    except (OSError, ValueError, CacheFileError):
+        pass
+    try:
+        write_checked(directory / RECORD, RECORD_KIND, json.dumps(record).encode())
+    except OSError:
+        pass  # unrecorded: the next start links it again
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as data:
+        while chunk := data.read(2**20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def _build_lock(directory: Path):
+    """Hold an exclusive flock beside the build folder (released when the process dies), so one
+    process builds at a time and a torch ``lock`` file seen under it is stale."""
+    if fcntl is None:
+        yield
+        return
+    with open(directory.with_name(f".{directory.name}.lock"), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
 
 
 # ---------------------------------------------------------------------------------------------
