@@ -54,7 +54,7 @@ def serve(
     ),
     max_tokens_cap: int = typer.Option(2048, min=1, help="Largest max_tokens a request may ask for."),
     suffix_cache: Optional[Path] = typer.Option(
-        None, help="File for the suffix drafter's cache of past requests: loaded at start if present, written at shutdown."
+        None, help="File for the suffix drafter's cache of past requests: loaded at start if present, written atomically within 60 s of a change and at shutdown."
     ),
     datastore: Optional[Path] = typer.Option(None, help="A corpus datastore (verispec datastore build) the suffix drafter also reads."),
     max_body_bytes: int = typer.Option(4 * 1024 * 1024, min=1024, help="Largest request body (bytes)."),

@@ -55,6 +55,7 @@ class SuffixCache:
         self._num_tokens = 0
         self._index: dict[tuple[int, ...], list[tuple[int, int]]] = {}
         self._by_id: dict[int, list[int]] = {}
+        self._num_changes = 0
 
     @property
     def num_tokens(self) -> int:
@@ -64,6 +65,11 @@ class SuffixCache:
     @property
     def num_sequences(self) -> int:
         return len(self._sequences)
+
+    @property
+    def num_changes(self) -> int:
+        """Sequences added so far (kept or evicted since): a snapshot is stale when this moved."""
+        return self._num_changes
 
     @property
     def index_size(self) -> int:
@@ -79,6 +85,7 @@ class SuffixCache:
         with self._lock:
             sequence_id = self._next_id
             self._next_id += 1
+            self._num_changes += 1
             self._sequences.append((sequence_id, tokens))
             self._by_id[sequence_id] = tokens
             self._num_tokens += len(tokens)
@@ -109,8 +116,13 @@ class SuffixCache:
 
     def sequences(self) -> list[list[int]]:
         """The kept sequences, oldest first (to persist the cache)."""
+        return self.snapshot()[1]
+
+    def snapshot(self) -> tuple[int, list[list[int]]]:
+        """``(num_changes, sequences)`` read together under the lock: a copy to write while
+        requests go on (microseconds a thousand tokens; the lock is not held while writing)."""
         with self._lock:
-            return [list(tokens) for _, tokens in self._sequences]
+            return self._num_changes, [list(tokens) for _, tokens in self._sequences]
 
     def save(self, path) -> None:
         """Write the kept sequences to ``path`` atomically, with a checksum

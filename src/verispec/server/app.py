@@ -31,6 +31,7 @@ from verispec.engine import SpeculativeConfig
 from verispec.errors import CacheFileError, InvalidParameterError
 from verispec.metrics import peak_rss_bytes
 from verispec.models.cache_files import report_damaged
+from verispec.proposers.suffix_file import SNAPSHOT_INTERVAL_S, SuffixSnapshots
 from verispec.runners.notices import kernel_facts
 from verispec.server import logprobs, protocol
 from verispec.server.limits import BodyLimitMiddleware, validation_error
@@ -71,8 +72,10 @@ class ServerConfig:
         max_kv_tokens: KV-cache positions the running requests may reserve together; a
             request that does not fit waits (:class:`verispec.engine.scheduler.Scheduler`).
         suffix_cache: a file holding the suffix drafter's cache of past requests: loaded at
-            start when it exists (a damaged one is said on stderr and ignored), written at
-            shutdown (:class:`verispec.proposers.suffix.SuffixCache`).
+            start when it exists (a damaged one is said on stderr and ignored), snapshotted
+            atomically at most ``suffix_snapshot_s`` after it changed and at shutdown
+            (:class:`verispec.proposers.suffix_file.SuffixSnapshots`).
+        suffix_snapshot_s: seconds a change of the suffix cache may wait before it is on disk.
     """
 
     api_key: str | None = None
@@ -85,6 +88,7 @@ class ServerConfig:
     max_num_seqs: int | None = None
     max_kv_tokens: int | None = None
     suffix_cache: str | None = None
+    suffix_snapshot_s: float = SNAPSHOT_INTERVAL_S
 
 
 class _State:
@@ -127,13 +131,17 @@ def create_app(pipeline, config: ServerConfig | None = None, *, metrics_expositi
     config = dataclasses.replace(config or ServerConfig(), **options)
     state = _State(pipeline, config)
     cache = _suffix_cache(pipeline)
+    snapshots = None
     if config.suffix_cache is not None and cache is not None:
         _check_writable(config.suffix_cache)
+        written = None  # what the file holds: None writes a first snapshot at once
         if os.path.exists(config.suffix_cache):
             try:
                 log.info("suffix cache: %d past requests from %s", cache.load(config.suffix_cache), config.suffix_cache)
-            except CacheFileError as exc:  # ours, damaged: never read; the next write replaces it
+                written = cache.num_changes
+            except CacheFileError as exc:  # ours, damaged: never read; the first snapshot replaces it
                 report_damaged(config.suffix_cache, str(exc), "the server starts with an empty suffix cache")
+        snapshots = SuffixSnapshots(cache, config.suffix_cache, config.suffix_snapshot_s, written)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -147,14 +155,12 @@ def create_app(pipeline, config: ServerConfig | None = None, *, metrics_expositi
             )
         log.info("peak RSS after loading: %.0f MiB; warming up", peak_rss_bytes() / 2**20)
         state.worker.start()
+        if snapshots is not None:
+            snapshots.start()
         yield
         state.worker.stop()
-        if config.suffix_cache is not None and cache is not None:
-            try:
-                cache.save(config.suffix_cache)
-                log.info("suffix cache: %d past requests written to %s", cache.num_sequences, config.suffix_cache)
-            except OSError as exc:
-                log.error("suffix cache: could not write %s: %s", config.suffix_cache, exc)
+        if snapshots is not None:
+            snapshots.stop()  # the last snapshot, after the last request
 
     app = FastAPI(
         title="verispec", version="0.1.0", lifespan=lifespan, summary="OpenAI-compatible lossless speculative decoding"
