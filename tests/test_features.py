@@ -75,7 +75,7 @@ def test_default_feature_layers(num_layers, expected):
 
 
 def test_default_layers_agree_with_the_head():
-    assert all(default_feature_layers(n) == eagle_head.default_feature_layers(n) for n in range(1, 81))
+    assert eagle_head.default_feature_layers is default_feature_layers  # one definition
 
 
 @pytest.mark.parametrize("kind", ALL)

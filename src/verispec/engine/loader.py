@@ -114,7 +114,7 @@ class SpeculativePipeline:
         self.target = target
         self.draft = draft
         self.target_runner, self.draft_runner = built.target, built.draft  # verispec.runners.Runner (draft: None without one)
-        proposers = build_drafters(drafters, target, built.draft if draft is not None else None, built.draft_tree)
+        proposers = build_drafters(drafters, target, built.draft if draft is not None else None, built.draft_tree, built.target)
         self.engine = SpeculativeEngine(
             built.target,
             self.tokenizer,

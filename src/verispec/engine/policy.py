@@ -27,7 +27,7 @@ from verispec.errors import InvalidParameterError
 from verispec.proposers import DraftOutput, DraftRequest, Proposer
 
 LOOKUP_DRAFTERS = ("suffix", "ngram")  # auto: the first loaded one drafts whenever its lookup matches
-FALLBACK_DRAFTERS = ("draft", "layer-skip")  # auto: the first loaded one backs up the lookup
+FALLBACK_DRAFTERS = ("eagle", "draft", "layer-skip")  # auto: the first loaded one backs up the lookup
 ALTERNATIVE_DRAFTERS = ("draft", "tree")  # auto with a tree-capable target: per step, the better of the two
 TREE_DRAFTERS = ("ngram-tree", "tree")  # tree: n-gram branches when the lookup matches, else the draft tree
 

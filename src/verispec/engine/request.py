@@ -10,7 +10,7 @@ from verispec.spec.schedules import SCHEDULES
 from verispec.errors import InvalidParameterError
 from verispec.metrics import RequestMetrics
 
-METHODS = ("none", "draft", "ngram", "suffix", "layer-skip", "auto", "tree")
+METHODS = ("none", "draft", "ngram", "suffix", "layer-skip", "eagle", "auto", "tree")
 MAX_SPECULATIVE_TOKENS = 64
 
 
@@ -21,8 +21,8 @@ class SpeculativeConfig:
     Attributes:
         method: ``"none"`` (plain decoding), the name of a loaded drafter (``"draft"``,
             ``"ngram"``, ``"suffix"``: suffix drafting over earlier requests and this one,
-            ``"layer-skip"``) or ``"auto"`` (suffix lookup when it matches -- n-gram lookup
-            where no suffix drafter is loaded --, else the draft model, else layer skip;
+            ``"layer-skip"``, ``"eagle"``: an EAGLE-3 head over the target's features) or ``"auto"`` (suffix lookup when it matches -- n-gram lookup
+            where no suffix drafter is loaded --, else the EAGLE head, else the draft model, else layer skip;
             decided per step) or ``"tree"`` (token trees:
             n-gram branches when the lookup matches, else the draft model's tree; per step).
         num_speculative_tokens: tokens drafted per target pass, 1..64 (ignored for ``none``):

@@ -10,17 +10,20 @@ set for another sequence (:func:`for_new_sequence`) or with a fresh suffix cache
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Mapping
 
 from verispec.errors import InvalidParameterError
 from verispec.models.loading import LoadedModel
 from verispec.proposers.base import Proposer
 from verispec.proposers.draft_model import DraftModelProposer
+from verispec.proposers.eagle import EagleProposer
 from verispec.proposers.draft_tree import DraftTreeProposer, validate_tree_choices
 from verispec.proposers.layer_skip import LayerSkipProposer
 from verispec.proposers.ngram import NgramProposer, NgramTreeProposer
 from verispec.proposers.suffix import SuffixProposer, SuffixTreeProposer
 from verispec.runners import Runner
+from verispec.runners.eagle_head import EagleHead
 
 # --draft-quantization: the runner each one needs (None: any); "gguf" ones are re-quantizations the
 # gguf runner applies as it loads (auto picks one when the runner is gguf)
@@ -66,6 +69,8 @@ class DrafterOptions:
             other (sum of the 10 speedups 11.551 / 11.653 / 10.937). Earlier, on 20 JSON prompts,
             the whole prompt gave 32.71 decode tokens/s against 49.17 with 256. Output never
             changes (the target verifies).
+        eagle_head: an EAGLE-3 head file (``verispec train-head``; :class:`verispec.runners.eagle_head.EagleHead`)
+            for the ``eagle`` drafter over the target runner's own features; None: no ``eagle``.
     Raises:
         InvalidParameterError: an unknown quantization, a negative layer count, bad tree choices
             or a window below 1.
@@ -77,6 +82,7 @@ class DrafterOptions:
     draft_quantization: str = "auto"
     tree_choices: tuple[tuple[int, ...], ...] | None = None
     draft_context_window: int | None = 64
+    eagle_head: str | Path | None = None
 
     def __post_init__(self) -> None:
         if self.draft_context_window is not None and self.draft_context_window < 1:
@@ -93,19 +99,28 @@ class DrafterOptions:
 
 def build_drafters(
     options: DrafterOptions, target: LoadedModel, draft_runner: Runner | None = None, tree_runner: Runner | None = None,
+    target_runner: Runner | None = None,
 ) -> dict[str, Proposer]:
     """The drafters of a loaded pair, by method name: ``ngram`` always, ``draft`` over
-    ``draft_runner``, ``tree`` over ``tree_runner`` (the draft's weights, its own KV cache) and
-    ``layer-skip`` over ``target`` (unless disabled or, by default, unsupported).
+    ``draft_runner``, ``tree`` over ``tree_runner`` (the draft's weights, its own KV cache),
+    ``layer-skip`` over ``target`` (unless disabled or, by default, unsupported) and ``eagle``
+    (``options.eagle_head`` over ``target_runner``'s embedding and features).
 
     Raises:
-        InvalidParameterError: an explicit layer-skip layer count the target cannot run.
+        InvalidParameterError: an explicit layer-skip layer count the target cannot run; a head
+            for another target, or a runner that cannot hand its features or embedding to it.
+        ModelNotFoundError, ModelIntegrityError: no head file, or a damaged one.
     """
     proposers: dict[str, Proposer] = {"ngram": NgramProposer(options.min_ngram, options.max_ngram)}
     if draft_runner is not None:
         proposers["draft"] = DraftModelProposer(draft_runner, context_window=options.draft_context_window)
     if tree_runner is not None:
         proposers["tree"] = DraftTreeProposer(tree_runner, choices=options.tree_choices, context_window=options.draft_context_window)
+    if options.eagle_head is not None:
+        if target_runner is None or not hasattr(target_runner, "capture_features"):
+            kind = type(target_runner).__name__ if target_runner is not None else "no runner"
+            raise InvalidParameterError(f"--eagle-head needs a runner that hands out the target's features (gguf, int8, torch), not {kind}")
+        proposers["eagle"] = EagleProposer(EagleHead.load(options.eagle_head, target_runner))
     layer_skip = layer_skip_drafter(target, options.layer_skip_layers)
     if layer_skip is not None:
         proposers["layer-skip"] = layer_skip

@@ -13,8 +13,9 @@ fused feature, at position ``p + 1``.
 
 from __future__ import annotations
 
+import copy
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -22,21 +23,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from verispec.errors import InvalidParameterError
+from verispec.errors import InvalidParameterError, ModelIntegrityError, ModelNotFoundError
+from verispec.runners.features import default_feature_layers
 from verispec.runners.reduced_vocab import select_vocabulary
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")  # decoder-only, RMSNorm, SwiGLU
-
-
-def default_feature_layers(num_layers: int) -> tuple[int, int, int]:
-    """EAGLE-3's low, middle and high features: ``(2, N // 2, N - 3)`` clamped to ``[0, N - 1]``.
-
-    Indices are into transformers' ``output_hidden_states`` tuple: ``i`` is the input of decoder
-    layer ``i`` (0: the embeddings; ``N`` would be the final-normed output, never chosen).
-    """
-    top = max(num_layers - 1, 0)
-    low, middle, high = (min(max(i, 0), top) for i in (2, num_layers // 2, num_layers - 3))
-    return low, middle, high
 
 
 def choose_draft_vocabulary(counts: Tensor, draft_vocab_size: int, eos_token_ids: Sequence[int] = ()) -> Tensor:
@@ -125,6 +116,43 @@ def _rotate_half(x: Tensor) -> Tensor:
     return torch.cat([-second, first], dim=-1)
 
 
+@dataclass(frozen=True)
+class HeadTarget:
+    """What a head borrows from its target and is checked against when it loads.
+
+    ``embed_tokens``: the target's token embedding, int64 ``[n]`` -> float ``[n, hidden_size]``;
+    ``model_type``: None where the runner does not know it (then not compared).
+    """
+
+    embed_tokens: Callable[[Tensor], Tensor]
+    hidden_size: int
+    vocab_size: int
+    num_layers: int
+    model_type: str | None
+
+    @classmethod
+    def of(cls, target: object) -> HeadTarget:
+        """The facts of a transformers causal LM, a :class:`~verispec.runners.torch_runner.TransformersRunner`
+        (its ``model``) or an int8 / gguf runner (its ``weights``: the embedding as the runner
+        stores it, de-quantized per lookup).
+
+        Raises:
+            InvalidParameterError: ``target`` hands out no token embedding.
+        """
+        model = target if isinstance(target, nn.Module) else getattr(target, "model", None)
+        if model is not None and hasattr(model, "get_input_embeddings"):
+            config, embedding = model.config, model.get_input_embeddings()
+            return cls(embedding, int(config.hidden_size), int(embedding.weight.shape[0]), int(config.num_hidden_layers),
+                       getattr(config, "model_type", None))
+        weights = getattr(target, "weights", None)
+        if weights is not None and hasattr(weights, "embed"):
+            width = int(weights.embed(torch.zeros(1, dtype=torch.long)).shape[-1])
+            return cls(weights.embed, width, int(weights.vocab_size), len(weights.layers), None)
+        raise InvalidParameterError(
+            f"an EAGLE head cannot borrow the token embedding of a {type(target).__name__}: use the gguf, int8 or torch runner"
+        )
+
+
 class EagleHead(nn.Module):
     """EAGLE-3 head (§3): ``fc`` fuses the target's features, one decoder layer attends over the
     head's own cache, ``lm_head`` scores the draft vocabulary.
@@ -148,7 +176,7 @@ class EagleHead(nn.Module):
         hidden, heads, head_dim = shape.hidden_size, shape.num_attention_heads, shape.head_dim
         kv_heads = shape.num_key_value_heads
         width = embed_tokens(torch.zeros(1, dtype=torch.long)).shape[-1]
-        rows = getattr(embed_tokens, "num_embeddings", None) or embed_tokens.weight.shape[0]
+        rows = getattr(embed_tokens, "num_embeddings", shape.vocab_size)  # a lookup function: checked by the caller
         if width != hidden or rows != shape.vocab_size:
             raise InvalidParameterError(
                 f"the head expects a target of hidden size {hidden} and vocabulary {shape.vocab_size}; "
@@ -220,26 +248,43 @@ class EagleHead(nn.Module):
         torch.save({"config": self.config, "state_dict": self.state_dict()}, path)
 
     @classmethod
-    def load(cls, path: str | Path, model: nn.Module) -> EagleHead:
-        """The head written by :meth:`save`, borrowing ``model``'s embedding.
+    def load(cls, path: str | Path, target: object) -> EagleHead:
+        """The head written by :meth:`save`, borrowing the embedding of ``target``: a
+        transformers model or a runner that runs it (:class:`HeadTarget`).
 
         Raises:
+            ModelNotFoundError: no file at ``path``.
+            ModelIntegrityError: the file is not a head written by :meth:`save` (truncated, corrupt).
             InvalidParameterError: the head was trained for a target of another architecture,
-                hidden size, vocabulary or depth.
+                hidden size, vocabulary or depth, or ``target`` hands out no embedding.
         """
-        stored = torch.load(path, map_location="cpu", weights_only=True)
-        fields = {k: v for k, v in stored["config"].items() if k != "architecture"}
-        shape = HeadShape(**{**fields, "feature_layers": tuple(fields["feature_layers"])})
-        target = HeadShape.of_target(model.config, shape.feature_layers, shape.draft_vocab_size)
+        facts = HeadTarget.of(target)
+        path = Path(path)
+        if not path.is_file():
+            raise ModelNotFoundError(f"no EAGLE head at {path}")
+        try:
+            stored = torch.load(path, map_location="cpu", weights_only=True)
+            fields = {k: v for k, v in stored["config"].items() if k != "architecture"}
+            shape = HeadShape(**{**fields, "feature_layers": tuple(fields["feature_layers"])})
+            state = stored["state_dict"]
+        except Exception as exc:  # torch raises many kinds for a damaged file
+            raise ModelIntegrityError(f"{path} is not a readable EAGLE head ({type(exc).__name__}: {exc})") from exc
         mismatched = [
-            f"{name} {getattr(shape, name)} != {getattr(target, name)}"
-            for name in ("target_model_type", "hidden_size", "vocab_size", "num_target_layers")
-            if getattr(shape, name) != getattr(target, name)
+            f"{name} {mine} != {theirs}"
+            for name, mine, theirs in (
+                ("hidden_size", shape.hidden_size, facts.hidden_size), ("vocab_size", shape.vocab_size, facts.vocab_size),
+                ("num_target_layers", shape.num_target_layers, facts.num_layers),
+                ("target_model_type", shape.target_model_type, facts.model_type or shape.target_model_type),
+            )
+            if mine != theirs
         ]
         if mismatched:
-            raise InvalidParameterError(f"this EAGLE head belongs to another target ({'; '.join(mismatched)})")
-        head = cls(shape, model.get_input_embeddings(), stored["state_dict"]["d2t"])
-        head.load_state_dict(stored["state_dict"])
+            raise InvalidParameterError(f"the EAGLE head {path} belongs to another target ({'; '.join(mismatched)})")
+        head = cls(shape, facts.embed_tokens, state["d2t"])
+        try:
+            head.load_state_dict(state)
+        except RuntimeError as exc:
+            raise ModelIntegrityError(f"{path}: its weights do not fit its own config ({exc})") from exc
         return head
 
     def draft_to_target(self, draft_ids: Tensor) -> Tensor:
@@ -287,6 +332,12 @@ class EagleHead(nn.Module):
         h = hidden + self.o_proj(attended.transpose(0, 1).reshape(rows, -1))
         y = self.post_attention_norm(h)
         return h + self.down_proj(F.silu(self.gate_proj(y)) * self.up_proj(y)), k, v
+
+    def new_sequence(self) -> EagleHead:
+        """The same head for another sequence: the weights shared (not copied), its own empty KV cache."""
+        clone = copy.copy(self)  # the parameter dicts are shared; the cache attributes become the clone's
+        clone._keys, clone._values = self._keys[:, :0], self._values[:, :0]
+        return clone
 
     @property
     def num_cached_tokens(self) -> int:
