@@ -15,12 +15,14 @@ from verispec.cli.datastore import datastore_app
 from verispec.cli.generate import generate
 from verispec.cli.models import models_app
 from verispec.cli.serve import serve
+from verispec.cli.train_head import train_head
 
 app = typer.Typer(help="verispec: lossless speculative decoding.", no_args_is_help=True, add_completion=False)
 app.command()(generate)
 app.command()(serve)
 app.command()(bench)
 app.command()(advise)
+app.command("train-head")(train_head)
 app.add_typer(models_app, name="models")
 app.add_typer(datastore_app, name="datastore")
 

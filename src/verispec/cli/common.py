@@ -120,3 +120,9 @@ def draft_vocab_option() -> Any:
 
 def draft_vocab_corpus_option() -> Any:
     return typer.Option(None, help="Text file whose token counts pick the --draft-vocab tokens (repeatable; default: BPE rank).")
+
+
+def eagle_head_option() -> Any:
+    return typer.Option(
+        None, help="EAGLE-3 head file (verispec train-head) for --method eagle, and for auto to draft with it where the lookup fails."
+    )

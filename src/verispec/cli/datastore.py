@@ -11,27 +11,9 @@ import typer
 
 from verispec.cli.common import err, target_option, user_errors
 from verispec.errors import InvalidParameterError
+from verispec.ops.corpus import corpus_files
 
 datastore_app = typer.Typer(help="Static corpora for suffix drafting (REST-style retrieval).", no_args_is_help=True)
-TEXT_SUFFIXES = (".py", ".txt", ".md", ".rst", ".json", ".jsonl", ".c", ".h", ".cpp", ".js", ".ts", ".java", ".go", ".rs", ".html", ".yaml", ".yml", ".toml", ".cfg", ".sh")
-
-
-def corpus_files(paths: List[Path], exclude: List[str] = ()) -> list[Path]:
-    """The files named, and the text files (by suffix) under the directories named, sorted,
-    without those below a directory named in ``exclude`` (e.g. ``site-packages``)."""
-    files = []
-    skip = set(exclude)
-    for path in paths:
-        if path.is_dir():
-            files += sorted(
-                p for p in path.rglob("*")
-                if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES and not skip & set(p.relative_to(path).parts[:-1])
-            )
-        elif path.is_file():
-            files.append(path)
-        else:
-            raise typer.BadParameter(f"{path} does not exist")
-    return files
 
 
 @datastore_app.command("build")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import List, Optional
 
 import typer
@@ -12,6 +13,7 @@ import typer
 from verispec.cli.common import (
     K_GENERATE,
     draft_quantization_option,
+    eagle_head_option,
     draft_vocab_corpus_option,
     draft_vocab_option,
     draft_option,
@@ -41,7 +43,7 @@ def generate(
     method: str = typer.Option(
         "auto",
         help="auto (suffix lookup in this request and earlier ones when it matches, else the draft model, else layer skip; per step), "
-        "draft, ngram, suffix (continuations seen in earlier requests and this one), layer-skip, "
+        "draft, ngram, suffix (continuations seen in earlier requests and this one), layer-skip, eagle (--eagle-head), "
         "tree (token trees: n-gram branches, else the draft's tree), or none (plain decoding).",
     ),
     num_speculative_tokens: int = num_speculative_tokens_option(K_GENERATE),
@@ -58,6 +60,7 @@ def generate(
         None, help="Target layers the layer-skip drafter runs (default: a quarter; 0 = no layer skip)."
     ),
     draft_quantization: str = draft_quantization_option(),
+    eagle_head: Optional[Path] = eagle_head_option(),
     runner: str = runner_option(),
     compare_plain: bool = typer.Option(
         False, "--compare-plain", help="Also decode the prompt plainly (after a 4-token untimed warm-up) and print both rates, the measured speedup and whether the tokens match."
@@ -95,8 +98,10 @@ def generate(
         )
         drafters = DrafterOptions(
             min_ngram=min_ngram, max_ngram=max_ngram, layer_skip_layers=layer_skip_layers,
-            draft_quantization=draft_quantization, tree_choices=parse_tree_choices(tree_choices, method),
+            draft_quantization=draft_quantization, tree_choices=parse_tree_choices(tree_choices, method), eagle_head=eagle_head,
         )
+        if method == "eagle" and eagle_head is None:
+            raise InvalidParameterError("--method eagle needs --eagle-head FILE (a head from verispec train-head)")
         use_draft = method in ("draft", "auto", "tree") and draft.lower() != "none"
         runners = RunnerOptions(kind=runner, draft_vocab_size=draft_vocab, draft_vocab_corpus=tuple(draft_vocab_corpus or ()))
         if dtype != "float32" and method != "none" and runner == "torch":

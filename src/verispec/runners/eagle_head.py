@@ -14,7 +14,7 @@ fused feature, at position ``p + 1``.
 from __future__ import annotations
 
 import copy
-import math
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,31 +25,9 @@ from torch import Tensor, nn
 
 from verispec.errors import InvalidParameterError, ModelIntegrityError, ModelNotFoundError
 from verispec.runners.features import default_feature_layers
-from verispec.runners.reduced_vocab import select_vocabulary
+from verispec.runners.reduced_vocab import choose_draft_vocabulary  # noqa: F401  (the head's vocabulary, re-exported)
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")  # decoder-only, RMSNorm, SwiGLU
-
-
-def choose_draft_vocabulary(counts: Tensor, draft_vocab_size: int, eos_token_ids: Sequence[int] = ()) -> Tensor:
-    """The ``draft_vocab_size`` most frequent token ids, the EOS ids always among them.
-
-    Args:
-        counts: ``[vocab]`` occurrence counts (``reduced_vocab.token_counts``).
-        draft_vocab_size: rows of the head's ``lm_head``, ``len(eos_token_ids)..vocab``.
-    Returns:
-        int64 ``[draft_vocab_size]`` ascending target token ids (ties: lower id first).
-    Raises:
-        InvalidParameterError: a size out of range or an EOS id outside the vocabulary.
-    """
-    vocab = counts.shape[0]
-    always = sorted({int(t) for t in eos_token_ids})
-    if not max(len(always), 1) <= draft_vocab_size <= vocab:
-        raise InvalidParameterError(f"draft_vocab_size must be in [{max(len(always), 1)}, {vocab}], got {draft_vocab_size}")
-    if any(not 0 <= t < vocab for t in always):
-        raise InvalidParameterError(f"an EOS id of {always} is outside the vocabulary of {vocab}")
-    boosted = counts.double().clone()
-    boosted[always] = math.inf  # the EOS ids rank first, the rest by count
-    return select_vocabulary(boosted, draft_vocab_size)
 
 
 @dataclass(frozen=True)
@@ -211,6 +189,7 @@ class EagleHead(nn.Module):
             if lm_head_weight is not None:
                 self.lm_head.weight.copy_(lm_head_weight)
         self._keys = self._values = torch.zeros(kv_heads, 0, head_dim)  # [kv_heads, cached, head_dim]
+        self.training_record: dict = {}
 
     @classmethod
     def from_target(
@@ -244,8 +223,13 @@ class EagleHead(nn.Module):
         return {"architecture": "eagle3", **asdict(self.shape), "feature_layers": list(self.shape.feature_layers)}
 
     def save(self, path: str | Path) -> None:
-        """Write ``{"config", "state_dict"}`` with ``torch.save`` (no embedding, no KV cache)."""
-        torch.save({"config": self.config, "state_dict": self.state_dict()}, path)
+        """Write ``{"config", "state_dict", "training"}`` with ``torch.save`` (no embedding, no KV
+        cache; ``training``: :attr:`training_record`, how it was trained: command, seed, data manifest), atomically (a temporary file
+        beside ``path``, then a rename), so a crash mid-write leaves the previous file whole."""
+        path = Path(path)
+        partial = path.with_name(path.name + ".partial")
+        torch.save({"config": self.config, "state_dict": self.state_dict(), "training": self.training_record}, partial)
+        os.replace(partial, path)
 
     @classmethod
     def load(cls, path: str | Path, target: object) -> EagleHead:
@@ -285,6 +269,7 @@ class EagleHead(nn.Module):
             head.load_state_dict(state)
         except RuntimeError as exc:
             raise ModelIntegrityError(f"{path}: its weights do not fit its own config ({exc})") from exc
+        head.training_record = dict(stored.get("training") or {})
         return head
 
     def draft_to_target(self, draft_ids: Tensor) -> Tensor:

@@ -2,7 +2,7 @@
 
 FR-Spec restricts the *draft's* LM head to the most frequent tokens: the draft computes logits
 for those rows only and gives every other token probability 0, so its head costs a fraction of
-the full one. Verification still scores the full vocabulary with the target, so the output is
+the full one (an EAGLE head's draft vocabulary is chosen the same way: :func:`choose_draft_vocabulary`). Verification still scores the full vocabulary with the target, so the output is
 unchanged (greedy) or keeps the target's distribution (sampling: the residual covers the tokens
 the draft cannot propose). Owns the frequency counts and the choice of the kept set; the runner
 that applies it is :class:`verispec.runners.int8.Int8Runner` (``head_token_ids``). Knows
@@ -11,11 +11,14 @@ nothing about models.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Iterable, Sequence
 
 import torch
 from torch import Tensor
+
+from verispec.errors import InvalidParameterError
 
 
 def token_counts(token_id_sequences: Iterable[Sequence[int]], vocab_size: int) -> Tensor:
@@ -82,3 +85,25 @@ def coverage(counts: Tensor, kept: Tensor) -> float:
     """Share of the counted occurrences that fall on kept tokens (in [0, 1]; 0 for no counts)."""
     total = counts.sum().item()
     return float(counts[kept].sum().item() / total) if total > 0 else 0.0
+
+
+def choose_draft_vocabulary(counts: Tensor, draft_vocab_size: int, eos_token_ids: Sequence[int] = ()) -> Tensor:
+    """The ``draft_vocab_size`` most frequent token ids, the EOS ids always among them.
+
+    Args:
+        counts: ``[vocab]`` occurrence counts (``reduced_vocab.token_counts``).
+        draft_vocab_size: rows of the head's ``lm_head``, ``len(eos_token_ids)..vocab``.
+    Returns:
+        int64 ``[draft_vocab_size]`` ascending target token ids (ties: lower id first).
+    Raises:
+        InvalidParameterError: a size out of range or an EOS id outside the vocabulary.
+    """
+    vocab = counts.shape[0]
+    always = sorted({int(t) for t in eos_token_ids})
+    if not max(len(always), 1) <= draft_vocab_size <= vocab:
+        raise InvalidParameterError(f"draft_vocab_size must be in [{max(len(always), 1)}, {vocab}], got {draft_vocab_size}")
+    if any(not 0 <= t < vocab for t in always):
+        raise InvalidParameterError(f"an EOS id of {always} is outside the vocabulary of {vocab}")
+    boosted = counts.double().clone()
+    boosted[always] = math.inf  # the EOS ids rank first, the rest by count
+    return select_vocabulary(boosted, draft_vocab_size)

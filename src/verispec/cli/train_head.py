@@ -1,0 +1,203 @@
+"""``verispec train-head``: an EAGLE-3 head for a target, trained on this machine from the
+target's own answers (self-distillation), with a progress bar, checkpoints and a loss plot."""
+
+from __future__ import annotations
+
+import shlex
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from verispec.cli.common import err, runner_option, target_option, user_errors
+from verispec.errors import InvalidParameterError
+from verispec.ops.bench.workload import WorkloadError
+
+DEFAULT_MAGPIE = 256  # self-generated instructions when no --prompts file is given
+
+
+def train_head(
+    ctx: typer.Context,
+    out: Path = typer.Option(..., help="Head file to write (and to continue with --resume)."),
+    target: str = target_option("The target the head drafts for (built-in name, .gguf file, HF directory)."),
+    prompts: Optional[List[Path]] = typer.Option(None, help="JSONL prompts of your own traffic ('prompt' or 'turns' per line; repeatable). Benchmark prompts are refused."),
+    magpie: Optional[int] = typer.Option(None, min=0, help=f"Instructions the target writes itself (Magpie) and then answers (default: {DEFAULT_MAGPIE} without --prompts, else 0)."),
+    code: Optional[List[Path]] = typer.Option(None, help="Code or text directories the target reads teacher-forced (repeatable), e.g. Python's standard library."),
+    code_tokens: int = typer.Option(100_000, min=0, help="Tokens of --code at most."),
+    max_tokens: int = typer.Option(256, min=1, help="Tokens of each answer the target writes."),
+    draft_vocab: int = typer.Option(32_000, min=1, help="Rows of the head's draft vocabulary (the most frequent tokens of the data; EOS always in)."),
+    minutes: Optional[float] = typer.Option(60.0, help="Training budget in minutes (the data is generated first, outside it)."),
+    steps: Optional[int] = typer.Option(None, min=1, help="Optimiser steps at most (with --minutes: whichever comes first)."),
+    lr: float = typer.Option(3e-4, help="AdamW learning rate."),
+    batch_positions: int = typer.Option(512, min=1, help="Anchors per optimiser step."),
+    held_out: float = typer.Option(0.1, help="Fraction of the sequences kept out of training for the agreement figures."),
+    seed: int = typer.Option(0, help="Seeds the data (Magpie), the split, the batch order and the head's initialisation."),
+    runner: str = runner_option("Runner that answers the prompts (default auto: gguf on a CPU)."),
+    checkpoint_minutes: float = typer.Option(5.0, help="Write the head to --out this often while training (and on Ctrl-C)."),
+    resume: bool = typer.Option(False, help="Continue the head in --out with the data recorded beside it."),
+    plot: Optional[Path] = typer.Option(None, help="Loss-curve PNG (default: --out with .png)."),
+) -> None:
+    """Train an EAGLE-3 draft head for TARGET on the target's own answers; use it with --eagle-head."""
+    import torch
+
+    from verispec.engine.loader import SpeculativePipeline
+    from verispec.models.loading import load_model
+    from verispec.ops.head_data import HeadData
+    from verispec.ops.train_head import TrainOptions
+    from verispec.runners.eagle_head import EagleHead, choose_draft_vocabulary
+    from verispec.runners.reduced_vocab import token_counts
+
+    command = _command_line(ctx.params)
+    data_path = out.with_name(out.name + ".data.json")
+    with user_errors(OSError, WorkloadError):
+        if not out.parent.is_dir():
+            raise InvalidParameterError(f"--out {out}: the folder {out.parent} does not exist")
+        if resume and not (out.is_file() and data_path.is_file()):
+            raise InvalidParameterError(f"--resume needs {out} and {data_path} from an earlier run")
+        if not resume and out.exists():
+            raise InvalidParameterError(f"{out} exists: pass --resume to continue it, or another --out")
+        options = TrainOptions(steps=steps, minutes=minutes, lr=lr, batch_positions=batch_positions, held_out=held_out, seed=seed)
+        if resume:
+            data = HeadData.load(data_path)
+            err.print(f"resuming {out}: {data.manifest['sequences']} sequences, {data.manifest['tokens']} tokens from {data_path}")
+        else:
+            pipe = SpeculativePipeline.load(target, None, **_runner_options(runner))
+            data = collect(pipe, prompts or [], DEFAULT_MAGPIE if magpie is None and not prompts else (magpie or 0),
+                           code or [], code_tokens, max_tokens, seed)
+            data.save(data_path)
+            del pipe
+        with _announce(f"loading {target} into torch (the teacher: its features and distributions)"):
+            model = load_model(target)
+        if resume:
+            head = EagleHead.load(out, model.model)
+        else:
+            counts = token_counts(data.sequences, model.vocab_size)
+            size = min(draft_vocab, model.vocab_size)
+            draft_ids = choose_draft_vocabulary(counts, size, eos_token_ids=model.eos_token_ids)
+            head = EagleHead.from_target(model.model, draft_token_ids=draft_ids, seed=seed)
+        record = dict(head.training_record)
+        record.update(command=command, seed=seed, target=target, data=data.manifest, runs=record.get("runs", []))
+        head.training_record = record
+        report = _train(head, model.model, data, options, out, checkpoint_minutes)
+        record["runs"].append({"steps": report.steps, "seconds": round(report.seconds, 1), "positions": report.positions,
+                               "held_out_top1_before": report.held_out_top1_before, "held_out_top1": report.held_out_top1,
+                               "held_out_top1_by_step": report.held_out_top1_by_step, "held_out_loss": report.held_out_loss,
+                               "final_loss": report.losses[-1] if report.losses else None})
+        head.save(out)
+        _plot(report, plot or out.with_suffix(".png"))
+    err.print(
+        f"wrote {out}: {report.steps} steps in {report.seconds / 60:.1f} min; held-out top-1 agreement "
+        f"{report.held_out_top1_before:.3f} -> {report.held_out_top1:.3f} (by draft step: "
+        f"{', '.join(f'{x:.3f}' for x in report.held_out_top1_by_step)}); loss plot {plot or out.with_suffix('.png')}"
+    )
+
+
+def _command_line(params: dict) -> str:
+    """The command as it ran, every option spelled out (recorded in the head)."""
+    words = ["verispec", "train-head"]
+    for name, value in params.items():
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            words.append(flag)
+        elif value not in (None, False, [], ()):
+            for item in value if isinstance(value, (list, tuple)) else [value]:
+                words += [flag, shlex.quote(str(item))]
+    return " ".join(words)
+
+
+def _runner_options(runner: str) -> dict:
+    from verispec.runners.select import RunnerOptions
+
+    return {"runners": RunnerOptions(kind=runner)}
+
+
+def _announce(what: str):
+    from verispec.progress import announce_slow
+
+    return announce_slow(what, "once per run")
+
+
+def collect(pipe, prompt_files, magpie: int, code_dirs, code_tokens: int, max_tokens: int, seed: int):
+    """The training data: the target's answers to the prompt files and to ``magpie`` instructions
+    it writes itself, and windows of the code directories; a bar per stage."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from verispec.ops.head_data import HeadData, code_windows, file_sha256, generate_all, magpie_instructions, read_prompt_files
+    from verispec.spec.sampling import SamplingParams
+
+    data = HeadData()
+    greedy = lambda i: SamplingParams(max_tokens=max_tokens)  # noqa: E731
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err, transient=False) as bar:
+        for path, items in read_prompt_files(prompt_files):
+            task = bar.add_task(f"answering {path.name}", total=len(items))
+            prompts = [pipe.encode(item.text, chat=item.chat) for item in items]
+            outputs = generate_all(pipe.engine, prompts, greedy, on_done=lambda n, t=task: bar.update(t, completed=n))
+            data.add("prompts", [p + o for p, o in zip(prompts, outputs)], str(path), file_sha256(path))
+        if magpie:
+            task = bar.add_task("writing instructions (Magpie)", total=magpie)
+            texts = magpie_instructions(pipe.engine, pipe.tokenizer, magpie, seed=seed,
+                                        on_done=lambda n: bar.update(task, completed=n))
+            task = bar.add_task("answering them", total=len(texts))
+            prompts = [pipe.encode(text, chat=True) for text in texts]
+            outputs = generate_all(pipe.engine, prompts, greedy, on_done=lambda n: bar.update(task, completed=n))
+            data.add("magpie", [p + o for p, o in zip(prompts, outputs)], f"{magpie} asked, {len(texts)} kept, seed {seed}")
+    if code_dirs and code_tokens:
+        windows = code_windows(pipe.tokenizer, code_dirs, max_tokens=code_tokens)
+        data.add("code", windows, ", ".join(str(d) for d in code_dirs))
+    if not data.sequences:
+        raise InvalidParameterError("no training data: give --prompts, --magpie or --code")
+    err.print(f"training data: {data.manifest['sequences']} sequences, {data.manifest['tokens']} tokens")
+    return data
+
+
+def _train(head, model, data, options, out: Path, checkpoint_minutes: float):
+    """:func:`verispec.ops.train_head.train_head` under a rich bar; the head written to ``out``
+    every ``checkpoint_minutes`` and on Ctrl-C (then exit 130)."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from verispec.ops.train_head import train_head as run
+
+    last_save = time.monotonic()
+    total = options.steps if options.minutes is None else None
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("step {task.completed}"), TextColumn("{task.fields[stats]}"),
+               TimeElapsedColumn())
+    with Progress(*columns, console=err) as bar:
+        task = bar.add_task("training the head", total=total, stats="")
+        start = time.monotonic()
+
+        def on_step(step: int, loss: float, top1: float) -> None:
+            nonlocal last_save
+            rate = step * options.batch_positions / max(time.monotonic() - start, 1e-9)
+            bar.update(task, completed=step, stats=f"loss {loss:.3f}  top-1 {top1:.3f}  ~{rate:.0f} positions/s")
+            if time.monotonic() - last_save > 60 * checkpoint_minutes:
+                head.save(out)
+                last_save = time.monotonic()
+
+        try:
+            return run(head, model, data.sequences, options, on_step=on_step)
+        except KeyboardInterrupt:
+            head.save(out)
+            err.print(f"interrupted: the head so far is in {out}; continue with --resume")
+            raise typer.Exit(130) from None
+
+
+def _plot(report, path: Path) -> None:
+    """Training loss and first-step agreement per step, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, loss_axis = plt.subplots(figsize=(7, 4))
+    loss_axis.plot(range(1, len(report.losses) + 1), report.losses, color="tab:blue")
+    loss_axis.set_xlabel("optimiser step")
+    loss_axis.set_ylabel("loss (soft cross-entropy, nats)", color="tab:blue")
+    agreement = loss_axis.twinx()
+    agreement.plot(range(1, len(report.top1) + 1), report.top1, color="tab:orange", alpha=0.7)
+    agreement.set_ylabel("top-1 agreement (batch, step 0)", color="tab:orange")
+    fig.suptitle(f"EAGLE head training: held-out top-1 {report.held_out_top1_before:.3f} -> {report.held_out_top1:.3f}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,75 @@
+"""``verispec train-head`` on a tiny GGUF target: the target answers the prompts, the head trains,
+is written with its record (command, data manifest, runs), drafts under ``generate --method
+eagle`` with the output of plain decoding, continues with ``--resume``; benchmark prompts, an
+existing ``--out`` and a missing head are refused with a clear error."""
+
+import json
+
+import pytest
+from gguf_models import write_gguf_model
+from typer.testing import CliRunner
+
+from verispec.cli import app
+from verispec.runners.eagle_head import EagleHead
+from verispec.runners.gguf_runner import GGUFRunner
+
+cli = CliRunner()
+PROMPTS = ["abc def", "hello world", "xyz!", "foo bar baz", "qwerty", "a+b=c"]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("train-head")
+    (folder / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    return folder, write_gguf_model(folder / "target.gguf")
+
+
+def train(folder, target, out, *extra):
+    args = ["train-head", "--target", str(target), "--out", str(out), "--prompts", str(folder / "prompts.jsonl"),
+            "--steps", "4", "--max-tokens", "12", "--draft-vocab", "64", "--batch-positions", "32", "--held-out", "0.2"]
+    return cli.invoke(app, args + list(extra))
+
+
+def tokens(target, head, method):
+    args = ["generate", "abc def", "--target", str(target), "--draft", "none", "--method", method, "--eagle-head", str(head),
+            "--schedule", "constant", "-k", "3", "--max-tokens", "20", "--json"]
+    result = cli.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_train_then_draft_then_resume(files):
+    folder, target = files
+    out = folder / "head.pt"
+    result = train(folder, target, out)
+    assert result.exit_code == 0, result.output
+    assert "held-out top-1 agreement" in result.output and (folder / "head.png").stat().st_size > 0
+    head = EagleHead.load(out, GGUFRunner.from_file(target, max_context_length=64))
+    record = head.training_record
+    assert record["command"].startswith("verispec train-head --target") and record["seed"] == 0
+    assert record["data"]["sources"][0]["kind"] == "prompts" and record["data"]["sequences"] == len(PROMPTS)
+    assert len(record["data"]["sources"][0]["sha256"]) == 64 and record["runs"][0]["steps"] == 4
+    plain, eagle = tokens(target, out, "none"), tokens(target, out, "eagle")
+    assert eagle["token_ids"] == plain["token_ids"]
+    assert eagle["metrics"]["spec"]["num_draft_tokens"] > 0  # the head drafted
+    again = train(folder, target, out, "--resume")
+    assert again.exit_code == 0, again.output
+    assert [run["steps"] for run in EagleHead.load(out, GGUFRunner.from_file(target, max_context_length=64)).training_record["runs"]] == [4, 4]
+
+
+def test_refusals(files, tmp_path, monkeypatch):
+    folder, target = files
+    (tmp_path / "head.pt").write_bytes(b"x")
+    result = train(folder, target, tmp_path / "head.pt")
+    assert result.exit_code == 2 and "exists: pass --resume" in result.output
+    result = train(folder, target, tmp_path / "new.pt", "--resume")
+    assert result.exit_code == 2 and "--resume needs" in result.output
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "humaneval_dev.jsonl").write_text(json.dumps({"task_id": "HumanEval/0", "prompt": PROMPTS[2]}) + "\n")
+    monkeypatch.setenv("VERISPEC_DATA_DIR", str(data))
+    result = train(folder, target, tmp_path / "leak.pt")
+    assert result.exit_code == 2 and "holds 1 benchmark prompt(s)" in result.output
+    assert not (tmp_path / "leak.pt").exists()
+    result = cli.invoke(app, ["generate", "ab", "--target", str(target), "--draft", "none", "--method", "eagle"])
+    assert result.exit_code == 2 and "--method eagle needs --eagle-head FILE" in result.output
