@@ -73,3 +73,30 @@ def test_refusals(files, tmp_path, monkeypatch):
     assert not (tmp_path / "leak.pt").exists()
     result = cli.invoke(app, ["generate", "ab", "--target", str(target), "--draft", "none", "--method", "eagle"])
     assert result.exit_code == 2 and "--method eagle needs --eagle-head FILE" in result.output
+
+
+def test_the_server_drafts_with_the_head_and_answers_as_plain(files, tmp_path):
+    """``"speculative": {"method": "eagle"}`` on the server: the same text as plain decoding, drafts counted."""
+    import httpx
+    from server_support import LiveServer
+
+    from verispec.engine.loader import DrafterOptions, SpeculativePipeline
+    from verispec.runners.select import RunnerOptions
+    from verispec.server import create_app
+
+    folder, target = files
+    result = train(folder, target, tmp_path / "head.pt")
+    assert result.exit_code == 0, result.output
+    pipe = SpeculativePipeline.load(str(target), None, runners=RunnerOptions(kind="gguf"),
+                                    drafters=DrafterOptions(eagle_head=tmp_path / "head.pt"))
+    with LiveServer(create_app(pipe)) as server:
+        def complete(method):
+            body = {"model": pipe.target.name, "prompt": "abc def", "max_tokens": 24, "temperature": 0,
+                    "speculative": {"method": method, "num_speculative_tokens": 3, "schedule": "constant"}}
+            response = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+            assert response.status_code == 200, response.text
+            return response.json()
+
+        plain, eagle = complete("none"), complete("eagle")
+    assert eagle["choices"][0]["text"] == plain["choices"][0]["text"]
+    assert eagle["usage"]["num_draft_tokens"] > 0 and plain["usage"]["num_draft_tokens"] == 0

@@ -13,6 +13,7 @@ from verispec.cli.common import (
     K_SERVE,
     draft_option,
     draft_or_none,
+    eagle_head_option,
     dtype_option,
     err,
     num_speculative_tokens_option,
@@ -21,7 +22,7 @@ from verispec.cli.common import (
     user_errors,
 )
 from verispec.engine import SpeculativeConfig
-from verispec.engine.loader import SpeculativePipeline
+from verispec.engine.loader import DrafterOptions, SpeculativePipeline
 from verispec.errors import InvalidParameterError, VerispecError
 from verispec.runners.select import RunnerOptions
 
@@ -57,6 +58,7 @@ def serve(
         None, help="File for the suffix drafter's cache of past requests: loaded at start if present, written atomically within 60 s of a change and at shutdown."
     ),
     datastore: Optional[Path] = typer.Option(None, help="A corpus datastore (verispec datastore build) the suffix drafter also reads."),
+    eagle_head: Optional[Path] = eagle_head_option(),
     max_body_bytes: int = typer.Option(4 * 1024 * 1024, min=1024, help="Largest request body (bytes)."),
     log_level: str = typer.Option("info", help="debug, info, warning or error."),
     audit_rate: float = typer.Option(
@@ -99,6 +101,10 @@ def serve(
             suffix_cache=None if suffix_cache is None else str(suffix_cache),
         )
         scaling = ReplicaOptions(replicas, ray_address, min_replicas, max_replicas, target_ongoing_requests, replica_cpus)
+        if spec.method == "eagle" and eagle_head is None:
+            raise InvalidParameterError("--method eagle needs --eagle-head FILE (a head from verispec train-head)")
+        if scaling.requested and eagle_head is not None:
+            raise InvalidParameterError("--eagle-head is not served by --replicas yet: serve it from one process")
         if scaling.requested:
             models = ReplicaSpec(target, draft_ref, dtype, runner, config, max_num_batched_tokens,
                                  None if datastore is None else str(datastore))
@@ -107,7 +113,7 @@ def serve(
         with err.status(f"loading {target}" + (f" + {draft}" if draft_ref else "")):
             pipe = SpeculativePipeline.load(
                 target, draft_ref, dtype=dtype, runners=RunnerOptions(kind=runner),
-                max_num_batched_tokens=max_num_batched_tokens,
+                max_num_batched_tokens=max_num_batched_tokens, drafters=DrafterOptions(eagle_head=eagle_head),
             )
         if datastore is not None:
             pipe.use_datastore(datastore)
