@@ -5,7 +5,10 @@ Owns the FastAPI app built by :func:`create_app`: ``/v1/completions`` and
 ``/metrics`` and ``/openapi.json``; OpenAI-shaped errors for every failure (client mistakes are
 4xx, never 500); the optional Bearer key on ``/v1``; the request body limit. Generation is the
 engine worker's (:mod:`verispec.server.worker`); wire translation is :mod:`~verispec.server.protocol`'s,
-the shape of choices and event streams :mod:`~verispec.server.responses`'.
+the shape of choices and event streams :mod:`~verispec.server.responses`', the error shape and
+the ASGI layer of Ray Serve's proxies :mod:`~verispec.server.faults`'. A request that dies (the
+engine failing, the server's own bug, the client leaving, an engine that cannot serve: 503 with
+``Retry-After``) is counted in ``/metrics`` by reason.
 Knows nothing about decoding.
 """
 
@@ -36,7 +39,7 @@ from verispec.runners.notices import kernel_facts
 from verispec.server import logprobs, protocol
 from verispec.server.limits import BodyLimitMiddleware, validation_error
 from verispec.server.prom import ServerMetrics
-from verispec.server.protocol import APIError
+from verispec.server.faults import RETRY_AFTER_S, APIError
 from verispec.server.responses import Choice, ChoiceView, ClientGone, next_event, sse
 from verispec.server.schemas import (
     ChatCompletionRequest,
@@ -76,6 +79,10 @@ class ServerConfig:
             atomically at most ``suffix_snapshot_s`` after it changed and at shutdown
             (:class:`verispec.proposers.suffix_file.SuffixSnapshots`).
         suffix_snapshot_s: seconds a change of the suffix cache may wait before it is on disk.
+        unhealthy_is_unavailable: requests get 503 (``Retry-After``) and ``/health`` 503 as soon
+            as the engine reports any health problem (:meth:`EngineWorker.health_problem`:
+            replicas, which Ray replaces); False: only while it cannot run at all
+            (:meth:`EngineWorker.stopped_problem`), other failures being each request's 500.
     """
 
     api_key: str | None = None
@@ -89,6 +96,7 @@ class ServerConfig:
     max_kv_tokens: int | None = None
     suffix_cache: str | None = None
     suffix_snapshot_s: float = SNAPSHOT_INTERVAL_S
+    unhealthy_is_unavailable: bool = False
 
 
 class _State:
@@ -181,9 +189,14 @@ def create_app(pipeline, config: ServerConfig | None = None, *, metrics_expositi
 
     @app.get("/health", responses={503: {"model": dict}})
     async def health() -> JSONResponse:
-        """200 once the models are loaded and warmed up (with the audit counters); 503 before."""
+        """200 once the models are loaded and warmed up (with the audit counters); 503 before,
+        and while the engine cannot serve (``{"status": "unavailable", "problem": ...}``)."""
         if not state.worker.ready.is_set():
             return JSONResponse({"status": "loading"}, status_code=503)
+        problem = _engine_problem(state)
+        if problem is not None:
+            return JSONResponse({"status": "unavailable", "problem": problem}, status_code=503,
+                                headers={"Retry-After": str(RETRY_AFTER_S)})
         audit = {"rate": state.auditor.rate, "pending": state.auditor.num_pending, **state.auditor.snapshot().to_dict()}
         return JSONResponse({"status": "ok", "model": state.model_name, "audit": audit})
 
@@ -249,6 +262,12 @@ def _suffix_cache(pipeline):
     return getattr(suffix, "cache", None)
 
 
+def _engine_problem(state: _State) -> str | None:
+    """Why the engine cannot serve now (:attr:`ServerConfig.unhealthy_is_unavailable`), or None."""
+    worker = state.worker
+    return worker.health_problem() if state.config.unhealthy_is_unavailable else worker.stopped_problem()
+
+
 def _check_model(state: _State, name: str, param: str | None = "model") -> None:
     if name != state.model_name:
         raise APIError(
@@ -266,6 +285,10 @@ async def _serve(state: _State, request: Request, body, prompts: list[list[int]]
         raise APIError(
             503, "the server is still loading the models: retry shortly", type="server_error", code="not_ready"
         )
+    problem = _engine_problem(state)
+    if problem is not None:
+        raise APIError(503, f"this server cannot generate now ({problem}): retry later", type="server_error",
+                       code="engine_unavailable", reason="engine_unavailable", retry_after_s=RETRY_AFTER_S)
     structured = protocol.structured_output(body)
     params = protocol.sampling_params(
         body, max_tokens=protocol.max_tokens_of(body, cap=state.config.max_tokens_cap),
@@ -322,13 +345,15 @@ async def _serve(state: _State, request: Request, body, prompts: list[list[int]]
 
 
 def _install_error_handlers(app: FastAPI, state: _State) -> None:
-    def respond(status: int, body: dict) -> JSONResponse:
+    def respond(status: int, body: dict, headers: dict | None = None, reason: str | None = None) -> JSONResponse:
         state.metrics.http_errors.labels(status=str(status)).inc()
-        return JSONResponse(body, status_code=status)
+        if reason is not None:
+            state.metrics.failed.labels(reason=reason).inc()
+        return JSONResponse(body, status_code=status, headers=headers)
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError) -> JSONResponse:
-        return respond(exc.status, exc.body())
+        return respond(exc.status, exc.body(), exc.headers(), exc.reason)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -341,6 +366,7 @@ def _install_error_handlers(app: FastAPI, state: _State) -> None:
 
     @app.exception_handler(ClientGone)
     async def client_gone(request: Request, exc: ClientGone) -> Response:
+        state.metrics.failed.labels(reason="client_disconnected").inc()
         return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
 
     @app.exception_handler(Exception)
@@ -348,7 +374,8 @@ def _install_error_handlers(app: FastAPI, state: _State) -> None:
         error_id = uuid.uuid4().hex[:12]
         log.error("unhandled error %s on %s %s", error_id, request.method, request.url.path, exc_info=exc)
         message = f"internal server error (error id {error_id})"
-        return respond(500, APIError(500, message, type="server_error", code="server_error").body())
+        return respond(500, APIError(500, message, type="server_error", code="server_error").body(),
+                       reason="internal_error")
 
 
 def _openapi_without_422(app: FastAPI):

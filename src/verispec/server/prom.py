@@ -1,17 +1,21 @@
 """Prometheus metrics of the server, exposed at ``GET /metrics``.
 
-Owns the metric names (vLLM's, with a ``verispec_`` prefix) and how a finished request's
-:class:`~verispec.metrics.RequestMetrics` is added to them; every app gets its own registry so
-several apps can live in one process (tests). The figures themselves are defined once, in
+Owns the metric names (vLLM's, with a ``verispec_`` prefix), how a finished request's
+:class:`~verispec.metrics.RequestMetrics` is added to them, the count of requests that died by
+reason (:data:`FAILURE_REASONS`, shared with the Ray proxies' fault layer) and merging several
+expositions into one (replicas); every app gets its own registry so several apps can live in one
+process (tests). The figures themselves are defined once, in
 :mod:`verispec.metrics`. Knows nothing about HTTP routes or the engine.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Iterator
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
 
 from verispec.metrics import RequestMetrics
 
@@ -23,6 +27,26 @@ TOKEN_TIME_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
 FINISH_REASONS = ("stop", "length", "abort", "error")
 BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 ITERATION_TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+# Why an accepted request died without its answer (verispec_requests_failed{reason}):
+FAILURE_REASONS = (
+    "worker_error",  # the engine raised while generating it (500, or an error event in its stream)
+    "internal_error",  # the server itself raised (a bug: 500 with an error id, or an error event)
+    "engine_unavailable",  # the engine cannot serve: thread ended, pass hung, or (replicas) unhealthy: 503
+    "client_disconnected",  # the client left before its answer was complete
+    "replica_unavailable",  # Ray Serve: the replica serving it died or none could take it (503)
+    "timeout",  # Ray Serve: the proxy's request timeout (408)
+    "overloaded",  # Ray Serve: the proxy's queue bound (429)
+)
+
+
+def failure_counter(registry: CollectorRegistry) -> Counter:
+    """``verispec_requests_failed{reason}`` in ``registry``, every reason of :data:`FAILURE_REASONS`
+    exported from zero (the same family in every replica and proxy, so their counts merge)."""
+    counter = Counter("verispec_requests_failed", "Requests that died without their answer, by reason.", ["reason"],
+                      registry=registry)
+    for reason in FAILURE_REASONS:
+        counter.labels(reason=reason)
+    return counter
 
 
 class ServerMetrics:
@@ -35,6 +59,8 @@ class ServerMetrics:
         verispec_request_success{finish_reason}: requests ended by stop, length, abort
         (client went away) or error (server fault).
         verispec_http_errors{status}: error responses sent, by status code.
+        verispec_requests_failed{reason}: accepted requests that died without their answer, by
+        reason (:data:`FAILURE_REASONS`; a stream's error event counts as well as an error status).
     Histograms (seconds): verispec_time_to_first_token_seconds (generation start to first
     token), verispec_time_per_output_token_seconds, verispec_e2e_request_latency_seconds
     (arrival to last token, queue included), verispec_request_queue_time_seconds.
@@ -69,6 +95,7 @@ class ServerMetrics:
             "verispec_request_success", "Finished requests by finish reason.", ["finish_reason"], registry=r
         )
         self.http_errors = Counter("verispec_http_errors", "Error responses by status code.", ["status"], registry=r)
+        self.failed = failure_counter(r)
         self.ttft = Histogram(
             "verispec_time_to_first_token_seconds",
             "Generation start to first token.",
@@ -178,3 +205,50 @@ class AuditCollector:
         yield tokens
         yield logprob
         yield GaugeMetricFamily("verispec_audits_pending", "Audits queued for idle time.", value=self.auditor.num_pending)
+
+
+def merge_expositions(texts: list[str], count_replicas: bool = True) -> str:
+    """Prometheus text expositions of several replicas merged into one: every sample with the same
+    name and labels summed (counters, histogram buckets / sums / counts, and gauges such as
+    requests in flight, which add up across replicas; ``_created`` timestamps: the earliest),
+    plus, with ``count_replicas``, ``verispec_replicas`` (the number of expositions merged).
+    Families and samples keep the first text's order. Raises ValueError for text that is not
+    the exposition format.
+    """
+    families: dict[str, tuple[str, str, dict]] = {}
+    for text in texts:
+        for family in text_string_to_metric_families(text):
+            _, _, samples = families.setdefault(family.name, (family.type, family.documentation, {}))
+            for sample in family.samples:
+                key = (sample.name, tuple(sorted(sample.labels.items())))
+                if key not in samples:
+                    samples[key] = sample.value
+                elif sample.name.endswith("_created"):
+                    samples[key] = min(samples[key], sample.value)
+                else:
+                    samples[key] += sample.value
+    lines = []
+    if count_replicas:
+        lines += ["# HELP verispec_replicas Replicas whose metrics are merged here.", "# TYPE verispec_replicas gauge",
+                  f"verispec_replicas {float(len(texts))}"]
+    for name, (kind, doc, samples) in families.items():
+        declared = name + "_total" if kind == "counter" else name  # as prometheus_client writes counters
+        lines.append(f"# HELP {declared} {_escape(doc, help_text=True)}")
+        lines.append(f"# TYPE {declared} {kind}")
+        for (sample_name, labels), value in samples.items():
+            rendered = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
+            lines.append(f"{sample_name}{{{rendered}}} {_number(value)}" if labels else f"{sample_name} {_number(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def _escape(value: str, help_text: bool = False) -> str:
+    value = value.replace("\\", "\\\\").replace("\n", "\\n")
+    return value if help_text else value.replace('"', '\\"')
+
+
+def _number(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value))

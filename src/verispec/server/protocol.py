@@ -1,9 +1,10 @@
 """Translation between the OpenAI wire format and the library: requests in, payloads out.
 
-Owns: OpenAI's error shape (:class:`APIError`), turning a validated request into prompt token
+Owns: turning a validated request into prompt token
 ids, :class:`~verispec.spec.sampling.SamplingParams` and a
 :class:`~verispec.engine.SpeculativeConfig` (library errors become 400s), and building
 response bodies, stream chunks and usage from a :class:`~verispec.engine.GenerationOutput`.
+OpenAI's error shape, :class:`APIError`, is :mod:`verispec.server.faults`' (re-exported here).
 Knows nothing about routes, queues or threads.
 """
 
@@ -20,6 +21,7 @@ from verispec.errors import InvalidParameterError, VerispecError
 from verispec.metrics import RequestMetrics, acceptance_rate, mean_acceptance_length
 from verispec.spec.sampling import SamplingParams
 from verispec.server import tools
+from verispec.server.faults import APIError
 from verispec.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -28,25 +30,6 @@ from verispec.server.schemas import (
 )
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-
-
-class APIError(Exception):
-    """An error response in OpenAI's shape: ``{"error": {message, type, param, code}}``."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        type: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:

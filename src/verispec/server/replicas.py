@@ -3,7 +3,10 @@
 Owns what a replica loads (:class:`ReplicaSpec`), the deployment's scaling options
 (:class:`ScalingOptions`: a fixed count or Ray Serve's autoscaling, passed through), the replica
 id header on every response, ``/metrics`` merged over all replicas, the health check that lets
-Ray restart a replica whose engine died, and starting / stopping it all. Ray Serve's proxy and
+Ray restart a replica whose engine died (an unhealthy replica answers 503 meanwhile), and
+starting / stopping it all, with :class:`verispec.server.faults.FaultLayer` in every Ray proxy
+(a dead replica's requests get 503 + OpenAI's error JSON + ``Retry-After``, its streams an error
+event, instead of Ray's text 500 or a cut). Ray Serve's proxy and
 router spread the requests; each replica is one process owning one batched engine and the same
 app :func:`verispec.server.create_app` builds for one machine. Knows nothing about decoding;
 the command line's launch (checks before Ray starts) is :mod:`verispec.cli.replicas`.
@@ -11,15 +14,16 @@ the command line's launch (checks before Ray starts) is :mod:`verispec.cli.repli
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
 from dataclasses import dataclass, field
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from verispec.errors import InvalidParameterError, VerispecError
 from verispec.server.app import ServerConfig
+from verispec.server.faults import PROXY_CALLBACK, PROXY_CALLBACK_ENV
+from verispec.server.prom import merge_expositions
 
 log = logging.getLogger("verispec.server")
 
@@ -151,50 +155,6 @@ def import_serve():
     return ray, serve
 
 
-def merge_expositions(texts: list[str]) -> str:
-    """Prometheus text expositions of several replicas merged into one: every sample with the same
-    name and labels summed (counters, histogram buckets / sums / counts, and gauges such as
-    requests in flight, which add up across replicas; ``_created`` timestamps: the earliest),
-    plus ``verispec_replicas`` (the number of expositions merged). Families and samples keep the
-    first replica's order.
-    """
-    families: dict[str, tuple[str, str, dict]] = {}
-    for text in texts:
-        for family in text_string_to_metric_families(text):
-            _, _, samples = families.setdefault(family.name, (family.type, family.documentation, {}))
-            for sample in family.samples:
-                key = (sample.name, tuple(sorted(sample.labels.items())))
-                if key not in samples:
-                    samples[key] = sample.value
-                elif sample.name.endswith("_created"):
-                    samples[key] = min(samples[key], sample.value)
-                else:
-                    samples[key] += sample.value
-    lines = ["# HELP verispec_replicas Replicas whose metrics are merged here.", "# TYPE verispec_replicas gauge",
-             f"verispec_replicas {float(len(texts))}"]
-    for name, (kind, doc, samples) in families.items():
-        declared = name + "_total" if kind == "counter" else name  # as prometheus_client writes counters
-        lines.append(f"# HELP {declared} {_escape(doc, help_text=True)}")
-        lines.append(f"# TYPE {declared} {kind}")
-        for (sample_name, labels), value in samples.items():
-            rendered = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
-            lines.append(f"{sample_name}{{{rendered}}} {_number(value)}" if labels else f"{sample_name} {_number(value)}")
-    return "\n".join(lines) + "\n"
-
-
-def _escape(value: str, help_text: bool = False) -> str:
-    value = value.replace("\\", "\\\\").replace("\n", "\\n")
-    return value if help_text else value.replace('"', '\\"')
-
-
-def _number(value: float) -> str:
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value))
-
-
 class ReplicaHeader:
     """ASGI middleware: ``x-verispec-replica: <id>`` on every HTTP response (streams included)."""
 
@@ -216,7 +176,8 @@ class ReplicaHeader:
 
 
 def replica_app(spec: ReplicaSpec, replica_id: str, merged_metrics=None):
-    """The FastAPI app of one replica: ``spec``'s models loaded, :func:`create_app`'s routes,
+    """The FastAPI app of one replica: ``spec``'s models loaded, :func:`create_app`'s routes
+    (503 with ``Retry-After`` while the engine is unhealthy: Ray replaces it),
     ``x-verispec-replica: replica_id`` on every response, and ``/metrics`` from
     ``merged_metrics`` (an async callable returning the exposition text) when given.
 
@@ -230,7 +191,8 @@ def replica_app(spec: ReplicaSpec, replica_id: str, merged_metrics=None):
                                     max_num_batched_tokens=spec.max_num_batched_tokens)
     if spec.datastore is not None:
         pipe.use_datastore(spec.datastore)
-    app = create_app(pipe, spec.config, metrics_exposition=merged_metrics)
+    config = dataclasses.replace(spec.config, unhealthy_is_unavailable=True)
+    app = create_app(pipe, config, metrics_exposition=merged_metrics)
     app.add_middleware(ReplicaHeader, replica_id=replica_id)
     return app
 
@@ -286,7 +248,9 @@ def run_replicas(spec: ReplicaSpec, scaling: ScalingOptions, *, host: str = "127
                  ray_address: str | None = None, blocking: bool = True):
     """Start (or join, with ``ray_address``) a Ray cluster, deploy the replicas behind one HTTP
     endpoint at ``host:port`` and, with ``blocking``, serve until interrupted, then shut Serve
-    down. Returns the ingress handle when not blocking.
+    down. Returns the ingress handle when not blocking. Ray's HTTP proxies run
+    :class:`~verispec.server.faults.FaultLayer` (set through the Serve controller's environment,
+    which its proxies inherit; a Serve instance already running in the cluster keeps its own).
 
     Raises:
         RayMissingError: Ray Serve is not installed.
@@ -306,7 +270,8 @@ def run_replicas(spec: ReplicaSpec, scaling: ScalingOptions, *, host: str = "127
                 f"{scaling.bounds[0]} replicas x {scaling.num_cpus:g} CPUs need {need:g} CPUs but this machine's Ray "
                 f"cluster has {total:g}: lower --replicas or --replica-cpus"
             )
-    serve.start(http_options={"host": host, "port": port})
+    serve.start(http_options={"host": host, "port": port},
+                controller_options={"runtime_env": {"env_vars": {PROXY_CALLBACK_ENV: PROXY_CALLBACK}}})
     try:
         handle = serve.run(build_deployment(spec, scaling), name=APP_NAME, route_prefix="/")
     except Exception as exc:  # a replica that cannot load: Ray wraps the error

@@ -3,7 +3,9 @@
 Owns: the choices of a request (``n`` per prompt, each with its job), what a choice shows (echo,
 logprobs in the endpoint's shape, parsed tool calls), the merged event stream of several jobs,
 and reading a job's next event (a failed job becomes an :class:`APIError`, a client that left
-:class:`ClientGone`). Knows nothing about routes or decoding.
+:class:`ClientGone`). A stream that a fault cuts (the engine failing, a bug here) ends with an
+error event then ``[DONE]``, counted in ``/metrics`` by reason, as is a client that leaves it.
+Knows nothing about routes or decoding.
 """
 
 from __future__ import annotations
@@ -11,6 +13,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
+import time
+import uuid
 from typing import AsyncIterator
 
 from fastapi import Request
@@ -18,9 +23,10 @@ from fastapi import Request
 from verispec.engine import StreamChunk
 from verispec.server import logprobs, protocol, tools
 from verispec.server.prom import ServerMetrics
-from verispec.server.protocol import APIError
+from verispec.server.faults import DONE_EVENT, APIError, error_event
 from verispec.server.worker import Job, JobFailed
 
+log = logging.getLogger("verispec.server")
 DISCONNECT_POLL_S = 0.25
 
 
@@ -78,8 +84,10 @@ async def sse(
 ) -> AsyncIterator[str]:
     """Server-Sent Events: text deltas as accepted (each with its choice's index), a finish chunk
     per choice, usage if asked, ``[DONE]``. With tools, a choice's text is held until it ends
-    and then sent as content or as ``tool_calls``. A client that disconnects cancels this
-    generator; ``finally`` then cancels the jobs.
+    and then sent as content or as ``tool_calls``. A fault once the stream started (a failed job,
+    any exception here) sends an error event in OpenAI's shape, then ``[DONE]``. A client that
+    disconnects cancels this generator (counted ``client_disconnected``); ``finally`` then
+    cancels the jobs.
     """
     header = view.header
     held = {choice.index: "" for choice in choices}
@@ -120,13 +128,28 @@ async def sse(
         if include_usage:
             yield frame(header.usage_chunk(protocol.usage(results)))
     except APIError as exc:  # the response has started: the error travels as an event
-        metrics.http_errors.labels(status=str(exc.status)).inc()
-        yield frame(exc.body())
+        yield _failed(metrics, exc)
+    except (asyncio.CancelledError, GeneratorExit):  # the client left (or the server stops)
+        metrics.failed.labels(reason="client_disconnected").inc()
+        raise
+    except Exception as exc:  # a bug while shaping the stream: still an error event, never a cut
+        error_id = uuid.uuid4().hex[:12]
+        log.error("stream failed (error id %s)", error_id, exc_info=exc)
+        yield _failed(metrics, APIError(500, f"internal server error (error id {error_id})", type="server_error",
+                                        code="server_error", reason="internal_error"))
     finally:
         metrics.in_flight.dec()
         for choice in choices:
             choice.job.cancel()
-    yield "data: [DONE]\n\n"
+    yield DONE_EVENT
+
+
+def _failed(metrics: ServerMetrics, error: APIError) -> str:
+    """Count ``error`` (its status, its reason) and return its event."""
+    metrics.http_errors.labels(status=str(error.status)).inc()
+    if error.reason is not None:
+        metrics.failed.labels(reason=error.reason).inc()
+    return error_event(error)
 
 
 async def merged_events(choices: list[Choice], firsts: list[StreamChunk]):
@@ -160,15 +183,25 @@ async def next_event(job: Job, request: Request | None) -> StreamChunk:
     try:
         while True:
             done, _ = await asyncio.wait({getter}, timeout=DISCONNECT_POLL_S)
+            if request is not None and _poll_due(request) and await request.is_disconnected():
+                raise ClientGone()  # checked every DISCONNECT_POLL_S even while chunks keep coming
             if done:
                 break
-            if request is not None and await request.is_disconnected():
-                raise ClientGone()
     finally:
         getter.cancel()
     event = getter.result()
     if isinstance(event, JobFailed):
         if event.client_error:
             raise APIError(400, event.message)
-        raise APIError(500, f"{event.message} (error id {event.error_id})", type="server_error", code="server_error")
+        raise APIError(500, f"{event.message} (error id {event.error_id})", type="server_error", code="server_error",
+                       reason="worker_error")
     return event
+
+
+def _poll_due(request: Request) -> bool:
+    """Whether ``DISCONNECT_POLL_S`` passed since this request's connection was last checked."""
+    now = time.monotonic()
+    if now - getattr(request.state, "disconnect_polled_s", 0.0) < DISCONNECT_POLL_S:
+        return False
+    request.state.disconnect_polled_s = now
+    return True

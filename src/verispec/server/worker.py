@@ -129,16 +129,24 @@ class EngineWorker:
 
     def health_problem(self, stall_s: float = 120.0) -> str | None:
         """Why this engine cannot serve (for a supervisor that replaces it, e.g. Ray Serve's
-        health check), or None: its thread ended, its warm-up failed, its last
-        ``MAX_CONSECUTIVE_ERRORS`` passes failed with no good one between, or no turn ended for
-        ``stall_s`` seconds while requests run or wait (a hung pass; a whole long prompt is one
-        pass when its request runs alone, so ``stall_s`` must exceed the longest prefill)."""
-        if self._thread.ident is not None and not self._thread.is_alive() and not self._stopping.is_set():
-            return "the engine thread ended"
+        health check), or None: :meth:`stopped_problem`, its warm-up failed, or its last
+        ``MAX_CONSECUTIVE_ERRORS`` passes failed with no good one between."""
+        problem = self.stopped_problem(stall_s)
+        if problem is not None:
+            return problem
         if self.warmup_failed:
             return "the engine's warm-up failed"
         if self.consecutive_errors >= MAX_CONSECUTIVE_ERRORS:
             return f"the engine's last {self.consecutive_errors} passes failed"
+        return None
+
+    def stopped_problem(self, stall_s: float = 120.0) -> str | None:
+        """Why no request can be answered now whatever it asks, or None: the engine thread
+        ended, or no turn ended for ``stall_s`` seconds while requests run or wait (a hung pass;
+        a whole long prompt is one pass when its request runs alone, so ``stall_s`` must exceed
+        the longest prefill)."""
+        if self._thread.ident is not None and not self._thread.is_alive() and not self._stopping.is_set():
+            return "the engine thread ended"
         busy = self._jobs.qsize() > 0 or self.scheduler.running or self.scheduler.waiting
         if self.ready.is_set() and busy and time.monotonic() - self.last_turn_end > stall_s:
             return f"no engine turn ended in {stall_s:.0f} s while requests wait"
