@@ -54,7 +54,8 @@ def advise(
     """Measure α and costs on a workload sample and say whether speculation pays, per category."""
     from verispec.ops.advise import advise as run_advice
     from verispec.ops.advise_render import export_advice, render
-    from verispec.ops.bench.command import load_pipelines, progress, runs_per_prompt, split
+    from verispec.ops.bench.command import load_pipelines, runs_per_prompt, split
+    from verispec.ops.bench.live import bench_progress
     from verispec.ops.bench.run import BenchConfig
     from verispec.ops.bench.workload import load_workload
     from verispec.ops.export import EXPORT_TOOLS
@@ -71,7 +72,8 @@ def advise(
         )
         pipes, _ = load_pipelines(target, draft_or_none(draft), dtype, err, [runner])
         pipe = next(iter(pipes.values()))
-        with progress(err, len(items) * runs_per_prompt(config)) as on_run:
+        then = "timing the target's verify passes for the predictions"
+        with bench_progress(len(items) * runs_per_prompt(config), title="advise run", console=err, after=then) as on_run:
             advice = run_advice(
                 pipe, items, config, max_k=max_k, context_length=context_length,
                 memory_budget_bytes=int(memory_budget * 2**30) if memory_budget is not None else None,

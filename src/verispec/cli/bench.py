@@ -1,10 +1,11 @@
 """``verispec bench``: plain decoding, every speculative method and the peers on a workload, on
 one or several runners in one run; optionally each runner's cost curve, prefill speed and
 agreement with the float32 model. The measuring is :mod:`verispec.ops.bench`'s; this module
-parses, validates and prints."""
+parses, validates and prints. Progress and tables go to stderr; stdout carries only ``--json``."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import List, Optional
 
@@ -21,6 +22,7 @@ from verispec.cli.common import (
     draft_vocab_option,
     dtype_option,
     err,
+    json_option,
     num_speculative_tokens_option,
     prompts_option,
     runner_option,
@@ -58,6 +60,8 @@ def bench(
     prefill_tokens: str = typer.Option("", help="Also time one prefill of each of these prompt lengths per runner, e.g. 512,2048 (llama.cpp's beside when it is a peer)."),
     quality_prompts: int = typer.Option(0, min=0, help="Also score each runner against the float32 model (teacher-forced, 32 tokens) on the first N prompts."),
     out: Optional[Path] = typer.Option(None, help="Write results.json, report.md and PNG plots into this folder."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display (prompt i of n, method, decode tok/s so far) on stderr."),
+    as_json: bool = json_option("Also print the results (as results.json) as one JSON object on stdout."),
 ) -> None:
     """Benchmark plain decoding, every speculative method and the peers, interleaved prompt by prompt."""
     from verispec.ops.bench.command import available_methods, load_pipelines, print_summary, run_and_report, split
@@ -90,10 +94,13 @@ def bench(
             audit_rate=audit_rate,
         )
         results = run_and_report(pipes, items, config, out, workload=str(prompts or workload or "specbench"), dtype=dtype, rss=rss,
-                                 console=err, curves=curves, prefill_tokens=lengths, quality_prompts=quality_prompts)
+                                 console=err, curves=curves, prefill_tokens=lengths, quality_prompts=quality_prompts,
+                                 show_progress=not quiet)
     print_summary(results, err)
     if out is not None:
         err.print(f"wrote {out / 'results.json'}, {out / 'report.md'} and {len(results.plots)} plots")
+    if as_json:
+        print(json.dumps(results.to_dict(), ensure_ascii=False))
 
 
 def int_list(text: str, option: str) -> tuple[int, ...]:

@@ -1,5 +1,6 @@
 """``verispec datastore build``: a corpus (files, directories) tokenized with the target's
-tokenizer into a suffix-array datastore for the ``suffix`` drafter (``--datastore DIR``)."""
+tokenizer into a suffix-array datastore for the ``suffix`` drafter (``--datastore DIR``). Progress
+(file i of n, tokens so far, then the sort) on stderr (:func:`verispec.progress.steps`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import typer
 from verispec.cli.common import err, target_option, user_errors
 from verispec.errors import InvalidParameterError
 from verispec.ops.corpus import corpus_files
+from verispec.progress import steps
 
 datastore_app = typer.Typer(help="Static corpora for suffix drafting (REST-style retrieval).", no_args_is_help=True)
 
@@ -23,6 +25,7 @@ def build(
     target: str = target_option("The model whose tokenizer tokenizes the corpus (the target you serve)."),
     depth: int = typer.Option(8, min=1, max=32, help="Longest n-gram the datastore can match."),
     exclude: List[str] = typer.Option([], help="Directory names to skip inside the corpus directories (repeatable)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display on stderr."),
 ) -> None:
     """Tokenize CORPUS with the target's tokenizer and write its suffix array to --out."""
     from verispec.proposers.datastore import build_datastore
@@ -37,11 +40,18 @@ def build(
         tokenizer = load_gguf_info(target, runner="gguf").tokenizer
         start = time.perf_counter()
 
-        def documents():
-            for path in files:
-                text = path.read_text(encoding="utf-8", errors="replace")
-                if text.strip():
-                    yield tokenizer.encode(text, add_special_tokens=False)
+        with steps("datastore file", len(files), enabled=not quiet, console=err) as shown:
+            def documents():
+                num_tokens = 0
+                for path in files:
+                    shown.running(f"tokenizing {path}")
+                    text = path.read_text(encoding="utf-8", errors="replace")
+                    ids = tokenizer.encode(text, add_special_tokens=False) if text.strip() else []
+                    num_tokens += len(ids)
+                    shown.after = f"sorting the suffixes of {num_tokens} tokens and writing {out}"
+                    shown.finished(f"tokenized {path}", f"{num_tokens} tokens so far")
+                    if ids:
+                        yield ids
 
-        summary = build_datastore(documents(), out, depth=depth)
+            summary = build_datastore(documents(), out, depth=depth)
     err.print(f"{summary['num_documents']} documents, {summary['num_tokens']} tokens -> {out} in {time.perf_counter() - start:.1f} s")

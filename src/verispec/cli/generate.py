@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 from typing import List, Optional
 
@@ -31,6 +32,7 @@ from verispec.engine.loader import DrafterOptions, SpeculativePipeline
 from verispec.errors import InvalidParameterError
 from verispec.metrics import peak_rss_bytes
 from verispec.ops.audit import QualityAuditor, describe_audit
+from verispec.progress import working
 from verispec.runners.notices import kernel_facts, runner_label
 from verispec.runners.select import RunnerOptions
 from verispec.spec.sampling import SamplingParams
@@ -127,16 +129,18 @@ def generate(
                 highlight=False,
             )
         if compare_plain:  # both timed runs start warm: neither pays the first pass's one-off costs
-            pipe.generate(prompt, SamplingParams(max_tokens=min(4, params.max_tokens)), spec, chat=chat, learn=False)
+            with working("warming up (--compare-plain)", "4 untimed tokens, so both timed runs start warm", err):
+                pipe.generate(prompt, SamplingParams(max_tokens=min(4, params.max_tokens)), spec, chat=chat, learn=False)
         output = None
-        for chunk in pipe.stream(prompt, params, spec, chat=chat):
-            if not as_json:
-                sys.stdout.write(chunk.text)
-                sys.stdout.flush()
-            output = chunk.output or output
+        with working("generating", f"--json prints at the end; at most {params.max_tokens} tokens", err) if as_json else nullcontext():
+            for chunk in pipe.stream(prompt, params, spec, chat=chat):
+                if not as_json:
+                    sys.stdout.write(chunk.text)
+                    sys.stdout.flush()
+                output = chunk.output or output
         comparison = None
         if compare_plain:
-            with err.status("plain decoding of the same prompt (--compare-plain)"):
+            with working("plain decoding of the same prompt (--compare-plain)", f"at most {params.max_tokens} tokens, timed", err):
                 plain = pipe.generate(prompt, params, SpeculativeConfig(method="none"), chat=chat)
             comparison = plain_comparison(output, plain, greedy=params.temperature == 0)
     models = [vars(m) for m in pipe.model_summaries()]
@@ -150,7 +154,7 @@ def generate(
         sys.stdout.write("\n")
         err.print(stats_table(output, method, models, comparison))
     if auditor.submit(pipe.encode(prompt, chat=chat), params, output):  # after the response is out
-        with err.status("audit: plain decoding of the same request"):
+        with working("audit: plain decoding of the same request", "--audit-rate", err):
             result = auditor.run_pending(pipe.engine)[0]
         err.print(f"audit: {describe_audit(result)}", highlight=False)
 

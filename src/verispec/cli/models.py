@@ -6,12 +6,16 @@ Only parses arguments and formats output; the store does the work. Mounted by
 
 from __future__ import annotations
 
+import sys
+from contextlib import nullcontext
+
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from verispec.cli.common import user_errors
 from verispec.models.store import ModelStore
+from verispec.progress import announce_slow
 
 models_app = typer.Typer(
     help="List and fetch the built-in models.", no_args_is_help=True, add_completion=False
@@ -50,7 +54,9 @@ def fetch_model(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """Download and verify a built-in model, then print the path of its file."""
-    with user_errors():
+    # a terminal gets the store's byte bar; a log or pipe (where a bar shows nothing) a line every 8 s
+    lines = announce_slow(f"fetching {name}", "download and sha256 check") if not quiet and not sys.stderr.isatty() else nullcontext()
+    with user_errors(), lines:
         path = ModelStore(progress=not quiet).fetch(name, force=force)
     typer.echo(str(path))
 

@@ -1,19 +1,17 @@
 """``verispec bench`` end to end: load (or take) a pipeline, run, summarise, write, print.
 
-Owns the glue between the pieces (workload -> run -> figures -> report/plots) and the progress
-bar; the CLI only parses options. Knows nothing about decoding.
+Owns the glue between the pieces (workload -> run -> figures -> report/plots, the progress display
+of :mod:`~verispec.ops.bench.live` around the runs); the CLI only parses options. Knows nothing
+about decoding.
 """
 
 from __future__ import annotations
 
-import time
-from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from verispec.ops.bench.plots import write_plots
 from verispec.ops.bench.report import (
@@ -35,6 +33,7 @@ from verispec.errors import InvalidParameterError
 from verispec.ops.bench.workload import WorkloadItem
 from verispec.engine.loader import DrafterOptions, SpeculativePipeline
 from verispec.ops.bench.extras import measure_prefill, measure_quality_of
+from verispec.ops.bench.live import bench_progress
 from verispec.progress import announce_slow
 from verispec.runners.notices import kernel_facts
 from verispec.runners.select import RunnerOptions
@@ -64,6 +63,7 @@ def run_and_report(
     curves: bool = False,
     prefill_tokens: Sequence[int] = (),
     quality_prompts: int = 0,
+    show_progress: bool = True,
 ) -> BenchResults:
     """Run the benchmark on ``pipes`` (one pipeline or ``{runner kind: pipeline}``, compared in
     one run); with ``out_dir`` write results.json, report.md and the PNGs.
@@ -74,11 +74,14 @@ def run_and_report(
     ``prefill_tokens``: also time one prefill of each length per runner (llama.cpp's beside when
     it is a peer); ``quality_prompts``: also score each target runner against the float32 model
     on the first N prompts (:mod:`verispec.ops.bench.extras`); both after the decoding runs.
+    ``show_progress``: the progress display on stderr (:func:`~verispec.ops.bench.live.bench_progress`:
+    prompt i of n, the participant, its decode tokens/s so far) and the cost-curve notices;
+    False (``--quiet``) hides both. Nothing of it goes to stdout.
     """
     console = console or Console(stderr=True)
     pipes = as_pipelines(pipes)
-    cost_curves = measure_curves(pipes, console) if curves else {}
-    with progress(console, len(items) * runs_per_prompt(config, len(pipes))) as on_run:
+    cost_curves = measure_curves(pipes, console, announce=show_progress) if curves else {}
+    with bench_progress(len(items) * runs_per_prompt(config, len(pipes)), console=console, enabled=show_progress) as on_run:
         records, runners, auditor = run_bench(pipes, items, config, on_run=on_run)
     first = next(iter(pipes.values()))
     settings = asdict(config) | {
@@ -112,9 +115,10 @@ def run_and_report(
     return results
 
 
-def measure_curves(pipes: Mapping[str, SpeculativePipeline], console: Console) -> dict:
+def measure_curves(pipes: Mapping[str, SpeculativePipeline], console: Console, announce: bool = True) -> dict:
     """``{kind: {"target": {k: ms}, "draft": {1: ms}}}``: median ms of one pass over a 64-token
-    context, each runner in turn (runners that cannot be timed this way are left out, said why)."""
+    context, each runner in turn (runners that cannot be timed this way are left out, said why).
+    ``announce``: a step over ~2 s is said on stderr (:func:`verispec.progress.announce_slow`)."""
     from verispec.runners.costs import measure_cost_curve
 
     curves = {}
@@ -125,7 +129,8 @@ def measure_curves(pipes: Mapping[str, SpeculativePipeline], console: Console) -
         entry = {}
         for role, runner, ks in roles:
             try:
-                with announce_slow(f"timing the {kind} runner's {role} passes", "--curves: 2 warm-up and 7 timed passes of each k"):
+                with announce_slow(f"timing the {kind} runner's {role} passes", "--curves: 2 warm-up and 7 timed passes of each k",
+                                   enabled=announce):
                     curve = measure_cost_curve(runner, runner_name=kind, model=role, ks=ks)
             except ValueError as exc:  # the context does not fit the runner
                 console.print(f"{kind} {role}: no cost curve ({exc})", highlight=False)
@@ -139,25 +144,6 @@ def measure_curves(pipes: Mapping[str, SpeculativePipeline], console: Console) -
 def runs_per_prompt(config: BenchConfig, num_runners: int = 1) -> int:
     """Timed runs per prompt: verispec methods per runner, transformers peers, llama.cpp (when asked for)."""
     return num_runners * len(config.methods) + (3 if "transformers" in config.peers else 0) + (1 if "llama.cpp" in config.peers else 0)
-
-
-@contextmanager
-def progress(console: Console, total: int) -> Iterator[Callable[[str], None]]:
-    """A callback to call after each run: a progress bar on a terminal, else one line per run
-    (a log file shows how far a long run got)."""
-    if console.is_terminal:
-        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-        with Progress(*columns, console=console, transient=True) as bar:
-            task = bar.add_task("bench", total=total)
-            yield lambda what: bar.update(task, advance=1, description=what[:48])
-        return
-    start, done = time.perf_counter(), [0]
-
-    def line(what: str) -> None:
-        done[0] += 1
-        console.print(f"[{done[0]}/{total}] {what} ({time.perf_counter() - start:.0f} s)", highlight=False)
-
-    yield line
 
 
 def print_summary(results: BenchResults, console: Console) -> None:

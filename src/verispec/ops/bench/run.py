@@ -167,6 +167,19 @@ class RunRecord:
         return cls(**data)
 
 
+@dataclass(frozen=True)
+class BenchStep:
+    """What :func:`run_bench` is doing, for a progress display: ``runner`` (a participant's name)
+    on prompt ``prompt`` of ``num_prompts`` (1-based; 0 with ``item`` None: its untimed
+    warm-up); ``output`` None when the run starts, its output once it ended."""
+
+    prompt: int
+    num_prompts: int
+    item: WorkloadItem | None
+    runner: str
+    output: GenerationOutput | None = None
+
+
 class Participant(Protocol):
     """One contender of a benchmark run: a verispec method on one runner kind, or a peer."""
 
@@ -273,14 +286,15 @@ def run_bench(
     pipes: SpeculativePipeline | Mapping[str, SpeculativePipeline],
     items: Sequence[WorkloadItem],
     config: BenchConfig,
-    on_run: Callable[[str], None] | None = None,
+    on_run: Callable[[BenchStep], None] | None = None,
 ) -> tuple[list[RunRecord], list[ParticipantInfo], QualityAuditor]:
     """Run every runner on every item, interleaved prompt by prompt; returns the records (prompt
     order, then runner order), the runner descriptions and the auditor with its counts.
 
     ``pipes``: one pipeline, or ``{runner kind: pipeline}`` to compare several runners in one
     run (the same model files; prompts are encoded with the first one's tokenizer).
-    ``on_run(description)`` is called after each run (a progress bar). Threads are set to
+    ``on_run(step)`` is called before each warm-up and before and after each timed run (a
+    :class:`BenchStep`: the progress display of :mod:`verispec.ops.bench.live`). Threads are set to
     ``config.threads`` for the whole run. The audit (``config.audit_rate``) compares selected
     speculative records with the plain record of the same runner and prompt, after the prompt's
     timed runs.
@@ -295,6 +309,8 @@ def run_bench(
     if config.warmup and prompts:
         warm = SamplingParams(max_tokens=min(WARMUP_TOKENS, config.max_tokens))
         for runner in runners:
+            if on_run:
+                on_run(BenchStep(0, len(items), None, runner.name))
             if isinstance(runner, VerispecParticipant):  # its suffix cache keeps nothing of a warm-up
                 runner.engine.generate(prompts[0], warm, runner.spec, learn=False)
             else:
@@ -305,9 +321,11 @@ def run_bench(
         shift = index % len(runners)
         outputs: dict[str, GenerationOutput] = {}
         for runner in runners[shift:] + runners[:shift]:
+            if on_run:
+                on_run(BenchStep(index + 1, len(items), item, runner.name))
             outputs[runner.name] = runner.generate(prompt, params)
             if on_run:
-                on_run(f"{item.category} {item.id} {runner.name}")
+                on_run(BenchStep(index + 1, len(items), item, runner.name, outputs[runner.name]))
         batch = [RunRecord.of(item, runner, outputs[runner.name]) for runner in runners]
         if params.is_greedy:
             mark_exactness(batch)
