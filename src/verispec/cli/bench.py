@@ -18,6 +18,8 @@ from verispec.cli.common import (
     draft_option,
     draft_or_none,
     draft_quantization_option,
+    eagle_head_option,
+    head_quantization_option,
     draft_vocab_corpus_option,
     draft_vocab_option,
     dtype_option,
@@ -54,6 +56,8 @@ def bench(
     dtype: str = dtype_option(),
     runner: str = runner_option("Comma-separated runners compared in one run (as generate's --runner), e.g. gguf,int8,torch; transformers peers need torch."),
     draft_quantization: str = draft_quantization_option(),
+    eagle_head: Optional[Path] = eagle_head_option(),
+    head_quantization: str = head_quantization_option(),
     draft_vocab: Optional[int] = draft_vocab_option(),
     draft_vocab_corpus: Optional[List[str]] = draft_vocab_corpus_option(),
     curves: bool = typer.Option(False, "--curves/--no-curves", help="Also time one target pass of k = 1..16 tokens and one draft pass per runner."),
@@ -77,7 +81,7 @@ def bench(
         if unknown:
             raise InvalidParameterError(f"unknown runner {', '.join(unknown)}; choose from {', '.join(RUNNERS)}")
         items = load_workload(None if prompts else workload or "specbench", prompts, split(categories), limit)
-        drafters = DrafterOptions(draft_quantization=draft_quantization)
+        drafters = DrafterOptions(draft_quantization=draft_quantization, eagle_head=eagle_head, head_quantization=head_quantization)
         options = RunnerOptions(draft_vocab_size=draft_vocab, draft_vocab_corpus=tuple(draft_vocab_corpus or ()))
         pipes, rss = load_pipelines(target, draft_or_none(draft), dtype, err, kinds, drafters=drafters, options=options)
         config = BenchConfig(

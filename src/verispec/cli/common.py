@@ -122,6 +122,12 @@ def draft_vocab_corpus_option() -> Any:
     return typer.Option(None, help="Text file whose token counts pick the --draft-vocab tokens (repeatable; default: BPE rank).")
 
 
+def head_quantization_option() -> Any:
+    return typer.Option(
+        "auto", help="The EAGLE head's linear layers at inference: auto (q8_0 over the gguf runner, else none), none (float32), q8_0 or iq4_nl (GGUF blocks, the gguf kernels). Changes only what the head drafts, never the output."
+    )
+
+
 def eagle_head_option() -> Any:
     return typer.Option(
         None, help="EAGLE-3 head file (verispec train-head) for --method eagle, and for auto to draft with it where the lookup fails."

@@ -15,6 +15,7 @@ from verispec.cli.common import (
     K_GENERATE,
     draft_quantization_option,
     eagle_head_option,
+    head_quantization_option,
     draft_vocab_corpus_option,
     draft_vocab_option,
     draft_option,
@@ -63,6 +64,7 @@ def generate(
     ),
     draft_quantization: str = draft_quantization_option(),
     eagle_head: Optional[Path] = eagle_head_option(),
+    head_quantization: str = head_quantization_option(),
     runner: str = runner_option(),
     compare_plain: bool = typer.Option(
         False, "--compare-plain", help="Also decode the prompt plainly (after a 4-token untimed warm-up) and print both rates, the measured speedup and whether the tokens match."
@@ -101,6 +103,7 @@ def generate(
         drafters = DrafterOptions(
             min_ngram=min_ngram, max_ngram=max_ngram, layer_skip_layers=layer_skip_layers,
             draft_quantization=draft_quantization, tree_choices=parse_tree_choices(tree_choices, method), eagle_head=eagle_head,
+            head_quantization=head_quantization,
         )
         if method == "eagle" and eagle_head is None:
             raise InvalidParameterError("--method eagle needs --eagle-head FILE (a head from verispec train-head)")

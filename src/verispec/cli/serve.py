@@ -14,6 +14,7 @@ from verispec.cli.common import (
     draft_option,
     draft_or_none,
     eagle_head_option,
+    head_quantization_option,
     dtype_option,
     err,
     num_speculative_tokens_option,
@@ -59,6 +60,7 @@ def serve(
     ),
     datastore: Optional[Path] = typer.Option(None, help="A corpus datastore (verispec datastore build) the suffix drafter also reads."),
     eagle_head: Optional[Path] = eagle_head_option(),
+    head_quantization: str = head_quantization_option(),
     max_body_bytes: int = typer.Option(4 * 1024 * 1024, min=1024, help="Largest request body (bytes)."),
     log_level: str = typer.Option("info", help="debug, info, warning or error."),
     audit_rate: float = typer.Option(
@@ -113,7 +115,7 @@ def serve(
         with err.status(f"loading {target}" + (f" + {draft}" if draft_ref else "")):
             pipe = SpeculativePipeline.load(
                 target, draft_ref, dtype=dtype, runners=RunnerOptions(kind=runner),
-                max_num_batched_tokens=max_num_batched_tokens, drafters=DrafterOptions(eagle_head=eagle_head),
+                max_num_batched_tokens=max_num_batched_tokens, drafters=DrafterOptions(eagle_head=eagle_head, head_quantization=head_quantization),
             )
         if datastore is not None:
             pipe.use_datastore(datastore)

@@ -4,6 +4,7 @@ target's own answers (self-distillation), with a progress bar, checkpoints and a
 from __future__ import annotations
 
 import shlex
+import sys
 import time
 from pathlib import Path
 from typing import List, Optional
@@ -120,29 +121,37 @@ def _announce(what: str):
 
 def collect(pipe, prompt_files, magpie: int, code_dirs, code_tokens: int, max_tokens: int, seed: int):
     """The training data: the target's answers to the prompt files and to ``magpie`` instructions
-    it writes itself, and windows of the code directories; a bar per stage."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
+    it writes itself, and windows of the code directories; progress per stage
+    (:func:`verispec.progress.steps`: a bar on a terminal, lines in a log)."""
     from verispec.ops.head_data import HeadData, code_windows, file_sha256, generate_all, magpie_instructions, read_prompt_files
+    from verispec.progress import steps
     from verispec.spec.sampling import SamplingParams
 
     data = HeadData()
     greedy = lambda i: SamplingParams(max_tokens=max_tokens)  # noqa: E731
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=err, transient=False) as bar:
-        for path, items in read_prompt_files(prompt_files):
-            task = bar.add_task(f"answering {path.name}", total=len(items))
-            prompts = [pipe.encode(item.text, chat=item.chat) for item in items]
-            outputs = generate_all(pipe.engine, prompts, greedy, on_done=lambda n, t=task: bar.update(t, completed=n))
-            data.add("prompts", [p + o for p, o in zip(prompts, outputs)], str(path), file_sha256(path))
-        if magpie:
-            task = bar.add_task("writing instructions (Magpie)", total=magpie)
-            texts = magpie_instructions(pipe.engine, pipe.tokenizer, magpie, seed=seed,
-                                        on_done=lambda n: bar.update(task, completed=n))
-            task = bar.add_task("answering them", total=len(texts))
-            prompts = [pipe.encode(text, chat=True) for text in texts]
-            outputs = generate_all(pipe.engine, prompts, greedy, on_done=lambda n: bar.update(task, completed=n))
-            data.add("magpie", [p + o for p, o in zip(prompts, outputs)], f"{magpie} asked, {len(texts)} kept, seed {seed}")
+
+    def stage(title: str, total: int, run, item: str):
+        with steps(title, total, console=err if err.is_terminal else None) as shown:
+            shown.running(title)
+
+            def on_done(n: int) -> None:
+                while shown.done < n:
+                    shown.finished(f"{item} {shown.done + 1} done")
+
+            return run(on_done)
+
+    for path, items in read_prompt_files(prompt_files):
+        prompts = [pipe.encode(item.text, chat=item.chat) for item in items]
+        outputs = stage(f"answering {path.name}", len(items),
+                        lambda on_done, prompts=prompts: generate_all(pipe.engine, prompts, greedy, on_done=on_done), "answer")
+        data.add("prompts", [p + o for p, o in zip(prompts, outputs)], str(path), file_sha256(path))
+    if magpie:
+        texts = stage("writing instructions (Magpie)", magpie,
+                      lambda on_done: magpie_instructions(pipe.engine, pipe.tokenizer, magpie, seed=seed, on_done=on_done), "instruction")
+        prompts = [pipe.encode(text, chat=True) for text in texts]
+        outputs = stage("answering them", len(texts), lambda on_done: generate_all(pipe.engine, prompts, greedy, on_done=on_done),
+                        "answer")
+        data.add("magpie", [p + o for p, o in zip(prompts, outputs)], f"{magpie} asked, {len(texts)} kept, seed {seed}")
     if code_dirs and code_tokens:
         windows = code_windows(pipe.tokenizer, code_dirs, max_tokens=code_tokens)
         data.add("code", windows, ", ".join(str(d) for d in code_dirs))
@@ -153,25 +162,37 @@ def collect(pipe, prompt_files, magpie: int, code_dirs, code_tokens: int, max_to
 
 
 def _train(head, model, data, options, out: Path, checkpoint_minutes: float):
-    """:func:`verispec.ops.train_head.train_head` under a rich bar; the head written to ``out``
-    every ``checkpoint_minutes`` and on Ctrl-C (then exit 130)."""
+    """:func:`verispec.ops.train_head.train_head` under a rich bar on a terminal, else a line on
+    stderr every :data:`verispec.progress.LINE_EVERY_S` seconds (a log shows it too); the head
+    written to ``out`` every ``checkpoint_minutes`` and on Ctrl-C (then exit 130)."""
+    from contextlib import nullcontext
+
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from verispec import progress
     from verispec.ops.train_head import train_head as run
 
-    last_save = time.monotonic()
+    last_save = last_line = time.monotonic()
     total = options.steps if options.minutes is None else None
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("step {task.completed}"), TextColumn("{task.fields[stats]}"),
                TimeElapsedColumn())
-    with Progress(*columns, console=err) as bar:
-        task = bar.add_task("training the head", total=total, stats="")
+    bar = Progress(*columns, console=err) if err.is_terminal else None
+    with bar if bar is not None else nullcontext():
+        task = bar.add_task("training the head", total=total, stats="") if bar is not None else None
         start = time.monotonic()
 
         def on_step(step: int, loss: float, top1: float) -> None:
-            nonlocal last_save
-            rate = step * options.batch_positions / max(time.monotonic() - start, 1e-9)
-            bar.update(task, completed=step, stats=f"loss {loss:.3f}  top-1 {top1:.3f}  ~{rate:.0f} positions/s")
-            if time.monotonic() - last_save > 60 * checkpoint_minutes:
+            nonlocal last_save, last_line
+            now = time.monotonic()
+            rate = step * options.batch_positions / max(now - start, 1e-9)
+            stats = f"loss {loss:.3f}  top-1 {top1:.3f}  ~{rate:.0f} positions/s"
+            if bar is not None:
+                bar.update(task, completed=step, stats=stats)
+            elif step == 1 or now - last_line >= progress.LINE_EVERY_S or step == total:
+                print(f"verispec: training the head · step {step}{'' if total is None else f'/{total}'} · {stats} ({now - start:.0f} s)",
+                      file=sys.stderr, flush=True)
+                last_line = now
+            if now - last_save > 60 * checkpoint_minutes:
                 head.save(out)
                 last_save = time.monotonic()
 

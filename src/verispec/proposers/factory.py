@@ -28,6 +28,8 @@ from verispec.runners.eagle_head import EagleHead
 # --draft-quantization: the runner each one needs (None: any); "gguf" ones are re-quantizations the
 # gguf runner applies as it loads (auto picks one when the runner is gguf)
 DRAFT_QUANTIZATIONS = {"auto": None, "none": None, "int8": "torch", "q4_0": "gguf", "iq4_nl": "gguf"}
+HEAD_QUANTIZATIONS = ("auto", "none", "q8_0", "iq4_nl")  # of an EAGLE head's linear layers (runners/eagle_blocks.py)
+AUTO_HEAD_QUANTIZATION = "q8_0"  # "auto" over the gguf runner (measured: see DrafterOptions.head_quantization)
 
 DEFAULT_LAYER_SKIP_FRACTION = 4  # layer skip drafts with the first 1/4 of the target's layers
 
@@ -71,6 +73,10 @@ class DrafterOptions:
             changes (the target verifies).
         eagle_head: an EAGLE-3 head file (``verispec train-head``; :class:`verispec.runners.eagle_head.EagleHead`)
             for the ``eagle`` drafter over the target runner's own features; None: no ``eagle``.
+        head_quantization: the head's linear layers at inference: ``none`` (float32, torch),
+            ``q8_0`` or ``iq4_nl`` (GGUF blocks run by the gguf kernels), ``auto``
+            (:data:`AUTO_HEAD_QUANTIZATION` over the gguf runner, else none). Changes only what
+            the head drafts, never the output (the target verifies).
     Raises:
         InvalidParameterError: an unknown quantization, a negative layer count, bad tree choices
             or a window below 1.
@@ -83,8 +89,13 @@ class DrafterOptions:
     tree_choices: tuple[tuple[int, ...], ...] | None = None
     draft_context_window: int | None = 64
     eagle_head: str | Path | None = None
+    head_quantization: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.head_quantization not in HEAD_QUANTIZATIONS:
+            raise InvalidParameterError(
+                f"unknown head quantization {self.head_quantization!r}; choose one of {', '.join(HEAD_QUANTIZATIONS)}"
+            )
         if self.draft_context_window is not None and self.draft_context_window < 1:
             raise InvalidParameterError(f"draft_context_window must be >= 1 or None, got {self.draft_context_window}")
         if self.tree_choices is not None:
@@ -120,11 +131,27 @@ def build_drafters(
         if target_runner is None or not hasattr(target_runner, "capture_features"):
             kind = type(target_runner).__name__ if target_runner is not None else "no runner"
             raise InvalidParameterError(f"--eagle-head needs a runner that hands out the target's features (gguf, int8, torch), not {kind}")
-        proposers["eagle"] = EagleProposer(EagleHead.load(options.eagle_head, target_runner))
+        head = EagleHead.load(options.eagle_head, target_runner)
+        quantization = head_quantization_for(options.head_quantization, target_runner)
+        if quantization != "none":
+            from verispec.runners.eagle_blocks import quantize_head_
+
+            quantize_head_(head, quantization)
+        proposers["eagle"] = EagleProposer(head)
     layer_skip = layer_skip_drafter(target, options.layer_skip_layers)
     if layer_skip is not None:
         proposers["layer-skip"] = layer_skip
     return proposers
+
+
+def head_quantization_for(choice: str, target_runner: Runner) -> str:
+    """``choice`` with ``auto`` resolved: :data:`AUTO_HEAD_QUANTIZATION` when ``target_runner``
+    is the gguf runner (its kernels are built and the CPU is bandwidth-bound), else ``none``."""
+    if choice != "auto":
+        return choice
+    from verispec.runners.gguf_runner import GGUFRunner
+
+    return AUTO_HEAD_QUANTIZATION if isinstance(target_runner, GGUFRunner) else "none"
 
 
 def layer_skip_drafter(target: LoadedModel, num_layers: int | None) -> LayerSkipProposer | None:

@@ -280,7 +280,7 @@ class EagleHead(nn.Module):
         """``fc`` over the target's concatenated features ``[T, layers * hidden]`` -> ``[T, hidden]``."""
         if features.dim() != 2 or features.shape[1] != self.fc.in_features:
             raise InvalidParameterError(f"features must be [rows, {self.fc.in_features}], got {list(features.shape)}")
-        return self.fc(features.to(self.fc.weight.dtype))
+        return self.fc(features.to(self.norm.weight.dtype))  # fc may be a block-quantized layer (eagle_blocks)
 
     def logits(self, hidden: Tensor) -> Tensor:
         """float32 ``[T, draft_vocab_size]`` scores of the draft rows from the layer's output."""
@@ -364,7 +364,7 @@ class EagleHead(nn.Module):
         num_new, cached = ids.numel(), self.num_cached_tokens
         if (features is None) == (hidden is None):
             raise InvalidParameterError("pass exactly one of features (the target's) and hidden (the head's own)")
-        hidden = self.fuse(features) if features is not None else hidden.to(self.fc.weight.dtype)
+        hidden = self.fuse(features) if features is not None else hidden.to(self.norm.weight.dtype)
         if num_new == 0 or hidden.shape != (num_new, self.shape.hidden_size):
             raise InvalidParameterError(
                 f"need one [{self.shape.hidden_size}] input row per token; got {num_new} tokens, {list(hidden.shape)}"
