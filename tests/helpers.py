@@ -47,6 +47,16 @@ def tiny_qwen2(seed: int, vocab_size: int = VOCAB, num_layers: int = 2) -> Qwen2
     return model.eval()
 
 
+def greedy_continuations(model: Qwen2ForCausalLM, seed: int, num: int = 48, prompt_tokens: int = 4, new_tokens: int = 28) -> list[list[int]]:
+    """``num`` sequences: random ``prompt_tokens``-token prompts and ``model``'s greedy continuation
+    of ``new_tokens`` tokens (its own outputs: what an EAGLE head trains on)."""
+    ids = torch.randint(0, model.config.vocab_size, (num, prompt_tokens), generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        for _ in range(new_tokens):
+            ids = torch.cat([ids, model(input_ids=ids).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    return ids.tolist()
+
+
 def perturbed_copy(model: Qwen2ForCausalLM, noise: float, seed: int) -> Qwen2ForCausalLM:
     """The same model with Gaussian noise on every weight: a draft that agrees sometimes."""
     copy = Qwen2ForCausalLM(model.config)

@@ -7,33 +7,15 @@ import copy
 import pytest
 import torch
 from gguf_models import write_gguf_model
-from helpers import VOCAB, tiny_qwen2
-from test_eagle_drafter import GREEDY, PROMPTS, engine_with, generate_all, gguf_head
+from helpers import VOCAB
+from test_eagle_drafter import engine_with, generate_all, gguf_head, target, trained_head  # noqa: F401 (fixtures)
 from torch import nn
 
 from verispec.errors import InvalidParameterError
-from verispec.ops.train_head import TrainOptions, train_head
 from verispec.proposers.factory import DrafterOptions, build_drafters
 from verispec.runners.eagle_blocks import HEAD_LINEARS, BlockLinear, quantize_head_
-from verispec.runners.eagle_head import EagleHead
 from verispec.runners.gguf_runner import GGUFRunner
 from verispec.runners.int8 import Int8Runner
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_qwen2(0)
-
-
-@pytest.fixture(scope="module")
-def trained_head(target):
-    ids = torch.randint(0, VOCAB, (48, 4), generator=torch.Generator().manual_seed(11))
-    with torch.no_grad():
-        for _ in range(28):
-            ids = torch.cat([ids, target(input_ids=ids).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
-    head = EagleHead.from_target(target, seed=0)
-    train_head(head, target, ids.tolist(), TrainOptions(steps=60, lr=3e-3, batch_positions=128, held_out=0.0, seed=0))
-    return head
 
 
 def relative_error(got, want):
@@ -87,7 +69,6 @@ def test_bad_quantization_requests_are_refused(trained_head):
     odd.fc = nn.Linear(100, 32)
     with pytest.raises(InvalidParameterError, match="not a multiple of 32"):
         quantize_head_(odd, "q8_0")
-    assert GREEDY.max_tokens == 40 and len(PROMPTS) == 4
 
 
 def test_the_factory_quantizes_the_head_over_the_gguf_runner_only(tmp_path):

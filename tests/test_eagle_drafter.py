@@ -8,7 +8,7 @@ import torch
 from gguf_models import HIDDEN as GGUF_HIDDEN
 from gguf_models import VOCAB as GGUF_VOCAB
 from gguf_models import write_gguf_model
-from helpers import VOCAB, BigramRunner, CharTokenizer, default_pieces, single_thread, tiny_qwen2  # noqa: F401
+from helpers import VOCAB, BigramRunner, CharTokenizer, default_pieces, greedy_continuations, single_thread, tiny_qwen2  # noqa: F401
 from test_engine import sequence_distribution
 from torch import nn
 
@@ -37,12 +37,8 @@ def target():
 @pytest.fixture(scope="module")
 def trained_head(target):
     """A head trained 60 steps on the target's own greedy continuations of random prompts."""
-    ids = torch.randint(0, VOCAB, (48, 4), generator=torch.Generator().manual_seed(11))
-    with torch.no_grad():
-        for _ in range(28):
-            ids = torch.cat([ids, target(input_ids=ids).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
     head = EagleHead.from_target(target, seed=0)
-    train_head(head, target, ids.tolist(), TrainOptions(steps=60, lr=3e-3, batch_positions=128, held_out=0.0, seed=0))
+    train_head(head, target, greedy_continuations(target, seed=11), TrainOptions(steps=60, lr=3e-3, batch_positions=128, held_out=0.0, seed=0))
     return head
 
 

@@ -4,7 +4,7 @@ unroll against inference, learning, determinism, save/load."""
 
 import pytest
 import torch
-from helpers import VOCAB, single_thread, tiny_qwen2  # noqa: F401 (single_thread: autouse fixture, one thread)
+from helpers import VOCAB, greedy_continuations, single_thread, tiny_qwen2  # noqa: F401 (single_thread: autouse fixture, one thread)
 from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 
 from verispec.errors import InvalidParameterError
@@ -28,11 +28,7 @@ def target():
 @pytest.fixture(scope="module")
 def sequences(target):
     """48 greedy continuations (28 tokens) of random 4-token prompts: the target's own outputs."""
-    ids = torch.randint(0, VOCAB, (48, 4), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        for _ in range(28):
-            ids = torch.cat([ids, target(input_ids=ids).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
-    return ids.tolist()
+    return greedy_continuations(target, seed=1)
 
 
 @pytest.fixture(scope="module")
