@@ -124,7 +124,9 @@ def generate_all(
 ) -> list[list[int]]:
     """The output token ids of every prompt, run together through a :class:`Scheduler` (the
     lossless ``auto`` method: the outputs are the target's own); ``params(i)`` for prompt ``i``.
-    Prompts the engine refuses (over the context) give an empty output."""
+    An output that ended its turn ends with the EOS token (the engine's first: outputs leave it
+    out, and a head must learn to draft it); one cut at ``max_tokens`` does not. Prompts the
+    engine refuses (over the context) give an empty output."""
     scheduler = Scheduler(engine, max_num_seqs=max_num_seqs if engine.supports_batching else 1)
     spec = SpeculativeConfig(method="auto", num_speculative_tokens=4, schedule="cost")
     requests, outputs = {}, [[] for _ in prompts]
@@ -137,7 +139,8 @@ def generate_all(
     while scheduler.running or scheduler.waiting:
         for request, chunk in scheduler.step():
             if chunk.output is not None:
-                outputs[request.tag] = list(chunk.output.token_ids)
+                ended_turn = chunk.output.finish_reason == "stop" and engine.eos_token_ids
+                outputs[request.tag] = list(chunk.output.token_ids) + ([engine.eos_token_ids[0]] if ended_turn else [])
                 done += 1
                 if on_done is not None:
                     on_done(done)
