@@ -178,26 +178,37 @@ def _train(head, model, data, options, out: Path, checkpoint_minutes: float):
                TimeElapsedColumn())
     bar = Progress(*columns, console=err) if err.is_terminal else None
     with bar if bar is not None else nullcontext():
+        reading = bar.add_task("the target reading the data", total=None, stats="") if bar is not None else None
         task = bar.add_task("training the head", total=total, stats="") if bar is not None else None
-        start = time.monotonic()
+        start = train_start = time.monotonic()
 
         def on_step(step: int, loss: float, top1: float) -> None:
             nonlocal last_save, last_line
             now = time.monotonic()
-            rate = step * options.batch_positions / max(now - start, 1e-9)
+            rate = step * options.batch_positions / max(now - train_start, 1e-9)
             stats = f"loss {loss:.3f}  top-1 {top1:.3f}  ~{rate:.0f} positions/s"
             if bar is not None:
                 bar.update(task, completed=step, stats=stats)
             elif step == 1 or now - last_line >= progress.LINE_EVERY_S or step == total:
-                print(f"verispec: training the head · step {step}{'' if total is None else f'/{total}'} · {stats} ({now - start:.0f} s)",
+                print(f"verispec: training the head · step {step}{'' if total is None else f'/{total}'} · {stats} ({now - train_start:.0f} s)",
                       file=sys.stderr, flush=True)
                 last_line = now
             if now - last_save > 60 * checkpoint_minutes:
                 head.save(out)
                 last_save = time.monotonic()
 
+        def on_teacher(done: int, total: int) -> None:  # before training: one float32 forward per sequence
+            nonlocal last_line, train_start
+            now = train_start = time.monotonic()
+            if bar is not None:
+                bar.update(reading, completed=done, total=total)
+            elif done in (1, total) or now - last_line >= progress.LINE_EVERY_S:
+                print(f"verispec: the target reading the data (its features and distributions) {done}/{total} ({now - start:.0f} s)",
+                      file=sys.stderr, flush=True)
+                last_line = now
+
         try:
-            return run(head, model, data.sequences, options, on_step=on_step)
+            return run(head, model, data.sequences, options, on_step=on_step, on_teacher=on_teacher)
         except KeyboardInterrupt:
             head.save(out)
             err.print(f"interrupted: the head so far is in {out}; continue with --resume")

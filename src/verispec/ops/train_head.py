@@ -273,6 +273,7 @@ def train_head(
     sequences: Sequence[Sequence[int]],
     options: TrainOptions | None = None,
     on_step: Callable[[int, float, float], None] | None = None,
+    on_teacher: Callable[[int, int], None] | None = None,
 ) -> TrainReport:
     """Train ``head`` (in place, AdamW) to draft what ``target`` would say (EAGLE-3 §3).
 
@@ -282,6 +283,8 @@ def train_head(
         sequences: token id lists (length >= 2 used, others skipped), e.g. the target's own
             outputs; a seeded ``held_out`` fraction is kept out of training.
         on_step: called after each optimiser step with ``(step, loss, top1)`` (1-based step).
+        on_teacher: called with ``(done, total)`` as the target reads each sequence (before the
+            budget starts: one float32 forward per sequence, minutes on a CPU for a real target).
     Returns:
         :class:`TrainReport`. Deterministic for a fixed seed and a ``steps`` budget.
     Raises:
@@ -298,7 +301,11 @@ def train_head(
     num_held = round(len(usable) * options.held_out)
     if len(usable) - num_held < 1:
         raise InvalidParameterError("train_head needs at least one training sequence of two or more tokens")
-    teachers = [teacher(target, s, head.shape.feature_layers) for s in usable]
+    teachers = []
+    for sequence in usable:
+        teachers.append(teacher(target, sequence, head.shape.feature_layers))
+        if on_teacher is not None:
+            on_teacher(len(teachers), len(usable))
     target_head = target_draft_head(target, head.d2t)
     held_groups = batches(windows_of(teachers, sorted(order[:num_held]), options.window), options.batch_positions)
     train_windows = windows_of(teachers, sorted(order[num_held:]), options.window)
