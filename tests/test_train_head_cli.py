@@ -40,7 +40,7 @@ def tokens(target, head, method):
 
 def test_train_then_draft_then_resume(files):
     folder, target = files
-    out = folder / "head.pt"
+    out = folder / "head.gguf"
     result = train(folder, target, out)
     assert result.exit_code == 0, result.output
     assert "held-out top-1 agreement" in result.output and (folder / "head.png").stat().st_size > 0

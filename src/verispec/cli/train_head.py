@@ -20,7 +20,7 @@ DEFAULT_MAGPIE = 256  # self-generated instructions when no --prompts file is gi
 
 def train_head(
     ctx: typer.Context,
-    out: Path = typer.Option(..., help="Head file to write (and to continue with --resume)."),
+    out: Path = typer.Option(..., help="Head file to write (and to continue with --resume): .gguf (GGUF, architecture eagle3), else a torch file."),
     target: str = target_option("The target the head drafts for (built-in name, .gguf file, HF directory)."),
     prompts: Optional[List[Path]] = typer.Option(None, help="JSONL prompts of your own traffic ('prompt' or 'turns' per line; repeatable). Benchmark prompts are refused."),
     magpie: Optional[int] = typer.Option(None, min=0, help=f"Instructions the target writes itself (Magpie) and then answers (default: {DEFAULT_MAGPIE} without --prompts, else 0)."),

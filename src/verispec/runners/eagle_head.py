@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from verispec.errors import InvalidParameterError, ModelIntegrityError, ModelNotFoundError
+from verispec.runners.eagle_file import is_gguf, read_head_gguf, write_head_gguf
 from verispec.runners.features import default_feature_layers
 from verispec.runners.reduced_vocab import choose_draft_vocabulary  # noqa: F401  (the head's vocabulary, re-exported)
 
@@ -223,10 +224,21 @@ class EagleHead(nn.Module):
         return {"architecture": "eagle3", **asdict(self.shape), "feature_layers": list(self.shape.feature_layers)}
 
     def save(self, path: str | Path) -> None:
-        """Write ``{"config", "state_dict", "training"}`` with ``torch.save`` (no embedding, no KV
-        cache; ``training``: :attr:`training_record`, how it was trained: command, seed, data manifest), atomically (a temporary file
-        beside ``path``, then a rename), so a crash mid-write leaves the previous file whole."""
+        """Write the head (no embedding, no KV cache) with :attr:`training_record` (how it was
+        trained: command, seed, data manifest), atomically (a temporary file beside ``path``,
+        then a rename), so a crash mid-write leaves the previous file whole. A ``.gguf`` path
+        gets GGUF (:mod:`verispec.runners.eagle_file`), any other ``torch.save`` of
+        ``{"config", "state_dict", "training"}``.
+
+        Raises:
+            InvalidParameterError: the head was quantized for inference (its float weights are gone).
+        """
+        if getattr(self, "quantization", None):
+            raise InvalidParameterError(f"this head was quantized to {self.quantization} for inference; save the float head")
         path = Path(path)
+        if path.suffix == ".gguf":
+            write_head_gguf(path, self.config, self.state_dict(), self.training_record)
+            return
         partial = path.with_name(path.name + ".partial")
         torch.save({"config": self.config, "state_dict": self.state_dict(), "training": self.training_record}, partial)
         os.replace(partial, path)
@@ -247,10 +259,15 @@ class EagleHead(nn.Module):
         if not path.is_file():
             raise ModelNotFoundError(f"no EAGLE head at {path}")
         try:
-            stored = torch.load(path, map_location="cpu", weights_only=True)
-            fields = {k: v for k, v in stored["config"].items() if k != "architecture"}
+            if is_gguf(path):
+                config, state, training = read_head_gguf(path)
+            else:
+                stored = torch.load(path, map_location="cpu", weights_only=True)
+                config, state, training = stored["config"], stored["state_dict"], stored.get("training")
+            fields = {k: v for k, v in config.items() if k != "architecture"}
             shape = HeadShape(**{**fields, "feature_layers": tuple(fields["feature_layers"])})
-            state = stored["state_dict"]
+        except ModelIntegrityError:
+            raise
         except Exception as exc:  # torch raises many kinds for a damaged file
             raise ModelIntegrityError(f"{path} is not a readable EAGLE head ({type(exc).__name__}: {exc})") from exc
         mismatched = [
@@ -269,7 +286,7 @@ class EagleHead(nn.Module):
             head.load_state_dict(state)
         except RuntimeError as exc:
             raise ModelIntegrityError(f"{path}: its weights do not fit its own config ({exc})") from exc
-        head.training_record = dict(stored.get("training") or {})
+        head.training_record = dict(training or {})
         return head
 
     def draft_to_target(self, draft_ids: Tensor) -> Tensor:
