@@ -12,6 +12,8 @@ speculation accepts some tokens and rejects others.
 
 from __future__ import annotations
 
+import json
+
 import socket
 import threading
 import time
@@ -284,3 +286,14 @@ def save_checkpoint(directory, model, tokenizer):
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
+
+
+def save_tiny_pair(root, prompts) -> object:
+    """The bigram pair saved as Hugging Face checkpoint folders ``root/target`` and ``root/draft``
+    (so the CLI loads it by path) and ``prompts`` (dicts) as ``root/prompts.jsonl``; returns ``root``."""
+    tokenizer = build_tokenizer()
+    for name, table, seed in (("target", successor_table(tokenizer), 0), ("draft", successor_table(tokenizer, num_changed=2), 1)):
+        bigram_qwen2(tokenizer, table, seed=seed).save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+    (root / "prompts.jsonl").write_text("\n".join(json.dumps(p) for p in prompts) + "\n")
+    return root

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 import verispec.progress as progress
 from gguf_models import MIXED, write_gguf_model
 from helpers import single_thread  # noqa: F401  (fixture)
-from server_support import bigram_qwen2, build_tokenizer, successor_table, tiny_pipeline
+from server_support import save_tiny_pair, tiny_pipeline
 from verispec.cli import app
 from verispec.ops.bench.command import run_and_report
 from verispec.ops.bench.run import BenchConfig
@@ -76,13 +76,7 @@ def test_steps_say_what_runs_after_the_last_step(capsys):
 
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("models")
-    tokenizer = build_tokenizer()
-    for name, table, seed in (("target", successor_table(tokenizer), 0), ("draft", successor_table(tokenizer, num_changed=2), 1)):
-        bigram_qwen2(tokenizer, table, seed=seed).save_pretrained(root / name)
-        tokenizer.save_pretrained(root / name)
-    (root / "prompts.jsonl").write_text("\n".join(json.dumps(p) for p in PROMPTS[:2]) + "\n")
-    return root
+    return save_tiny_pair(tmp_path_factory.mktemp("models"), PROMPTS[:2])
 
 
 def test_cli_bench_json_stdout_stays_json(model_dirs):

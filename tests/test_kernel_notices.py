@@ -7,6 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gguf_models import MIXED, perturbed_copy, write_gguf_model
+from test_gguf_cli import generate_json, home  # noqa: F401  (home: autouse fixture, a VERISPEC_HOME per test)
 from verispec.cli import app
 from verispec.models.cache_files import read_checked
 from verispec.runners.kernels import gguf_kernels, kernel_isa
@@ -21,17 +22,6 @@ def files(tmp_path_factory):
     return {"target": target, "draft": perturbed_copy(target, directory / "draft.gguf", "output.weight", 0.3)}
 
 
-@pytest.fixture(autouse=True)
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("VERISPEC_HOME", str(tmp_path))
-    return tmp_path
-
-
-def generate_json(files, *extra):
-    args = ["generate", "ab!c", "--target", str(files["target"]), "--draft", str(files["draft"]), "--json", "--max-tokens", "16"]
-    result = cli.invoke(app, args + list(extra))
-    assert result.exit_code == 0, result.output
-    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def test_json_and_the_cost_cache_name_the_kernel_path(files, home, monkeypatch):

@@ -217,3 +217,12 @@ def test_cost_curves_are_cached_per_kernel_path(tmp_path, target_model, monkeypa
     other = "int_mm" if int8_ops.default_kernel() == "onednn" else "onednn"
     monkeypatch.setattr(int8_ops, "default_kernel", lambda: other)
     assert cached_curve("target", None, "int8") is None  # another kernel path: measured anew
+
+
+def test_cached_auto_choice_without_candidates_is_the_torch_runner(monkeypatch, tmp_path):
+    """An AVX2-only CPU (int8 left out) and a model no other runner loads: no candidate, so the
+    torch runner, as resolve_auto; it used to raise 'no runner to choose from' (bench --runner auto)."""
+    import verispec.runners.select as select
+
+    monkeypatch.setattr(select, "auto_candidates", lambda path, device="cpu": [])
+    assert select.cached_auto_choice("m", None, speculative=True, draft=("d", None), cache=select.CostCache(tmp_path)) == "torch"

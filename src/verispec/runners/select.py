@@ -368,7 +368,8 @@ def cached_curve(name: str, path: Path | None, kind: str, cache: CostCache | Non
 
 def cached_auto_choice(name: str, path: Path | None, *, speculative: bool, device: str = "cpu",
                        draft: tuple[str, Path | None] | None = None, cache: CostCache | None = None) -> str | None:
-    """What ``auto`` would pick from cached curves alone; None when a candidate's curve is missing."""
+    """What ``auto`` would pick from cached curves alone; None when a candidate's curve is missing;
+    ``"torch"`` when there is no candidate (as :func:`resolve_auto`)."""
     cache = cache or CostCache()
     targets, drafts = {}, {}
     for kind in auto_candidates(path, device):
@@ -381,4 +382,6 @@ def cached_auto_choice(name: str, path: Path | None, *, speculative: bool, devic
             if draft_curve is None:
                 return None
             drafts[kind] = draft_curve
+    if not targets:  # no candidate on this CPU (int8 left out, no llama.cpp): resolve_auto's fallback
+        return "torch"
     return choose_runner(targets, drafts if speculative else None)
