@@ -76,7 +76,10 @@ class DrafterOptions:
         head_quantization: the head's linear layers at inference: ``none`` (float32, torch),
             ``q8_0`` or ``iq4_nl`` (GGUF blocks run by the gguf kernels), ``auto``
             (:data:`AUTO_HEAD_QUANTIZATION` over the gguf runner, else none). Changes only what
-            the head drafts, never the output (the target verifies).
+            the head drafts, never the output (the target verifies). Measured on an AVX2 host
+            (AMD EPYC, 2 cores; the 1.5B target's shapes, 32000 draft rows, one drafted row after
+            64 cached, alone): float32 25.93 ms a row (0.398 of the target's 65.1 ms k = 1 pass),
+            Q8_0 5.94 ms (0.091), IQ4_NL 4.40 ms (0.068).
     Raises:
         InvalidParameterError: an unknown quantization, a negative layer count, bad tree choices
             or a window below 1.
