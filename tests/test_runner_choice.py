@@ -27,6 +27,16 @@ def curve(name, ms):
     return CostCurve(name, "m", dict(zip((1, 2, 4, 8, 16), ms)))
 
 
+
+@pytest.fixture
+def exact_int8_cpu(monkeypatch):
+    """These tests are about auto's caching, not the host: make int8 a candidate as on a CPU whose
+    int8 kernel is exact (AVX-512 VNNI); on an AVX2-only host auto leaves int8 out (said once)."""
+    import verispec.runners.select as select
+
+    monkeypatch.setattr(select, "int8_warning", lambda *, auto: None)
+
+
 def test_measure_cost_curve_times_each_k_and_leaves_the_cache_empty():
     runner = BigramRunner(torch.zeros(50, 50), max_context_length=128)
     measured = measure_cost_curve(runner, runner_name="bigram", model="x", repeats=5, warmup=1)
@@ -68,7 +78,7 @@ def test_seed_cost_model_gives_the_controller_verify_costs():
     assert model.verify_s[0] == pytest.approx(0.036) and model.verify_s[7] == pytest.approx(0.056)
 
 
-def test_resolve_auto_measures_once_then_uses_the_cache(tmp_path, target_model):
+def test_resolve_auto_measures_once_then_uses_the_cache(tmp_path, target_model, exact_int8_cpu):
     built = []
 
     def build(kind):
@@ -99,7 +109,7 @@ def test_pipeline_with_int8_runner_is_exact(target_model, tmp_path, monkeypatch)
         assert out.token_ids == plain, method
 
 
-def test_pipeline_auto_resolves_and_caches(target_model, tmp_path, monkeypatch):
+def test_pipeline_auto_resolves_and_caches(target_model, tmp_path, monkeypatch, exact_int8_cpu):
     monkeypatch.setenv("VERISPEC_HOME", str(tmp_path))
     pipe = SpeculativePipeline(loaded("target", target_model), None, runners=RunnerOptions(kind="auto"))
     assert pipe.runner_kind == "int8"  # CPU, no GGUF file: int8 is the only fast candidate
@@ -205,7 +215,7 @@ def test_auto_leaves_out_int8_where_its_fast_kernel_is_not_exact(target_model, t
     assert "--runner gguf is the fast exact runner" in capsys.readouterr().err
 
 
-def test_cost_curves_are_cached_per_kernel_path(tmp_path, target_model, monkeypatch):
+def test_cost_curves_are_cached_per_kernel_path(tmp_path, target_model, monkeypatch, exact_int8_cpu):
     from verispec.runners import int8_ops
     from verispec.runners.select import cached_curve
 
