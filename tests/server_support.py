@@ -29,7 +29,13 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from verispec.models.loading import LoadedModel
 from verispec.engine.loader import SpeculativePipeline
+from verispec.engine import SpeculativeConfig
 from verispec.server import create_app
+
+# the test servers' default speculation: the draft model at the constant schedule's k = 5 (the
+# default cost schedule's draft lengths depend on each engine's measured times, so two engines'
+# drafts would differ; their tokens never do)
+FIXED_DRAFT = SpeculativeConfig(method="draft", schedule="constant")
 
 CYCLE_TEXT = "Hello 你好🙂世界é!"
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -255,8 +261,10 @@ MAX_BODY_BYTES = 64 * 1024
 
 @pytest.fixture(scope="session")
 def served():
-    """The shared server over the tiny pair: cap 64 tokens, 16 queued requests, 64 KiB bodies."""
-    app = create_app(tiny_pipeline(), max_tokens_cap=MAX_TOKENS_CAP, max_queue=16, max_body_bytes=MAX_BODY_BYTES)
+    """The shared server over the tiny pair: cap 64 tokens, 16 queued requests, 64 KiB bodies,
+    draft lengths fixed (:data:`FIXED_DRAFT`) so its usage figures equal the reference engine's."""
+    app = create_app(tiny_pipeline(), max_tokens_cap=MAX_TOKENS_CAP, max_queue=16, max_body_bytes=MAX_BODY_BYTES,
+                     default_spec=FIXED_DRAFT)
     with LiveServer(app) as server:
         wait_ready(server.url)
         yield server

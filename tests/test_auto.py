@@ -216,7 +216,7 @@ def test_without_catch_up_pricing_the_draft_drafts_from_the_first_step():
 def test_user_chosen_draft_lengths_draft_whatever_the_prefill_costs():
     engine = frozen_cycle_engine([8] * 4)
     params = SamplingParams(max_tokens=8)
-    out = engine.generate(NO_REPEATS, params, SpeculativeConfig(method="draft", num_speculative_tokens=4))
+    out = engine.generate(NO_REPEATS, params, SpeculativeConfig(method="draft", num_speculative_tokens=4, schedule="constant"))
     assert out.token_sources[1] == "draft"  # the constant schedule is the user's choice, not priced
 
 
@@ -242,7 +242,7 @@ class SlowCatchUpProposer(DraftModelProposer):
 
 def test_a_catch_up_is_timed_beyond_the_steady_cost():
     engine = cycle_engine(SlowCatchUpProposer)
-    spec = SpeculativeConfig(method="draft", num_speculative_tokens=2)
+    spec = SpeculativeConfig(method="draft", num_speculative_tokens=2, schedule="constant")
     engine.generate(NO_REPEATS, SamplingParams(max_tokens=8), spec)
     assert "draft" not in engine.cost_model.catch_up_s  # the first request's first proposal: no steady cost yet
     assert engine.cost_model.draft_token_s["draft"] < 0.005  # steady proposals feed 1-2 tokens: no sleep
@@ -263,7 +263,7 @@ def test_a_draft_whose_steps_emit_a_small_share_of_the_answer_does_not_pay_its_p
 
 def test_coverage_is_recorded_for_users_requests_only():
     engine = cycle_engine()
-    spec = SpeculativeConfig(method="draft", num_speculative_tokens=2)
+    spec = SpeculativeConfig(method="draft", num_speculative_tokens=2, schedule="constant")
     engine.generate(NO_REPEATS, SamplingParams(max_tokens=8), spec, learn=False)
     assert engine.cost_model.coverage == {}
     out = engine.generate([1, 2, 3, 6, 5], SamplingParams(max_tokens=8), spec)  # the draft catches up on all 6

@@ -51,6 +51,22 @@ def test_an_unrated_alternative_is_tried_first():
     assert choices({"draft": 1.6}, 3) == ["tree"] * 3
 
 
+def test_a_weak_head_loses_its_steps_to_the_draft_model_once_both_are_rated():
+    costs = CostModel(verify_s={0: 1.0}, drafter_rate={"eagle": 0.6, "draft": 1.3, "tree": 1.1})
+    policy = DraftPolicy([("eagle", Fixed()), ("draft", Fixed()), ("tree", Fixed())], "constant", 2, costs,
+                         ControllerConfig(probe_interval=4))
+    steps = [policy.draft(None, 2).drafter for _ in range(12)]
+    # best first; every 4th choice one of the others (in turn) goes first for two steps
+    assert steps == ["draft"] * 3 + ["tree"] * 2 + ["draft"] * 2 + ["eagle"] * 2 + ["draft"] * 2 + ["tree"]
+
+
+def test_an_alternative_whose_schedule_sits_out_hands_the_step_to_the_next():
+    costs = CostModel(verify_s={0: 1.0}, drafter_rate={"eagle": 2.0, "draft": 1.2})
+    policy = DraftPolicy([("eagle", Fixed()), ("draft", Fixed())], "constant", 2, costs, ControllerConfig())
+    policy.schedules["eagle"].next_k = lambda batch_size=1: 0  # its cost model expects no gain
+    assert [policy.draft(None, 2).drafter for _ in range(3)] == ["draft"] * 3
+
+
 def test_steady_steps_record_the_rate():
     costs = CostModel(verify_s={0: 1.0})
     policy = DraftPolicy([("draft", Fixed()), ("tree", Fixed())], "constant", 2, costs, ControllerConfig())

@@ -69,7 +69,7 @@ def engine_with(runner, head, vocab):
 
 
 def generate_all(engine, method, params=GREEDY, k=4):
-    return [engine.generate(p, params, SpeculativeConfig(method=method, num_speculative_tokens=k)) for p in PROMPTS]
+    return [engine.generate(p, params, SpeculativeConfig(method=method, num_speculative_tokens=k, schedule="constant")) for p in PROMPTS]
 
 
 @pytest.mark.parametrize("kind", ["torch", "int8", "gguf"])
@@ -101,7 +101,7 @@ def test_batched_eagle_requests_equal_each_alone(target, trained_head):
     batch-invariant int8 runner give each one's plain output."""
     engine = engine_with(Int8Runner.from_module(target, max_context_length=128), trained_head.new_sequence(), VOCAB)
     alone = [engine.generate(p, GREEDY, SpeculativeConfig(method="none")) for p in PROMPTS]
-    spec = SpeculativeConfig(method="eagle", num_speculative_tokens=3)
+    spec = SpeculativeConfig(method="eagle", num_speculative_tokens=3, schedule="constant")
     states = [engine.start(p, GREEDY, spec, engine.new_slot()) for p in PROMPTS]
     while not all(s.finished for s in states):
         engine.step(states)
@@ -139,7 +139,7 @@ def test_sampled_eagle_sequences_follow_the_target_distribution(params):
     never drafts token 2 (outside its draft vocabulary), so those tokens are always recovered."""
     table = torch.tensor([[0.0, 1.0, 2.0, 0.5], [2.0, 0.0, 1.0, 1.5], [1.0, 1.0, 0.0, 2.0], [0.0, 2.0, 1.0, 0.0]])
     engine = engine_with(ToyFeatureRunner(table), toy_head(), 4)
-    spec = SpeculativeConfig(method="eagle", num_speculative_tokens=2)
+    spec = SpeculativeConfig(method="eagle", num_speculative_tokens=2, schedule="constant")
     counts, accepted, drafted, num_draws = {}, 0, 0, 20000
     for seed in range(num_draws):
         out = engine.generate([0], SamplingParams(**{**params.__dict__, "seed": seed}), spec)
@@ -188,8 +188,10 @@ def test_a_context_changed_under_the_heads_rows_restarts_it():
     assert proposer.head.num_cached_tokens == 0  # restarted: nothing of the old rows is attended
 
 
-def test_auto_drafts_with_the_head_when_the_lookup_fails():
-    assert drafter_order("auto", ["ngram", "suffix", "eagle", "draft"]) == ["suffix", "eagle"]
+def test_auto_drafts_with_the_head_or_the_draft_model_when_the_lookup_fails():
+    assert drafter_order("auto", ["ngram", "suffix", "eagle", "draft"]) == ["suffix", "eagle", "draft"]
+    assert drafter_order("auto", ["ngram", "eagle", "draft", "tree"], trees=True) == ["ngram", "eagle", "draft", "tree"]
+    assert drafter_order("auto", ["ngram", "eagle", "layer-skip"]) == ["ngram", "eagle"]
 
 
 def test_a_head_for_another_target_or_a_damaged_file_is_refused(target, trained_head, tmp_path, gguf_path):

@@ -27,7 +27,7 @@ def test_greedy_speculative_equals_plain(draft_kind, k, target_model, random_dra
     draft = {"target": target_model, "random": random_draft_model, "partial": partial_draft_model}[draft_kind]
     engine = make_engine(target_model, draft)
     for prompt, expected in zip(PROMPTS, plain_outputs):
-        out = engine.generate(prompt, GREEDY_40, SpeculativeConfig(num_speculative_tokens=k))
+        out = engine.generate(prompt, GREEDY_40, SpeculativeConfig(num_speculative_tokens=k, schedule="constant"))
         assert out.token_ids == expected
         rate = out.metrics.spec.acceptance_rate
         if draft_kind == "target":
@@ -38,7 +38,7 @@ def test_greedy_speculative_equals_plain(draft_kind, k, target_model, random_dra
 
 def test_partial_draft_is_really_partial(target_model, partial_draft_model):
     engine = make_engine(target_model, partial_draft_model)
-    stats = [engine.generate(p, GREEDY_40, SpeculativeConfig(num_speculative_tokens=2)).metrics.spec for p in PROMPTS]
+    stats = [engine.generate(p, GREEDY_40, SpeculativeConfig(num_speculative_tokens=2, schedule="constant")).metrics.spec for p in PROMPTS]
     accepted = sum(s.num_accepted_tokens for s in stats) / sum(s.num_draft_tokens for s in stats)
     assert 0.15 < accepted < 0.9
 
@@ -54,7 +54,7 @@ def test_plain_decoding_matches_transformers_generate(target_model):
 
 def test_speculative_counts_and_metrics(target_model):
     engine = make_engine(target_model, target_model)
-    out = engine.generate(PROMPTS[0], SamplingParams(max_tokens=21), SpeculativeConfig(num_speculative_tokens=4))
+    out = engine.generate(PROMPTS[0], SamplingParams(max_tokens=21), SpeculativeConfig(num_speculative_tokens=4, schedule="constant"))
     spec = out.metrics.spec
     # 1 token from prefill, then 4 steps of 4 accepted + 1 bonus = 21 tokens, 5 target forwards
     assert (len(out.token_ids), spec.num_drafts, spec.num_accepted_tokens, spec.num_bonus_tokens) == (21, 4, 16, 4)
@@ -65,7 +65,7 @@ def test_speculative_counts_and_metrics(target_model):
 
 def test_stream_chunks_concatenate_to_output(target_model, partial_draft_model):
     engine = make_engine(target_model, partial_draft_model)
-    chunks = list(engine.stream(PROMPTS[1], GREEDY_40, SpeculativeConfig(num_speculative_tokens=3)))
+    chunks = list(engine.stream(PROMPTS[1], GREEDY_40, SpeculativeConfig(num_speculative_tokens=3, schedule="constant")))
     output = chunks[-1].output
     assert "".join(c.text for c in chunks) == output.text
     assert list(itertools.chain.from_iterable(c.token_ids for c in chunks)) == output.token_ids
@@ -99,7 +99,7 @@ CHAIN = {1: 4, 4: 5, 5: 2, 2: 3, 3: 6, 6: 0}  # s -> x y E ND z <eos>
 def test_stops_inside_accepted_blocks(params, text, ids, reason):
     for method in ("none", "draft"):
         engine = bigram_engine(CHAIN, draft_next_of=CHAIN)
-        out = engine.generate([1], params, SpeculativeConfig(method=method, num_speculative_tokens=8))
+        out = engine.generate([1], params, SpeculativeConfig(method=method, num_speculative_tokens=8, schedule="constant"))
         assert (out.text, out.token_ids, out.finish_reason) == (text, ids, reason), method
         if method == "draft":
             assert out.metrics.num_target_forwards == 2  # prefill + one verify pass covered the block
@@ -108,7 +108,7 @@ def test_stops_inside_accepted_blocks(params, text, ids, reason):
 def test_context_window_ends_with_length():
     engine = bigram_engine({1: 4, 4: 4}, draft_next_of={1: 4, 4: 4}, max_context_length=6)
     for method in ("none", "draft"):
-        out = engine.generate([1, 1], SamplingParams(max_tokens=50), SpeculativeConfig(method=method))
+        out = engine.generate([1, 1], SamplingParams(max_tokens=50), SpeculativeConfig(method=method, schedule="constant"))
         assert out.token_ids == [4, 4, 4, 4] and out.finish_reason == "length"
 
 
@@ -117,7 +117,7 @@ def test_context_window_ends_with_length():
     [
         ([], SpeculativeConfig(method="none"), InvalidParameterError),  # empty prompt
         ([1] * 6, SpeculativeConfig(method="none"), ContextLengthError),  # prompt fills the window
-        ([1], SpeculativeConfig(method="draft"), InvalidParameterError),  # no drafter loaded
+        ([1], SpeculativeConfig(method="draft", schedule="constant"), InvalidParameterError),  # no drafter loaded
     ],
 )
 def test_request_errors(prompt, spec, error):
@@ -157,7 +157,7 @@ def test_sampled_sequences_follow_target_distribution(params):
         eos_token_ids=[],
         proposers={"draft": DraftModelProposer(BigramRunner(draft_table))},
     )
-    spec = SpeculativeConfig(num_speculative_tokens=4)
+    spec = SpeculativeConfig(num_speculative_tokens=4, schedule="constant")
     counts: dict = {}
     num_draws = 20000
     generator_params = params

@@ -130,7 +130,7 @@ def test_greedy_speculative_equals_plain(files, draft_kind, k):
     accepted = []
     for prompt in PROMPTS:
         expected = plain.generate(prompt, GREEDY_40, SpeculativeConfig(method="none")).token_ids
-        out = engine.generate(prompt, GREEDY_40, SpeculativeConfig(num_speculative_tokens=k))
+        out = engine.generate(prompt, GREEDY_40, SpeculativeConfig(num_speculative_tokens=k, schedule="constant"))
         assert out.token_ids == expected
         accepted.append(out.metrics.spec.acceptance_rate)
     if draft_kind == "target":
@@ -167,7 +167,7 @@ def test_greedy_tree_speculation_equals_plain(files, num_nodes):
     engine = SpeculativeEngine(target, pieces, eos_token_ids=(), proposers={"tree": drafter})
     for prompt in PROMPTS:
         expected = plain.generate(prompt, GREEDY_40, SpeculativeConfig(method="none")).token_ids
-        out = engine.generate(prompt, GREEDY_40, SpeculativeConfig(method="tree", num_speculative_tokens=num_nodes))
+        out = engine.generate(prompt, GREEDY_40, SpeculativeConfig(method="tree", num_speculative_tokens=num_nodes, schedule="constant"))
         assert out.token_ids == expected
 
 
@@ -257,7 +257,7 @@ def test_pipeline_auto_runs_gguf_files_on_the_gguf_runner(files, tmp_path, monke
     params = SamplingParams(max_tokens=24)
     plain = pipe.generate("ab!c", params, SpeculativeConfig(method="none"))
     for method in ("draft", "tree", "auto", "ngram"):
-        assert pipe.generate("ab!c", params, SpeculativeConfig(method=method, num_speculative_tokens=4)).token_ids == plain.token_ids
+        assert pipe.generate("ab!c", params, SpeculativeConfig(method=method, num_speculative_tokens=4, schedule="constant")).token_ids == plain.token_ids
 
 
 @pytest.mark.parametrize("quantization, draft_head", [("auto", T.IQ4_NL), ("q4_0", T.Q4_0), ("iq4_nl", T.IQ4_NL), ("none", T.Q6_K)])
@@ -273,7 +273,7 @@ def test_pipeline_with_a_q4_0_draft_gives_plain_output(files, tmp_path, monkeypa
     params = SamplingParams(max_tokens=24)
     plain = pipe.generate("ab!c", params, SpeculativeConfig(method="none"))
     for method in ("draft", "tree", "auto"):
-        assert pipe.generate("ab!c", params, SpeculativeConfig(method=method, num_speculative_tokens=4)).token_ids == plain.token_ids
+        assert pipe.generate("ab!c", params, SpeculativeConfig(method=method, num_speculative_tokens=4, schedule="constant")).token_ids == plain.token_ids
 
 
 @pytest.mark.parametrize(

@@ -81,7 +81,7 @@ def test_greedy_speculative_equals_plain(draft_kind, k, target_model, random_dra
     engine = SpeculativeEngine(int8_target, pieces, eos_token_ids=(), proposers={"draft": drafter})
     for prompt in PROMPTS:
         expected = plain.generate(prompt, GREEDY_40, SpeculativeConfig(method="none")).token_ids
-        out = engine.generate(prompt, GREEDY_40, SpeculativeConfig(num_speculative_tokens=k))
+        out = engine.generate(prompt, GREEDY_40, SpeculativeConfig(num_speculative_tokens=k, schedule="constant"))
         assert out.token_ids == expected
         if draft_kind == "target":
             assert out.metrics.spec.acceptance_rate == 1.0  # the target drafting for itself is always right
@@ -191,5 +191,5 @@ def test_greedy_tree_speculation_equals_plain(draft_kind, num_nodes, target_mode
     engine = SpeculativeEngine(int8_target, pieces, eos_token_ids=(), proposers={"tree": drafter})
     for prompt in PROMPTS:
         expected = plain.generate(prompt, GREEDY_40, SpeculativeConfig(method="none")).token_ids
-        out = engine.generate(prompt, GREEDY_40, SpeculativeConfig(method="tree", num_speculative_tokens=num_nodes))
+        out = engine.generate(prompt, GREEDY_40, SpeculativeConfig(method="tree", num_speculative_tokens=num_nodes, schedule="constant"))
         assert out.token_ids == expected

@@ -85,7 +85,7 @@ def plain_outputs(deep_target):
 def test_layer_skip_greedy_equals_plain(num_layers, k, deep_target, plain_outputs):
     engine = make_engine(deep_target, proposers={"layer-skip": LayerSkipProposer(deep_target, num_layers)})
     for prompt, expected in zip(PROMPTS, plain_outputs):
-        out = engine.generate(prompt, GREEDY_32, SpeculativeConfig(method="layer-skip", num_speculative_tokens=k))
+        out = engine.generate(prompt, GREEDY_32, SpeculativeConfig(method="layer-skip", num_speculative_tokens=k, schedule="constant"))
         assert out.token_ids == expected
         if num_layers == 4:
             assert out.metrics.spec.acceptance_rate == 1.0
@@ -96,7 +96,7 @@ def test_layer_skip_acceptance_grows_with_depth(deep_target):
     rates = []
     for num_layers in (1, 3, 4):
         engine = make_engine(deep_target, proposers={"layer-skip": LayerSkipProposer(deep_target, num_layers)})
-        stats = [engine.generate(p, GREEDY_32, SpeculativeConfig(method="layer-skip")).metrics.spec for p in PROMPTS]
+        stats = [engine.generate(p, GREEDY_32, SpeculativeConfig(method="layer-skip", schedule="constant")).metrics.spec for p in PROMPTS]
         rates.append(sum(s.num_accepted_tokens for s in stats) / sum(s.num_draft_tokens for s in stats))
     assert rates[0] <= rates[1] <= rates[2] == 1.0
 
@@ -105,7 +105,7 @@ def test_draft_stop_threshold_shortens_drafts(deep_target, plain_outputs):
     engine = make_engine(deep_target, proposers={"layer-skip": LayerSkipProposer(deep_target, 1)})
     drafted = {}
     for threshold in (0.0, 0.9):
-        spec = SpeculativeConfig(method="layer-skip", num_speculative_tokens=8, draft_stop_threshold=threshold)
+        spec = SpeculativeConfig(method="layer-skip", num_speculative_tokens=8, draft_stop_threshold=threshold, schedule="constant")
         outs = [engine.generate(p, GREEDY_32, spec) for p in PROMPTS]
         assert [o.token_ids for o in outs] == plain_outputs  # still lossless
         drafted[threshold] = sum(o.metrics.spec.num_draft_tokens for o in outs) / sum(o.metrics.spec.num_drafts for o in outs)

@@ -140,7 +140,7 @@ def test_greedy_speculative_equals_plain(draft_kind, k, gguf_files, llama_target
     engine = SpeculativeEngine(llama_target, pieces, eos_token_ids=(), proposers={"draft": drafter})
     for prompt in PROMPTS:
         expected = plain.generate(prompt, GREEDY_40, SpeculativeConfig(method="none")).token_ids
-        out = engine.generate(prompt, GREEDY_40, SpeculativeConfig(num_speculative_tokens=k))
+        out = engine.generate(prompt, GREEDY_40, SpeculativeConfig(num_speculative_tokens=k, schedule="constant"))
         assert out.token_ids == expected
         if draft_kind == "target":
             assert out.metrics.spec.acceptance_rate == 1.0  # the target drafting for itself is always right
@@ -183,6 +183,6 @@ def test_real_quantized_gguf_speculative_equals_plain():
     for _ in range(3):
         prompt = torch.randint(100, 20000, (20,), generator=generator).tolist()
         plain = engine.generate(prompt, SamplingParams(max_tokens=32), SpeculativeConfig(method="none")).token_ids
-        out = engine.generate(prompt, SamplingParams(max_tokens=32), SpeculativeConfig(num_speculative_tokens=5))
+        out = engine.generate(prompt, SamplingParams(max_tokens=32), SpeculativeConfig(num_speculative_tokens=5, schedule="constant"))
         assert out.token_ids == plain
         assert out.metrics.spec.acceptance_rate == 1.0

@@ -148,7 +148,7 @@ def test_greedy_ngram_tree_equals_plain(num_nodes, target_model, partial_draft_m
     ngram_only = make_engine(target_model, max_context_length=512)
     draft_runner = TransformersRunner(partial_draft_model, max_context_length=512)
     with_draft = make_engine(target_model, max_context_length=512, proposers={"tree": DraftTreeProposer(draft_runner, max_depth=4)})
-    spec = SpeculativeConfig(method="tree", num_speculative_tokens=num_nodes)
+    spec = SpeculativeConfig(method="tree", num_speculative_tokens=num_nodes, schedule="constant")
     for name, prompt in (("serving", SERVING), ("several", SEVERAL)):
         for engine in (ngram_only, with_draft):
             out = engine.generate(prompt, SamplingParams(max_tokens=24), spec)
@@ -191,7 +191,7 @@ def test_ngram_tree_sampling_through_the_engine_follows_target_distribution():
     ngram = NgramProposer(min_ngram=1, max_ngram=2)
     assert all(len(ngram.propose_tree(request(prompt + [t]), 6).children(0)) >= 2 for t in range(4))
     engine = SpeculativeEngine(BigramTreeRunner(target_table), CharTokenizer("abcd"), eos_token_ids=[], proposers={"ngram": ngram})
-    spec = SpeculativeConfig(method="tree", num_speculative_tokens=6)
+    spec = SpeculativeConfig(method="tree", num_speculative_tokens=6, schedule="constant")
     counts, tree_steps = {}, 0
     for seed in range(20000):
         out = engine.generate(prompt, SamplingParams(temperature=1.0, max_tokens=8, seed=seed), spec)

@@ -61,7 +61,7 @@ def test_int8_draft_greedy_equals_plain(k, target_model, int8_draft):
     rates = []
     for prompt in PROMPTS:
         expected = plain.generate(prompt, SamplingParams(max_tokens=24), SpeculativeConfig(method="none")).token_ids
-        out = engine.generate(prompt, SamplingParams(max_tokens=24), SpeculativeConfig(num_speculative_tokens=k))
+        out = engine.generate(prompt, SamplingParams(max_tokens=24), SpeculativeConfig(num_speculative_tokens=k, schedule="constant"))
         assert out.token_ids == expected
         rates.append(out.metrics.spec.acceptance_rate)
     assert min(rates) > 0.5  # the int8 copy of the target mostly agrees with it
@@ -91,7 +91,7 @@ def test_pipeline_quantizes_the_draft_and_builds_every_drafter(target_model):
     assert {"draft", "layer-skip", "ngram"} <= set(pipe.engine.proposers)
     assert not isinstance(target_model.lm_head, Int8Linear)  # the target is never quantized
     for method in ("draft", "ngram", "layer-skip", "auto"):
-        out = pipe.engine.generate([5, 17, 33, 5, 17], SamplingParams(max_tokens=8, ignore_eos=True), SpeculativeConfig(method=method))
+        out = pipe.engine.generate([5, 17, 33, 5, 17], SamplingParams(max_tokens=8, ignore_eos=True), SpeculativeConfig(method=method, schedule="constant"))
         assert len(out.token_ids) == 8
 
 

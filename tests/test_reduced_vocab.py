@@ -63,7 +63,7 @@ def test_greedy_with_reduced_draft_head_equals_plain(target_model, k):
     params = SamplingParams(max_tokens=30)
     for prompt in PROMPTS:
         plain = engine.generate(prompt, params, SpeculativeConfig(method="none")).token_ids
-        out = engine.generate(prompt, params, SpeculativeConfig(num_speculative_tokens=k))
+        out = engine.generate(prompt, params, SpeculativeConfig(num_speculative_tokens=k, schedule="constant"))
         assert out.token_ids == plain
         drafted_outside = [t for t in out.token_ids if t not in set(kept.tolist())]
         assert out.metrics.spec.acceptance_rate < 1.0 or not drafted_outside  # it cannot draft those
@@ -81,7 +81,7 @@ def test_sampling_with_reduced_draft_head_keeps_target_distribution(target_model
     target_probs = logits_to_probs(target.forward([first]), params)[0]
     seconds = []
     for seed in range(300):
-        out = engine.generate(prompt, SamplingParams(temperature=2.0, max_tokens=2, seed=seed), SpeculativeConfig(num_speculative_tokens=1))
+        out = engine.generate(prompt, SamplingParams(temperature=2.0, max_tokens=2, seed=seed), SpeculativeConfig(num_speculative_tokens=1, schedule="constant"))
         if out.token_ids[0] == first:
             seconds.append(out.token_ids[1])  # decided by verifying the draft's one token
     expected_odd = float(target_probs[1::2].sum())

@@ -13,7 +13,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from server_support import client, http, metric_value, reference, served  # noqa: F401
+from server_support import FIXED_DRAFT, client, http, metric_value, reference, served  # noqa: F401
 from verispec.engine import SpeculativeConfig
 from verispec.spec.sampling import SamplingParams
 
@@ -23,7 +23,7 @@ CHAT = [{"role": "user", "content": "你好"}]
 
 def expected(reference, prompt: str, *, chat: bool = False, spec: SpeculativeConfig | None = None, **params):
     ids = reference.encode(prompt, chat=chat)
-    return reference.engine.generate(ids, SamplingParams(**params), spec or SpeculativeConfig())
+    return reference.engine.generate(ids, SamplingParams(**params), spec or FIXED_DRAFT)
 
 
 def stream_completion(client, **kwargs):

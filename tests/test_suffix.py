@@ -105,7 +105,7 @@ def test_greedy_suffix_equals_plain_and_warms_across_requests(tree, k):
     engine = cycle_engine(tree=tree)
     params = SamplingParams(max_tokens=30)
     plain = engine.generate([6, 7], params, SpeculativeConfig(method="none")).token_ids
-    spec = SpeculativeConfig(method="suffix", num_speculative_tokens=k)
+    spec = SpeculativeConfig(method="suffix", num_speculative_tokens=k, schedule="constant")
     first = engine.generate([6, 7], params, spec)
     second = engine.generate([6, 7], params, spec)  # a returning user: the cache holds the first answer
     assert first.token_ids == plain and second.token_ids == plain
@@ -119,7 +119,7 @@ def test_auto_drafts_from_earlier_requests():
     params = SamplingParams(max_tokens=30)
     plain = cycle_engine().generate([6, 7], params, SpeculativeConfig(method="none")).token_ids
     engine = cycle_engine()  # the same models, an empty cache
-    spec = SpeculativeConfig(method="auto", num_speculative_tokens=8)
+    spec = SpeculativeConfig(method="auto", num_speculative_tokens=8, schedule="constant")
     first = engine.generate([6, 7], params, spec)
     second = engine.generate([6, 7], params, spec)
     assert first.token_ids == plain and second.token_ids == plain
@@ -130,7 +130,7 @@ def test_auto_drafts_from_earlier_requests():
 def test_a_drafter_loaded_under_two_names_learns_each_answer_once():
     suffix = SuffixProposer()
     engine = cycle_engine({"suffix": suffix, "ngram": suffix})  # auto drafts with it, method ngram too
-    out = engine.generate([6, 7], SamplingParams(max_tokens=12), SpeculativeConfig(method="auto", num_speculative_tokens=4))
+    out = engine.generate([6, 7], SamplingParams(max_tokens=12), SpeculativeConfig(method="auto", num_speculative_tokens=4, schedule="constant"))
     assert suffix.cache.num_sequences == 1 and suffix.cache.num_tokens == len(out.token_ids)
 
 
@@ -139,7 +139,7 @@ def test_suffix_batched_equals_alone(gguf_files):  # noqa: F811
     warm = SamplingParams(max_tokens=20)
     for prompt in PROMPTS:
         engine.generate(prompt, warm, SpeculativeConfig(method="none"))  # the cache learns the answers
-    requests = [(prompt, SamplingParams(max_tokens=20), SpeculativeConfig(method="suffix", num_speculative_tokens=1 + i % 6))
+    requests = [(prompt, SamplingParams(max_tokens=20), SpeculativeConfig(method="suffix", num_speculative_tokens=1 + i % 6, schedule="constant"))
                 for i, prompt in enumerate(PROMPTS)]
     alone = [engine.generate(prompt, SamplingParams(max_tokens=20), SpeculativeConfig(method="none")).token_ids for prompt in PROMPTS]
     batched, largest = run_batched(engine, requests)
@@ -154,7 +154,7 @@ def test_suffix_sampling_follows_target_distribution():
     engine = SpeculativeEngine(BigramRunner(target_table), CharTokenizer("abcd"), eos_token_ids=[], proposers={"suffix": proposer})
     proposer.end_request([], [0, 1, 2, 3, 0, 2, 1, 0, 3, 3, 1])
     prompt = [2, 0]
-    spec = SpeculativeConfig(method="suffix", num_speculative_tokens=4)
+    spec = SpeculativeConfig(method="suffix", num_speculative_tokens=4, schedule="constant")
     counts, accepted, drafted = {}, 0, 0
     for seed in range(20000):
         out = engine.generate(prompt, SamplingParams(**{**params.__dict__, "seed": seed}), spec)
@@ -308,9 +308,9 @@ def test_warm_ups_and_audit_re_decodes_teach_the_cache_nothing():
     engine = cycle_engine()
     cache = engine.proposers["suffix"].cache
     params = SamplingParams(max_tokens=12)
-    engine.generate([6, 7], params, SpeculativeConfig(method="auto"), learn=False)  # a warm-up
+    engine.generate([6, 7], params, SpeculativeConfig(method="auto", schedule="constant"), learn=False)  # a warm-up
     assert cache.num_sequences == 0
-    out = engine.generate([6, 7], params, SpeculativeConfig(method="auto"))
+    out = engine.generate([6, 7], params, SpeculativeConfig(method="auto", schedule="constant"))
     QualityAuditor(1.0).audit(engine, [6, 7], params, out)  # re-decodes it plainly
     assert cache.num_sequences == 1 and cache.num_tokens == len(out.token_ids)
 
@@ -322,7 +322,7 @@ def test_an_engine_with_its_own_suffix_cache_shares_everything_else():
     assert own.proposers["suffix-tree"].suffix is own.proposers["suffix"]
     assert own.target is engine.target and own.cost_model is engine.cost_model
     params = SamplingParams(max_tokens=20)
-    out = own.generate([6, 7], params, SpeculativeConfig(method="suffix"))
+    out = own.generate([6, 7], params, SpeculativeConfig(method="suffix", schedule="constant"))
     assert out.token_ids == engine.generate([6, 7], params, SpeculativeConfig(method="none")).token_ids
     assert own.proposers["suffix"].cache.num_sequences == 1
     assert engine.proposers["suffix"].cache.num_sequences == 1  # the plain request, on its own engine's cache
@@ -342,7 +342,7 @@ def test_bench_methods_learn_only_their_own_answers():
     by = {(r.prompt_id, r.method): r for r in records}
     pipe = tiny_pipeline()
     alone = pipe.engine.generate(pipe.encode("def fib(n):"), SamplingParams(max_tokens=24),
-                                 SpeculativeConfig(method="suffix", num_speculative_tokens=5))
+                                 SpeculativeConfig(method="suffix", num_speculative_tokens=5, schedule="constant"))
     assert by[("first", "suffix")].token_ids == by[("first", "none")].token_ids == alone.token_ids
     counts = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
     assert [by[("first", "suffix")].spec[c] for c in counts] == [getattr(alone.metrics.spec, c) for c in counts]  # an empty cache
@@ -358,7 +358,7 @@ def test_a_pipeline_given_a_datastore_drafts_from_it(tmp_path):
     params = SamplingParams(max_tokens=16)
     prompt = pipe.encode("def fib(n):")
     plain = pipe.engine.generate(prompt, params, SpeculativeConfig(method="none"), learn=False).token_ids
-    spec = SpeculativeConfig(method="suffix", num_speculative_tokens=8)
+    spec = SpeculativeConfig(method="suffix", num_speculative_tokens=8, schedule="constant")
     without = pipe.engine.generate(prompt, params, spec, learn=False)
     build_datastore([prompt + plain], tmp_path / "ds", depth=8)  # the corpus holds the answer
     pipe.use_datastore(tmp_path / "ds")

@@ -43,7 +43,7 @@ def bench(
     methods: Optional[str] = typer.Option(None, help="Comma-separated verispec methods (default: all loaded); none always runs."),
     peers: str = typer.Option("transformers,llama.cpp", help="Peers in the same loop: transformers, llama.cpp, or none."),
     num_speculative_tokens: int = num_speculative_tokens_option(K_BENCH),
-    schedule: str = typer.Option("constant", help="Draft length: constant (every method at -k), heuristic or cost (seeded with the machine's cost curve)."),
+    schedule: str = typer.Option("cost", help="Draft length: cost (the default, as generate and serve: the cost model, seeded with the machine's cost curve; drafts only where it expects a gain), heuristic or constant (every method at -k, even where slower than plain)."),
     max_tokens: int = typer.Option(128, help="New tokens at most per prompt."),
     temperature: float = typer.Option(0.0, help="0 = greedy (checks exactness); > 0 samples."),
     seed: int = typer.Option(0, help="Seed of sampling runs (prompt i uses seed + i) and of the audit draws."),

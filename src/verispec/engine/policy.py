@@ -1,8 +1,9 @@
 """Per-step drafting policy of one request: which drafter drafts, and how many tokens.
 
 Owns the drafter order of each method (``auto``: suffix lookup -- in this request and in earlier
-ones -- when it matches, else the draft model -- as a chain, or as a token tree where the target
-can verify trees and trees realise more tokens per unit time -- or layer skip), one acceptance
+ones -- when it matches, else the model drafter that realises the most tokens per unit time: the
+EAGLE head, the draft model's chain or, where the target can verify trees, its token tree -- or
+layer skip), one acceptance
 estimate and draft-length schedule per drafter, the timing of proposals, and the controller's
 predictions. The engine's one loop asks it for a draft and reports back the outcome. Knows
 nothing about verification, caches or text.
@@ -27,16 +28,18 @@ from verispec.errors import InvalidParameterError
 from verispec.proposers import DraftOutput, DraftRequest, Proposer
 
 LOOKUP_DRAFTERS = ("suffix", "ngram")  # auto: the first loaded one drafts whenever its lookup matches
-FALLBACK_DRAFTERS = ("eagle", "draft", "layer-skip")  # auto: the first loaded one backs up the lookup
-ALTERNATIVE_DRAFTERS = ("draft", "tree")  # auto with a tree-capable target: per step, the better of the two
+MODEL_DRAFTERS = ("eagle", "draft")  # auto: every loaded one backs up the lookup (the better per step)
+ALTERNATIVE_DRAFTERS = ("eagle", "draft", "tree")  # auto: per step, the best realised rate of those offered
 TREE_DRAFTERS = ("ngram-tree", "tree")  # tree: n-gram branches when the lookup matches, else the draft tree
 
 
 def drafter_order(method: str, loaded: Sequence[str], trees: bool = False) -> list[str]:
     """Drafters tried each step, in order, for ``method`` given the ``loaded`` drafter names.
 
-    ``trees``: the target runner can verify token trees; ``auto`` then also offers the draft
-    model's tree beside its chain (:meth:`DraftPolicy.draft` picks one of the two per step).
+    ``auto``: the lookup drafter (suffix, else n-gram), then the model drafters loaded (the EAGLE
+    head, the draft model's chain and, where the target runner can verify token trees
+    (``trees``), its tree; :meth:`DraftPolicy.draft` ranks them per step by realised rate), else
+    layer skip.
 
     Raises:
         InvalidParameterError: the method needs a drafter that is not loaded.
@@ -44,9 +47,10 @@ def drafter_order(method: str, loaded: Sequence[str], trees: bool = False) -> li
     if method == "none":
         return []
     if method == "auto":
-        fallback = [name for name in FALLBACK_DRAFTERS if name in loaded][:1]
-        if trees and fallback == ["draft"] and "tree" in loaded:
-            fallback = list(ALTERNATIVE_DRAFTERS)
+        models = [name for name in MODEL_DRAFTERS if name in loaded]
+        if trees and "draft" in models and "tree" in loaded:
+            models.append("tree")
+        fallback = models or [name for name in ("layer-skip",) if name in loaded]
         lookup = [name for name in LOOKUP_DRAFTERS if name in loaded][:1]
         return lookup + fallback
     if method == "suffix" and "suffix" in loaded:  # its frequency-scored tree where the target verifies trees
@@ -125,7 +129,8 @@ class DraftPolicy:
         self._previous: str | None = None  # drafter of the previous step
         alternatives = [name for name in ALTERNATIVE_DRAFTERS if name in self._proposers]
         self._alternatives = tuple(alternatives) if len(alternatives) > 1 else ()
-        self._explore_steps = 0  # > 0: steps left trying the alternative that is not the best
+        self._explore_steps = 0  # > 0: steps left trying an alternative that is not the best
+        self._exploring = ""  # that alternative
         self._num_choices = 0
         self.num_declined_catch_ups = 0  # steps a model drafter sat out: catching up would not pay
         self._caught_up_at: dict[str, int] = {}  # model drafter -> output tokens at its first catch-up
@@ -155,12 +160,8 @@ class DraftPolicy:
         drafter's own steps have been emitting, :meth:`CostModel.record_coverage`). A probe of a
         switched-off drafter is priced at the prior acceptance."""
         spent = 0.0
-        chosen = None  # chain or tree, decided once the drafters before them drafted nothing
-        for name, proposer in self._proposers.items():
-            if name in self._alternatives:
-                chosen = chosen or self._choose_alternative()
-                if name != chosen:
-                    continue
+        for name in self._step_order():
+            proposer = self._proposers[name]
             k = self.schedules[name].next_k(batch_size)
             num_tokens = min(k, limit)
             if num_tokens <= 0:
@@ -307,26 +308,40 @@ class DraftPolicy:
             self.costs.record_rate(step.drafter, realised[0] / realised[1])
         return realised
 
-    def _choose_alternative(self) -> str:
-        """Chain or tree from the draft model for this step (``auto`` with a tree-capable target).
+    def _step_order(self) -> list[str]:
+        """The drafters to try this step: the policy's order, the alternatives (``auto``'s model
+        drafters: EAGLE head, draft chain, draft tree) in their places ranked by
+        :meth:`_rank_alternatives`. The first that drafts wins, so an alternative whose own
+        schedule sits the step out (its cost model expects no gain) hands it to the next."""
+        if not self._alternatives:
+            return list(self._proposers)
+        ranked = iter(self._rank_alternatives())
+        return [next(ranked) if name in self._alternatives else name for name in self._proposers]
 
-        An alternative with no realised rate yet is tried first; then the one with the higher
+    def _rank_alternatives(self) -> list[str]:
+        """``auto``'s model drafters, best first, for this step.
+
+        Alternatives with no realised rate yet come first (in the policy's order); then by
         realised tokens per plain-step cost (:meth:`CostModel.record_rate`, steady steps only,
-        kept across requests), except that every ``probe_interval`` choices the other one drafts
-        for two steps (the first pays for catching up on skipped tokens and is not recorded), so a
-        change in the text or the machine can flip the choice.
+        kept across requests), except that every ``probe_interval`` choices one of the others
+        (in turn) goes first for two steps (the first pays for catching up on skipped tokens and
+        is not recorded), so a change in the text or the machine can change the ranking. A weak
+        EAGLE head thus loses the steps to the draft model once both are rated.
         """
         rates = self.costs.drafter_rate
         untried = [name for name in self._alternatives if name not in rates]
-        best = untried[0] if untried else max(self._alternatives, key=rates.__getitem__)
-        other = next(name for name in self._alternatives if name != best)
+        tried = sorted((name for name in self._alternatives if name in rates), key=rates.__getitem__, reverse=True)
         self._num_choices += 1
         if self._explore_steps == 0 and not untried and self._num_choices % self._probe_interval == 0:
             self._explore_steps = 2
+            others = tried[1:]
+            self._exploring = others[(self._num_choices // self._probe_interval - 1) % len(others)]
+        ranked = untried + tried
         if self._explore_steps > 0:
             self._explore_steps -= 1
-            return other
-        return best
+            ranked.remove(self._exploring)
+            ranked.insert(0, self._exploring)
+        return ranked
 
     def _predicted(
         self, name: str, num_draft_tokens: int, batch_size: int = 1

@@ -22,16 +22,20 @@ class SpeculativeConfig:
         method: ``"none"`` (plain decoding), the name of a loaded drafter (``"draft"``,
             ``"ngram"``, ``"suffix"``: suffix drafting over earlier requests and this one,
             ``"layer-skip"``, ``"eagle"``: an EAGLE-3 head over the target's features) or ``"auto"`` (suffix lookup when it matches -- n-gram lookup
-            where no suffix drafter is loaded --, else the EAGLE head, else the draft model, else layer skip;
-            decided per step) or ``"tree"`` (token trees:
+            where no suffix drafter is loaded --, else whichever of the EAGLE head and the draft
+            model (chain, or tree where the target verifies trees) realises more tokens per unit
+            time, else layer skip; decided per step) or ``"tree"`` (token trees:
             n-gram branches when the lookup matches, else the draft model's tree; per step).
         num_speculative_tokens: tokens drafted per target pass, 1..64 (ignored for ``none``):
             the draft length of the ``constant`` schedule, the upper bound of the others; for
             ``tree``, the number of tree nodes verified per target pass.
-        schedule: ``"constant"``, ``"heuristic"`` (+2 after a full accept, -1 otherwise) or
-            ``"cost"`` (the k maximising expected tokens per unit of measured time; may switch
-            speculation off; for ``tree``, the node budget maximising the realised accepted
-            length per unit time, also switching off: :class:`verispec.spec.schedules.TreeBudgetSchedule`);
+        schedule: ``"cost"`` (the default, as in the CLI and the server: the k maximising
+            expected tokens per unit of measured time, priced for the whole batch under continuous
+            batching; may switch speculation off, so it never drafts where its own estimate says
+            plain decoding is faster; for ``tree``, the node budget maximising the realised
+            accepted length per unit time: :class:`verispec.spec.schedules.TreeBudgetSchedule`),
+            ``"heuristic"`` (+2 after a full accept, -1 otherwise) or ``"constant"`` (always
+            ``num_speculative_tokens``: drafts even where it is slower than plain decoding);
             see :mod:`verispec.spec.control`.
         draft_stop_threshold: a model drafter stops drafting once its own top probability for
             the token it just drafted is below this, in [0, 1); 0 disables.
@@ -41,7 +45,7 @@ class SpeculativeConfig:
 
     method: str = "draft"
     num_speculative_tokens: int = 5
-    schedule: str = "constant"
+    schedule: str = "cost"
     draft_stop_threshold: float = 0.0
 
     def __post_init__(self) -> None:

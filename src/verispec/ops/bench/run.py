@@ -68,7 +68,7 @@ class BenchConfig:
     methods: tuple[str, ...] = ("none", "draft")
     peers: tuple[str, ...] = PEER_FAMILIES
     num_speculative_tokens: int = 5
-    schedule: str = "constant"
+    schedule: str = "cost"
     max_tokens: int = 128
     temperature: float = 0.0
     seed: int = 0
@@ -197,7 +197,7 @@ class VerispecParticipant:
     it runs (gguf: ``kernel_isa``; int8: ``int8_kernel``)."""
 
     def __init__(self, engine: SpeculativeEngine, method: str, num_speculative_tokens: int, kind: str = "verispec",
-                 schedule: str = "constant") -> None:
+                 schedule: str = "cost") -> None:
         self.engine, self.method, self.family, self.name = engine, method, kind, f"{kind}:{method}"
         self.spec = SpeculativeConfig(method=method, num_speculative_tokens=num_speculative_tokens, schedule=schedule)
         self.settings = {} if method == "none" else {"num_speculative_tokens": num_speculative_tokens, "schedule": schedule}
