@@ -108,6 +108,9 @@ def test_cli_bench_and_advise(model_dirs, tmp_path):
     assert all(v["decision"] in ("GO", "GO with n-gram only", "NO-GO") for v in advice["verdicts"])
     assert advice["memory"]["fits"] is True and advice["cost"]["before_per_million_tokens"] > 0
     assert {row["k"] for row in advice["table"]} == {1, 2, 3, 4}
+    # measured at the fixed draft length the predictions assume: the draft model drafted every step
+    (draft_fit,) = [f for f in advice["fits"] if f["method"] == "draft" and f["category"] == "all"]
+    assert draft_fit["coverage"] == pytest.approx(0.8)  # 4 of 5 steps: the last had no room to draft
 
 
 @pytest.mark.parametrize(

@@ -66,8 +66,8 @@ def advise(
         if export is not None and as_json and export_file is None:
             raise InvalidParameterError("--json and --export both write to stdout: give --export-file")
         items = load_workload(None if prompts else workload or "specbench", prompts, split(categories), limit)
-        config = BenchConfig(
-            methods=tuple(split(methods)), peers=(), num_speculative_tokens=num_speculative_tokens,
+        config = BenchConfig(  # measured at a fixed draft length: α per drafted token is what the predictions assume
+            methods=tuple(split(methods)), peers=(), num_speculative_tokens=num_speculative_tokens, schedule="constant",
             max_tokens=max_tokens, threads=threads, chat=chat,
         )
         pipes, _ = load_pipelines(target, draft_or_none(draft), dtype, err, [runner])
