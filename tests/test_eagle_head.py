@@ -8,7 +8,7 @@ from helpers import VOCAB, greedy_continuations, single_thread, tiny_qwen2  # no
 from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 
 from verispec.errors import InvalidParameterError
-from verispec.ops.train_head import TrainOptions, teacher, train_head, ttt_unroll
+from verispec.ops.train_head import TrainOptions, make_optimizer, teacher, train_head, ttt_unroll
 from verispec.runners.eagle_head import (
     EagleHead,
     choose_draft_vocabulary,
@@ -174,6 +174,30 @@ def test_training_is_deterministic(target, sequences, draft_ids):
     assert losses_a == losses_b
     for key in state_a:
         assert torch.equal(state_a[key], state_b[key]), key
+
+
+def test_a_resumed_run_continues_as_if_never_stopped(target, sequences, draft_ids):
+    """3 steps, then 3 more from the saved optimiser state and the step count: the same head and
+    losses as 6 steps in one run (the moments and the batch order both continue)."""
+    options = dict(lr=1e-3, batch_positions=64, held_out=0.25, seed=2)
+    whole = EagleHead.from_target(target, draft_token_ids=draft_ids, seed=1)
+    whole_losses = train_head(whole, target, sequences[:12], TrainOptions(steps=6, **options)).losses
+    split = EagleHead.from_target(target, draft_token_ids=draft_ids, seed=1)
+    first_options = TrainOptions(steps=3, **options)
+    optimizer = make_optimizer(split, first_options)
+    first = train_head(split, target, sequences[:12], first_options, optimizer=optimizer).losses
+    state = optimizer.state_dict()
+    second_options = TrainOptions(steps=3, steps_before=3, **options)
+    second = train_head(split, target, sequences[:12], second_options, optimizer=make_optimizer(split, second_options, state)).losses
+    assert first + second == whole_losses
+    for key, value in whole.state_dict().items():
+        assert torch.equal(split.state_dict()[key], value), key
+
+
+def test_an_optimiser_state_of_another_head_is_refused(target, draft_ids):
+    with pytest.raises(InvalidParameterError, match="optimiser state is not one of this head's"):
+        make_optimizer(EagleHead.from_target(target, draft_token_ids=draft_ids, seed=1), TrainOptions(),
+                       {"state": {}, "param_groups": [{"params": [0]}]})  # one parameter, the head has many
 
 
 @pytest.mark.parametrize("options", [TrainOptions(steps=None), TrainOptions(ttt_steps=0), TrainOptions(held_out=1.0)])

@@ -52,8 +52,10 @@ def test_train_then_draft_then_resume(files):
     plain, eagle = tokens(target, out, "none"), tokens(target, out, "eagle")
     assert eagle["token_ids"] == plain["token_ids"]
     assert eagle["metrics"]["spec"]["num_draft_tokens"] > 0  # the head drafted
+    assert (folder / "head.gguf.optimizer.pt").stat().st_size > 0  # AdamW's moments, for --resume
     again = train(folder, target, out, "--resume")
     assert again.exit_code == 0, again.output
+    assert "starts afresh" not in again.output
     assert [run["steps"] for run in EagleHead.load(out, GGUFRunner.from_file(target, max_context_length=64)).training_record["runs"]] == [4, 4]
 
 

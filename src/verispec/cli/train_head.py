@@ -45,12 +45,13 @@ def train_head(
     from verispec.engine.loader import SpeculativePipeline
     from verispec.models.loading import load_model
     from verispec.ops.head_data import HeadData
-    from verispec.ops.train_head import TrainOptions
+    from verispec.ops.train_head import TrainOptions, make_optimizer
     from verispec.runners.eagle_head import EagleHead, choose_draft_vocabulary
     from verispec.runners.reduced_vocab import token_counts
 
     command = _command_line(ctx.params)
     data_path = out.with_name(out.name + ".data.json")
+    optimizer_path = out.with_name(out.name + ".optimizer.pt")
     with user_errors(OSError, WorkloadError):
         if not out.parent.is_dir():
             raise InvalidParameterError(f"--out {out}: the folder {out.parent} does not exist")
@@ -80,12 +81,14 @@ def train_head(
         record = dict(head.training_record)
         record.update(command=command, seed=seed, target=target, data=data.manifest, runs=record.get("runs", []))
         head.training_record = record
-        report = _train(head, model.model, data, options, out, checkpoint_minutes)
+        options.steps_before = sum(run.get("steps", 0) for run in record["runs"])
+        optimizer = make_optimizer(head, options, _optimizer_state(optimizer_path) if resume else None)
+        report = _train(head, model.model, data, options, out, checkpoint_minutes, optimizer, optimizer_path)
         record["runs"].append({"steps": report.steps, "seconds": round(report.seconds, 1), "positions": report.positions,
                                "held_out_top1_before": report.held_out_top1_before, "held_out_top1": report.held_out_top1,
                                "held_out_top1_by_step": report.held_out_top1_by_step, "held_out_loss": report.held_out_loss,
                                "final_loss": report.losses[-1] if report.losses else None})
-        head.save(out)
+        _save(head, out, optimizer, optimizer_path)
         _plot(report, plot or out.with_suffix(".png"))
     err.print(
         f"wrote {out}: {report.steps} steps in {report.seconds / 60:.1f} min; held-out top-1 agreement "
@@ -161,10 +164,37 @@ def collect(pipe, prompt_files, magpie: int, code_dirs, code_tokens: int, max_to
     return data
 
 
-def _train(head, model, data, options, out: Path, checkpoint_minutes: float):
+def _optimizer_state(path: Path) -> dict | None:
+    """The optimiser state an earlier run left beside the head, or None (said) where there is none."""
+    import torch
+
+    if not path.is_file():
+        err.print(f"no optimiser state at {path}: AdamW starts afresh (its moment estimates are rebuilt within ~100 steps)")
+        return None
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises many kinds for a damaged file
+        err.print(f"{path} is not readable ({type(exc).__name__}): AdamW starts afresh")
+        return None
+
+
+def _save(head, out: Path, optimizer, optimizer_path: Path) -> None:
+    """The head, then its optimiser's state beside it (atomically: temporary file, rename)."""
+    import os
+
+    import torch
+
+    head.save(out)
+    partial = optimizer_path.with_name(optimizer_path.name + ".partial")
+    torch.save(optimizer.state_dict(), partial)
+    os.replace(partial, optimizer_path)
+
+
+def _train(head, model, data, options, out: Path, checkpoint_minutes: float, optimizer, optimizer_path: Path):
     """:func:`verispec.ops.train_head.train_head` under a rich bar on a terminal, else a line on
     stderr every :data:`verispec.progress.LINE_EVERY_S` seconds (a log shows it too); the head
-    written to ``out`` every ``checkpoint_minutes`` and on Ctrl-C (then exit 130)."""
+    and its optimiser's state written beside ``out`` every ``checkpoint_minutes`` and on Ctrl-C
+    (then exit 130)."""
     from contextlib import nullcontext
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -194,7 +224,7 @@ def _train(head, model, data, options, out: Path, checkpoint_minutes: float):
                       file=sys.stderr, flush=True)
                 last_line = now
             if now - last_save > 60 * checkpoint_minutes:
-                head.save(out)
+                _save(head, out, optimizer, optimizer_path)
                 last_save = time.monotonic()
 
         def on_teacher(done: int, total: int) -> None:  # before training: one float32 forward per sequence
@@ -208,9 +238,9 @@ def _train(head, model, data, options, out: Path, checkpoint_minutes: float):
                 last_line = now
 
         try:
-            return run(head, model, data.sequences, options, on_step=on_step, on_teacher=on_teacher)
+            return run(head, model, data.sequences, options, on_step=on_step, on_teacher=on_teacher, optimizer=optimizer)
         except KeyboardInterrupt:
-            head.save(out)
+            _save(head, out, optimizer, optimizer_path)
             err.print(f"interrupted: the head so far is in {out}; continue with --resume")
             raise typer.Exit(130) from None
 

@@ -45,6 +45,8 @@ class TrainOptions:
             weight ratio between consecutive steps.
         held_out: fraction of the sequences kept for the agreement figures; seed: the split, the
             batch order (the head's initialisation is its own seed).
+        steps_before: optimiser steps earlier runs took on the same data (``--resume``): the
+            batch order continues after them instead of starting over.
     """
 
     steps: int | None = 200
@@ -58,6 +60,7 @@ class TrainOptions:
     step_decay: float = 0.8
     held_out: float = 0.1
     seed: int = 0
+    steps_before: int = 0
 
 
 @dataclass
@@ -262,6 +265,24 @@ def evaluate(
     return (sum(losses) / len(losses) if losses else nan), [h / c if c else nan for h, c in zip(hits, counts)]
 
 
+def make_optimizer(head: EagleHead, options: TrainOptions, state: dict | None = None) -> torch.optim.AdamW:
+    """AdamW over the head's parameters with ``options``' settings, continuing ``state`` (an
+    earlier run's ``optimizer.state_dict()``: its moment estimates and step counts) when given.
+
+    Raises:
+        InvalidParameterError: ``state`` is not an AdamW state of this head's parameters.
+    """
+    optimizer = torch.optim.AdamW(head.parameters(), lr=options.lr, weight_decay=options.weight_decay)
+    if state is not None:
+        try:
+            optimizer.load_state_dict(state)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise InvalidParameterError(f"the optimiser state is not one of this head's ({exc})") from exc
+        for group in optimizer.param_groups:  # this run's settings, the earlier run's moments
+            group.update(lr=options.lr, weight_decay=options.weight_decay)
+    return optimizer
+
+
 def _within_budget(options: TrainOptions, steps_done: int, seconds: float) -> bool:
     steps_left = options.steps is None or steps_done < options.steps
     return steps_left and (options.minutes is None or seconds < 60 * options.minutes)
@@ -274,6 +295,7 @@ def train_head(
     options: TrainOptions | None = None,
     on_step: Callable[[int, float, float], None] | None = None,
     on_teacher: Callable[[int, int], None] | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
 ) -> TrainReport:
     """Train ``head`` (in place, AdamW) to draft what ``target`` would say (EAGLE-3 §3).
 
@@ -285,6 +307,8 @@ def train_head(
         on_step: called after each optimiser step with ``(step, loss, top1)`` (1-based step).
         on_teacher: called with ``(done, total)`` as the target reads each sequence (before the
             budget starts: one float32 forward per sequence, minutes on a CPU for a real target).
+        optimizer: the optimiser to step (:func:`make_optimizer`, e.g. with an earlier run's
+            state); None: a new AdamW.
     Returns:
         :class:`TrainReport`. Deterministic for a fixed seed and a ``steps`` budget.
     Raises:
@@ -312,13 +336,20 @@ def train_head(
     report = TrainReport()
     report.held_out_loss_before, before = evaluate(head, teachers, held_groups, target_head, options)
     report.held_out_top1_before = before[0]
-    optimizer = torch.optim.AdamW(head.parameters(), lr=options.lr, weight_decay=options.weight_decay)
+    optimizer = optimizer or make_optimizer(head, options)
     start, groups = time.monotonic(), []
-    while _within_budget(options, report.steps, time.monotonic() - start):
+
+    def next_group():
+        nonlocal groups
         if not groups:  # a new epoch in a new seeded order
             shuffled = [train_windows[i] for i in torch.randperm(len(train_windows), generator=generator).tolist()]
             groups = batches(shuffled, options.batch_positions)[::-1]
-        batch = pack(teachers, groups.pop(), options.ttt_steps)
+        return groups.pop()
+
+    for _ in range(options.steps_before):  # earlier runs' batches: the order goes on after them
+        next_group()
+    while _within_budget(options, report.steps, time.monotonic() - start):
+        batch = pack(teachers, next_group(), options.ttt_steps)
         loss, agreements = distillation_loss(head, batch, target_head, options.step_decay)
         optimizer.zero_grad()
         loss.backward()
