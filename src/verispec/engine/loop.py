@@ -23,7 +23,7 @@ import torch
 from verispec.engine.commit import Plan, commit, finish, verify_call
 from verispec.engine.constraints import GrammarCompiler, TokenConstraints, cut_draft
 from verispec.spec.control import ControllerConfig, CostModel
-from verispec.errors import ContextLengthError, InvalidParameterError
+from verispec.errors import ContextLengthError, IncompatibleDraftError, InvalidParameterError
 from verispec.output import Detokenizer, OutputBuilder
 from verispec.engine.policy import DraftStep, drafter_order, make_policy
 from verispec.proposers.base import DraftRequest, Proposer
@@ -70,6 +70,7 @@ class SpeculativeEngine:
         self.tokenizer = tokenizer
         self.eos_token_ids = tuple(eos_token_ids)
         self.proposers = with_lookup_drafters(proposers)  # n-gram and suffix lookup, and their trees
+        check_draft_widths(target, self.proposers, tokenizer)
         capture_features(target, self.proposers.values())
         self.controller = controller or ControllerConfig()
         self.cost_model = CostModel(weight=self.controller.cost_weight)  # machine facts: kept across requests
@@ -279,7 +280,7 @@ class SpeculativeEngine:
         limit = min(state.params.max_tokens - len(out.token_ids) - 1, room)  # draft tokens that fit
         request = DraftRequest(
             state.prompt, out.token_ids, state.params, state.generator, state.spec.draft_stop_threshold,
-            state.constraints if state.constraints.active else None,
+            state.constraints if state.constraints.active else None, target.vocab_size,
         )
         step = state.policy.draft(
             request, limit, batch_size=batch_size, defer=state.slot.batched_drafters
@@ -357,3 +358,28 @@ def capture_features(target: Runner, proposers) -> None:
             "use the gguf, int8 or torch runner"
         )
     capture(next(iter(layers)))
+
+
+def check_draft_widths(target: Runner, proposers: Mapping[str, Proposer], tokenizer: Detokenizer) -> None:
+    """Refuse a model drafter whose logits rows are not the target's width, unless both cover the
+    tokenizer (``len(tokenizer)``; padded rows, as in Qwen2.5-7B's 152064 against 0.5B's 151936).
+
+    Otherwise a token id of one model past the other's rows would end generation with an
+    IndexError mid-request (:func:`verispec.models.compat.check_draft_compatibility` checks the
+    tokenizers themselves when a pipeline loads).
+
+    Raises:
+        IncompatibleDraftError: naming the drafter and both widths.
+    """
+    size = len(tokenizer) if hasattr(tokenizer, "__len__") else None
+    for name, proposer in proposers.items():
+        runner = getattr(proposer, "runner", None)
+        width = getattr(runner, "vocab_size", None)
+        if runner is None or runner is target or width is None or width == target.vocab_size:
+            continue
+        if size is None or min(width, target.vocab_size) < size:
+            covered = "" if size is None else f" and the tokenizer has {size} tokens"
+            raise IncompatibleDraftError(
+                f"the {name} drafter's logits are {width} wide, the target's {target.vocab_size}{covered}: "
+                "the draft must share the target's vocabulary"
+            )

@@ -28,6 +28,8 @@ class DraftRequest:
     probability is below this (draft-side early stop); 0 disables. ``constraints``: the
     request's token masks (:class:`verispec.engine.constraints.TokenConstraints`), which a model
     drafter applies to its own rows (:meth:`allowed_after`) so it drafts what the target may emit.
+    ``target_vocab_size``: the width of the target's rows; a draft whose rows are wider (padding
+    rows of its LM head) never drafts an id at or past it, which the target could not even read.
     """
 
     prompt_token_ids: Sequence[int]
@@ -36,15 +38,18 @@ class DraftRequest:
     generator: torch.Generator
     draft_stop_threshold: float = 0.0
     constraints: object | None = None
+    target_vocab_size: int | None = None
 
     def allowed_after(self, appended_token_ids: Sequence[int], width: int) -> torch.Tensor | None:
         """``[1, width]`` bool: the tokens allowed after the output and ``appended_token_ids``
-        (a draft row's mask), or None when nothing is masked."""
-        if self.constraints is None:
-            return None
-        mask = self.constraints.path_masks(len(self.output_token_ids), [list(appended_token_ids)])
+        (a draft row's mask: ids past the target's rows never), or None when nothing is masked."""
+        mask = None
+        if self.constraints is not None:
+            mask = self.constraints.path_masks(len(self.output_token_ids), [list(appended_token_ids)])
         if mask is None:
-            return None
+            if self.target_vocab_size is None or width <= self.target_vocab_size:
+                return None
+            mask = torch.ones(1, self.target_vocab_size, dtype=torch.bool)
         if mask.shape[-1] >= width:
             return mask[:, :width]
         return torch.nn.functional.pad(mask, (0, width - mask.shape[-1]), value=False)
@@ -137,11 +142,14 @@ class DraftCacheSequences(Proposer):
     context_window: int | None = None
 
     def draft_context(self, request: DraftRequest) -> list[int]:
-        """The token ids the draft continues: the prompt's last ``context_window`` and the output."""
+        """The token ids the draft continues: the prompt's last ``context_window`` and the output,
+        read from :func:`window_start` on once they fill the draft runner's own context window
+        (a draft with a shorter window than the target's keeps drafting, from the latest tokens)."""
         prompt = request.prompt_token_ids
         if self.context_window is not None and len(prompt) > self.context_window:
             prompt = prompt[len(prompt) - self.context_window :]
-        return list(prompt) + list(request.output_token_ids)
+        context = list(prompt) + list(request.output_token_ids)
+        return context[window_start(len(context), self.runner.max_context_length) :]
 
     def reusable_prefix(self, context: Sequence[int]) -> int:
         """Tokens of ``context`` the draft cache keeps: the prefix it shares with it, but never the
@@ -165,6 +173,17 @@ class DraftCacheSequences(Proposer):
         clone.runner = self.runner.new_sequence()
         clone.cached_token_ids = []
         return clone
+
+
+def window_start(num_tokens: int, capacity: int) -> int:
+    """Where a draft whose cache holds ``capacity`` tokens starts reading a context of
+    ``num_tokens``: 0 while one draft token still fits after it, then a multiple of half the
+    capacity, so the window leaves room to draft and its start stays put (the cached prefix
+    stays reusable) for half a window of new tokens between moves. At least one token is read."""
+    if num_tokens < capacity:
+        return 0
+    half = max(1, capacity // 2)
+    return min((num_tokens - capacity) // half * half + half, num_tokens - 1)
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:

@@ -113,11 +113,13 @@ class _State:
         self.default_spec = config.default_spec or SpeculativeConfig(
             method="draft" if "draft" in pipeline.engine.proposers else "none"
         )
+        warmup_prompt = pipeline.encode("Hello")
+        pipeline.engine.check_request(warmup_prompt, self.default_spec)  # its drafter not loaded: refused now
         self.worker = EngineWorker(
             pipeline.engine,
             max_queue=config.max_queue,
             metrics=self.metrics,
-            warmup_prompt_token_ids=pipeline.encode("Hello"),
+            warmup_prompt_token_ids=warmup_prompt,
             warmup_spec=self.default_spec,
             auditor=self.auditor,
             max_num_seqs=config.max_num_seqs,
@@ -132,9 +134,9 @@ def create_app(pipeline, config: ServerConfig | None = None, *, metrics_expositi
     ``metrics_exposition``: an async callable returning the Prometheus text ``/metrics`` serves
     instead of this app's own (replicas merge all replicas' counters: :mod:`verispec.server.replicas`).
     The engine worker starts, warms up and stops with the app's lifespan; ``/health`` answers
-    503 until the warm-up is done. Raises InvalidParameterError for an audit rate outside [0, 1]
-    or a ``suffix_cache`` file that is not one (a suffix cache that fails its check is said once on
-    stderr and ignored).
+    503 until the warm-up is done. Raises InvalidParameterError for an audit rate outside [0, 1], a
+    ``default_spec`` whose drafter is not loaded, or a ``suffix_cache`` file that is not one (a
+    suffix cache that fails its check is said once on stderr and ignored).
     """
     config = dataclasses.replace(config or ServerConfig(), **options)
     state = _State(pipeline, config)
