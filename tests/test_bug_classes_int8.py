@@ -16,6 +16,7 @@ import openai
 import pytest
 
 from helpers import VOCAB, CharTokenizer, default_pieces, perturbed_copy, single_thread, tiny_qwen2  # noqa: F401
+from test_server_features import WEATHER
 from verispec.engine import SpeculativeConfig, SpeculativeEngine
 from verispec.engine.scheduler import Scheduler
 from server_support import (FIXED_DRAFT, GatedEngine, LiveServer, bigram_qwen2, build_tokenizer, metric_value,  # noqa: F401
@@ -316,19 +317,6 @@ def test_streamed_tool_call_arguments_equal_the_whole_response(wide):
     assert set(json.loads(whole[0].function.arguments)) == {"city", "unit"}
 
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"enum": ["Paris", "Oslo"]}, "unit": {"enum": ["C", "F"]}},
-            "required": ["city", "unit"],
-            "additionalProperties": False,
-        },
-    },
-}
 
 
 # ----- 7. misconfigurations: a clear verispec error, never a run that silently drafts nothing -----
