@@ -49,6 +49,7 @@ def test_train_then_draft_then_resume(files):
     assert record["command"].startswith("verispec train-head --target") and record["seed"] == 0
     assert record["data"]["sources"][0]["kind"] == "prompts" and record["data"]["sequences"] == len(PROMPTS)
     assert len(record["data"]["sources"][0]["sha256"]) == 64 and record["runs"][0]["steps"] == 4
+    assert "the teacher: the target on the gguf runner" in result.output and record["teacher"] == "gguf"  # auto
     plain, eagle = tokens(target, out, "none"), tokens(target, out, "eagle")
     assert eagle["token_ids"] == plain["token_ids"]
     assert eagle["metrics"]["spec"]["num_draft_tokens"] > 0  # the head drafted
@@ -61,6 +62,11 @@ def test_train_then_draft_then_resume(files):
 
 def test_refusals(files, tmp_path, monkeypatch):
     folder, target = files
+    result = train(folder, target, tmp_path / "t.pt", "--teacher", "nope")
+    assert result.exit_code == 2 and "--teacher must be auto, runner or torch" in result.output
+    result = train(folder, target, tmp_path / "t.pt", "--teacher", "torch")
+    assert result.exit_code == 0 and "the teacher: float32 transformers" in result.output
+    assert EagleHead.load(tmp_path / "t.pt", GGUFRunner.from_file(target, max_context_length=64)).training_record["teacher"] == "torch"
     (tmp_path / "head.pt").write_bytes(b"x")
     result = train(folder, target, tmp_path / "head.pt")
     assert result.exit_code == 2 and "exists: pass --resume" in result.output

@@ -35,6 +35,7 @@ def train_head(
     held_out: float = typer.Option(0.1, help="Fraction of the sequences kept out of training for the agreement figures."),
     seed: int = typer.Option(0, help="Seeds the data (Magpie), the split, the batch order and the head's initialisation."),
     runner: str = runner_option("Runner that answers the prompts (default auto: gguf on a CPU)."),
+    teacher: str = typer.Option("auto", help="Who reads the data for the head to learn from: 'runner' (the target on --runner's kernels, e.g. the gguf runner: the quantized model served, at its prefill speed), 'torch' (float32 transformers), 'auto' (runner where it can hand out its hidden states: gguf, int8)."),
     checkpoint_minutes: float = typer.Option(5.0, help="Write the head to --out this often while training (and on Ctrl-C)."),
     resume: bool = typer.Option(False, help="Continue the head in --out with the data recorded beside it."),
     plot: Optional[Path] = typer.Option(None, help="Loss-curve PNG (default: --out with .png)."),
@@ -59,7 +60,10 @@ def train_head(
             raise InvalidParameterError(f"--resume needs {out} and {data_path} from an earlier run")
         if not resume and out.exists():
             raise InvalidParameterError(f"{out} exists: pass --resume to continue it, or another --out")
+        if teacher not in ("auto", "runner", "torch"):
+            raise InvalidParameterError(f"--teacher must be auto, runner or torch, not {teacher!r}")
         options = TrainOptions(steps=steps, minutes=minutes, lr=lr, batch_positions=batch_positions, held_out=held_out, seed=seed)
+        pipe = None
         if resume:
             data = HeadData.load(data_path)
             err.print(f"resuming {out}: {data.manifest['sequences']} sequences, {data.manifest['tokens']} tokens from {data_path}")
@@ -68,7 +72,17 @@ def train_head(
             data = collect(pipe, prompts or [], DEFAULT_MAGPIE if magpie is None and not prompts else (magpie or 0),
                            code or [], code_tokens, max_tokens, seed)
             data.save(data_path)
-            del pipe
+        if teacher != "torch" and pipe is None:
+            pipe = SpeculativePipeline.load(target, None, **_runner_options(runner))
+        reader = None if teacher == "torch" else pipe.target_runner
+        if reader is not None and not hasattr(reader, "capture_final_hidden"):
+            if teacher == "runner":
+                raise InvalidParameterError(f"--teacher runner: the {pipe.runner_kind} runner cannot hand out its hidden states; "
+                                            "use --runner gguf (or int8), or --teacher torch")
+            reader = None
+        if reader is None:
+            pipe = None  # its memory back before the float32 model loads
+        err.print(f"the teacher: {'the target on the ' + pipe.runner_kind + ' runner' if reader is not None else 'float32 transformers'}")
         with _announce(f"loading {target} into torch (the teacher: its features and distributions)"):
             model = load_model(target)
         if resume:
@@ -83,7 +97,15 @@ def train_head(
         head.training_record = record
         options.steps_before = sum(run.get("steps", 0) for run in record["runs"])
         optimizer = make_optimizer(head, options, _optimizer_state(optimizer_path) if resume else None)
-        report = _train(head, model.model, data, options, out, checkpoint_minutes, optimizer, optimizer_path)
+        read = None
+        if reader is not None:
+            from functools import partial
+
+            from verispec.ops.train_head import runner_teacher
+
+            read = partial(runner_teacher, reader, feature_layers=head.shape.feature_layers)
+        record["teacher"] = "torch" if reader is None else pipe.runner_kind
+        report = _train(head, model.model, data, options, out, checkpoint_minutes, optimizer, optimizer_path, read)
         record["runs"].append({"steps": report.steps, "seconds": round(report.seconds, 1), "positions": report.positions,
                                "held_out_top1_before": report.held_out_top1_before, "held_out_top1": report.held_out_top1,
                                "held_out_top1_by_step": report.held_out_top1_by_step, "held_out_loss": report.held_out_loss,
@@ -190,7 +212,7 @@ def _save(head, out: Path, optimizer, optimizer_path: Path) -> None:
     os.replace(partial, optimizer_path)
 
 
-def _train(head, model, data, options, out: Path, checkpoint_minutes: float, optimizer, optimizer_path: Path):
+def _train(head, model, data, options, out: Path, checkpoint_minutes: float, optimizer, optimizer_path: Path, read=None):
     """:func:`verispec.ops.train_head.train_head` under a rich bar on a terminal, else a line on
     stderr every :data:`verispec.progress.LINE_EVERY_S` seconds (a log shows it too); the head
     and its optimiser's state written beside ``out`` every ``checkpoint_minutes`` and on Ctrl-C
@@ -227,7 +249,7 @@ def _train(head, model, data, options, out: Path, checkpoint_minutes: float, opt
                 _save(head, out, optimizer, optimizer_path)
                 last_save = time.monotonic()
 
-        def on_teacher(done: int, total: int) -> None:  # before training: one float32 forward per sequence
+        def on_teacher(done: int, total: int) -> None:  # before training: one pass per sequence
             nonlocal last_line, train_start
             now = train_start = time.monotonic()
             if bar is not None:
@@ -238,7 +260,7 @@ def _train(head, model, data, options, out: Path, checkpoint_minutes: float, opt
                 last_line = now
 
         try:
-            return run(head, model, data.sequences, options, on_step=on_step, on_teacher=on_teacher, optimizer=optimizer)
+            return run(head, model, data.sequences, options, on_step=on_step, on_teacher=on_teacher, optimizer=optimizer, read=read)
         except KeyboardInterrupt:
             _save(head, out, optimizer, optimizer_path)
             err.print(f"interrupted: the head so far is in {out}; continue with --resume")

@@ -128,6 +128,45 @@ def teacher(target: torch.nn.Module, token_ids: Sequence[int], feature_layers: S
     return Teacher(ids, features, final, logits.argmax(-1))
 
 
+@torch.inference_mode()
+def runner_teacher(runner, token_ids: Sequence[int], feature_layers: Sequence[int], *, chunk: int = 256) -> Teacher:
+    """:func:`teacher` from a verispec runner (``Int8Runner``, ``GGUFRunner``): the model that is
+    served reads the sequence on its own kernels, in prefill passes of ``chunk`` rows, and its
+    features, final normed hidden state and greedy token come out of those passes (captured,
+    no extra pass). Over the gguf runner this is the quantized target a head drafts for at
+    inference (its features, its argmax), at the runner's prefill speed instead of a float32
+    transformers forward.
+
+    Args:
+        runner: a runner with ``capture_features``, ``capture_final_hidden`` and ``new_sequence``
+            (a fresh sequence is used; ``runner``'s own cache is left alone).
+        token_ids: the sequence; only its first ``runner.max_context_length`` tokens are read.
+        feature_layers: hidden-state indices (:mod:`verispec.runners.features`).
+    Returns:
+        :class:`Teacher` (float32 features ``[L, layers * hidden]``, final hidden ``[L, hidden]``,
+        int64 argmax ``[L]``), ``L = min(len(token_ids), max_context_length)``.
+    Raises:
+        InvalidParameterError: the runner cannot capture final hidden states (llama.cpp, torch:
+            use :func:`teacher`), or ``chunk < 1``.
+    """
+    if not hasattr(runner, "capture_final_hidden"):
+        raise InvalidParameterError(f"the {type(runner).__name__} cannot hand out its final hidden states; "
+                                    "train with the gguf or int8 runner, or the torch teacher")
+    if chunk < 1:
+        raise InvalidParameterError(f"chunk must be >= 1, not {chunk}")
+    ids = [int(t) for t in token_ids][: runner.max_context_length]
+    sequence = runner.new_sequence()
+    sequence.capture_features(feature_layers)
+    sequence.capture_final_hidden(True)
+    features, finals, argmax = [], [], []
+    for start in range(0, len(ids), chunk):
+        logits = sequence.forward(ids[start : start + chunk])
+        features.append(sequence.last_features)
+        finals.append(sequence.last_final_hidden)
+        argmax.append(logits.argmax(-1))
+    return Teacher(torch.tensor(ids, dtype=torch.long), torch.cat(features), torch.cat(finals), torch.cat(argmax))
+
+
 @dataclass
 class Batch:
     """Packed windows of anchors (``P`` rows) and their ``K`` unrolled steps.
@@ -296,6 +335,7 @@ def train_head(
     on_step: Callable[[int, float, float], None] | None = None,
     on_teacher: Callable[[int, int], None] | None = None,
     optimizer: torch.optim.Optimizer | None = None,
+    read: Callable[[Sequence[int]], Teacher] | None = None,
 ) -> TrainReport:
     """Train ``head`` (in place, AdamW) to draft what ``target`` would say (EAGLE-3 §3).
 
@@ -309,6 +349,9 @@ def train_head(
             budget starts: one float32 forward per sequence, minutes on a CPU for a real target).
         optimizer: the optimiser to step (:func:`make_optimizer`, e.g. with an earlier run's
             state); None: a new AdamW.
+        read: how the target reads one sequence (e.g. :func:`runner_teacher` over the gguf
+            runner); None: :func:`teacher` over ``target`` (float32 transformers). ``target``'s
+            ``lm_head`` rows give the draft-vocabulary distributions either way.
     Returns:
         :class:`TrainReport`. Deterministic for a fixed seed and a ``steps`` budget.
     Raises:
@@ -327,7 +370,7 @@ def train_head(
         raise InvalidParameterError("train_head needs at least one training sequence of two or more tokens")
     teachers = []
     for sequence in usable:
-        teachers.append(teacher(target, sequence, head.shape.feature_layers))
+        teachers.append(read(sequence) if read is not None else teacher(target, sequence, head.shape.feature_layers))
         if on_teacher is not None:
             on_teacher(len(teachers), len(usable))
     target_head = target_draft_head(target, head.d2t)

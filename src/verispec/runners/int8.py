@@ -74,6 +74,8 @@ class Int8Runner:
         self._num_cached = 0
         self._feature_layers: tuple[int, ...] = ()
         self.last_features: Tensor | None = None  # see capture_features
+        self._capture_final = False
+        self.last_final_hidden: Tensor | None = None  # see capture_final_hidden
 
     @classmethod
     def from_module(
@@ -119,6 +121,14 @@ class Int8Runner:
         """
         self._feature_layers = check_feature_layers(layers, len(self.weights.layers))
         self.last_features = None
+
+    def capture_final_hidden(self, on: bool = True) -> None:
+        """From now on (``on``) every pass sets :attr:`last_final_hidden` to float32 ``[rows of the
+        pass, hidden_size]``: the final normed hidden state of every row, the LM head's input (what
+        a head is distilled against, :func:`verispec.ops.train_head.runner_teacher`). Logits are
+        unchanged; not copied by :meth:`new_sequence` (a training-time setting)."""
+        self._capture_final = bool(on)
+        self.last_final_hidden = None
 
     @torch.inference_mode()
     def forward(self, token_ids: Sequence[int], num_logits: int | None = None) -> Tensor:
@@ -284,6 +294,8 @@ def _run_segments(segments: list[_Segment]) -> list[Tensor]:
         r._num_cached += size
         if r._feature_layers:
             r.last_features = concat_features(states, r._feature_layers, bounds[i], bounds[i + 1])
+        if r._capture_final:
+            r.last_final_hidden = rms_norm(x[bounds[i] : bounds[i + 1]], w.final_norm, w.rms_norm_eps)
     counts = [seg.num_rows for seg in segments]
     if sum(counts) == 0:
         return [torch.empty(0, runners[0].vocab_size) for _ in segments]
