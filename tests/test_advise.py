@@ -146,3 +146,33 @@ def test_measure_verify_curve_times_each_length_and_empties_the_cache():
     assert list(curve) == [0, 1, 4]  # 16 does not fit a 12-token context
     assert all(seconds >= 0 for seconds in curve.values())
     assert runner.num_cached_tokens == 0
+
+
+def test_memory_advice_prices_an_eagle_head():
+    config = SimpleNamespace(num_hidden_layers=1, num_attention_heads=1, hidden_size=4)  # target KV: 80 bytes
+    memory = memory_advice(config, None, 920, 0, context_length=10, bytes_per_element=1, budget_bytes=None,
+                           head_param_bytes=60, head_kv=40)
+    assert memory["total_bytes"] == 920 + 80 + 60 + 40
+    assert memory["head_overhead_pct"] == pytest.approx(10.0) and memory["head_within_limit"] is True
+    over = memory_advice(config, None, 920, 0, context_length=10, bytes_per_element=1, budget_bytes=None, head_param_bytes=61, head_kv=40)
+    assert over["head_within_limit"] is False
+    plain = memory_advice(config, None, 920, 0, context_length=10, bytes_per_element=1, budget_bytes=None)
+    assert plain["head_overhead_pct"] is None and plain["head_within_limit"] is None
+
+
+def test_head_bytes_count_its_own_weights_and_one_layer_of_kv():
+    from helpers import tiny_qwen2
+
+    from verispec.ops.advise import head_kv_bytes
+    from verispec.runners.eagle_blocks import head_nbytes, quantize_head_
+    from verispec.runners.eagle_head import EagleHead
+
+    target = tiny_qwen2(0)
+    head = EagleHead.from_target(target, draft_token_ids=torch.arange(64), seed=0)
+    own = sum(p.numel() * 4 for p in head.parameters()) + sum(b.numel() * b.element_size() for b in head.buffers())  # d2t, RoPE
+    assert head_nbytes(head) == own  # the borrowed target embedding is not counted
+    assert own < sum(p.numel() * 4 for p in target.parameters())
+    quantize_head_(head, "q8_0")
+    assert 0 < head_nbytes(head) < own  # 8.5 bits per weight in the blocks, norms stay float32
+    shape = head.shape
+    assert head_kv_bytes(head, 100) == 2 * shape.num_key_value_heads * shape.head_dim * 100 * 4

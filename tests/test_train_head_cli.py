@@ -6,6 +6,7 @@ existing ``--out`` and a missing head are refused with a clear error."""
 import json
 
 import pytest
+import torch
 from gguf_models import write_gguf_model
 from typer.testing import CliRunner
 
@@ -108,3 +109,28 @@ def test_the_server_drafts_with_the_head_and_answers_as_plain(files, tmp_path):
         plain, eagle = complete("none"), complete("eagle")
     assert eagle["choices"][0]["text"] == plain["choices"][0]["text"]
     assert eagle["usage"]["num_draft_tokens"] > 0 and plain["usage"]["num_draft_tokens"] == 0
+
+
+def test_advise_measures_the_head_and_prices_its_memory(files, tmp_path):
+    """advise --eagle-head: eagle measured beside plain decoding, and the head's weights + KV cache
+    reported as a share of the target's (issue 28: <= 10 %)."""
+    from verispec.models.loading import load_model
+    from verispec.ops.advise import head_kv_bytes
+
+    folder, target = files
+    head = EagleHead.from_target(load_model(str(target)).model, draft_token_ids=torch.arange(64), seed=0)
+    head.save(tmp_path / "head.gguf")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "abc def", "category": "chat"}\n')
+    result = cli.invoke(app, ["advise", "--prompts", str(prompts), "--target", str(target), "--draft", "none", "--runner", "gguf",
+                              "--methods", "eagle", "--eagle-head", str(tmp_path / "head.gguf"), "--max-tokens", "8",
+                              "--max-k", "4", "--context-length", "100", "--json"])
+    assert result.exit_code == 0, result.output
+    advice = json.loads(result.stdout.strip().splitlines()[-1])
+    memory = advice["memory"]
+    loaded = EagleHead.load(tmp_path / "head.gguf", GGUFRunner.from_file(target, max_context_length=64))
+    assert memory["head_kv_bytes"] == head_kv_bytes(loaded, 100) > 0
+    assert memory["head_param_bytes"] > 0
+    target_total = memory["target_param_bytes"] + memory["target_kv_bytes"]
+    assert memory["head_overhead_pct"] == pytest.approx(100 * (memory["head_param_bytes"] + memory["head_kv_bytes"]) / target_total)
+    assert "EAGLE head" in result.output and [f["method"] for f in advice["fits"]][:1] == ["eagle"]

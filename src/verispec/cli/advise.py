@@ -17,7 +17,9 @@ from verispec.cli.common import (
     draft_option,
     draft_or_none,
     dtype_option,
+    eagle_head_option,
     err,
+    head_quantization_option,
     json_option,
     num_speculative_tokens_option,
     prompts_option,
@@ -47,11 +49,14 @@ def advise(
     draft: str = draft_option(),
     dtype: str = dtype_option(),
     runner: str = runner_option("The runner advised on (as generate's --runner): the one you would run."),
+    eagle_head: Optional[Path] = eagle_head_option(),
+    head_quantization: str = head_quantization_option(),
     as_json: bool = json_option("Also print the advice as one JSON object on stdout."),
     export: Optional[str] = typer.Option(None, help="Write the advised setup for vllm, sglang or transformers (JSON)."),
     export_file: Optional[Path] = typer.Option(None, help="File for --export's JSON (default: stdout)."),
 ) -> None:
     """Measure α and costs on a workload sample and say whether speculation pays, per category."""
+    from verispec.engine.loader import DrafterOptions
     from verispec.ops.advise import advise as run_advice
     from verispec.ops.advise_render import export_advice, render
     from verispec.ops.bench.command import load_pipelines, runs_per_prompt, split
@@ -70,7 +75,8 @@ def advise(
             methods=tuple(split(methods)), peers=(), num_speculative_tokens=num_speculative_tokens, schedule="constant",
             max_tokens=max_tokens, threads=threads, chat=chat,
         )
-        pipes, _ = load_pipelines(target, draft_or_none(draft), dtype, err, [runner])
+        drafters = DrafterOptions(eagle_head=eagle_head, head_quantization=head_quantization)
+        pipes, _ = load_pipelines(target, draft_or_none(draft), dtype, err, [runner], drafters=drafters)
         pipe = next(iter(pipes.values()))
         then = "timing the target's verify passes for the predictions"
         with bench_progress(len(items) * runs_per_prompt(config), title="advise run", console=err, after=then) as on_run:

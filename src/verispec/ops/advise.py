@@ -20,6 +20,7 @@ from verispec.ops.bench.run import VERISPEC_FAMILIES, RunRecord
 from verispec.spec.control import CostModel, best_draft_length, expected_tokens
 from verispec.errors import InvalidParameterError
 from verispec.runners import Runner, prefill
+from verispec.runners.eagle_blocks import head_nbytes
 
 SECONDS_PER_MONTH = 30 * 24 * 3600
 GO_THRESHOLD = 1.05  # a measured speedup below +5 % is within run-to-run noise here
@@ -307,15 +308,29 @@ def kv_geometry(loaded, runner_kind: str):
     return config, element or 4
 
 
-def memory_advice(target_config, draft_config, target_param_bytes: int, draft_param_bytes: int, context_length: int, bytes_per_element: int, budget_bytes: int | None) -> dict:
-    """Weights and KV caches (bytes) of target and draft at ``context_length``; fits the budget?
+HEAD_MEMORY_LIMIT_PCT = 10.0  # an EAGLE head's weights + KV cache, as a share of the target's (issue 28)
+
+
+def head_kv_bytes(head, context_length: int) -> int:
+    """An EAGLE head's KV cache at ``context_length`` tokens: one layer, float32 keys and values."""
+    shape = head.shape
+    return 2 * shape.num_key_value_heads * shape.head_dim * context_length * 4
+
+
+def memory_advice(target_config, draft_config, target_param_bytes: int, draft_param_bytes: int, context_length: int, bytes_per_element: int, budget_bytes: int | None, head_param_bytes: int = 0, head_kv: int = 0) -> dict:
+    """Weights and KV caches (bytes) of target, draft and EAGLE head at ``context_length``; fits the budget?
 
     ``target_config`` / ``draft_config``: model configs (or :func:`kv_geometry`'s) giving the
-    KV cache's shape; ``draft_config`` None: no draft."""
+    KV cache's shape; ``draft_config`` None: no draft. ``head_param_bytes``, ``head_kv``: a loaded
+    head's weights (:func:`verispec.runners.eagle_blocks.head_nbytes`) and KV cache
+    (:func:`head_kv_bytes`), 0 without one; ``head_overhead_pct`` is their share of the target's
+    weights + KV, ``head_within_limit`` whether it is <= :data:`HEAD_MEMORY_LIMIT_PCT`."""
     target_kv = kv_cache_bytes(target_config, context_length, bytes_per_element)
     draft_kv = kv_cache_bytes(draft_config, context_length, bytes_per_element) if draft_config is not None else 0
     target_total, draft_total = target_param_bytes + target_kv, draft_param_bytes + draft_kv
-    total = target_total + draft_total
+    head_total = head_param_bytes + head_kv
+    total = target_total + draft_total + head_total
+    head_pct = 100.0 * head_total / target_total if head_total and target_total else None
     return {
         "context_length": context_length,
         "target_param_bytes": target_param_bytes,
@@ -324,6 +339,10 @@ def memory_advice(target_config, draft_config, target_param_bytes: int, draft_pa
         "draft_kv_bytes": draft_kv,
         "total_bytes": total,
         "draft_overhead_pct": 100.0 * draft_total / target_total if target_total else None,
+        "head_param_bytes": head_param_bytes,
+        "head_kv_bytes": head_kv,
+        "head_overhead_pct": head_pct,
+        "head_within_limit": None if head_pct is None else head_pct <= HEAD_MEMORY_LIMIT_PCT,
         "budget_bytes": budget_bytes,
         "fits": None if budget_bytes is None else total <= budget_bytes,
         "fits_without_draft": None if budget_bytes is None else target_total <= budget_bytes,
@@ -355,9 +374,11 @@ def advise(pipe, items, config, *, max_k: int = 10, context_length: int = 4096, 
     overall = verdicts[-1]
     target_kv, element = kv_geometry(pipe.target, pipe.runner_kind)  # the KV cache the runner keeps
     draft_kv = kv_geometry(pipe.draft, pipe.runner_kind)[0] if pipe.draft else None
+    head = getattr(pipe.engine.proposers.get("eagle"), "head", None)  # a loaded EAGLE head, else None
     memory = memory_advice(
         target_kv, draft_kv, pipe.target.param_bytes,
         pipe.draft.param_bytes if pipe.draft else 0, context_length, element, memory_budget_bytes,
+        head_nbytes(head) if head is not None else 0, head_kv_bytes(head, context_length) if head is not None else 0,
     )
     cost = None
     if gpu_cost_per_month is not None:

@@ -52,6 +52,10 @@ def render(advice: Advice, console) -> None:
     line = (f"memory at {m['context_length']} tokens: target {mib(m['target_param_bytes'])} + KV {mib(m['target_kv_bytes'])}, "
             f"draft {mib(m['draft_param_bytes'])} + KV {mib(m['draft_kv_bytes'])}; total {mib(m['total_bytes'])}; "
             f"draft overhead {f(m['draft_overhead_pct'], '{:.1f}')} %")
+    if m.get("head_overhead_pct") is not None:
+        within = "within" if m["head_within_limit"] else "OVER"
+        line += (f"; EAGLE head {mib(m['head_param_bytes'])} + KV {mib(m['head_kv_bytes'])} = "
+                 f"{m['head_overhead_pct']:.1f} % of the target's ({within} the 10 % target)")
     if m["budget_bytes"] is not None:
         line += f"; budget {mib(m['budget_bytes'])}: {'fits' if m['fits'] else 'does NOT fit'}"
         line += "" if m["fits"] else f" ({'fits' if m['fits_without_draft'] else 'does not fit'} without the draft)"

@@ -36,6 +36,15 @@ class BlockLinear(nn.Module):
         return self.linear(x.float().contiguous())
 
 
+def head_nbytes(head: nn.Module) -> int:
+    """Bytes of ``head``'s own weights: its parameters and buffers (float32 where not quantized,
+    ``d2t``) plus the blocks of every :class:`BlockLinear`. The target's embedding it borrows is
+    not counted (the target holds it)."""
+    tensors = {id(t): t for t in list(head.parameters()) + list(head.buffers())}
+    blocks = sum(m.linear.nbytes() for m in head.modules() if isinstance(m, BlockLinear))
+    return sum(t.numel() * t.element_size() for t in tensors.values()) + blocks
+
+
 def quantize_head_(head: nn.Module, quantization: str = "q8_0") -> nn.Module:
     """Replace ``head``'s linear layers by :class:`BlockLinear` in ``quantization`` blocks (in
     place; returns ``head``). ``"q8_0"``: 8.5 bits per weight; ``"iq4_nl"``: 4.5 (the Q8_0
