@@ -109,3 +109,23 @@ def test_a_killed_server_comes_back_with_its_last_snapshot(tmp_path):
         second = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()
     assert second["choices"][0]["text"] == first["choices"][0]["text"]
     assert second["usage"]["num_accepted_tokens"] > first["usage"]["num_accepted_tokens"]  # it remembered
+
+
+def test_serve_takes_the_snapshot_interval(monkeypatch, tmp_path):
+    """serve --suffix-snapshot-seconds: the interval reaches the server; 0 or less is refused."""
+    import uvicorn
+    from server_support import tiny_pipeline
+    from typer.testing import CliRunner
+
+    from verispec import cli
+    from verispec.engine.loader import SpeculativePipeline
+
+    captured = {}
+    monkeypatch.setattr(SpeculativePipeline, "load", classmethod(lambda cls, *a, **k: tiny_pipeline()))
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: captured.update(app=app))
+    args = ["serve", "--suffix-cache", str(tmp_path / "suffix.cache"), "--suffix-snapshot-seconds"]
+    result = CliRunner().invoke(cli.app, args + ["5"])
+    assert result.exit_code == 0, result.output
+    assert captured["app"].state.verispec.config.suffix_snapshot_s == 5.0
+    result = CliRunner().invoke(cli.app, args + ["0"])
+    assert result.exit_code == 2 and "--suffix-snapshot-seconds must be > 0, got 0.0" in result.output

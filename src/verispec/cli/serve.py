@@ -56,7 +56,10 @@ def serve(
     ),
     max_tokens_cap: int = typer.Option(2048, min=1, help="Largest max_tokens a request may ask for."),
     suffix_cache: Optional[Path] = typer.Option(
-        None, help="File for the suffix drafter's cache of past requests: loaded at start if present, written atomically within 60 s of a change and at shutdown."
+        None, help="File for the suffix drafter's cache of past requests: loaded at start if present, written atomically within --suffix-snapshot-seconds of a change and at shutdown."
+    ),
+    suffix_snapshot_seconds: float = typer.Option(
+        60.0, help="The longest a change of --suffix-cache waits before it is on disk (what a crash or kill -9 can lose)."
     ),
     datastore: Optional[Path] = typer.Option(None, help="A corpus datastore (verispec datastore build) the suffix drafter also reads."),
     eagle_head: Optional[Path] = eagle_head_option(),
@@ -87,6 +90,8 @@ def serve(
             raise VerispecError(f"the server's dependencies are missing ({exc}): pip install -e .") from None
         if log_level.lower() not in LOG_LEVELS:
             raise InvalidParameterError(f"--log-level must be debug, info, warning or error, got {log_level!r}")
+        if not suffix_snapshot_seconds > 0:
+            raise InvalidParameterError(f"--suffix-snapshot-seconds must be > 0, got {suffix_snapshot_seconds}")
         if not 0.0 <= audit_rate <= 1.0:
             raise InvalidParameterError(f"--audit-rate must be in [0, 1], got {audit_rate}")
         logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -100,7 +105,7 @@ def serve(
         config = ServerConfig(
             api_key=api_key, max_tokens_cap=max_tokens_cap, max_queue=max_queue, max_body_bytes=max_body_bytes,
             default_spec=spec, audit_rate=audit_rate, max_num_seqs=max_num_seqs, max_kv_tokens=max_kv_tokens,
-            suffix_cache=None if suffix_cache is None else str(suffix_cache),
+            suffix_cache=None if suffix_cache is None else str(suffix_cache), suffix_snapshot_s=suffix_snapshot_seconds,
         )
         scaling = ReplicaOptions(replicas, ray_address, min_replicas, max_replicas, target_ongoing_requests, replica_cpus)
         if spec.method == "eagle" and eagle_head is None:
