@@ -133,6 +133,31 @@ def test_refuses_another_target(target, tmp_path):
         EagleHead.from_target(target, draft_token_ids=[0, VOCAB])  # an id outside the vocabulary
 
 
+def test_refuses_a_target_of_the_same_shapes_with_other_weights(target, tmp_path):
+    """A base model and its fine-tune share every shape: the final norm's digest tells them apart,
+    whatever runner holds the target; a head written before the digest existed still loads."""
+    from dataclasses import replace
+
+    from verispec.runners.int8 import Int8Runner
+
+    head = EagleHead.from_target(target, seed=0)
+    assert len(head.shape.target_norm_sha256) == 64
+    head.save(tmp_path / "head.gguf")
+    other = tiny_qwen2(1)  # the same config, other weights
+    with torch.no_grad():
+        other.model.norm.weight.mul_(1.01)  # a fine-tune moves the norms too
+    with pytest.raises(InvalidParameterError, match="another target of the same shapes"):
+        EagleHead.load(tmp_path / "head.gguf", other)
+    with pytest.raises(InvalidParameterError, match="another target of the same shapes"):
+        EagleHead.load(tmp_path / "head.gguf", Int8Runner.from_module(other, max_context_length=32))
+    same = EagleHead.load(tmp_path / "head.gguf", Int8Runner.from_module(target, max_context_length=32))  # another runner, same target
+    assert same.shape == head.shape
+    old = EagleHead(replace(head.shape, target_norm_sha256=""), target.get_input_embeddings(), head.d2t)
+    old.load_state_dict(head.state_dict())
+    old.save(tmp_path / "old.gguf")
+    assert EagleHead.load(tmp_path / "old.gguf", other).shape.target_norm_sha256 == ""  # nothing to compare: loads
+
+
 def test_ttt_unroll_matches_inference(target, sequences, draft_ids):
     """Step j of the training unroll at anchor t == what the head computes when drafting from t."""
     head = EagleHead.from_target(target, draft_token_ids=draft_ids, seed=5)

@@ -14,9 +14,10 @@ fused feature, at position ``p + 1``.
 from __future__ import annotations
 
 import copy
+import hashlib
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -48,6 +49,7 @@ class HeadShape:
     feature_layers: tuple[int, ...]
     draft_vocab_size: int
     target_model_type: str
+    target_norm_sha256: str = ""  # norm_digest of the target (heads written before it: "", not compared)
 
     @staticmethod
     def of_target(config, feature_layers: Sequence[int], draft_vocab_size: int) -> HeadShape:
@@ -79,6 +81,19 @@ class HeadShape:
         )
 
 
+def norm_digest(final_norm: Tensor) -> str:
+    """sha256 of the target's final RMSNorm weight as float32 bytes: what tells two targets of the
+    same shapes apart (a base model and its instruct fine-tune, two fine-tunes) whatever runner
+    holds them (GGUF keeps norms in float32; a bf16 checkpoint converts to the same float32 bits)."""
+    return hashlib.sha256(final_norm.detach().float().contiguous().numpy().tobytes()).hexdigest()
+
+
+def _final_norm(model: nn.Module) -> Tensor | None:
+    """The final norm weight of a transformers causal LM (``model.model.norm``), else None."""
+    norm = getattr(getattr(model, "model", None), "norm", None)
+    return getattr(norm, "weight", None)
+
+
 def _checked_d2t(d2t: Sequence[int] | Tensor, vocab_size: int) -> Tensor:
     d2t = torch.as_tensor(d2t, dtype=torch.long).reshape(-1)
     if d2t.numel() == 0 or int(d2t.min()) < 0 or int(d2t.max()) >= vocab_size:
@@ -108,6 +123,7 @@ class HeadTarget:
     vocab_size: int
     num_layers: int
     model_type: str | None
+    norm_sha256: str | None = None  # norm_digest; None where the target does not show its final norm
 
     @classmethod
     def of(cls, target: object) -> HeadTarget:
@@ -121,12 +137,15 @@ class HeadTarget:
         model = target if isinstance(target, nn.Module) else getattr(target, "model", None)
         if model is not None and hasattr(model, "get_input_embeddings"):
             config, embedding = model.config, model.get_input_embeddings()
+            norm = _final_norm(model)
             return cls(embedding, int(config.hidden_size), int(embedding.weight.shape[0]), int(config.num_hidden_layers),
-                       getattr(config, "model_type", None))
+                       getattr(config, "model_type", None), None if norm is None else norm_digest(norm))
         weights = getattr(target, "weights", None)
         if weights is not None and hasattr(weights, "embed"):
             width = int(weights.embed(torch.zeros(1, dtype=torch.long)).shape[-1])
-            return cls(weights.embed, width, int(weights.vocab_size), len(weights.layers), None)
+            norm = getattr(weights, "final_norm", None)
+            return cls(weights.embed, width, int(weights.vocab_size), len(weights.layers), None,
+                       None if norm is None else norm_digest(norm))
         raise InvalidParameterError(
             f"an EAGLE head cannot borrow the token embedding of a {type(target).__name__}: use the gguf, int8 or torch runner"
         )
@@ -216,6 +235,9 @@ class EagleHead(nn.Module):
         vocab = target_rows.shape[0]
         d2t = _checked_d2t(torch.arange(vocab) if draft_token_ids is None else draft_token_ids, vocab)
         shape = HeadShape.of_target(config, layers, d2t.numel())
+        norm = _final_norm(model)
+        if norm is not None:
+            shape = replace(shape, target_norm_sha256=norm_digest(norm))
         return cls(shape, model.get_input_embeddings(), d2t, target_rows[d2t].float(), seed=seed)
 
     @property
@@ -252,7 +274,8 @@ class EagleHead(nn.Module):
             ModelNotFoundError: no file at ``path``.
             ModelIntegrityError: the file is not a head written by :meth:`save` (truncated, corrupt).
             InvalidParameterError: the head was trained for a target of another architecture,
-                hidden size, vocabulary or depth, or ``target`` hands out no embedding.
+                hidden size, vocabulary or depth, or for another target of the same shapes (its
+                :func:`norm_digest` differs), or ``target`` hands out no embedding.
         """
         facts = HeadTarget.of(target)
         path = Path(path)
@@ -281,6 +304,11 @@ class EagleHead(nn.Module):
         ]
         if mismatched:
             raise InvalidParameterError(f"the EAGLE head {path} belongs to another target ({'; '.join(mismatched)})")
+        if shape.target_norm_sha256 and facts.norm_sha256 and shape.target_norm_sha256 != facts.norm_sha256:
+            raise InvalidParameterError(
+                f"the EAGLE head {path} was trained for another target of the same shapes (its final norm weights "
+                f"differ: another fine-tune or model); train one for this target (verispec train-head)"
+            )
         head = cls(shape, facts.embed_tokens, state["d2t"])
         try:
             head.load_state_dict(state)
