@@ -62,6 +62,9 @@ def serve(
         60.0, help="The longest a change of --suffix-cache waits before it is on disk (what a crash or kill -9 can lose)."
     ),
     datastore: Optional[Path] = typer.Option(None, help="A corpus datastore (verispec datastore build) the suffix drafter also reads."),
+    record_traffic: Optional[Path] = typer.Option(
+        None, help="Append each answered request's prompt (user turns or completion prompt; no answers, no system messages, no client details) to DIR/traffic-<pid>.jsonl, for verispec train-head --prompts. Off by default."
+    ),
     eagle_head: Optional[Path] = eagle_head_option(),
     head_quantization: str = head_quantization_option(),
     max_body_bytes: int = typer.Option(4 * 1024 * 1024, min=1024, help="Largest request body (bytes)."),
@@ -90,6 +93,10 @@ def serve(
             raise VerispecError(f"the server's dependencies are missing ({exc}): pip install -e .") from None
         if log_level.lower() not in LOG_LEVELS:
             raise InvalidParameterError(f"--log-level must be debug, info, warning or error, got {log_level!r}")
+        if record_traffic is not None:
+            from verispec.server.traffic import check_folder
+
+            check_folder(record_traffic)  # before minutes of loading
         if not suffix_snapshot_seconds > 0:
             raise InvalidParameterError(f"--suffix-snapshot-seconds must be > 0, got {suffix_snapshot_seconds}")
         if not 0.0 <= audit_rate <= 1.0:
@@ -106,6 +113,7 @@ def serve(
             api_key=api_key, max_tokens_cap=max_tokens_cap, max_queue=max_queue, max_body_bytes=max_body_bytes,
             default_spec=spec, audit_rate=audit_rate, max_num_seqs=max_num_seqs, max_kv_tokens=max_kv_tokens,
             suffix_cache=None if suffix_cache is None else str(suffix_cache), suffix_snapshot_s=suffix_snapshot_seconds,
+            record_traffic=None if record_traffic is None else str(record_traffic),
         )
         scaling = ReplicaOptions(replicas, ray_address, min_replicas, max_replicas, target_ongoing_requests, replica_cpus)
         if spec.method == "eagle" and eagle_head is None:

@@ -35,6 +35,7 @@ from verispec.errors import CacheFileError, InvalidParameterError
 from verispec.metrics import peak_rss_bytes
 from verispec.models.cache_files import report_damaged
 from verispec.proposers.suffix_file import SNAPSHOT_INTERVAL_S, SuffixSnapshots
+from verispec.server.traffic import TrafficRecorder, chat_record, completion_records
 from verispec.runners.notices import kernel_facts
 from verispec.server import logprobs, protocol
 from verispec.server.limits import BodyLimitMiddleware, validation_error
@@ -79,6 +80,8 @@ class ServerConfig:
             atomically at most ``suffix_snapshot_s`` after it changed and at shutdown
             (:class:`verispec.proposers.suffix_file.SuffixSnapshots`).
         suffix_snapshot_s: seconds a change of the suffix cache may wait before it is on disk.
+        record_traffic: a folder where every answered request's prompt is appended as training
+            JSONL for ``train-head --prompts`` (:mod:`verispec.server.traffic`); None: nothing kept.
         unhealthy_is_unavailable: requests get 503 (``Retry-After``) and ``/health`` 503 as soon
             as the engine reports any health problem (:meth:`EngineWorker.health_problem`:
             replicas, which Ray replaces); False: only while it cannot run at all
@@ -96,6 +99,7 @@ class ServerConfig:
     max_kv_tokens: int | None = None
     suffix_cache: str | None = None
     suffix_snapshot_s: float = SNAPSHOT_INTERVAL_S
+    record_traffic: str | None = None
     unhealthy_is_unavailable: bool = False
 
 
@@ -108,6 +112,7 @@ class _State:
         self.metrics = ServerMetrics()
         self.metrics.describe_runner(pipeline.runner_kind, kernel_facts(pipeline.runner_kind))
         self.token_texts = logprobs.TokenText(pipeline.tokenizer)
+        self.traffic = None if config.record_traffic is None else TrafficRecorder(config.record_traffic)
         self.auditor = QualityAuditor(config.audit_rate)
         self.metrics.track_audits(self.auditor)
         self.default_spec = config.default_spec or SpeculativeConfig(
@@ -328,9 +333,15 @@ async def _serve(state: _State, request: Request, body, prompts: list[list[int]]
             choice.job.cancel()
         raise
     view = ChoiceView(state.token_texts, state.pipeline.tokenizer, body, header)
+
+    def finished() -> None:  # every choice ended without an error: the prompt joins the recorded traffic
+        if state.traffic is not None:
+            state.traffic.record(chat_record(body.messages) if header.chat else completion_records(state.pipeline.tokenizer, prompts))
+
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(sse(state.metrics, choices, firsts, view, include_usage), media_type="text/event-stream")
+        return StreamingResponse(sse(state.metrics, choices, firsts, view, include_usage, on_finished=finished),
+                                 media_type="text/event-stream")
     outputs = []
     try:
         for choice, chunk in zip(choices, firsts):
@@ -341,6 +352,7 @@ async def _serve(state: _State, request: Request, body, prompts: list[list[int]]
         state.metrics.in_flight.dec()
         for choice in choices:
             choice.job.cancel()
+    finished()
     bodies = [view.choice_body(choice, output) for choice, output in zip(choices, outputs)]
     results = [(c.prompt_index, o.metrics, c.job.queue_s) for c, o in zip(choices, outputs)]
     return JSONResponse(header.body(bodies, protocol.usage(results)))

@@ -16,6 +16,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from typing import AsyncIterator
 
 from fastapi import Request
@@ -80,10 +81,12 @@ class ChoiceView:
 
 
 async def sse(
-    metrics: ServerMetrics, choices: list[Choice], firsts: list[StreamChunk], view: ChoiceView, include_usage: bool
+    metrics: ServerMetrics, choices: list[Choice], firsts: list[StreamChunk], view: ChoiceView, include_usage: bool,
+    on_finished: Callable[[], None] | None = None,
 ) -> AsyncIterator[str]:
     """Server-Sent Events: text deltas as accepted (each with its choice's index), a finish chunk
-    per choice, usage if asked, ``[DONE]``. With tools, a choice's text is held until it ends
+    per choice, usage if asked, ``[DONE]``; ``on_finished`` is called once every choice finished
+    without an error (before ``[DONE]``). With tools, a choice's text is held until it ends
     and then sent as content or as ``tool_calls``. A fault once the stream started (a failed job,
     any exception here) sends an error event in OpenAI's shape, then ``[DONE]``. A client that
     disconnects cancels this generator (counted ``client_disconnected``); ``finally`` then
@@ -127,6 +130,8 @@ async def sse(
                 results.append((choice.prompt_index, chunk.output.metrics, choice.job.queue_s))
         if include_usage:
             yield frame(header.usage_chunk(protocol.usage(results)))
+        if on_finished is not None:
+            on_finished()
     except APIError as exc:  # the response has started: the error travels as an event
         yield _failed(metrics, exc)
     except (asyncio.CancelledError, GeneratorExit):  # the client left (or the server stops)
