@@ -330,3 +330,18 @@ def test_a_readonly_copy_without_marker_is_hashed_and_a_wrong_one_skipped(make_s
 def test_readonly_folders_come_from_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv(store.READONLY_ENV, f"{tmp_path / 'a'}{os.pathsep}{os.pathsep}{tmp_path / 'b'}")
     assert ModelStore().readonly == (tmp_path / "a", tmp_path / "b")
+
+
+def test_a_fetch_off_a_terminal_prints_lines(make_store, entry, capsys, monkeypatch):
+    """In a log (stderr not a terminal) a download says each part as it goes, and the bytes at
+    least every LINE_EVERY_S while they flow (0 here: every chunk), never only at the end."""
+    from verispec import progress
+
+    monkeypatch.setattr(progress, "LINE_EVERY_S", 0.0)
+    make_store(progress=True).fetch(entry.name)
+    lines = capsys.readouterr().err.splitlines()
+    assert all(line.startswith(f"verispec: {entry.name}") for line in lines)
+    for index in range(1, NUM_PARTS + 1):
+        assert any(f"part {index}/{NUM_PARTS} downloading" in line for line in lines)
+    assert f"{NUM_PARTS} parts assembled" in lines[-1] and "MiB" in lines[-1] and "MB/s" in lines[-1]
+    assert len(lines) > 2 * NUM_PARTS  # byte lines while assembling, not only the part lines
