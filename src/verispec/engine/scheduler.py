@@ -2,7 +2,8 @@
 
 Owns admission (first come, first served: at most ``max_num_seqs`` running, each holding a
 reservation of KV-cache tokens out of a budget; the head of the queue waits until both fit),
-the pool of sequence slots (made on first need and reused, so memory stays flat under load),
+the pool of sequence slots (made on first need and reused; a slot goes back to the pool without
+its request's KV pages, so memory follows the requests running, not the longest ones ever run),
 cancellation (the slot is free at once) and one step over the running requests. The step itself
 is the engine's one generate loop (:meth:`verispec.engine.SpeculativeEngine.step`). Knows
 nothing about HTTP, threads or text.
@@ -178,5 +179,5 @@ class Scheduler:
         request.done = True
         self.running.remove(request)
         self._reserved -= request.kv_tokens
-        request.slot.target.truncate(0)
+        request.slot.release()  # back in the pool without the request's KV pages (Slot.release)
         self._free_slots.append(request.slot)

@@ -40,6 +40,16 @@ class Slot:
         self.batched_drafters = [name for name, p in self.proposers.items() if p.batches]
         self.feature_readers = list({id(p): p for p in self.proposers.values() if p.feature_layers}.values())
 
+    def release(self) -> None:
+        """The slot's request left it: empty the target's cache and every drafter's per-sequence
+        state, and hand their memory back to the OS where the runner can (``release()``, see
+        :class:`verispec.runners.Runner`; else ``truncate(0)``). A slot waiting in the
+        scheduler's pool then holds no KV pages, and the next request starts from a clean state."""
+        release = getattr(self.target, "release", None)
+        release() if release is not None else self.target.truncate(0)
+        for proposer in {id(p): p for p in self.proposers.values()}.values():
+            proposer.release()
+
 
 @dataclass
 class RequestState:

@@ -72,6 +72,9 @@ class Proposer:
             lookup drafter reads the context without a pass).
         end_request: a finished request's tokens, for drafters that learn across requests
             (default: nothing).
+        release: the sequence the drafter follows was emptied for good (its slot went back to
+            the scheduler's pool): drop per-sequence state and hand back its memory (default:
+            nothing).
         batches / propose_batch: whether steps of several requests may be drafted together, and
             how (default: each on its own through :meth:`propose`).
         feature_layers / observe_features: the target layers whose hidden states the drafter
@@ -112,6 +115,10 @@ class Proposer:
 
     def end_request(self, prompt_token_ids: Sequence[int], output_token_ids: Sequence[int]) -> None:
         """A request finished with these tokens (drafters that learn across requests keep them)."""
+
+    def release(self) -> None:
+        """The sequence this drafter follows was emptied for good (the request left its slot):
+        drop per-sequence state and give back the memory it holds. Nothing by default."""
 
     def observe_features(self, features: torch.Tensor, position: int) -> None:
         """The target's hidden states of the tokens it just committed to the KV cache, at
@@ -173,6 +180,13 @@ class DraftCacheSequences(Proposer):
         clone.runner = self.runner.new_sequence()
         clone.cached_token_ids = []
         return clone
+
+    def release(self) -> None:
+        """Empty the draft cache and hand its memory back (the runner's ``release()`` where it
+        has one, else ``truncate(0)``)."""
+        release = getattr(self.runner, "release", None)
+        release() if release is not None else self.runner.truncate(0)
+        self.cached_token_ids = []
 
 
 def window_start(num_tokens: int, capacity: int) -> int:

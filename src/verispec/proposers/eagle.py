@@ -57,6 +57,12 @@ class EagleProposer(Proposer):
         """This drafter for another sequence: the head's weights shared, its own empty cache."""
         return EagleProposer(self.head.new_sequence())
 
+    def release(self) -> None:
+        """Back to a new sequence's state: the head's cache emptied (its storage freed), no rows,
+        no pending features."""
+        self.head.release()
+        self._start, self._row_token_ids, self._pending = 0, [], self._pending.new_zeros(0, self._pending.shape[1])
+
     def observe_features(self, features: Tensor, position: int) -> None:
         """Keep the target's features of positions ``position ..`` (``[rows, layers * hidden]``).
 

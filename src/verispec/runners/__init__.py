@@ -40,6 +40,12 @@ class Runner(Protocol):
 
     Capture is no extra pass: the states are those the pass computes anyway, and the logits are
     bit-identical with it on or off.
+
+    Optional too: ``release() -> None``, ``truncate(0)`` that also hands the cache's memory back to
+    the OS (a static cache allocated at full capacity keeps the pages it was written to otherwise:
+    :meth:`verispec.runners.int8.Int8Runner.release`); the scheduler calls it when a request
+    leaves its sequence (:meth:`verispec.engine.state.Slot.release`), and falls back to
+    ``truncate(0)`` where a runner has none.
     """
 
     vocab_size: int

@@ -381,6 +381,10 @@ class EagleHead(nn.Module):
             raise ValueError(f"cannot truncate a cache of {self.num_cached_tokens} rows to {num_tokens}")
         self._keys, self._values = self._keys[:, :num_tokens], self._values[:, :num_tokens]
 
+    def release(self) -> None:
+        """Empty the cache and free its storage (``truncate(0)`` keeps a view of it)."""
+        self._keys, self._values = self._keys[:, :0].clone(), self._values[:, :0].clone()
+
     @torch.inference_mode()
     def forward(
         self,

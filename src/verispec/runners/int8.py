@@ -25,6 +25,7 @@ from torch import Tensor
 from verispec.runners import ForwardCall, check_new_tokens
 from verispec.runners.features import check_feature_layers, concat_features
 from verispec.runners.int8_weights import DEFAULT_MAX_CONTEXT, Int8Weights
+from verispec.runners.memory import release_pages
 
 
 @contextmanager
@@ -245,6 +246,17 @@ class Int8Runner:
         if not 0 <= num_tokens <= self._num_cached:
             raise ValueError(f"cannot truncate a cache of {self._num_cached} tokens to {num_tokens}")
         self._num_cached = num_tokens  # entries past the length are overwritten before they are read
+
+    def release(self) -> None:
+        """Empty the cache (``truncate(0)``) and hand the pages its tokens were written to back
+        to the OS (:func:`verispec.runners.memory.release_pages`): a sequence waiting in a pool
+        between requests holds no KV memory, instead of the pages of the longest request it ever
+        held (8 pooled sequences of the default pair: 80 KiB per token each, target and draft).
+        The next tokens written fault in fresh pages; entries are written before they are read."""
+        self._num_cached = 0
+        self.last_features = None
+        release_pages(self._keys)
+        release_pages(self._values)
 
 
 @dataclass
