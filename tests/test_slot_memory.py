@@ -1,6 +1,8 @@
 """The server's memory and the scheduler's slot pool (issue 29's fault soak: RSS grew 87.1 MiB after
-the first minute): a slot goes back to the pool without its request's KV pages, with every output
-equal to the request alone, and the engine thread hands the C heap's free pages back now and then."""
+the first minute; n = 16 requests prefilled their prompt 16 times): a slot goes back to the pool
+without its request's KV pages, the ``n`` choices of one prompt prefill it once (the others copy
+the cache) with every output equal to the request alone, and the engine thread hands the C heap's
+free pages back now and then."""
 
 import asyncio
 import threading
@@ -72,6 +74,62 @@ def test_requests_on_released_slots_give_the_outputs_of_a_fresh_engine(gguf_file
     first, _ = run_batched(engine, requests, max_num_seqs=3)  # 6 requests over 3 slots: each slot reused
     again, _ = run_batched(engine, requests[::-1], max_num_seqs=3)
     assert first == fresh and again == fresh[::-1]
+
+
+def rows_and_outputs(engine, requests, max_num_seqs=8, cancel=None):
+    """Run ``requests`` through one scheduler; the target rows of all passes and each output."""
+    scheduler = Scheduler(engine, max_num_seqs=max_num_seqs)
+    handles = [scheduler.add(*r, tag=i) for i, r in enumerate(requests)]
+    outputs, rows, steps = [None] * len(requests), 0, 0
+    while scheduler.running or scheduler.waiting:
+        for handle, chunk in scheduler.step():
+            if chunk.output is not None:
+                outputs[handle.tag] = chunk.output
+        rows += engine.last_pass_rows
+        steps += 1
+        if cancel is not None and steps == cancel[1]:
+            scheduler.cancel(handles[cancel[0]])
+    return rows, outputs
+
+
+@pytest.mark.parametrize("method", ["none", "draft"])
+def test_n_choices_of_one_prompt_prefill_it_once_with_outputs_as_alone(gguf_files, method):
+    engine = gguf_engine(gguf_files)
+    prompt = PROMPTS[2] + LONG  # 50 tokens
+    spec = SpeculativeConfig(method=method, num_speculative_tokens=2, schedule="constant")
+    requests = [(prompt, SamplingParams(max_tokens=4), spec)] + [
+        (prompt, SamplingParams(max_tokens=4, temperature=0.8, seed=100 + i), spec) for i in range(7)
+    ]
+    alone = [gguf_engine(gguf_files).generate(*r) for r in requests]
+    rows, outputs = rows_and_outputs(engine, requests)
+    assert [o.token_ids for o in outputs] == [a.token_ids for a in alone]
+    assert len({tuple(o.token_ids) for o in outputs}) > 2  # the seeds really differ
+    decode_rows = 8 * 3 * (1 + 2)  # at most: 3 verify passes of the pending token and 2 drafts each
+    assert rows <= len(prompt) + 7 + decode_rows  # one prefill and one row per other choice
+    assert rows < 2 * len(prompt)  # each choice prefilling its own would be >= 8 * 50 rows
+
+
+def test_choices_left_waiting_by_a_cancelled_source_prefill_their_own(gguf_files):
+    engine = gguf_engine(gguf_files, max_num_batched_tokens=8)  # the source's prefill takes passes
+    prompt = PROMPTS[0] + LONG
+    requests = [(PROMPTS[1], SamplingParams(max_tokens=30), SpeculativeConfig(method="none"))] + [
+        (prompt, SamplingParams(max_tokens=5, temperature=0.7, seed=i), SpeculativeConfig(method="none"))
+        for i in range(4)
+    ]
+    alone = [gguf_engine(gguf_files).generate(*r).token_ids for r in requests]
+    _, outputs = rows_and_outputs(engine, requests, cancel=(1, 2))  # the source goes mid-prefill
+    assert outputs[1] is None
+    assert [o.token_ids for i, o in enumerate(outputs) if i != 1] == [a for i, a in enumerate(alone) if i != 1]
+
+
+def test_prompt_logprobs_requests_prefill_their_own_prompt(gguf_files):
+    engine = gguf_engine(gguf_files)
+    prompt = PROMPTS[2] + LONG
+    requests = [(prompt, SamplingParams(max_tokens=3, prompt_logprobs=1), SpeculativeConfig(method="none"))] * 3
+    alone = gguf_engine(gguf_files).generate(*requests[0])
+    rows, outputs = rows_and_outputs(engine, requests)
+    assert rows >= 3 * len(prompt)
+    assert all(o.prompt_logprobs == alone.prompt_logprobs and o.token_ids == alone.token_ids for o in outputs)
 
 
 @pytest.mark.parametrize("every_s, expected", [(0.05, True), (1e9, False)])

@@ -4,7 +4,9 @@ Owns admission (first come, first served: at most ``max_num_seqs`` running, each
 reservation of KV-cache tokens out of a budget; the head of the queue waits until both fit),
 the pool of sequence slots (made on first need and reused; a slot goes back to the pool without
 its request's KV pages, so memory follows the requests running, not the longest ones ever run),
-cancellation (the slot is free at once) and one step over the running requests. The step itself
+cancellation (the slot is free at once), prompt sharing (a request admitted while another one
+with the same prompt runs, as the ``n`` choices of one API request are, copies that one's prompt
+cache instead of prefilling it again) and one step over the running requests. The step itself
 is the engine's one generate loop (:meth:`verispec.engine.SpeculativeEngine.step`). Knows
 nothing about HTTP, threads or text.
 """
@@ -30,6 +32,8 @@ class ScheduledRequest:
 
     ``kv_tokens``: cache positions reserved for it (prompt + output + one draft), held from
     admission to the end. ``state``: the engine's request state once admitted, else None.
+    ``prompt_source``: a running request with the same prompt whose cache this one copies once
+    that one has prefilled it (:meth:`Scheduler.step`); None: it prefills its own.
     """
 
     prompt_token_ids: list[int]
@@ -40,6 +44,7 @@ class ScheduledRequest:
     state: RequestState | None = None
     slot: Slot | None = field(default=None, repr=False)
     done: bool = False  # finished, cancelled or failed: out of the scheduler
+    prompt_source: ScheduledRequest | None = field(default=None, repr=False)
 
     @property
     def running(self) -> bool:
@@ -127,9 +132,10 @@ class Scheduler:
         :attr:`running`; :meth:`fail_running` then frees them.
         """
         self.admit()
-        if not self.running:
+        self._copy_shared_prompts()
+        running = [r for r in self.running if r.prompt_source is None]  # the others wait for their source
+        if not running:
             return []
-        running = list(self.running)
         chunks = self.engine.step([r.state for r in running])
         events = []
         for request, chunk in zip(running, chunks):
@@ -165,9 +171,38 @@ class Scheduler:
                 self.failed.append((head, exc))
                 continue
             self._reserved += head.kv_tokens
+            head.prompt_source = self._prompt_source(head)
             self.running.append(head)
             self.last_admitted.append(head)
         return self.last_admitted
+
+    def _prompt_source(self, request: ScheduledRequest) -> ScheduledRequest | None:
+        """The running request whose cache ``request`` can copy its prompt from: the same prompt,
+        prefilling or prefilled by itself, the furthest along; None when there is none or either
+        cannot share (:func:`_shares_prompt`)."""
+        if not _shares_prompt(request):
+            return None
+        sources = [
+            r for r in self.running
+            if r.prompt_source is None and r.prompt_token_ids == request.prompt_token_ids and _shares_prompt(r)
+        ]
+        return max(sources, key=lambda r: r.state.num_prefilled, default=None)
+
+    def _copy_shared_prompts(self) -> None:
+        """Each request waiting for its prompt source: once the source's cache holds all of the
+        prompt but its last token, copy those entries (the request then prefills that one token:
+        its own first logits); a source that ended first leaves it to prefill its own prompt."""
+        for request in self.running:
+            source = request.prompt_source
+            if source is None:
+                continue
+            shared = len(request.prompt_token_ids) - 1
+            if source.done:
+                request.prompt_source = None
+            elif source.state.num_prefilled >= shared:
+                request.slot.target.copy_prefix(source.slot.target, shared)
+                request.state.num_prefilled = shared
+                request.prompt_source = None
 
     def _take_slot(self) -> Slot:
         if self._free_slots:
@@ -181,3 +216,16 @@ class Scheduler:
         self._reserved -= request.kv_tokens
         request.slot.release()  # back in the pool without the request's KV pages (Slot.release)
         self._free_slots.append(request.slot)
+
+
+def _shares_prompt(request: ScheduledRequest) -> bool:
+    """Whether the request's prompt cache may be copied to or from another sequence: a runner
+    with ``copy_prefix``, a prompt of 2 tokens or more, no prompt logprobs (every prompt row's
+    logits are needed then) and no drafter reading the target's features of the prompt (an
+    EAGLE head would restart from the copied position, drafting worse for a while)."""
+    return (
+        len(request.prompt_token_ids) >= 2
+        and request.params.prompt_logprobs is None
+        and hasattr(request.slot.target, "copy_prefix")
+        and not request.slot.feature_readers
+    )

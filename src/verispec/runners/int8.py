@@ -247,6 +247,24 @@ class Int8Runner:
             raise ValueError(f"cannot truncate a cache of {self._num_cached} tokens to {num_tokens}")
         self._num_cached = num_tokens  # entries past the length are overwritten before they are read
 
+    def copy_prefix(self, source: Int8Runner, num_tokens: int) -> None:
+        """Hold ``source``'s first ``num_tokens`` cache entries and nothing after: ``source`` is
+        another sequence over the same weights, and the entries are what a prefill of the same
+        tokens would write here, bit for bit (each row of a pass is row-local, so neither the
+        chunking nor the other sequences of a pass change them), for the cost of a copy. The
+        scheduler prefills a prompt once for the ``n`` choices of a request this way.
+
+        Raises:
+            ValueError: ``source`` runs other weights, or holds fewer than ``num_tokens`` tokens.
+        """
+        if source.weights is not self.weights:
+            raise ValueError("copy_prefix needs a sequence over the same weights")
+        if not 0 <= num_tokens <= min(source._num_cached, self.max_context_length):
+            raise ValueError(f"cannot copy {num_tokens} tokens from a cache of {source._num_cached}")
+        self._keys[:, :, :num_tokens] = source._keys[:, :, :num_tokens]
+        self._values[:, :, :num_tokens] = source._values[:, :, :num_tokens]
+        self._num_cached = num_tokens
+
     def release(self) -> None:
         """Empty the cache (``truncate(0)``) and hand the pages its tokens were written to back
         to the OS (:func:`verispec.runners.memory.release_pages`): a sequence waiting in a pool
