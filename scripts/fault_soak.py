@@ -13,7 +13,8 @@ flight at a kill ended within 5 s with an OpenAI error JSON, an error event or a
 the restarted server holds at least its last suffix cache snapshot's entries; every greedy probe's
 text equals the same request sent alone to the idle server at the start; bad input is refused; no
 request in flight on the server at the end. Prints a table, writes ``--out DIR``: soak.json,
-rss.png (RSS over time, MiB), requests.jsonl (each request's outcome) and the server logs. The counting is in ``soak_checks.py``.
+rss.png (RSS over time, MiB), requests.jsonl (each request's outcome) and the server logs. The counting is in
+``soak_checks.py``, the server's start, kills and RSS in ``soak_server.py``.
 
 Run it alone on the machine (``../shared/tools/alone .venv/bin/python scripts/fault_soak.py``).
 """
@@ -22,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
-import shutil
 import statistics
 import sys
 import threading
@@ -33,21 +32,19 @@ from dataclasses import asdict
 from pathlib import Path
 
 import httpx
-import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from load_bench import HUMANEVAL, Server, free_port  # noqa: E402
+from load_bench import HUMANEVAL, free_port  # noqa: E402
 from soak_checks import (  # noqa: E402
-    INVALID_PARAMS, Outage, Outcome, by_kind, fault_schedule, greedy_mismatches, is_openai_error, kill_check,
-    rss_growth_mib, tally, unexpected_answers,
+    INVALID_PARAMS, Outage, Outcome, by_kind, fault_schedule, greedy_mismatches, is_openai_error, tally,
+    unexpected_answers,
 )
+from soak_server import ServerSide, metric, plot_rss, rss_figures  # noqa: E402
 
-LOADED = re.compile(r"suffix cache: (\d+) past requests from")
 GREEDY_MAX_TOKENS = 32
-KILL_WAIT_S = 5.5  # a little over the 5 s the requests of a kill have to end
 
 
-class Soak:
+class Soak(ServerSide):
     """The live run: the server (restarted after a kill), the request records and the clients."""
 
     def __init__(self, args, command: list[str], port: int, out: Path) -> None:
@@ -68,11 +65,6 @@ class Soak:
 
     def now(self) -> float:
         return time.perf_counter() - self.start
-
-    def start_server(self) -> Server:
-        server = Server("verispec", self.command, self.port, "/health", self.out / f"server-{self.generation}.log")
-        server.wait_ready()
-        return server
 
     # --- one request, recorded ---
 
@@ -174,136 +166,8 @@ class Soak:
         with self.lock:
             return [o for o in self.outcomes if o.end_s is None]
 
-    def kill(self) -> None:
-        """kill -9 the server, check the requests it had, restart it on the same port and file."""
-        in_flight, kill_s = self.in_flight(), self.now()
-        self.server.process.kill()
-        self.server.process.wait()
-        self.server.log.close()
-        snapshot_entries = snapshot_size(self.args.suffix_cache, self.out / f"suffix-at-kill-{len(self.kills)}.cache")
-        time.sleep(KILL_WAIT_S)
-        check = kill_check(in_flight, kill_s)
-        self.generation += 1
-        self.server = self.start_server()
-        ready_s = self.now()
-        self.generation_start.append(ready_s)
-        self.outages.append(Outage(kill_s, ready_s))
-        restored = loaded_entries(Path(self.server.log.name))
-        self.kills.append({**check, "restart_s": round(ready_s - kill_s, 1), "snapshot_entries": snapshot_entries,
-                           "restored_entries": restored,
-                           "snapshot_ok": snapshot_entries is None or (restored or 0) >= snapshot_entries})
-
-    def kill_replica(self) -> None:
-        """kill -9 one Ray Serve replica's process (Ray restarts it); its requests must fail fast."""
-        victims = replica_processes(self.server.process.pid)
-        in_flight, kill_s = self.in_flight(), self.now()
-        if not victims:
-            self.kills.append({"kill_s": round(kill_s, 2), "ok": False, "late": ["no replica process found"]})
-            return
-        victims[0].kill()
-        time.sleep(KILL_WAIT_S)
-        check = kill_check(in_flight, kill_s)
-        deadline = time.monotonic() + 180
-        while len(replica_processes(self.server.process.pid)) < len(victims) and time.monotonic() < deadline:
-            time.sleep(1.0)
-        self.outages.append(Outage(kill_s, self.now()))
-        self.kills.append({**check, "replica_pid": victims[0].pid, "replica_back_s": round(self.now() - kill_s, 1)})
-
-    def sample_rss(self) -> None:
-        while not self.stop.wait(self.args.rss_every):
-            try:
-                rss = tree_rss_bytes(self.server.process.pid)
-            except psutil.Error:
-                continue  # killed a moment ago
-            self.rss.append((self.now(), rss, self.generation))
-
-
 def greedy_body(model: str, prompt: str) -> dict:
     return {"model": model, "prompt": prompt, "max_tokens": GREEDY_MAX_TOKENS, "temperature": 0}
-
-
-def snapshot_size(path: Path, copy_to: Path) -> int | None:
-    """Entries of the suffix cache file a kill left (copied aside); None when there is none."""
-    from verispec.proposers.suffix import SuffixCache
-
-    if not path.exists():
-        return None
-    shutil.copy(path, copy_to)
-    return SuffixCache().load(copy_to)
-
-
-def loaded_entries(log: Path) -> int | None:
-    """The entries a server said it loaded from its suffix cache at start (None: no file loaded)."""
-    found = LOADED.findall(log.read_text(errors="replace"))
-    return int(found[-1]) if found else None
-
-
-def tree_rss_bytes(pid: int) -> int:
-    """RSS of a process and all its descendants (bytes): the Ray replicas are descendants."""
-    root = psutil.Process(pid)
-    total = root.memory_info().rss
-    for child in root.children(recursive=True):
-        try:
-            total += child.memory_info().rss
-        except psutil.Error:
-            pass
-    return total
-
-
-def replica_processes(pid: int) -> list[psutil.Process]:
-    """The Ray Serve replica worker processes under ``pid`` (their title names ServeReplica)."""
-    found = []
-    for child in psutil.Process(pid).children(recursive=True):
-        try:
-            if "ServeReplica" in " ".join(child.cmdline()):
-                found.append(child)
-        except psutil.Error:
-            pass
-    return sorted(found, key=lambda p: p.pid)
-
-
-def metric(url: str, name: str) -> float | None:
-    """A sample of /metrics without labels (summed over replicas by the server), or None."""
-    try:
-        text = httpx.get(url + "/metrics", timeout=30).text
-    except httpx.HTTPError:
-        return None
-    found = re.findall(rf"^{name} ([0-9.eE+-]+)$", text, flags=re.M)
-    return float(found[0]) if found else None
-
-
-def plot_rss(rss: list[tuple[float, int, int]], outages: list[Outage], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4))
-    for generation in sorted({g for _, _, g in rss}):
-        points = [(t, b / 2**20) for t, b, g in rss if g == generation]
-        ax.plot([t for t, _ in points], [m for _, m in points], marker=".", label=f"server process {generation}")
-    for outage in outages:
-        ax.axvline(outage.kill_s, color="red", linestyle="--", linewidth=1)
-    ax.set_xlabel("seconds since the soak started (red: kill)")
-    ax.set_ylabel("RSS (MiB, process tree)")
-    ax.set_title("verispec serve under the fault soak")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-def rss_figures(soak: Soak) -> dict:
-    """RSS first/max/last (MiB) and the growth after each server process's first minute."""
-    figures: dict = {"samples": len(soak.rss)}
-    if soak.rss:
-        figures["first_mib"], figures["last_mib"] = round(soak.rss[0][1] / 2**20, 1), round(soak.rss[-1][1] / 2**20, 1)
-        figures["max_mib"] = round(max(b for _, b, _ in soak.rss) / 2**20, 1)
-    figures["growth_after_first_minute_mib"] = {
-        str(g): rss_growth_mib([(t - soak.generation_start[g], b) for t, b, gen in soak.rss if gen == g])
-        for g in range(soak.generation + 1)
-    }
-    return figures
 
 
 def run(args) -> dict:
@@ -407,7 +271,8 @@ def print_report(report: dict, out: Path) -> None:
         ("greedy probes (mismatches)", f"{report['greedy_probes']} ({len(report['greedy_mismatches'])})"),
         ("in flight after the soak", report["in_flight_after"]),
         ("RSS first / max / last MiB", f"{report['rss'].get('first_mib')} / {report['rss'].get('max_mib')} / {report['rss'].get('last_mib')}"),
-        ("RSS growth after 1st minute MiB", report["rss"]["growth_after_first_minute_mib"]),
+        ("RSS growth after 1st minute MiB (last - first sample)", report["rss"]["growth_after_first_minute_mib"]),
+        ("RSS growth after 1st minute MiB (median of last minute - of 2nd)", report["rss"]["median_growth_after_first_minute_mib"]),
     ]
     print(f"\nfault soak: {report['clients']} clients, {report['wall_s']} s, seed {report['seed']}")
     print("| figure | value |\n|---|---|")

@@ -6,6 +6,7 @@ greedy texts, RSS growth). Knows nothing about HTTP or processes: the soak fills
 from __future__ import annotations
 
 import random
+import statistics
 from collections import Counter
 from dataclasses import dataclass
 
@@ -179,3 +180,20 @@ def rss_growth_mib(samples: list[tuple[float, int]], warmup_s: float = 60.0) -> 
     its last (``samples``: (seconds since it started, bytes)); None with fewer than 2 such samples."""
     after = [rss for t, rss in samples if t >= warmup_s]
     return round((after[-1] - after[0]) / 2**20, 1) if len(after) >= 2 else None
+
+
+def rss_trend_mib(samples: list[tuple[float, int]], warmup_s: float = 60.0, window_s: float = 60.0) -> float | None:
+    """RSS growth (MiB) of one process as a trend: the median of its samples in the last
+    ``window_s`` seconds minus the median of those in the ``window_s`` after ``warmup_s``
+    (``samples``: (seconds since it started, bytes)). Unlike :func:`rss_growth_mib` one sample
+    does not decide it: the KV pages of the requests running at that instant (tens of MiB
+    under 8 clients) come and go with them. None when the windows would overlap (a process that
+    lived less than ``warmup_s + 2 * window_s``) or either holds fewer than 3 samples."""
+    after = [(t, rss) for t, rss in samples if t >= warmup_s]
+    if not after or after[-1][0] - window_s < warmup_s + window_s:
+        return None
+    first = [rss for t, rss in after if t < warmup_s + window_s]
+    last = [rss for t, rss in after if t > after[-1][0] - window_s]
+    if len(first) < 3 or len(last) < 3:
+        return None
+    return round((statistics.median(last) - statistics.median(first)) / 2**20, 1)

@@ -12,7 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from soak_checks import (  # noqa: E402
     INVALID_PARAMS, REQUEST_FAULTS, Fault, Outage, Outcome, by_kind, fault_schedule, greedy_mismatches,
-    is_openai_error, kill_check, rss_growth_mib, tally, unexpected_answers,
+    is_openai_error, kill_check, rss_growth_mib, rss_trend_mib, tally, unexpected_answers,
 )
 
 # ----- the schedule -----
@@ -162,3 +162,16 @@ def test_rss_growth_counts_from_the_first_sample_after_the_first_minute():
     samples = [(0.0, 100 * mib), (30.0, 900 * mib), (60.0, 1000 * mib), (120.0, 1010 * mib), (180.0, 1012 * mib)]
     assert rss_growth_mib(samples) == 12.0
     assert rss_growth_mib(samples[:3]) is None  # one sample after the warm-up: no growth to speak of
+
+
+def test_rss_trend_compares_medians_of_the_minute_after_warm_up_and_the_last_minute():
+    mib = 2**20
+    # a flat process whose in-flight KV swings by 60 MiB from one 5 s sample to the next
+    swinging = [(float(t), (1800 + (60 if (t // 5) % 2 else 0)) * mib) for t in range(0, 600, 5)]
+    assert rss_growth_mib(swinging) == 60.0  # one sample low, the last one high
+    assert rss_trend_mib(swinging) == 0.0
+    # the same swings on a process that grows 0.2 MiB/s: the trend sees the growth
+    growing = [(t, rss + int(0.2 * t * mib)) for t, rss in swinging]
+    assert rss_trend_mib(growing) == 96.0  # 0.2 MiB/s x (567.5 - 87.5) s between the windows' middles
+    assert rss_trend_mib(swinging[:36]) is None  # 175 s: the last minute would overlap the second
+    assert rss_trend_mib(swinging[:37]) == 0.0
