@@ -214,6 +214,7 @@ def run(args) -> dict:
         for t in threads + injected:
             t.join(timeout=args.request_timeout + 30)
         wall_s = soak.now()
+        soak.judge_replica_kills()
         time.sleep(1.0)  # let the server see the last hang-ups
         in_flight_after = metric(soak.url, "verispec_requests_in_flight")
     finally:
@@ -267,6 +268,7 @@ def print_report(report: dict, out: Path) -> None:
         ("kills: at s / in flight / ended within 5 s / back after s",
          [(k.get("kill_s"), k.get("in_flight"), k.get("ended_in_time"), k.get("restart_s", k.get("replica_back_s")))
           for k in report["kills"]]),
+        ("replica kills: in flight answered in full by the other replicas", [k.get("answered_by_others") for k in report["kills"]]),
         ("suffix snapshot entries -> restored", [(k.get("snapshot_entries"), k.get("restored_entries")) for k in report["kills"]]),
         ("greedy probes (mismatches)", f"{report['greedy_probes']} ({len(report['greedy_mismatches'])})"),
         ("in flight after the soak", report["in_flight_after"]),

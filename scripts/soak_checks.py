@@ -154,16 +154,26 @@ def unexpected_answers(outcomes: list[Outcome]) -> list[str]:
     return found
 
 
-def kill_check(in_flight: list[Outcome], kill_s: float, within_s: float = KILL_ANSWER_S) -> dict:
+def kill_check(in_flight: list[Outcome], kill_s: float, within_s: float = KILL_ANSWER_S,
+               others_may_answer: bool = False) -> dict:
     """Whether every request in flight at a kill (``kill_s``) ended within ``within_s`` seconds:
-    with an OpenAI error JSON, an error event, a cut connection, or (already written) its answer."""
-    late = []
+    with an OpenAI error JSON, an error event, a cut connection, or (already written) its answer.
+    ``others_may_answer`` (a replica killed, the others serving): a request answered in full later
+    was on a replica that lived, and counts as ``answered_by_others`` (judge it once they ended)."""
+    late, by_others = [], 0
     for o in in_flight:
         ok_end = o.result in ENDED and (o.result != "http_error" or o.error_json)
-        if o.end_s is None or not ok_end or o.end_s - kill_s > within_s:
-            late.append(f"{o.kind} sent at {o.sent_s:.1f} s: {o.result or 'unanswered'} at {o.end_s}")
-    return {"kill_s": round(kill_s, 2), "in_flight": len(in_flight), "ended_in_time": len(in_flight) - len(late),
-            "late": late, "ok": not late}
+        if o.end_s is not None and ok_end and o.end_s - kill_s <= within_s:
+            continue
+        if others_may_answer and o.result == "answered":
+            by_others += 1
+            continue
+        late.append(f"{o.kind} sent at {o.sent_s:.1f} s: {o.result or 'unanswered'} at {o.end_s}")
+    check = {"kill_s": round(kill_s, 2), "in_flight": len(in_flight),
+             "ended_in_time": len(in_flight) - len(late) - by_others, "late": late, "ok": not late}
+    if others_may_answer:
+        check["answered_by_others"] = by_others
+    return check
 
 
 def greedy_mismatches(reference: dict[int, str], probes: list[Outcome]) -> list[str]:

@@ -59,12 +59,21 @@ class ServerSide:
             return
         victims[0].kill()
         time.sleep(KILL_WAIT_S)
-        check = kill_check(in_flight, kill_s)
         deadline = time.monotonic() + 180
         while len(replica_processes(self.server.process.pid)) < len(victims) and time.monotonic() < deadline:
             time.sleep(1.0)
         self.outages.append(Outage(kill_s, self.now()))
-        self.kills.append({**check, "replica_pid": victims[0].pid, "replica_back_s": round(self.now() - kill_s, 1)})
+        # the requests on the replicas that lived go on for a while: judged once all have ended
+        self.kills.append({"kill_s": round(kill_s, 2), "in_flight_outcomes": in_flight, "replica_pid": victims[0].pid,
+                           "replica_back_s": round(self.now() - kill_s, 1)})
+
+    def judge_replica_kills(self) -> None:
+        """After the soak: each replica kill's check (:func:`soak_checks.kill_check`, requests
+        answered in full by the other replicas allowed)."""
+        for kill in self.kills:
+            in_flight = kill.pop("in_flight_outcomes", None)
+            if in_flight is not None:
+                kill.update(kill_check(in_flight, kill["kill_s"], others_may_answer=True))
 
     def sample_rss(self) -> None:
         while not self.stop.wait(self.args.rss_every):

@@ -146,6 +146,20 @@ def test_kill_check_needs_every_in_flight_request_to_end_within_5_s():
     assert result["late"][1] == "n16 sent at 29.0 s: unanswered at None"
 
 
+def test_a_replica_kill_lets_the_other_replicas_answer_their_requests_in_full():
+    in_flight = [
+        Outcome("normal", 28.0, 30.2, "http_error", 503, error_json=True),  # on the killed replica: 503 at once
+        Outcome("normal", 28.5, 30.2, "stream_error", 200),                 # its stream ended with an error event
+        Outcome("n16", 20.0, 60.0, "answered", 200),                        # on a replica that lived: answered later
+        Outcome("normal", 29.0, 70.0, "http_error", 503, error_json=True),  # an error 40 s later: late
+        Outcome("greedy", 29.0, None),                                      # never ended: late
+    ]
+    result = kill_check(in_flight, kill_s=30.0, others_may_answer=True)
+    assert (result["ended_in_time"], result["answered_by_others"], len(result["late"]), result["ok"]) == (2, 1, 2, False)
+    assert kill_check(in_flight[:3], kill_s=30.0, others_may_answer=True)["ok"]
+    assert not kill_check(in_flight[:3], kill_s=30.0)["ok"]  # a server kill: nothing may answer later
+
+
 def test_greedy_probes_must_equal_the_idle_servers_texts():
     reference = {0: "def f():", 1: "return 1"}
     probes = [

@@ -255,3 +255,47 @@ def test_a_killed_replica_fails_its_requests_and_comes_back(cluster):
             break
         time.sleep(2)
     assert len(ids - {None}) == 2 and victim not in ids, ids
+
+
+def test_a_client_that_left_a_replica_is_a_disconnect_not_a_server_fault():
+    """Ray Serve's receive() raises TaskCancelledError when its proxy cancels a request whose
+    client hung up; a streaming response listening for the disconnect took it for its own fault
+    (a traceback and a 500 counted as internal_error per hang-up in the replica soak)."""
+    import asyncio
+
+    pytest.importorskip("ray")
+    from ray.exceptions import TaskCancelledError
+    from starlette.applications import Starlette
+    from starlette.responses import StreamingResponse
+    from starlette.routing import Route
+
+    from verispec.server.replicas import ReplicaHeader
+
+    async def forever():
+        while True:
+            yield b"data: x\n\n"
+            await asyncio.sleep(0.01)
+
+    async def stream(request):
+        return StreamingResponse(forever(), media_type="text/event-stream")
+
+    app = ReplicaHeader(Starlette(routes=[Route("/s", stream, methods=["POST"])]), replica_id="r1")
+    calls, sent = [], []
+
+    async def receive():
+        calls.append(1)
+        if len(calls) == 1:
+            return {"type": "http.request", "body": b"", "more_body": False}
+        await asyncio.sleep(0.05)
+        raise TaskCancelledError()  # what Ray's proxy makes of a client that left
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/s", "headers": [], "query_string": b"", "root_path": "",
+             "scheme": "http", "server": ("127.0.0.1", 80), "client": ("127.0.0.1", 1), "http_version": "1.1"}
+    asyncio.run(asyncio.wait_for(app(scope, receive, send), 5))  # ends, raising nothing
+    start = sent[0]
+    assert start["type"] == "http.response.start" and start["status"] == 200
+    assert (b"x-verispec-replica", b"r1") in start["headers"]
+    assert any(m.get("body") for m in sent[1:])  # it streamed until the client left

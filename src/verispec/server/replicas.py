@@ -156,11 +156,20 @@ def import_serve():
 
 
 class ReplicaHeader:
-    """ASGI middleware: ``x-verispec-replica: <id>`` on every HTTP response (streams included)."""
+    """ASGI middleware: ``x-verispec-replica: <id>`` on every HTTP response (streams included),
+    and a client that left is an ``http.disconnect`` message: Ray Serve's ``receive`` raises
+    ``TaskCancelledError`` instead when its proxy cancels the request, which the app took for its
+    own fault (a logged traceback and a 500 counted as ``internal_error`` per hang-up)."""
 
     def __init__(self, app, replica_id: str) -> None:
         self.app = app
         self.header = (REPLICA_HEADER.encode(), replica_id.encode())
+        try:
+            from ray.exceptions import TaskCancelledError
+
+            self.cancelled: tuple = (TaskCancelledError,)
+        except ImportError:
+            self.cancelled = ()
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -172,7 +181,13 @@ class ReplicaHeader:
                 message = {**message, "headers": [*message.get("headers", []), self.header]}
             await send(message)
 
-        await self.app(scope, receive, tagged)
+        async def receive_or_disconnect():
+            try:
+                return await receive()
+            except self.cancelled:
+                return {"type": "http.disconnect"}
+
+        await self.app(scope, receive_or_disconnect, tagged)
 
 
 def replica_app(spec: ReplicaSpec, replica_id: str, merged_metrics=None):
