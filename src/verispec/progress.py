@@ -187,3 +187,49 @@ def working(what: str, why: str, console: "Console") -> Iterator[None]:
     else:
         with announce_slow(what, why):
             yield
+
+
+class ProgressLines:
+    """The calls of a rich ``Progress`` a byte count makes (``add_task``, ``update``, ``advance``; the model
+    store's downloads), as lines on stderr: one when a task's
+    description changes and, while bytes flow, at most every :data:`verispec.progress.LINE_EVERY_S`
+    (bytes so far, of the total, MB/s)."""
+
+    def __init__(self) -> None:
+        self._tasks: dict[int, dict] = {}
+
+    def __enter__(self) -> ProgressLines:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for task in self._tasks.values():
+            if task["shown_done"] != task["done"]:
+                self._say(task)
+
+    def add_task(self, description: str, total: float | None = None) -> int:
+        task_id = len(self._tasks)
+        now = time.monotonic()
+        self._tasks[task_id] = {"description": description, "total": total, "done": 0, "start": now, "said": now, "shown_done": -1}
+        self._say(self._tasks[task_id])
+        return task_id
+
+    def update(self, task_id: int, *, description: str | None = None, **_) -> None:
+        task = self._tasks[task_id]
+        if description is not None and description != task["description"]:
+            task["description"] = description
+            self._say(task)
+
+    def advance(self, task_id: int, amount: float) -> None:
+        task = self._tasks[task_id]
+        task["done"] += amount
+        if time.monotonic() - task["said"] >= LINE_EVERY_S:
+            self._say(task)
+
+    @staticmethod
+    def _say(task: dict) -> None:
+        now = time.monotonic()
+        done, total = task["done"] / 2**20, task["total"]
+        rate = task["done"] / 1e6 / max(now - task["start"], 1e-9)
+        amount = f"{done:.0f}" + (f"/{total / 2**20:.0f}" if total else "") + f" MiB, {rate:.1f} MB/s"
+        print(f"verispec: {task['description']} ({amount})", file=sys.stderr, flush=True)
+        task["said"], task["shown_done"] = now, task["done"]

@@ -14,9 +14,8 @@ fused feature, at position ``p + 1``.
 from __future__ import annotations
 
 import copy
-import hashlib
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from torch import Tensor, nn
 
 from verispec.errors import InvalidParameterError, ModelIntegrityError, ModelNotFoundError
 from verispec.runners.eagle_file import is_gguf, read_head_gguf, write_head_gguf
+from verispec.runners.eagle_target import HeadTarget, final_norm, norm_digest  # noqa: F401  (HeadTarget, norm_digest: re-exported)
 from verispec.runners.features import default_feature_layers
 from verispec.runners.reduced_vocab import choose_draft_vocabulary  # noqa: F401  (the head's vocabulary, re-exported)
 
@@ -81,19 +81,6 @@ class HeadShape:
         )
 
 
-def norm_digest(final_norm: Tensor) -> str:
-    """sha256 of the target's final RMSNorm weight as float32 bytes: what tells two targets of the
-    same shapes apart (a base model and its instruct fine-tune, two fine-tunes) whatever runner
-    holds them (GGUF keeps norms in float32; a bf16 checkpoint converts to the same float32 bits)."""
-    return hashlib.sha256(final_norm.detach().float().contiguous().numpy().tobytes()).hexdigest()
-
-
-def _final_norm(model: nn.Module) -> Tensor | None:
-    """The final norm weight of a transformers causal LM (``model.model.norm``), else None."""
-    norm = getattr(getattr(model, "model", None), "norm", None)
-    return getattr(norm, "weight", None)
-
-
 def _checked_d2t(d2t: Sequence[int] | Tensor, vocab_size: int) -> Tensor:
     d2t = torch.as_tensor(d2t, dtype=torch.long).reshape(-1)
     if d2t.numel() == 0 or int(d2t.min()) < 0 or int(d2t.max()) >= vocab_size:
@@ -108,47 +95,6 @@ def _linear(in_features: int, out_features: int) -> nn.Linear:
 def _rotate_half(x: Tensor) -> Tensor:
     first, second = x.chunk(2, dim=-1)
     return torch.cat([-second, first], dim=-1)
-
-
-@dataclass(frozen=True)
-class HeadTarget:
-    """What a head borrows from its target and is checked against when it loads.
-
-    ``embed_tokens``: the target's token embedding, int64 ``[n]`` -> float ``[n, hidden_size]``;
-    ``model_type``: None where the runner does not know it (then not compared).
-    """
-
-    embed_tokens: Callable[[Tensor], Tensor]
-    hidden_size: int
-    vocab_size: int
-    num_layers: int
-    model_type: str | None
-    norm_sha256: str | None = None  # norm_digest; None where the target does not show its final norm
-
-    @classmethod
-    def of(cls, target: object) -> HeadTarget:
-        """The facts of a transformers causal LM, a :class:`~verispec.runners.torch_runner.TransformersRunner`
-        (its ``model``) or an int8 / gguf runner (its ``weights``: the embedding as the runner
-        stores it, de-quantized per lookup).
-
-        Raises:
-            InvalidParameterError: ``target`` hands out no token embedding.
-        """
-        model = target if isinstance(target, nn.Module) else getattr(target, "model", None)
-        if model is not None and hasattr(model, "get_input_embeddings"):
-            config, embedding = model.config, model.get_input_embeddings()
-            norm = _final_norm(model)
-            return cls(embedding, int(config.hidden_size), int(embedding.weight.shape[0]), int(config.num_hidden_layers),
-                       getattr(config, "model_type", None), None if norm is None else norm_digest(norm))
-        weights = getattr(target, "weights", None)
-        if weights is not None and hasattr(weights, "embed"):
-            width = int(weights.embed(torch.zeros(1, dtype=torch.long)).shape[-1])
-            norm = getattr(weights, "final_norm", None)
-            return cls(weights.embed, width, int(weights.vocab_size), len(weights.layers), None,
-                       None if norm is None else norm_digest(norm))
-        raise InvalidParameterError(
-            f"an EAGLE head cannot borrow the token embedding of a {type(target).__name__}: use the gguf, int8 or torch runner"
-        )
 
 
 class EagleHead(nn.Module):
@@ -235,7 +181,7 @@ class EagleHead(nn.Module):
         vocab = target_rows.shape[0]
         d2t = _checked_d2t(torch.arange(vocab) if draft_token_ids is None else draft_token_ids, vocab)
         shape = HeadShape.of_target(config, layers, d2t.numel())
-        norm = _final_norm(model)
+        norm = final_norm(model)
         if norm is not None:
             shape = replace(shape, target_norm_sha256=norm_digest(norm))
         return cls(shape, model.get_input_embeddings(), d2t, target_rows[d2t].float(), seed=seed)

@@ -34,7 +34,8 @@ from verispec.engine import SpeculativeConfig
 from verispec.errors import CacheFileError, InvalidParameterError
 from verispec.metrics import peak_rss_bytes
 from verispec.models.cache_files import report_damaged
-from verispec.proposers.suffix_file import SNAPSHOT_INTERVAL_S, SuffixSnapshots
+from verispec.proposers.suffix_file import SuffixSnapshots
+from verispec.server.config import ServerConfig
 from verispec.server.traffic import TrafficRecorder, chat_record, completion_records
 from verispec.runners.notices import kernel_facts
 from verispec.server import logprobs, protocol
@@ -56,51 +57,6 @@ from verispec.server.worker import EngineWorker, Job, QueueFullError
 log = logging.getLogger("verispec.server")
 ERROR_RESPONSES = {status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 429, 500, 503)}
 GENERATE_RESPONSES = {**ERROR_RESPONSES, 200: {"content": {"text/event-stream": {}}}}
-
-
-@dataclasses.dataclass(frozen=True)
-class ServerConfig:
-    """Server options (the CLI's ``serve`` flags).
-
-    Attributes:
-        api_key: when set, every /v1 route needs ``Authorization: Bearer <api_key>``.
-        max_tokens_cap: largest ``max_tokens`` a request may ask for (chat's default).
-        max_queue: requests that may wait for the engine before 429.
-        max_body_bytes: request bodies above this are refused with 413.
-        default_spec: speculation of requests that send no ``speculative`` field.
-        model_name: the name clients send as ``model`` (default: the target's name).
-        audit_rate: fraction of delivered responses re-decoded plainly in idle time, in [0, 1]
-            (:mod:`verispec.ops.audit`); counts in ``/metrics`` and ``/health``.
-        max_num_seqs: requests batched into one target pass (continuous batching); None: 8
-            where the runners can hold several sequences, else 1.
-        max_kv_tokens: KV-cache positions the running requests may reserve together; a
-            request that does not fit waits (:class:`verispec.engine.scheduler.Scheduler`).
-        suffix_cache: a file holding the suffix drafter's cache of past requests: loaded at
-            start when it exists (a damaged one is said on stderr and ignored), snapshotted
-            atomically at most ``suffix_snapshot_s`` after it changed and at shutdown
-            (:class:`verispec.proposers.suffix_file.SuffixSnapshots`).
-        suffix_snapshot_s: seconds a change of the suffix cache may wait before it is on disk.
-        record_traffic: a folder where every answered request's prompt is appended as training
-            JSONL for ``train-head --prompts`` (:mod:`verispec.server.traffic`); None: nothing kept.
-        unhealthy_is_unavailable: requests get 503 (``Retry-After``) and ``/health`` 503 as soon
-            as the engine reports any health problem (:meth:`EngineWorker.health_problem`:
-            replicas, which Ray replaces); False: only while it cannot run at all
-            (:meth:`EngineWorker.stopped_problem`), other failures being each request's 500.
-    """
-
-    api_key: str | None = None
-    max_tokens_cap: int = 2048
-    max_queue: int = 64
-    max_body_bytes: int = 4 * 1024 * 1024
-    default_spec: SpeculativeConfig | None = None
-    model_name: str | None = None
-    audit_rate: float = 0.0
-    max_num_seqs: int | None = None
-    max_kv_tokens: int | None = None
-    suffix_cache: str | None = None
-    suffix_snapshot_s: float = SNAPSHOT_INTERVAL_S
-    record_traffic: str | None = None
-    unhealthy_is_unavailable: bool = False
 
 
 class _State:
