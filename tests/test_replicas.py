@@ -299,3 +299,29 @@ def test_a_client_that_left_a_replica_is_a_disconnect_not_a_server_fault():
     assert start["type"] == "http.response.start" and start["status"] == 200
     assert (b"x-verispec-replica", b"r1") in start["headers"]
     assert any(m.get("body") for m in sent[1:])  # it streamed until the client left
+
+
+@pytest.mark.parametrize("waits", [True, False])
+def test_a_replica_starts_serving_only_after_its_warm_up(monkeypatch, waits):
+    """Ray routes requests to a replica once its app's startup ends: a restarted replica must not
+    take them before its engine warmed up (it answered 503 not_ready in the replica soak)."""
+    from fastapi.testclient import TestClient
+
+    from server_support import tiny_pipeline
+    from verispec.server import create_app
+    from verispec.server.replicas import startup_waits_for_warm_up
+    from verispec.server.worker import EngineWorker
+
+    warm_up = EngineWorker._warm_up
+
+    def slow_warm_up(self):
+        time.sleep(0.5)
+        warm_up(self)
+
+    monkeypatch.setattr(EngineWorker, "_warm_up", slow_warm_up)
+    app = create_app(tiny_pipeline())
+    if waits:
+        app = startup_waits_for_warm_up(app)
+    with TestClient(app) as client:  # the lifespan's startup has ended here
+        status = client.get("/health").status_code
+    assert status == (200 if waits else 503)

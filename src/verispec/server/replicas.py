@@ -14,10 +14,12 @@ the command line's launch (checks before Ray starts) is :mod:`verispec.cli.repli
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import math
 import time
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from verispec.errors import InvalidParameterError, VerispecError
@@ -32,6 +34,7 @@ REPLICA_HEADER = "x-verispec-replica"
 SUFFIX_CACHE_REFUSED = "--suffix-cache is one file per process: it cannot be used with --replicas"
 APP_NAME = "verispec"
 DEPLOYMENT_NAME = "VerispecReplica"
+WARM_UP_WAIT_S = 600.0  # longest a replica's startup waits for its engine's warm-up
 
 
 class RayMissingError(VerispecError):
@@ -209,6 +212,23 @@ def replica_app(spec: ReplicaSpec, replica_id: str, merged_metrics=None):
     config = dataclasses.replace(spec.config, unhealthy_is_unavailable=True)
     app = create_app(pipe, config, metrics_exposition=merged_metrics)
     app.add_middleware(ReplicaHeader, replica_id=replica_id)
+    return startup_waits_for_warm_up(app)
+
+
+def startup_waits_for_warm_up(app, timeout_s: float = WARM_UP_WAIT_S):
+    """``app`` (from :func:`create_app`) whose lifespan startup ends only once its engine's warm-up
+    is done (or ``timeout_s`` passed). Ray Serve routes requests to a replica as soon as its
+    startup ends: a replica restarted after a crash otherwise answered its first requests 503
+    not_ready while it warmed up (the fault soak with --replicas 2). Returns ``app``."""
+    original = app.router.lifespan_context
+
+    @asynccontextmanager
+    async def lifespan(application):
+        async with original(application) as value:
+            await asyncio.to_thread(app.state.verispec.worker.ready.wait, timeout_s)
+            yield value
+
+    app.router.lifespan_context = lifespan
     return app
 
 
