@@ -138,8 +138,8 @@ def test_the_engine_thread_hands_free_heap_pages_back_every_interval(monkeypatch
     from verispec.server import worker as worker_module
     from verispec.server.prom import ServerMetrics
 
-    calls = []
-    monkeypatch.setattr(worker_module, "release_freed_memory", lambda: calls.append(threading.current_thread().name))
+    threads = []  # every engine thread alive calls the patched function (the session's test servers too)
+    monkeypatch.setattr(worker_module, "release_freed_memory", lambda: threads.append(threading.current_thread()))
     pipe = tiny_pipeline()
     worker = worker_module.EngineWorker(pipe.engine, max_queue=8, metrics=ServerMetrics(),
                                         warmup_prompt_token_ids=pipe.encode("Hello"),
@@ -154,5 +154,5 @@ def test_the_engine_thread_hands_free_heap_pages_back_every_interval(monkeypatch
     finally:
         worker.stop()
         loop.close()
+    calls = [t for t in threads if t is worker._thread]  # between passes, on this worker's own thread
     assert (len(calls) >= 2) == expected and worker.heap_trims == len(calls)
-    assert set(calls) <= {"verispec-engine"}  # between passes, on the engine's own thread
