@@ -55,6 +55,7 @@ class Soak(ServerSide):
         self.outages: list[Outage] = []
         self.kills: list[dict] = []
         self.rss: list[tuple[float, int, int]] = []  # (s since the soak started, bytes, server generation)
+        self.rss_processes: list[tuple[float, dict[str, int]]] = []  # (s since the soak started, {process: bytes})
         self.generation_start: list[float] = [0.0]
         self.generation = 0
         self.server = self.start_server()
@@ -275,6 +276,7 @@ def print_report(report: dict, out: Path) -> None:
         ("RSS first / max / last MiB", f"{report['rss'].get('first_mib')} / {report['rss'].get('max_mib')} / {report['rss'].get('last_mib')}"),
         ("RSS growth after 1st minute MiB (last - first sample)", report["rss"]["growth_after_first_minute_mib"]),
         ("RSS growth after 1st minute MiB (median of last minute - of 2nd)", report["rss"]["median_growth_after_first_minute_mib"]),
+        ("  the same, per process of the tree", {k: v for k, v in report["rss"]["median_growth_by_process_mib"].items() if v is not None}),
     ]
     print(f"\nfault soak: {report['clients']} clients, {report['wall_s']} s, seed {report['seed']}")
     print("| figure | value |\n|---|---|")

@@ -207,3 +207,13 @@ def rss_trend_mib(samples: list[tuple[float, int]], warmup_s: float = 60.0, wind
     if len(first) < 3 or len(last) < 3:
         return None
     return round((statistics.median(last) - statistics.median(first)) / 2**20, 1)
+
+
+def process_trends(samples: list[tuple[float, dict[str, int]]]) -> dict[str, float | None]:
+    """Each process's RSS trend (:func:`rss_trend_mib`, its seconds counted from its
+    own first sample) from ``samples`` of (s since the soak started, {label: bytes})."""
+    series: dict[str, list[tuple[float, int]]] = {}
+    for t, processes in samples:
+        for label, rss in processes.items():
+            series.setdefault(label, []).append((t, rss))
+    return {label: rss_trend_mib([(t - points[0][0], rss) for t, rss in points]) for label, points in series.items()}

@@ -15,7 +15,7 @@ import httpx
 import psutil
 
 from load_bench import Server
-from soak_checks import Outage, kill_check, rss_growth_mib, rss_trend_mib
+from soak_checks import Outage, kill_check, process_trends, rss_growth_mib, rss_trend_mib
 
 LOADED = re.compile(r"suffix cache: (\d+) past requests from")
 KILL_WAIT_S = 5.5  # a little over the 5 s the requests of a kill have to end
@@ -78,10 +78,12 @@ class ServerSide:
     def sample_rss(self) -> None:
         while not self.stop.wait(self.args.rss_every):
             try:
-                rss = tree_rss_bytes(self.server.process.pid)
+                processes = tree_rss_by_process(self.server.process.pid)
             except psutil.Error:
                 continue  # killed a moment ago
-            self.rss.append((self.now(), rss, self.generation))
+            now = self.now()
+            self.rss.append((now, sum(processes.values()), self.generation))
+            self.rss_processes.append((now, processes))
 
 
 def snapshot_size(path: Path, copy_to: Path) -> int | None:
@@ -100,16 +102,28 @@ def loaded_entries(log: Path) -> int | None:
     return int(found[-1]) if found else None
 
 
-def tree_rss_bytes(pid: int) -> int:
-    """RSS of a process and all its descendants (bytes): the Ray replicas are descendants."""
+def process_label(process: psutil.Process) -> str:
+    """A short name for one process of the server's tree: ``serve`` (the process started),
+    ``ServeReplica``, ``ServeController``, ``ProxyActor``, ``raylet``, ``gcs_server``, ``dashboard``
+    or the executable's base name, followed by ``:pid``."""
+    command = " ".join(process.cmdline())
+    for role in ("ServeReplica", "ServeController", "ProxyActor", "raylet", "gcs_server", "dashboard", "log_monitor"):
+        if role in command:
+            return f"{role}:{process.pid}"
+    return f"{Path(process.cmdline()[0]).name if process.cmdline() else process.name()}:{process.pid}"
+
+
+def tree_rss_by_process(pid: int) -> dict[str, int]:
+    """RSS (bytes) of a process and each of its descendants, by :func:`process_label` (the root is
+    ``serve:pid``); a process that ends while being read is left out."""
     root = psutil.Process(pid)
-    total = root.memory_info().rss
+    found = {f"serve:{pid}": root.memory_info().rss}
     for child in root.children(recursive=True):
         try:
-            total += child.memory_info().rss
+            found[process_label(child)] = child.memory_info().rss
         except psutil.Error:
             pass
-    return total
+    return found
 
 
 def replica_processes(pid: int) -> list[psutil.Process]:
@@ -166,5 +180,6 @@ def rss_figures(soak) -> dict:
     per_process = [[(t - soak.generation_start[g], b) for t, b, gen in soak.rss if gen == g] for g in range(soak.generation + 1)]
     figures["growth_after_first_minute_mib"] = {str(g): rss_growth_mib(samples) for g, samples in enumerate(per_process)}
     figures["median_growth_after_first_minute_mib"] = {str(g): rss_trend_mib(samples) for g, samples in enumerate(per_process)}
+    figures["median_growth_by_process_mib"] = process_trends(soak.rss_processes)
     figures["samples_s_mib_process"] = [(round(t, 1), round(b / 2**20, 1), g) for t, b, g in soak.rss]
     return figures

@@ -12,7 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from soak_checks import (  # noqa: E402
     INVALID_PARAMS, REQUEST_FAULTS, Fault, Outage, Outcome, by_kind, fault_schedule, greedy_mismatches,
-    is_openai_error, kill_check, rss_growth_mib, rss_trend_mib, tally, unexpected_answers,
+    is_openai_error, kill_check, process_trends, rss_growth_mib, rss_trend_mib, tally, unexpected_answers,
 )
 
 # ----- the schedule -----
@@ -189,3 +189,13 @@ def test_rss_trend_compares_medians_of_the_minute_after_warm_up_and_the_last_min
     assert rss_trend_mib(growing) == 96.0  # 0.2 MiB/s x (567.5 - 87.5) s between the windows' middles
     assert rss_trend_mib(swinging[:36]) is None  # 175 s: the last minute would overlap the second
     assert rss_trend_mib(swinging[:37]) == 0.0
+
+
+def test_each_process_trend_counts_from_its_own_first_sample():
+    mib = 2**20
+    # a replica there from the start grows 5 MiB; one started at 300 s (after a kill) stays flat
+    samples = [(float(t), {"ServeReplica:1": 100 * mib + (5 * mib if t >= 240 else 0)}) for t in range(0, 310, 10)]
+    samples += [(float(t), {"ServeReplica:1": 105 * mib, "ServeReplica:2": 90 * mib}) for t in range(310, 620, 10)]
+    trends = process_trends(samples)
+    assert trends == {"ServeReplica:1": 5.0, "ServeReplica:2": 0.0}
+    assert process_trends([(0.0, {"raylet:3": mib}), (10.0, {"raylet:3": 2 * mib})]) == {"raylet:3": None}
