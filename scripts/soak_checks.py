@@ -210,10 +210,15 @@ def rss_trend_mib(samples: list[tuple[float, int]], warmup_s: float = 60.0, wind
 
 
 def process_trends(samples: list[tuple[float, dict[str, int]]]) -> dict[str, float | None]:
-    """Each process's RSS trend (:func:`rss_trend_mib`, its seconds counted from its
-    own first sample) from ``samples`` of (s since the soak started, {label: bytes})."""
+    """Each process's RSS trend (:func:`rss_trend_mib`, its seconds counted from its own first
+    sample) from ``samples`` of (s since the soak started, {"label:pid": bytes}). A process is
+    its pid: one whose label changed (a Ray worker sets its title after it starts) is reported
+    once, under its last label."""
     series: dict[str, list[tuple[float, int]]] = {}
+    labels: dict[str, str] = {}
     for t, processes in samples:
         for label, rss in processes.items():
-            series.setdefault(label, []).append((t, rss))
-    return {label: rss_trend_mib([(t - points[0][0], rss) for t, rss in points]) for label, points in series.items()}
+            pid = label.rsplit(":", 1)[-1]
+            series.setdefault(pid, []).append((t, rss))
+            labels[pid] = label
+    return {labels[pid]: rss_trend_mib([(t - points[0][0], rss) for t, rss in points]) for pid, points in series.items()}

@@ -199,3 +199,6 @@ def test_each_process_trend_counts_from_its_own_first_sample():
     trends = process_trends(samples)
     assert trends == {"ServeReplica:1": 5.0, "ServeReplica:2": 0.0}
     assert process_trends([(0.0, {"raylet:3": mib}), (10.0, {"raylet:3": 2 * mib})]) == {"raylet:3": None}
+    # a Ray worker's title is set after it starts: the same pid, one series, its last label
+    renamed = [(float(t), {("raylet:9" if t < 30 else "ServeReplica:9"): mib}) for t in range(0, 400, 10)]
+    assert process_trends(renamed) == {"ServeReplica:9": 0.0}
