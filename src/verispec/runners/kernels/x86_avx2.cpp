@@ -29,6 +29,10 @@ namespace {
 
 constexpr int ROWS = 4;             // rows per register tile (16 ymm registers)
 constexpr int HALF = 8;             // columns per register
+// Prefetch: the first half's pass over a tile fetches its blocks this far ahead; the second half's
+// pass reads the tile from cache and meanwhile fetches the next tile's blocks, so the memory is
+// busy during both (a 1-row Q4_K product streaming 62 MB on one core: 4.98 -> 4.49 ms; Q6_K 7.57 ->
+// 6.26 ms; the whole k = 1 forward of the default 1.5B target about 0.87x on 2 Zen 3 cores).
 constexpr int PREFETCH_BLOCKS = 2;     // prefetch distance of the 256-value formats, in blocks of the tile
 constexpr int PREFETCH_BLOCKS_32 = 8;  // of the 32-value formats
 
@@ -80,6 +84,7 @@ VS_AVX2 void tile_q4k(const TileArgs& a, int h) {
     for (int64_t b = 0; b < a.nblocks; ++b) {
         const uint8_t* t = a.tile + b * BYTES;
         if (h == 0) prefetch_block(t + PREFETCH_BLOCKS * BYTES, BYTES);
+        else prefetch_block(t + a.nblocks * BYTES, BYTES);  // the next tile, while this half reads from cache
         const int8_t* xb = x.q.data() + a.row0 * x.in + b * 256;
         __m256i isum[R];
         for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
@@ -135,6 +140,7 @@ VS_AVX2 void tile_q6k(const TileArgs& a, int h) {
     for (int64_t b = 0; b < a.nblocks; ++b) {
         const uint8_t* t = a.tile + b * BYTES;
         if (h == 0) prefetch_block(t + PREFETCH_BLOCKS * BYTES, BYTES);
+        else prefetch_block(t + a.nblocks * BYTES, BYTES);  // the next tile, while this half reads from cache
         const int8_t* xb = x.q.data() + a.row0 * x.in + b * 256;
         __m256i isum[R];
         for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
@@ -209,6 +215,7 @@ VS_AVX2 void tile_32(const TileArgs& a, int h) {
     for (int64_t b = 0; b < a.nblocks; ++b) {
         const uint8_t* t = a.tile + b * BYTES;
         if (h == 0) prefetch_block(t + PREFETCH_BLOCKS_32 * BYTES, BYTES);
+        else prefetch_block(t + a.nblocks * BYTES, BYTES);  // the next tile, while this half reads from cache
         const int8_t* xb = x.q.data() + a.row0 * x.in + b * 32;
         __m256i dot[R], part[R];
         for (int r = 0; r < R; ++r) dot[r] = part[r] = _mm256_setzero_si256();
