@@ -256,12 +256,12 @@ def test_a_truncated_kernel_library_is_linked_again_and_computes_the_same(tmp_pa
     truncate(library)
     gate_up = torch.linspace(-4, 4, 2 * 3 * 40).reshape(3, 80)
     script = ("import sys, torch; from verispec.runners.kernels import gguf_kernels; "
-              "torch.save(gguf_kernels().silu_mul(torch.load(sys.argv[1])), sys.argv[2])")
+              "torch.save(gguf_kernels().silu_mul(torch.load(sys.argv[1]), 0), sys.argv[2])")
     torch.save(gate_up, tmp_path / "in.pt")
     result = subprocess.run([sys.executable, "-c", script, str(tmp_path / "in.pt"), str(tmp_path / "out.pt")],
                             env={**os.environ, "VERISPEC_HOME": str(home)}, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     damaged = [line for line in result.stderr.splitlines() if line.startswith("verispec: cache file")]
     assert len(damaged) == 1 and "truncated" in damaged[0] and "Traceback" not in result.stderr
-    assert torch.equal(torch.load(tmp_path / "out.pt"), kernels.silu_mul(gate_up))
+    assert torch.equal(torch.load(tmp_path / "out.pt"), kernels.silu_mul(gate_up, 0))
     assert library.stat().st_size == next(kernel_build_dir().glob("*.so")).stat().st_size  # whole again

@@ -212,3 +212,35 @@ def test_python_isa_numbers_are_the_kernels_own():
     kernels = gguf_kernels()
     assert list(ISA_NUMBERS) == kernels.isa_names()
     assert kernels.supported_isas()[0] == "portable" and kernels.best_isa() in kernels.supported_isas()
+
+
+def test_silu_mul_paths_give_the_same_bits_and_silu():
+    """Every path's SwiGLU (AVX2 has its own vector exp) equals the portable one bit for bit, the
+    clamps and non-finite inputs included, and is torch's silu(gate) * up to float rounding."""
+    generator = torch.Generator().manual_seed(3)
+    gate = torch.randn(3, 1000, generator=generator) * 20
+    gate[0, :12] = torch.tensor([0.0, -0.0, 87.0, -87.0, 88.5, -88.5, 1e30, -1e30, float("inf"), float("-inf"), float("nan"), 1e-40])
+    gate_up = torch.cat([gate, torch.randn(3, 1000, generator=generator)], dim=1)
+    got = [gguf_kernels().silu_mul(gate_up, impl) for impl in IMPLS]
+    assert all(torch.equal(got[0].view(torch.int32), other.view(torch.int32)) for other in got[1:])
+    finite = gate.abs() < 80
+    expected = torch.nn.functional.silu(gate) * gate_up[:, 1000:]
+    assert torch.allclose(got[0][finite], expected[finite], rtol=1e-5, atol=1e-6)
+
+
+def test_rms_norm_is_row_local_and_the_residual_sum_is_torchs():
+    """The kernels' RMSNorm: each row alone gives the bits it gives among 9 rows, within float
+    rounding of torch's; add_rms_norm's sum is torch's x + delta bit for bit and its norm the
+    same function's."""
+    generator = torch.Generator().manual_seed(4)
+    x, delta = torch.randn(9, 1536, generator=generator) * 4, torch.randn(9, 1536, generator=generator)
+    weight = torch.randn(1536, generator=generator)
+    kernels = gguf_kernels()
+    rows = kernels.rms_norm(x, weight, 1e-6)
+    assert all(torch.equal(kernels.rms_norm(x[i : i + 1], weight, 1e-6), rows[i : i + 1]) for i in range(9))
+    assert torch.allclose(rows, torch.nn.functional.rms_norm(x, (1536,), weight, 1e-6), rtol=1e-5, atol=1e-5)
+    total, normed = kernels.add_rms_norm(x, delta, weight, 1e-6)
+    assert torch.equal(total, x + delta)
+    assert torch.equal(normed, kernels.rms_norm(x + delta, weight, 1e-6))
+    with pytest.raises(RuntimeError, match="weight"):
+        kernels.rms_norm(x, weight[:10], 1e-6)

@@ -558,6 +558,49 @@ struct Harness {
         });
     }
 
+    // The row ops of a decoder step: silu_mul_row (an AVX2 version of its own) on normal values and
+    // the edges of exp_clamped (the clamps, infinities, NaN, signed zeros, subnormals), n = 1..40
+    // and 8960 (tails of every length); rms_norm_row (one function, every CPU) of several widths.
+    void row_ops(uint64_t seed) {
+        Rng rng(seed);
+        std::vector<float> gate = {0.0f, -0.0f, 87.0f, -87.0f, 88.0f, -88.0f, 88.5f, -88.5f, 1e30f, -1e30f,
+                                   INFINITY, -INFINITY, NAN, -NAN, 1e-40f, -1e-40f, 0.5f, -0.5f};
+        while (gate.size() < 8960) gate.push_back(rng.normal() * (rng.below(4) == 0 ? 60.0f : 6.0f));
+        std::vector<float> up(gate.size());
+        for (float& u : up) u = rng.normal();
+        check("silu_mul_row (n = 1..40 and 8960)", [&](Isa isa, bool oracle) {
+            std::vector<float> out;
+            for (int64_t n = 1; n <= 40; ++n) {
+                std::vector<float> row(n);
+                std::memset(row.data(), fill_byte(oracle), n * 4);
+                silu_mul_row(gate.data() + 7 * n % 64, up.data() + n, n, row.data(), isa);
+                out.insert(out.end(), row.begin(), row.end());
+            }
+            std::vector<float> row(gate.size());
+            silu_mul_row(gate.data(), up.data(), (int64_t)gate.size(), row.data(), isa);
+            out.insert(out.end(), row.begin(), row.end());
+            Blob blob;
+            blob.floats("silu(gate) * up", out.data(), out.size());
+            blob.cases = 41;
+            return blob;
+        });
+        std::vector<float> x(1536), w(1536);
+        for (size_t j = 0; j < x.size(); ++j) x[j] = rng.normal() * 3.0f, w[j] = rng.normal();
+        check("rms_norm_row (n = 1, 15, 16, 17, 33, 1536)", [&](Isa, bool oracle) {
+            std::vector<float> out;
+            for (int64_t n : {1, 15, 16, 17, 33, 1536}) {
+                std::vector<float> row(n);
+                std::memset(row.data(), fill_byte(oracle), n * 4);
+                rms_norm_row(x.data() + (1536 - n) / 3, w.data(), n, 1e-6f, row.data());
+                out.insert(out.end(), row.begin(), row.end());
+            }
+            Blob blob;
+            blob.floats("rms_norm", out.data(), out.size());
+            blob.cases = 6;
+            return blob;
+        });
+    }
+
     // quantize_block_q4_0 has one implementation: compared with the formula of gguf-py's
     // Q4_0.quantize_blocks and ggml's quantize_row_q4_0_ref written out here (finite blocks with a
     // finite 1 / d; m = the
@@ -692,6 +735,7 @@ int main(int argc, char** argv) {
     h.attention(3, 1, 128, 0, {3, 6, 1}, true, seed++);
     for (int64_t dim : {16, 48, 64, 80, 128})
         for (bool slots : {false, true}) h.scores_and_sums(dim, slots);
+    h.row_ops(seed++);
     h.iq4_nl();
     h.q4_0();
 

@@ -1,7 +1,7 @@
 """The batch-invariant 4-bit CPU runner: a GGUF file's own quantized blocks, read straight from disk.
 
 Owns the gguf runner's forward ops on the compiled kernels: RoPE and the KV store in one C++ call,
-SwiGLU, and attention one (row, head) at a time over the KV cache or a tree's slots. The weights
+RMSNorm (fused with the residual add), SwiGLU, and attention one (row, head) at a time over the KV cache or a tree's slots. The weights
 (the file's blocks repacked into the kernels' tiles) are :mod:`verispec.runners.gguf_weights`';
 the forward pass, KV cache, tree verification and rollback are
 :class:`verispec.runners.int8.Int8Runner`'s: every op is row-local and the block products
@@ -68,8 +68,17 @@ class GGUFRunner(Int8Runner):
         w = self.weights
         return _kernels().rope_store(qkv, rope, w.cos, w.sin, keys, values, start, w.num_heads)
 
+    def _norm(self, x: Tensor, weight: Tensor) -> Tensor:
+        """The C++ RMSNorm: 16 partial sums of squares in a fixed order (not torch's), row-local."""
+        return _kernels().rms_norm(x, weight, self.weights.rms_norm_eps)
+
+    def _add_norm(self, x: Tensor, delta: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
+        """``(x + delta, self._norm(x + delta, weight))`` in one C++ call (the sum is torch's add bit for bit)."""
+        total, normed = _kernels().add_rms_norm(x, delta, weight, self.weights.rms_norm_eps)
+        return total, normed
+
     def _swiglu(self, gate_up: Tensor) -> Tensor:
-        return _kernels().silu_mul(gate_up)
+        return _kernels().silu_mul(gate_up, kernel_isa_number())
 
     def _attend(self, q: Tensor, keys: Tensor, values: Tensor, start: int, tree: tuple[Tensor, Tensor] | None = None) -> Tensor:
         """The C++ kernel's attention: same contract as :meth:`Int8Runner._attend` (row i over

@@ -212,6 +212,15 @@ class Int8Runner:
         values[:, start : start + rows] = v.transpose(0, 1)
         return qk[:, : w.num_heads]
 
+    def _norm(self, x: Tensor, weight: Tensor) -> Tensor:
+        """Row-local RMSNorm of ``x`` ``[rows, hidden]`` float32 with ``weight`` ``[hidden]``."""
+        return rms_norm(x, weight, self.weights.rms_norm_eps)
+
+    def _add_norm(self, x: Tensor, delta: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
+        """A residual step: ``(x + delta, self._norm(x + delta, weight))``, both ``[rows, hidden]``."""
+        x = x + delta
+        return x, self._norm(x, weight)
+
     def _swiglu(self, gate_up: Tensor) -> Tensor:
         """``silu(gate) * up`` of ``gate_up`` ``[rows, 2 * ffn]`` (Shazeer 2020), row-local."""
         gate, up = gate_up.chunk(2, dim=-1)
@@ -308,24 +317,29 @@ def _run_segments(segments: list[_Segment]) -> list[Tensor]:
     trees = [None if seg.visible is None else r._tree_slots(seg.visible) for r, seg in zip(runners, segments)]
     wanted = {i for r in runners for i in r._feature_layers}
     states: dict[int, Tensor] = {}  # layer index -> the residual stream entering it, [rows, hidden]
+    ops = runners[0]  # the runner class's row-local ops (norms, SwiGLU): the same for every segment
+    normed = ops._norm(x, w.layers[0].input_norm)
     for index, layer in enumerate(w.layers):
         if index in wanted:
             states[index] = x  # a reference: x is rebound below, never written in place
-        qkv = layer.qkv(rms_norm(x, layer.input_norm, w.rms_norm_eps))
+        qkv = layer.qkv(normed)
         parts = []
         for i, r in enumerate(runners):
             keys, values = r._keys[index], r._values[index]  # [kv_heads, capacity, head_dim]
             q = r._rope_store(qkv[bounds[i] : bounds[i + 1]], ropes[i], keys, values, r._num_cached)
             parts.append(r._attend(q, keys, values, r._num_cached, trees[i]))
-        x = x + layer.o(parts[0] if len(parts) == 1 else torch.cat(parts))
-        gate_up = layer.gate_up(rms_norm(x, layer.post_norm, w.rms_norm_eps))
-        x = x + layer.down(runners[0]._swiglu(gate_up))
+        x, normed = ops._add_norm(x, layer.o(parts[0] if len(parts) == 1 else torch.cat(parts)), layer.post_norm)
+        delta = layer.down(ops._swiglu(layer.gate_up(normed)))
+        if index + 1 < len(w.layers):
+            x, normed = ops._add_norm(x, delta, w.layers[index + 1].input_norm)
+        else:
+            x = x + delta
     for i, (r, size) in enumerate(zip(runners, sizes)):
         r._num_cached += size
         if r._feature_layers:
             r.last_features = concat_features(states, r._feature_layers, bounds[i], bounds[i + 1])
         if r._capture_final:
-            r.last_final_hidden = rms_norm(x[bounds[i] : bounds[i + 1]], w.final_norm, w.rms_norm_eps)
+            r.last_final_hidden = ops._norm(x[bounds[i] : bounds[i + 1]], w.final_norm)
     counts = [seg.num_rows for seg in segments]
     if sum(counts) == 0:
         return [torch.empty(0, runners[0].vocab_size) for _ in segments]
@@ -333,7 +347,7 @@ def _run_segments(segments: list[_Segment]) -> list[Tensor]:
         last = x[bounds[1] - counts[0] :]
     else:
         last = x[torch.cat([torch.arange(bounds[i + 1] - n, bounds[i + 1]) for i, n in enumerate(counts)])]
-    logits = w.lm_head(rms_norm(last, w.final_norm, w.rms_norm_eps))
+    logits = w.lm_head(ops._norm(last, w.final_norm))
     if w.head_token_ids is not None:
         full = torch.full((logits.shape[0], runners[0].vocab_size), float("-inf"))
         full[:, w.head_token_ids] = logits  # tokens outside the kept set get probability 0

@@ -1,5 +1,5 @@
 // Attention over a static KV cache, one (query row, KV head) at a time, and the other row-local
-// float ops of a decoder step (RoPE, SwiGLU).
+// float ops of a decoder step (RoPE, SwiGLU, RMSNorm).
 //
 // Row i attends slots 0 .. start + i (causal) or the slots listed in visible[i] (a token tree),
 // in increasing order; both cases run the same loop over a list of slots, so a tree node's
@@ -108,11 +108,30 @@ void attention_items(const AttentionArgs& a, int64_t begin, int64_t end, Isa isa
     }
 }
 
-VS_CLONES void silu_mul_row(const float* gate, const float* up, int64_t n, float* out) {
+VS_CLONES void silu_mul_row_scalar(const float* gate, const float* up, int64_t n, float* out) {
     for (int64_t j = 0; j < n; ++j) {
         const float v = gate[j];
         out[j] = (v / (1.0f + exp_clamped(-v))) * up[j];
     }
+}
+
+void silu_mul_row(const float* gate, const float* up, int64_t n, float* out, Isa isa) {
+    // GCC vectorises the scalar loop for AVX-512 only (its clamps are branches under the default
+    // -ftrapping-math elsewhere): AVX2 has its own, the same operations lane by lane.
+    if ((isa == Isa::Avx2 || isa == Isa::AvxVnni) && silu_mul_row_avx2(gate, up, n, out)) return;
+    silu_mul_row_scalar(gate, up, n, out);
+}
+
+VS_CLONES void rms_norm_row(const float* x, const float* weight, int64_t n, float eps, float* out) {
+    float lane[16] = {};
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16)
+        for (int l = 0; l < 16; ++l) lane[l] += x[j + l] * x[j + l];
+    for (int l = 0; j + l < n; ++l) lane[l] += x[j + l] * x[j + l];
+    for (int width = 8; width >= 1; width /= 2)
+        for (int l = 0; l < width; ++l) lane[l] += lane[l + width];
+    const float inv = 1.0f / std::sqrt(lane[0] / (float)n + eps);
+    for (j = 0; j < n; ++j) out[j] = (x[j] * inv) * weight[j];
 }
 
 }  // namespace vsk

@@ -206,21 +206,55 @@ torch::Tensor rope_store(torch::Tensor qkv, torch::Tensor positions, torch::Tens
     return q;
 }
 
-// gate_up [rows, 2 * ffn] -> silu(gate) * up [rows, ffn] (SwiGLU, Shazeer 2020).
-
-// gate_up [rows, 2 * ffn] -> silu(gate) * up [rows, ffn] (SwiGLU, Shazeer 2020).
-torch::Tensor silu_mul(torch::Tensor gate_up) {
+// gate_up [rows, 2 * ffn] -> silu(gate) * up [rows, ffn] (SwiGLU, Shazeer 2020). impl: as linear.
+torch::Tensor silu_mul(torch::Tensor gate_up, int64_t impl) {
     TORCH_CHECK(gate_up.dim() == 2 && gate_up.dtype() == torch::kFloat32 && gate_up.size(1) % 2 == 0,
                 "gate_up must be [rows, 2 * ffn] float32");
+    const Isa isa = vsk::resolve_isa(impl);
     gate_up = gate_up.contiguous();
     const int64_t rows = gate_up.size(0), ffn = gate_up.size(1) / 2;
     auto out = torch::empty({rows, ffn}, torch::kFloat32);
     const float* g = gate_up.data_ptr<float>();
     float* o = out.data_ptr<float>();
     at::parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r) vsk::silu_mul_row(g + r * 2 * ffn, g + r * 2 * ffn + ffn, ffn, o + r * ffn);
+        for (int64_t r = r0; r < r1; ++r) vsk::silu_mul_row(g + r * 2 * ffn, g + r * 2 * ffn + ffn, ffn, o + r * ffn, isa);
     });
     return out;
+}
+
+// x [rows, n] float32, weight [n] -> RMSNorm of each row (vsk::rms_norm_row).
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
+    TORCH_CHECK(x.dim() == 2 && x.dtype() == torch::kFloat32 && weight.dtype() == torch::kFloat32 &&
+                    weight.numel() == x.size(1),
+                "rms_norm expects x [rows, n] and weight [n], float32");
+    x = x.contiguous();
+    weight = weight.contiguous();
+    const int64_t rows = x.size(0), n = x.size(1);
+    auto out = torch::empty({rows, n}, torch::kFloat32);
+    const float *xp = x.data_ptr<float>(), *w = weight.data_ptr<float>();
+    float* o = out.data_ptr<float>();
+    for (int64_t r = 0; r < rows; ++r) vsk::rms_norm_row(xp + r * n, w, n, (float)eps, o + r * n);
+    return out;
+}
+
+// The residual step of a decoder layer: (x + delta, rms_norm(x + delta, weight)), one pass over
+// the rows; the sum is torch's x + delta bit for bit (one IEEE add per element).
+std::vector<torch::Tensor> add_rms_norm(torch::Tensor x, torch::Tensor delta, torch::Tensor weight, double eps) {
+    TORCH_CHECK(x.dim() == 2 && x.sizes() == delta.sizes() && x.dtype() == torch::kFloat32 &&
+                    delta.dtype() == torch::kFloat32 && weight.dtype() == torch::kFloat32 && weight.numel() == x.size(1),
+                "add_rms_norm expects x and delta [rows, n] and weight [n], float32");
+    x = x.contiguous();
+    delta = delta.contiguous();
+    weight = weight.contiguous();
+    const int64_t rows = x.size(0), n = x.size(1);
+    auto sum = torch::empty({rows, n}, torch::kFloat32), out = torch::empty({rows, n}, torch::kFloat32);
+    const float *xp = x.data_ptr<float>(), *dp = delta.data_ptr<float>(), *w = weight.data_ptr<float>();
+    float *s = sum.data_ptr<float>(), *o = out.data_ptr<float>();
+    for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t j = 0; j < n; ++j) s[r * n + j] = xp[r * n + j] + dp[r * n + j];
+        vsk::rms_norm_row(s + r * n, w, n, (float)eps, o + r * n);
+    }
+    return {sum, out};
 }
 
 // The ISA names by number (index = the `impl` argument), and which of them this CPU runs.
@@ -250,6 +284,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("attention", &attention, "causal or tree attention over a static KV cache, one (row, head) at a time");
     m.def("rope_store", &rope_store, "RoPE on q and k, k and v into the KV cache; returns rotated q");
     m.def("silu_mul", &silu_mul, "silu(gate) * up of a fused gate_up row block");
+    m.def("rms_norm", &rms_norm, "RMSNorm of each row, a fixed summation order");
+    m.def("add_rms_norm", &add_rms_norm, "(x + delta, RMSNorm(x + delta)): a decoder layer's residual step");
     m.def("isa_names", &isa_names, "kernel ISA names, indexed by the impl number the entry points take");
     m.def("supported_isas", &supported_isas, "the kernel ISAs this CPU runs (portable always)");
     m.def("best_isa", &best_isa, "the ISA impl 0 (auto) runs on this CPU");

@@ -208,8 +208,15 @@ void check_attention(const AttentionArgs& a);
 // Work items begin .. end - 1 of rows * kv_heads (item = row * kv_heads + kv_head).
 void attention_items(const AttentionArgs& a, int64_t begin, int64_t end, Isa isa);
 
-// One row: out[j] = gate[j] / (1 + exp(-gate[j])) * up[j] (SwiGLU, Shazeer 2020).
-void silu_mul_row(const float* gate, const float* up, int64_t n, float* out);
+// One row: out[j] = gate[j] / (1 + exp_clamped(-gate[j])) * up[j] (SwiGLU, Shazeer 2020), the
+// same bits on every path; silu_mul_row_avx2 returns false where the AVX2 path is not compiled.
+void silu_mul_row(const float* gate, const float* up, int64_t n, float* out, Isa isa);
+bool silu_mul_row_avx2(const float* gate, const float* up, int64_t n, float* out);
+
+// One row: out[j] = (x[j] * inv) * weight[j], inv = 1 / sqrt(sum(x^2) / n + eps) (RMSNorm, Zhang &
+// Sennrich 2019), the squares summed in 16 lanes (lane l: x[l], x[l + 16], ... in order) folded
+// l + 8, l + 4, l + 2, l + 1: a fixed order, so a row's bits depend on the row alone.
+void rms_norm_row(const float* x, const float* weight, int64_t n, float eps, float* out);
 
 // ---------------------------------------------------------------------------------------------
 // Re-quantization (requantize.cpp): 32 de-quantized values -> one 18-byte block.

@@ -349,6 +349,39 @@ void tile_avx2(int64_t qtype, const TileArgs& a, bool vnni) {
     else tile_split<false>(qtype, a);
 }
 
+// exp_clamped (core.h) in 8 lanes: the same operations in the same order (no FMA), so the same
+// bits; the clamps as selects keep a NaN a NaN as the scalar ternaries do.
+VS_AVX2 static inline __m256 exp_clamped8(__m256 x) {
+    x = _mm256_blendv_ps(x, _mm256_set1_ps(88.0f), _mm256_cmp_ps(x, _mm256_set1_ps(88.0f), _CMP_GT_OQ));
+    x = _mm256_blendv_ps(x, _mm256_set1_ps(-87.0f), _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _MM_FROUND_CUR_DIRECTION);
+    const __m256 r = _mm256_sub_ps(_mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693359375f))),
+                                   _mm256_mul_ps(n, _mm256_set1_ps(-2.12194440e-4f)));
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_mul_ps(p, _mm256_mul_ps(r, r));
+    p = _mm256_add_ps(p, r);
+    p = _mm256_add_ps(p, _mm256_set1_ps(1.0f));
+    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+VS_AVX2 bool silu_mul_row_avx2(const float* gate, const float* up, int64_t n, float* out) {
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        const __m256 v = _mm256_loadu_ps(gate + j);
+        const __m256 e = exp_clamped8(_mm256_xor_ps(v, sign));  // -v, as the scalar negation
+        _mm256_storeu_ps(out + j, _mm256_mul_ps(_mm256_div_ps(v, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + j)));
+    }
+    for (; j < n; ++j) out[j] = (gate[j] / (1.0f + exp_clamped(-gate[j]))) * up[j];
+    return true;
+}
+
 // quantize_block_portable with 8 lanes, the same values bit for bit (see x86_avx512.cpp; packing
 // the int32 results to bytes cannot saturate: they lie in -127 .. 127).
 VS_AVX2 void quantize_block_avx2(const float* xb, int block_k, int8_t* qb, float* d_out) {
@@ -450,6 +483,7 @@ void weighted_sum_avx2(const float* p, int nq, const float* values, int64_t head
 
 namespace vsk {
 void tile_avx2(int64_t, const TileArgs&, bool) { fail("the AVX2 path is not compiled for this CPU"); }
+bool silu_mul_row_avx2(const float*, const float*, int64_t, float*) { return false; }
 void quantize_block_avx2(const float*, int, int8_t*, float*) { fail("the AVX2 path is not compiled for this CPU"); }
 void fit_iq4_nl_avx2(const float*, const float*, float, float&, float&) { fail("the AVX2 path is not compiled for this CPU"); }
 void scores_avx2(const float*, int, const float*, int64_t, const int64_t*, int64_t, float, float*) {
