@@ -29,10 +29,12 @@ namespace {
 
 constexpr int ROWS = 4;             // rows per register tile (16 ymm registers)
 constexpr int HALF = 8;             // columns per register
-// Prefetch: the first half's pass over a tile fetches its blocks this far ahead; the second half's
-// pass reads the tile from cache and meanwhile fetches the next tile's blocks, so the memory is
-// busy during both (a 1-row Q4_K product streaming 62 MB on one core: 4.98 -> 4.49 ms; Q6_K 7.57 ->
-// 6.26 ms; the whole k = 1 forward of the default 1.5B target about 0.87x on 2 Zen 3 cores).
+// Passes over a tile: with several rows, one per half (8 columns; the registers hold R rows of
+// one half); the first half's pass fetches the tile's blocks PREFETCH_BLOCKS ahead, the second's
+// reads the tile from cache and meanwhile fetches the next tile's blocks, so the memory is busy
+// during both (one row of Q4_K streaming 62 MB on one core: 4.98 -> 4.49 ms; Q6_K 7.57 -> 6.26 ms).
+// With one row (a decoding step) Q4_K and the 32-value formats take both halves in one pass
+// (H = 2: Q4_K 4.34 -> 3.98 ms, IQ4_NL 4.71 -> 3.99, Q8_0 9.05 -> 7.93; Q6_K was no faster so).
 constexpr int PREFETCH_BLOCKS = 2;     // prefetch distance of the 256-value formats, in blocks of the tile
 constexpr int PREFETCH_BLOCKS_32 = 8;  // of the 32-value formats
 
@@ -73,58 +75,70 @@ VS_AVX2 inline __m256 scaled_add(__m256 acc, __m256i total, float dx, __m256 d) 
 // Q4_K: per sub-block pair p, low nibbles are sub-block 2p, high nibbles 2p + 1 (4-bit unsigned
 // weights). Without VNNI a sub-block's 8 groups add in int16: 8 * 2 * 15 * 127 = 30480 <= 32767,
 // and vpmaddwd by the duplicated 6-bit scale gives (pair sum) * scale in int32.
-template <int R, bool VNNI>
-VS_AVX2 void tile_q4k(const TileArgs& a, int h) {
+template <int R, bool VNNI, int H>
+VS_AVX2 void tile_q4k(const TileArgs& a, int h0) {
     constexpr int BYTES = 2368;
     const Activations& x = *a.act;
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     const int64_t nb = x.in / 256;
-    __m256 acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    __m256 acc[H][R];
+    for (int i = 0; i < H; ++i)
+        for (int r = 0; r < R; ++r) acc[i][r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < a.nblocks; ++b) {
         const uint8_t* t = a.tile + b * BYTES;
-        if (h == 0) prefetch_block(t + PREFETCH_BLOCKS * BYTES, BYTES);
+        if (h0 == 0) prefetch_block(t + PREFETCH_BLOCKS * BYTES, BYTES);
         else prefetch_block(t + a.nblocks * BYTES, BYTES);  // the next tile, while this half reads from cache
         const int8_t* xb = x.q.data() + a.row0 * x.in + b * 256;
-        __m256i isum[R];
-        for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
+        __m256i isum[H][R];
+        for (int i = 0; i < H; ++i)
+            for (int r = 0; r < R; ++r) isum[i][r] = _mm256_setzero_si256();
         for (int j = 0; j < 8; ++j) {  // sub-block j: nibbles (j odd: high) of pair p = j / 2
             const int p = j / 2, high = j & 1;
-            const uint8_t* qp = t + 320 + p * 512 + 32 * h;
-            __m256i dot[R];
-            for (int r = 0; r < R; ++r) dot[r] = _mm256_setzero_si256();
+            __m256i dot[H][R];
+            for (int i = 0; i < H; ++i)
+                for (int r = 0; r < R; ++r) dot[i][r] = _mm256_setzero_si256();
 #pragma GCC unroll 8
             for (int g = 0; g < 8; ++g) {
-                const __m256i v = _mm256_loadu_si256((const __m256i*)(qp + 64 * g));
-                const __m256i w = high ? _mm256_and_si256(_mm256_srli_epi16(v, 4), m4) : _mm256_and_si256(v, m4);
-                for (int r = 0; r < R; ++r) {
-                    const __m256i xr = bcast4(xb + r * x.in + 32 * j + 4 * g);
-                    if constexpr (VNNI) dot[r] = dot4<true>(dot[r], w, xr);
-                    else dot[r] = _mm256_add_epi16(dot[r], _mm256_maddubs_epi16(w, xr));
+                __m256i xr[R];
+                for (int r = 0; r < R; ++r) xr[r] = bcast4(xb + r * x.in + 32 * j + 4 * g);
+                for (int i = 0; i < H; ++i) {
+                    const uint8_t* qp = t + 320 + p * 512 + 32 * (h0 + i);
+                    const __m256i v = _mm256_loadu_si256((const __m256i*)(qp + 64 * g));
+                    const __m256i w = high ? _mm256_and_si256(_mm256_srli_epi16(v, 4), m4) : _mm256_and_si256(v, m4);
+                    for (int r = 0; r < R; ++r) {
+                        if constexpr (VNNI) dot[i][r] = dot4<true>(dot[i][r], w, xr[r]);
+                        else dot[i][r] = _mm256_add_epi16(dot[i][r], _mm256_maddubs_epi16(w, xr[r]));
+                    }
                 }
             }
-            const uint8_t* sc = t + 64 + 16 * j + HALF * h;  // the sub-block's scale per column
-            if constexpr (VNNI) {
-                const __m256i scale = widen_u8(sc);
-                for (int r = 0; r < R; ++r) isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(dot[r], scale));
-            } else {
-                const __m256i scale = duplicated_u8(sc);
-                for (int r = 0; r < R; ++r) isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(dot[r], scale));
+            for (int i = 0; i < H; ++i) {
+                const uint8_t* sc = t + 64 + 16 * j + HALF * (h0 + i);  // the sub-block's scale per column
+                if constexpr (VNNI) {
+                    const __m256i scale = widen_u8(sc);
+                    for (int r = 0; r < R; ++r) isum[i][r] = _mm256_add_epi32(isum[i][r], _mm256_mullo_epi32(dot[i][r], scale));
+                } else {
+                    const __m256i scale = duplicated_u8(sc);
+                    for (int r = 0; r < R; ++r) isum[i][r] = _mm256_add_epi32(isum[i][r], _mm256_madd_epi16(dot[i][r], scale));
+                }
             }
         }
-        const __m256 d = halves(t + 16 * h), dmin = halves(t + 32 + 16 * h);
-        __m256i mins[4];  // per p: (min of 2p, min of 2p + 1) per column, int16 pairs
-        for (int p = 0; p < 4; ++p) mins[p] = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(t + 192 + 32 * p + 16 * h)));
-        for (int r = 0; r < R; ++r) {
-            const int16_t* s32 = x.s32.data() + (a.row0 + r) * (x.in / 32) + b * 8;
-            __m256i imin = _mm256_setzero_si256();
-            for (int p = 0; p < 4; ++p) imin = _mm256_add_epi32(imin, _mm256_madd_epi16(mins[p], _mm256_set1_epi32(load_i32(s32 + 2 * p))));
-            const float dx = x.d[(a.row0 + r) * nb + b];
-            acc[r] = scaled_add(acc[r], isum[r], dx, d);
-            acc[r] = _mm256_sub_ps(acc[r], _mm256_mul_ps(_mm256_cvtepi32_ps(imin), _mm256_mul_ps(_mm256_set1_ps(dx), dmin)));
+        for (int i = 0; i < H; ++i) {
+            const int h = h0 + i;
+            const __m256 d = halves(t + 16 * h), dmin = halves(t + 32 + 16 * h);
+            __m256i mins[4];  // per p: (min of 2p, min of 2p + 1) per column, int16 pairs
+            for (int p = 0; p < 4; ++p) mins[p] = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(t + 192 + 32 * p + 16 * h)));
+            for (int r = 0; r < R; ++r) {
+                const int16_t* s32 = x.s32.data() + (a.row0 + r) * (x.in / 32) + b * 8;
+                __m256i imin = _mm256_setzero_si256();
+                for (int p = 0; p < 4; ++p) imin = _mm256_add_epi32(imin, _mm256_madd_epi16(mins[p], _mm256_set1_epi32(load_i32(s32 + 2 * p))));
+                const float dx = x.d[(a.row0 + r) * nb + b];
+                acc[i][r] = scaled_add(acc[i][r], isum[i][r], dx, d);
+                acc[i][r] = _mm256_sub_ps(acc[i][r], _mm256_mul_ps(_mm256_cvtepi32_ps(imin), _mm256_mul_ps(_mm256_set1_ps(dx), dmin)));
+            }
         }
     }
-    for (int r = 0; r < R; ++r) _mm256_storeu_ps(a.out + r * a.ldo + HALF * h, acc[r]);
+    for (int i = 0; i < H; ++i)
+        for (int r = 0; r < R; ++r) _mm256_storeu_ps(a.out + r * a.ldo + HALF * (h0 + i), acc[i][r]);
 }
 
 // Q6_K: 16 sub-blocks of 16 values, weights q in 0..63 (the value is q - 32, taken back with the
@@ -201,8 +215,8 @@ VS_AVX2 void tile_q6k(const TileArgs& a, int h) {
 // (8 * 2 * 15 * 127 = 30480) and Q5_0's in two halves of 4 (4 * 2 * 31 * 127 = 31496). IQ4_NL
 // (the nibble's signed level) and Q8_0 (signed bytes; activations stored as q + 128, xor 0x80
 // gives q back): |w| x (activation with w's sign), each group widened at once.
-template <int R, bool VNNI, int64_t QT>
-VS_AVX2 void tile_32(const TileArgs& a, int h) {
+template <int R, bool VNNI, int64_t QT, int H>
+VS_AVX2 void tile_32(const TileArgs& a, int h0) {
     constexpr int BYTES = QT == Q5_0 ? 352 : QT == Q8_0 ? 544 : 288;
     constexpr bool SIGNED = QT == IQ4_NL || QT == Q8_0;
     constexpr int GROUP = QT == Q4_0 ? 8 : 4;  // Q4_0, Q5_0 without VNNI: groups added in int16 (bounds above)
@@ -210,71 +224,90 @@ VS_AVX2 void tile_32(const TileArgs& a, int h) {
     const __m256i m4 = _mm256_set1_epi8(0x0F), m10 = _mm256_set1_epi8(0x10), flip = _mm256_set1_epi8((char)0x80);
     const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)IQ4_NL_VALUES));
     const int64_t nb = x.in / 32;
-    float* out = a.out + HALF * h;  // the float accumulators live in the output rows
-    for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * a.ldo, _mm256_setzero_ps());
+    float* out = a.out + HALF * h0;  // the float accumulators live in the output rows
+    for (int i = 0; i < H; ++i)
+        for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * a.ldo + HALF * i, _mm256_setzero_ps());
     for (int64_t b = 0; b < a.nblocks; ++b) {
         const uint8_t* t = a.tile + b * BYTES;
-        if (h == 0) prefetch_block(t + PREFETCH_BLOCKS_32 * BYTES, BYTES);
+        if (h0 == 0) prefetch_block(t + PREFETCH_BLOCKS_32 * BYTES, BYTES);
         else prefetch_block(t + a.nblocks * BYTES, BYTES);  // the next tile, while this half reads from cache
         const int8_t* xb = x.q.data() + a.row0 * x.in + b * 32;
-        __m256i dot[R], part[R];
-        for (int r = 0; r < R; ++r) dot[r] = part[r] = _mm256_setzero_si256();
+        __m256i dot[H][R], part[H][R];
+        for (int i = 0; i < H; ++i)
+            for (int r = 0; r < R; ++r) dot[i][r] = part[i][r] = _mm256_setzero_si256();
         for (int k = 0; k < 8; ++k) {  // values 4k .. 4k + 3 of each column
-            __m256i w;
-            if constexpr (QT == Q8_0) {
-                w = _mm256_loadu_si256((const __m256i*)(t + 32 + 64 * k + 32 * h));
-            } else {  // group g = k % 4: low nibbles are values 4g .., high nibbles 16 + 4g ..
-                const int g = k & 3;
-                const __m256i v = _mm256_loadu_si256((const __m256i*)(t + 32 + 64 * g + 32 * h));
-                w = k < 4 ? _mm256_and_si256(v, m4) : _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-                if constexpr (QT == IQ4_NL) {
-                    w = _mm256_shuffle_epi8(table, w);
-                } else if constexpr (QT == Q5_0) {  // the fifth bit of value 4k + i is bit k of H
-                    const __m256i hb = _mm256_loadu_si256((const __m256i*)(t + 288 + 32 * h));
-                    const __m256i bit = k < 4 ? _mm256_slli_epi16(hb, 4 - k) : _mm256_srli_epi16(hb, k - 4);
-                    w = _mm256_or_si256(w, _mm256_and_si256(bit, m10));
-                }
-            }
-            if constexpr (SIGNED) {
-                const __m256i mag = _mm256_abs_epi8(w);
-                for (int r = 0; r < R; ++r) {
-                    __m256i xs = bcast4(xb + r * x.in + 4 * k);
-                    if constexpr (QT == Q8_0) xs = _mm256_xor_si256(xs, flip);
-                    dot[r] = dot4<VNNI>(dot[r], mag, _mm256_sign_epi8(xs, w));
-                }
-            } else if constexpr (VNNI) {
-                for (int r = 0; r < R; ++r) dot[r] = dot4<true>(dot[r], w, bcast4(xb + r * x.in + 4 * k));
-            } else {
-                for (int r = 0; r < R; ++r) part[r] = _mm256_add_epi16(part[r], _mm256_maddubs_epi16(w, bcast4(xb + r * x.in + 4 * k)));
-                if (k % GROUP == GROUP - 1)
-                    for (int r = 0; r < R; ++r) {
-                        dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(part[r], _mm256_set1_epi16(1)));
-                        part[r] = _mm256_setzero_si256();
+            __m256i xk[R];
+            for (int r = 0; r < R; ++r) xk[r] = bcast4(xb + r * x.in + 4 * k);
+            for (int i = 0; i < H; ++i) {
+                const int h = h0 + i;
+                __m256i w;
+                if constexpr (QT == Q8_0) {
+                    w = _mm256_loadu_si256((const __m256i*)(t + 32 + 64 * k + 32 * h));
+                } else {  // group g = k % 4: low nibbles are values 4g .., high nibbles 16 + 4g ..
+                    const int g = k & 3;
+                    const __m256i v = _mm256_loadu_si256((const __m256i*)(t + 32 + 64 * g + 32 * h));
+                    w = k < 4 ? _mm256_and_si256(v, m4) : _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                    if constexpr (QT == IQ4_NL) {
+                        w = _mm256_shuffle_epi8(table, w);
+                    } else if constexpr (QT == Q5_0) {  // the fifth bit of value 4k + i is bit k of H
+                        const __m256i hb = _mm256_loadu_si256((const __m256i*)(t + 288 + 32 * h));
+                        const __m256i bit = k < 4 ? _mm256_slli_epi16(hb, 4 - k) : _mm256_srli_epi16(hb, k - 4);
+                        w = _mm256_or_si256(w, _mm256_and_si256(bit, m10));
                     }
+                }
+                if constexpr (SIGNED) {
+                    const __m256i mag = _mm256_abs_epi8(w);
+                    for (int r = 0; r < R; ++r) {
+                        __m256i xs = xk[r];
+                        if constexpr (QT == Q8_0) xs = _mm256_xor_si256(xs, flip);
+                        dot[i][r] = dot4<VNNI>(dot[i][r], mag, _mm256_sign_epi8(xs, w));
+                    }
+                } else if constexpr (VNNI) {
+                    for (int r = 0; r < R; ++r) dot[i][r] = dot4<true>(dot[i][r], w, xk[r]);
+                } else {
+                    for (int r = 0; r < R; ++r) part[i][r] = _mm256_add_epi16(part[i][r], _mm256_maddubs_epi16(w, xk[r]));
+                    if (k % GROUP == GROUP - 1)
+                        for (int r = 0; r < R; ++r) {
+                            dot[i][r] = _mm256_add_epi32(dot[i][r], _mm256_madd_epi16(part[i][r], _mm256_set1_epi16(1)));
+                            part[i][r] = _mm256_setzero_si256();
+                        }
+                }
             }
         }
-        const __m256 d = halves(t + 16 * h);
-        for (int r = 0; r < R; ++r) {
-            __m256i total = dot[r];
-            if constexpr (!SIGNED) {
-                constexpr int32_t OFFSET = QT == Q4_0 ? 8 : 16;
-                total = _mm256_sub_epi32(total, _mm256_set1_epi32(OFFSET * x.s32[(a.row0 + r) * nb + b]));
+        for (int i = 0; i < H; ++i) {
+            const __m256 d = halves(t + 16 * (h0 + i));
+            for (int r = 0; r < R; ++r) {
+                __m256i total = dot[i][r];
+                if constexpr (!SIGNED) {
+                    constexpr int32_t OFFSET = QT == Q4_0 ? 8 : 16;
+                    total = _mm256_sub_epi32(total, _mm256_set1_epi32(OFFSET * x.s32[(a.row0 + r) * nb + b]));
+                }
+                float* o = out + r * a.ldo + HALF * i;
+                _mm256_storeu_ps(o, scaled_add(_mm256_loadu_ps(o), total, x.d[(a.row0 + r) * nb + b], d));
             }
-            const __m256 acc = _mm256_loadu_ps(out + r * a.ldo);
-            _mm256_storeu_ps(out + r * a.ldo, scaled_add(acc, total, x.d[(a.row0 + r) * nb + b], d));
         }
     }
 }
 
 template <int R, bool VNNI>
 void tile_rows(int64_t qtype, const TileArgs& a) {
+    if constexpr (R == 1) {  // one row: both halves in one pass over the tile
+        switch (qtype) {
+            case Q4_K: tile_q4k<1, VNNI, 2>(a, 0); return;
+            case Q4_0: tile_32<1, VNNI, Q4_0, 2>(a, 0); return;
+            case IQ4_NL: tile_32<1, VNNI, IQ4_NL, 2>(a, 0); return;
+            case Q5_0: tile_32<1, VNNI, Q5_0, 2>(a, 0); return;
+            case Q8_0: tile_32<1, VNNI, Q8_0, 2>(a, 0); return;
+            default: break;
+        }
+    }
     for (int h = 0; h < 2; ++h) switch (qtype) {
-            case Q4_K: tile_q4k<R, VNNI>(a, h); break;
+            case Q4_K: tile_q4k<R, VNNI, 1>(a, h); break;
             case Q6_K: tile_q6k<R, VNNI>(a, h); break;
-            case Q4_0: tile_32<R, VNNI, Q4_0>(a, h); break;
-            case IQ4_NL: tile_32<R, VNNI, IQ4_NL>(a, h); break;
-            case Q5_0: tile_32<R, VNNI, Q5_0>(a, h); break;
-            case Q8_0: tile_32<R, VNNI, Q8_0>(a, h); break;
+            case Q4_0: tile_32<R, VNNI, Q4_0, 1>(a, h); break;
+            case IQ4_NL: tile_32<R, VNNI, IQ4_NL, 1>(a, h); break;
+            case Q5_0: tile_32<R, VNNI, Q5_0, 1>(a, h); break;
+            case Q8_0: tile_32<R, VNNI, Q8_0, 1>(a, h); break;
             default: fail("unsupported GGUF block type " + std::to_string(qtype));
         }
 }
