@@ -10,7 +10,7 @@ from gguf_models import MIXED, perturbed_copy, write_gguf_model
 from test_gguf_cli import generate_json, home  # noqa: F401  (home: autouse fixture, a VERISPEC_HOME per test)
 from verispec.cli import app
 from verispec.models.cache_files import read_checked
-from verispec.runners.kernels import gguf_kernels, kernel_isa
+from verispec.runners.kernels import build_key, gguf_kernels, kernel_isa
 
 cli = CliRunner()
 
@@ -40,7 +40,8 @@ def test_json_and_the_cost_cache_name_the_kernel_path(files, home, monkeypatch):
     assert result.output.count("portable path") == 1 and "use --runner llamacpp" in result.output  # said once, plainly
     (costs,) = (home / "costs").glob("*.json")
     measured = {runner for entry in json.loads(read_checked(costs, "verispec-costs/1")).values() for runner in entry}
-    assert measured == {f"gguf:{best}", "gguf:portable"}  # one curve per kernel path, neither overwrites the other
+    build = build_key()
+    assert measured == {f"gguf:{best}@{build}", f"gguf:portable@{build}"}  # one curve per kernel path (and build)
 
 
 @pytest.mark.parametrize(

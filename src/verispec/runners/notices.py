@@ -46,10 +46,16 @@ def kernel_facts(kind: str) -> dict[str, str]:
 
 
 def kernel_key(kind: str) -> str:
-    """The runner's name in the cost cache: ``gguf:<isa>``, ``int8:<kernel>``, else ``kind``
-    (each kernel path has its own costs)."""
+    """The runner's name in the cost cache: ``gguf:<isa>@<build>``, ``int8:<kernel>``, else
+    ``kind`` (each kernel path has its own costs; ``<build>`` is the kernels' source hash,
+    :func:`verispec.runners.kernels.build_key`, so a faster or slower kernel after an upgrade is
+    timed again instead of steering ``auto`` and the draft-length controller by old costs)."""
     facts = kernel_facts(kind)
-    detail = facts.get("kernel_isa") or facts.get("int8_kernel")
+    if "kernel_isa" in facts:
+        from verispec.runners.kernels import build_key
+
+        return f"{kind}:{facts['kernel_isa']}@{build_key()}"
+    detail = facts.get("int8_kernel")
     return f"{kind}:{detail}" if detail else kind
 
 
