@@ -1,10 +1,10 @@
 """The batch-invariant 4-bit CPU runner: a GGUF file's own quantized blocks, read straight from disk.
 
 Owns the gguf runner's forward ops on the compiled kernels: RoPE and the KV store in one C++ call,
-RMSNorm (fused with the residual add), SwiGLU, and attention one (row, head) at a time over the KV cache or a tree's slots. The weights
-(the file's blocks repacked into the kernels' tiles) are :mod:`verispec.runners.gguf_weights`';
-the forward pass, KV cache, tree verification and rollback are
-:class:`verispec.runners.int8.Int8Runner`'s: every op is row-local and the block products
+RMSNorm (fused with the residual add), SwiGLU, and attention one (row, head) at a time over the KV
+cache or a tree's slots. The weights (the file's blocks repacked into the kernels' tiles) are
+:mod:`verispec.runners.gguf_weights`'; the forward pass, KV cache, tree verification and rollback
+are :class:`verispec.runners.int8.Int8Runner`'s: every op is row-local and the block products
 (:mod:`verispec.runners.kernels`) accumulate in one fixed order, so a k-token verify pass gives
 bit-identical logits to k one-token steps. Knows nothing about drafting or sampling.
 """
