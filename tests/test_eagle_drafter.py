@@ -3,6 +3,8 @@ decoding token for token on the torch, int8 and gguf runners, alone and batched;
 with the target's distribution; a trained head accepted more often than an untrained one; the
 head restarting where features are missing; a head for another target or a damaged file refused."""
 
+import dataclasses
+
 import pytest
 import torch
 from gguf_models import HIDDEN as GGUF_HIDDEN
@@ -216,3 +218,29 @@ def test_the_factory_builds_the_eagle_drafter_over_the_target_runner(target, tra
     assert isinstance(drafters["eagle"], EagleProposer) and drafters["eagle"].feature_layers == trained_head.shape.feature_layers
     with pytest.raises(InvalidParameterError, match="--eagle-head needs a runner that hands out the target's features"):
         build_drafters(options, loaded, target_runner=BigramRunner(torch.zeros(4, 4)))
+
+
+def test_the_gguf_runner_lends_its_lm_head_rows_to_a_shared_head(gguf_path, tmp_path):
+    """A head sharing the target's LM head, loaded over the gguf runner, drafts with the file's
+    own output rows (de-quantized), so its logits are those rows times its normed state."""
+    runner = GGUFRunner.from_file(gguf_path, max_context_length=64)
+    ids = torch.tensor([1, 4, 9, 16, 25])
+    rows = runner.weights.output_rows(ids)
+    from gguf import GGUFReader, quants
+
+    reader = GGUFReader(gguf_path)
+    output = next(t for t in reader.tensors if t.name == "output.weight")
+    want = torch.from_numpy(quants.dequantize(output.data, output.tensor_type).astype("float32"))[ids]
+    assert rows.dtype == torch.float32 and torch.equal(rows, want)
+    head = gguf_head(runner)
+    head = EagleHead(dataclasses.replace(head.shape, lm_head_from_target=True, draft_vocab_size=5), runner.weights.embed, ids, rows, seed=0)
+    head.save(tmp_path / "shared.gguf", "q8_0")
+    loaded = EagleHead.load(tmp_path / "shared.gguf", runner)
+    assert torch.equal(loaded.lm_head.weight, rows)
+
+
+def test_a_shared_head_over_a_runner_that_lends_no_rows_is_refused(target, tmp_path):
+    head = EagleHead.from_target(target, lm_head_from_target=True)
+    head.save(tmp_path / "shared.gguf")
+    with pytest.raises(InvalidParameterError, match="does not lend"):
+        EagleHead.load(tmp_path / "shared.gguf", Int8Runner.from_module(target, max_context_length=64))

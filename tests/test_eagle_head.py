@@ -178,11 +178,12 @@ def test_training_lowers_loss_and_raises_agreement(target, sequences, draft_ids)
     head = EagleHead.from_target(target, draft_token_ids=draft_ids, seed=0)
     seen = []
     options = TrainOptions(steps=40, lr=3e-3, batch_positions=128, held_out=0.25, seed=0)
-    report = train_head(head, target, sequences, options, on_step=lambda step, loss, top1: seen.append((step, loss, top1)))
+    report = train_head(head, target, sequences, options, on_step=lambda step, loss, top1, rate: seen.append((step, loss, top1, rate)))
     print(f"loss {report.losses[0]:.2f} -> {report.losses[-1]:.2f}; held-out loss {report.held_out_loss_before:.2f} -> "
           f"{report.held_out_loss:.2f}; held-out top-1 {report.held_out_top1_before:.3f} -> {report.held_out_top1:.3f} "
           f"(by step {[round(x, 3) for x in report.held_out_top1_by_step]})")
-    assert report.steps == 40 and [s for s, _, _ in seen] == list(range(1, 41))
+    assert report.steps == 40 and [s for s, _, _, _ in seen] == list(range(1, 41))
+    assert all(rate > 0 for *_, rate in seen)  # anchors per second of the loop
     assert sum(report.losses[-5:]) / 5 < 0.6 * sum(report.losses[:5]) / 5  # the training loss falls
     assert report.held_out_loss < report.held_out_loss_before
     assert report.held_out_top1 > report.held_out_top1_before + 0.2  # measured: 0.02 -> 0.41

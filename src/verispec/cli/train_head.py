@@ -28,6 +28,9 @@ def train_head(
     code_tokens: int = typer.Option(100_000, min=0, help="Tokens of --code at most."),
     max_tokens: int = typer.Option(256, min=1, help="Tokens of each answer the target writes."),
     draft_vocab: int = typer.Option(32_000, min=1, help="Rows of the head's draft vocabulary (the most frequent tokens of the data; EOS always in)."),
+    head_intermediate: int = typer.Option(2048, min=1, help="Width of the head's MLP (the target's own is 8960 for the 1.5B default): narrower drafts and trains faster."),
+    shared_lm_head: bool = typer.Option(True, "--shared-lm-head/--own-lm-head", help="Draft with the target's own LM-head rows, frozen and not stored (EAGLE's shared head: less to learn, a smaller file), or train the head's own (EAGLE-3)."),
+    weights: str = typer.Option("f32", help="How --out stores the matrices: f32 (what --resume continues exactly), f16, or q8_0 (8.5 bits a weight, what the gguf runner drafts with: a head to ship)."),
     minutes: Optional[float] = typer.Option(60.0, help="Training budget in minutes (the data is generated first, outside it)."),
     steps: Optional[int] = typer.Option(None, min=1, help="Optimiser steps at most (with --minutes: whichever comes first)."),
     lr: float = typer.Option(3e-4, help="AdamW learning rate."),
@@ -47,6 +50,7 @@ def train_head(
     from verispec.models.loading import load_model
     from verispec.ops.head_data import HeadData
     from verispec.ops.train_head import TrainOptions, make_optimizer
+    from verispec.runners.eagle_file import WEIGHT_TYPES
     from verispec.runners.eagle_head import EagleHead, choose_draft_vocabulary
     from verispec.runners.reduced_vocab import token_counts
 
@@ -60,6 +64,8 @@ def train_head(
             raise InvalidParameterError(f"--resume needs {out} and {data_path} from an earlier run")
         if not resume and out.exists():
             raise InvalidParameterError(f"{out} exists: pass --resume to continue it, or another --out")
+        if weights not in WEIGHT_TYPES:
+            raise InvalidParameterError(f"--weights must be one of {', '.join(WEIGHT_TYPES)}, not {weights!r}")
         if teacher not in ("auto", "runner", "torch"):
             raise InvalidParameterError(f"--teacher must be auto, runner or torch, not {teacher!r}")
         options = TrainOptions(steps=steps, minutes=minutes, lr=lr, batch_positions=batch_positions, held_out=held_out, seed=seed)
@@ -91,7 +97,8 @@ def train_head(
             counts = token_counts(data.sequences, model.vocab_size)
             size = min(draft_vocab, model.vocab_size)
             draft_ids = choose_draft_vocabulary(counts, size, eos_token_ids=model.eos_token_ids)
-            head = EagleHead.from_target(model.model, draft_token_ids=draft_ids, seed=seed)
+            head = EagleHead.from_target(model.model, draft_token_ids=draft_ids, seed=seed, intermediate_size=head_intermediate,
+                                         lm_head_from_target=shared_lm_head)
         record = dict(head.training_record)
         record.update(command=command, seed=seed, target=target, data=data.manifest, runs=record.get("runs", []))
         head.training_record = record
@@ -105,12 +112,12 @@ def train_head(
 
             read = partial(runner_teacher, reader, feature_layers=head.shape.feature_layers)
         record["teacher"] = "torch" if reader is None else pipe.runner_kind
-        report = _train(head, model.model, data, options, out, checkpoint_minutes, optimizer, optimizer_path, read)
+        report = _train(head, model.model, data, options, out, checkpoint_minutes, optimizer, optimizer_path, read, weights)
         record["runs"].append({"steps": report.steps, "seconds": round(report.seconds, 1), "positions": report.positions,
                                "held_out_top1_before": report.held_out_top1_before, "held_out_top1": report.held_out_top1,
                                "held_out_top1_by_step": report.held_out_top1_by_step, "held_out_loss": report.held_out_loss,
                                "final_loss": report.losses[-1] if report.losses else None})
-        _save(head, out, optimizer, optimizer_path)
+        _save(head, out, optimizer, optimizer_path, weights)
         _plot(report, plot or out.with_suffix(".png"))
     err.print(
         f"wrote {out}: {report.steps} steps in {report.seconds / 60:.1f} min; held-out top-1 agreement "
@@ -200,19 +207,21 @@ def _optimizer_state(path: Path) -> dict | None:
         return None
 
 
-def _save(head, out: Path, optimizer, optimizer_path: Path) -> None:
-    """The head, then its optimiser's state beside it (atomically: temporary file, rename)."""
+def _save(head, out: Path, optimizer, optimizer_path: Path, weights: str = "f32") -> None:
+    """The head (its matrices as ``weights``), then its optimiser's state beside it (atomically:
+    temporary file, rename)."""
     import os
 
     import torch
 
-    head.save(out)
+    head.save(out, weights)
     partial = optimizer_path.with_name(optimizer_path.name + ".partial")
     torch.save(optimizer.state_dict(), partial)
     os.replace(partial, optimizer_path)
 
 
-def _train(head, model, data, options, out: Path, checkpoint_minutes: float, optimizer, optimizer_path: Path, read=None):
+def _train(head, model, data, options, out: Path, checkpoint_minutes: float, optimizer, optimizer_path: Path, read=None,
+           weights: str = "f32"):
     """:func:`verispec.ops.train_head.train_head` under a rich bar on a terminal, else a line on
     stderr every :data:`verispec.progress.LINE_EVERY_S` seconds (a log shows it too); the head
     and its optimiser's state written beside ``out`` every ``checkpoint_minutes`` and on Ctrl-C
@@ -234,10 +243,9 @@ def _train(head, model, data, options, out: Path, checkpoint_minutes: float, opt
         task = bar.add_task("training the head", total=total, stats="") if bar is not None else None
         start = train_start = time.monotonic()
 
-        def on_step(step: int, loss: float, top1: float) -> None:
+        def on_step(step: int, loss: float, top1: float, rate: float) -> None:
             nonlocal last_save, last_line
             now = time.monotonic()
-            rate = step * options.batch_positions / max(now - train_start, 1e-9)
             stats = f"loss {loss:.3f}  top-1 {top1:.3f}  ~{rate:.0f} positions/s"
             if bar is not None:
                 bar.update(task, completed=step, stats=stats)
@@ -246,7 +254,7 @@ def _train(head, model, data, options, out: Path, checkpoint_minutes: float, opt
                       file=sys.stderr, flush=True)
                 last_line = now
             if now - last_save > 60 * checkpoint_minutes:
-                _save(head, out, optimizer, optimizer_path)
+                _save(head, out, optimizer, optimizer_path, weights)
                 last_save = time.monotonic()
 
         def on_teacher(done: int, total: int) -> None:  # before training: one pass per sequence
@@ -262,7 +270,7 @@ def _train(head, model, data, options, out: Path, checkpoint_minutes: float, opt
         try:
             return run(head, model, data.sequences, options, on_step=on_step, on_teacher=on_teacher, optimizer=optimizer, read=read)
         except KeyboardInterrupt:
-            _save(head, out, optimizer, optimizer_path)
+            _save(head, out, optimizer, optimizer_path, weights)
             err.print(f"interrupted: the head so far is in {out}; continue with --resume")
             raise typer.Exit(130) from None
 

@@ -256,7 +256,7 @@ def train_head(
     target: torch.nn.Module,
     sequences: Sequence[Sequence[int]],
     options: TrainOptions | None = None,
-    on_step: Callable[[int, float, float], None] | None = None,
+    on_step: Callable[[int, float, float, float], None] | None = None,
     on_teacher: Callable[[int, int], None] | None = None,
     optimizer: torch.optim.Optimizer | None = None,
     read: Callable[[Sequence[int]], Teacher] | None = None,
@@ -268,7 +268,9 @@ def train_head(
             left unchanged, run once per sequence.
         sequences: token id lists (length >= 2 used, others skipped), e.g. the target's own
             outputs; a seeded ``held_out`` fraction is kept out of training.
-        on_step: called after each optimiser step with ``(step, loss, top1)`` (1-based step).
+        on_step: called after each optimiser step with ``(step, loss, top1, rate)``: the 1-based
+            step, its loss and first-step agreement, and the anchors trained per second of the
+            loop so far (the held-out evaluation before it not counted).
         on_teacher: called with ``(done, total)`` as the target reads each sequence (before the
             budget starts: one float32 forward per sequence, minutes on a CPU for a real target).
         optimizer: the optimiser to step (:func:`make_optimizer`, e.g. with an earlier run's
@@ -327,7 +329,8 @@ def train_head(
         report.losses.append(float(loss.detach()))
         report.top1.append(float(agreements[0].float().mean()) if agreements[0].numel() else float("nan"))
         if on_step is not None:
-            on_step(report.steps, report.losses[-1], report.top1[-1])
+            rate = report.positions / max(time.monotonic() - start, 1e-9)
+            on_step(report.steps, report.losses[-1], report.top1[-1], rate)
     report.seconds = time.monotonic() - start
     report.held_out_loss, report.held_out_top1_by_step = evaluate(head, teachers, held_groups, target_head, options)
     report.held_out_top1 = report.held_out_top1_by_step[0]

@@ -50,6 +50,7 @@ class HeadShape:
     draft_vocab_size: int
     target_model_type: str
     target_norm_sha256: str = ""  # norm_digest of the target (heads written before it: "", not compared)
+    lm_head_from_target: bool = False  # lm_head = the target's rows of d2t, frozen, not stored in the file
 
     @staticmethod
     def of_target(config, feature_layers: Sequence[int], draft_vocab_size: int) -> HeadShape:
@@ -144,6 +145,8 @@ class EagleHead(nn.Module):
         self.down_proj = _linear(shape.intermediate_size, hidden)
         self.norm = nn.RMSNorm(hidden, eps=shape.rms_norm_eps)
         self.lm_head = _linear(hidden, shape.draft_vocab_size)
+        if shape.lm_head_from_target:  # EAGLE-1's shared, frozen LM head (rows of d2t)
+            self.lm_head.weight.requires_grad_(False)
         self.register_buffer("d2t", d2t.clone())
         inv_freq = 1.0 / shape.rope_theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
@@ -165,6 +168,8 @@ class EagleHead(nn.Module):
         draft_token_ids: Tensor | None = None,
         *,
         seed: int = 0,
+        intermediate_size: int | None = None,
+        lm_head_from_target: bool = False,
     ) -> EagleHead:
         """A fresh head for a transformers Qwen2/Llama-family causal LM.
 
@@ -172,8 +177,17 @@ class EagleHead(nn.Module):
             feature_layers: hidden-state indices fused by ``fc`` (None: :func:`default_feature_layers`).
             draft_token_ids: ``[draft_vocab_size]`` target ids the head can propose (None: all;
                 :func:`choose_draft_vocabulary` picks them); ``lm_head`` starts from their rows.
+            intermediate_size: the width of the head's MLP (None: the target's). A narrower MLP
+                makes each drafted token and each training step cheaper (the target's 8960 is
+                half of a 1.5B target's head at 16k draft rows).
+            lm_head_from_target: keep ``lm_head`` at the target's rows, frozen (EAGLE, Li et al.
+                2024, arXiv 2401.15077, §4: the draft shares the target's LM head), with ``norm``
+                starting from the target's final norm: fewer weights to learn from little data,
+                a cheaper training step, and a file without the rows (the target lends them when
+                the head loads). False: EAGLE-3's own head, trained from those rows.
         Raises:
-            InvalidParameterError: an unsupported architecture or a bad layer or token id.
+            InvalidParameterError: an unsupported architecture, a bad layer or token id, or an
+                ``intermediate_size`` below 1.
         """
         config = model.config
         layers = default_feature_layers(int(config.num_hidden_layers)) if feature_layers is None else feature_layers
@@ -181,34 +195,54 @@ class EagleHead(nn.Module):
         vocab = target_rows.shape[0]
         d2t = _checked_d2t(torch.arange(vocab) if draft_token_ids is None else draft_token_ids, vocab)
         shape = HeadShape.of_target(config, layers, d2t.numel())
+        if intermediate_size is not None:
+            if intermediate_size < 1:
+                raise InvalidParameterError(f"the head's MLP width must be >= 1, not {intermediate_size}")
+            shape = replace(shape, intermediate_size=int(intermediate_size))
         norm = final_norm(model)
         if norm is not None:
             shape = replace(shape, target_norm_sha256=norm_digest(norm))
-        return cls(shape, model.get_input_embeddings(), d2t, target_rows[d2t].float(), seed=seed)
+        shape = replace(shape, lm_head_from_target=bool(lm_head_from_target))
+        head = cls(shape, model.get_input_embeddings(), d2t, target_rows[d2t].float(), seed=seed)
+        if lm_head_from_target and norm is not None:
+            with torch.no_grad():
+                head.norm.weight.copy_(norm.detach().float())
+        return head
 
     @property
     def config(self) -> dict:
         """What storing the head needs besides its state dict: :class:`HeadShape` as a dict."""
         return {"architecture": "eagle3", **asdict(self.shape), "feature_layers": list(self.shape.feature_layers)}
 
-    def save(self, path: str | Path) -> None:
+    def stored_state(self) -> dict[str, Tensor]:
+        """The state dict a file holds: without ``lm_head.weight`` when it is the target's."""
+        state = self.state_dict()
+        if self.shape.lm_head_from_target:
+            state.pop("lm_head.weight")
+        return state
+
+    def save(self, path: str | Path, weights: str = "f32") -> None:
         """Write the head (no embedding, no KV cache) with :attr:`training_record` (how it was
         trained: command, seed, data manifest), atomically (a temporary file beside ``path``,
         then a rename), so a crash mid-write leaves the previous file whole. A ``.gguf`` path
         gets GGUF (:mod:`verispec.runners.eagle_file`), any other ``torch.save`` of
         ``{"config", "state_dict", "training"}``.
 
+        ``weights``: the GGUF file's matrices as ``"f32"``, ``"f16"`` or ``"q8_0"``
+        (:func:`~verispec.runners.eagle_file.write_head_gguf`); a torch file is always float32.
+
         Raises:
-            InvalidParameterError: the head was quantized for inference (its float weights are gone).
+            InvalidParameterError: the head was quantized for inference (its float weights are
+                gone), or an unknown ``weights``.
         """
         if getattr(self, "quantization", None):
             raise InvalidParameterError(f"this head was quantized to {self.quantization} for inference; save the float head")
         path = Path(path)
         if path.suffix == ".gguf":
-            write_head_gguf(path, self.config, self.state_dict(), self.training_record)
+            write_head_gguf(path, self.config, self.stored_state(), self.training_record, weights)
             return
         partial = path.with_name(path.name + ".partial")
-        torch.save({"config": self.config, "state_dict": self.state_dict(), "training": self.training_record}, partial)
+        torch.save({"config": self.config, "state_dict": self.stored_state(), "training": self.training_record}, partial)
         os.replace(partial, path)
 
     @classmethod
@@ -234,7 +268,8 @@ class EagleHead(nn.Module):
                 stored = torch.load(path, map_location="cpu", weights_only=True)
                 config, state, training = stored["config"], stored["state_dict"], stored.get("training")
             fields = {k: v for k, v in config.items() if k != "architecture"}
-            shape = HeadShape(**{**fields, "feature_layers": tuple(fields["feature_layers"])})
+            shape = HeadShape(**{**fields, "feature_layers": tuple(fields["feature_layers"]),
+                                 "lm_head_from_target": bool(fields.get("lm_head_from_target", False))})
         except ModelIntegrityError:
             raise
         except Exception as exc:  # torch raises many kinds for a damaged file
@@ -255,6 +290,13 @@ class EagleHead(nn.Module):
                 f"the EAGLE head {path} was trained for another target of the same shapes (its final norm weights "
                 f"differ: another fine-tune or model); train one for this target (verispec train-head)"
             )
+        if shape.lm_head_from_target:
+            if facts.output_rows is None:
+                raise InvalidParameterError(
+                    f"the EAGLE head {path} borrows the target's LM-head rows, which this runner does not lend "
+                    "(use the gguf or torch runner)"
+                )
+            state = {**state, "lm_head.weight": facts.output_rows(torch.as_tensor(state["d2t"]).long()).float()}
         head = cls(shape, facts.embed_tokens, state["d2t"])
         try:
             head.load_state_dict(state)

@@ -70,6 +70,15 @@ class GGUFWeights:
     sin: Tensor
     head_token_ids: Tensor | None = None
     load_time_s: float = 0.0
+    head_rows: GGUFEmbedding | None = None  # the LM head's rows as the file stores them (token_embd when tied)
+
+    def output_rows(self, ids: Tensor) -> Tensor:
+        """float32 ``[n, hidden]``: rows ``ids`` (int64 ``[n]``, full-vocabulary ids) of the
+        target's LM head as the file holds them, de-quantized (what an EAGLE head that shares
+        the target's LM head drafts with). Raises InvalidParameterError when not kept."""
+        if self.head_rows is None:
+            raise InvalidParameterError("these weights keep no LM-head rows to lend")
+        return self.head_rows(ids)
 
     @property
     def vocab_size(self) -> int:
@@ -272,12 +281,16 @@ class _Loader:
         head_name = "output.weight" if "output.weight" in self.header.tensors else "token_embd.weight"
         row_ids = None if head_token_ids is None else head_token_ids.long()
         lm_head = self.linear([head_name], hidden, row_ids=row_ids)
+        head_rows = embedding
+        if head_name != "token_embd.weight":
+            head_info = self.tensor(head_name)
+            head_rows = GGUFEmbedding(self.raw(head_info).view(int(head_info.shape[1]), -1), head_info.qtype, hidden)
         final_norm = self.floats("output_norm.weight")
         cos, sin = rope_tables(self.head_dim, self.rope_base, max_positions)
         return GGUFWeights(
             num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim, rms_norm_eps=self.eps,
             embedding=embedding, layers=layers, final_norm=final_norm, lm_head=lm_head, cos=cos, sin=sin,
-            head_token_ids=row_ids,
+            head_token_ids=row_ids, head_rows=head_rows,
         )
 
 
