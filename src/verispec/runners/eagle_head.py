@@ -181,7 +181,7 @@ class EagleHead(nn.Module):
                 makes each drafted token and each training step cheaper (the target's 8960 is
                 half of a 1.5B target's head at 16k draft rows).
             lm_head_from_target: keep ``lm_head`` at the target's rows, frozen (EAGLE, Li et al.
-                2024, arXiv 2401.15077, §4: the draft shares the target's LM head), with ``norm``
+                2024, arXiv 2401.15077, §4.1: the draft shares the target's LM head), with ``norm``
                 starting from the target's final norm: fewer weights to learn from little data,
                 a cheaper training step, and a file without the rows (the target lends them when
                 the head loads). False: EAGLE-3's own head, trained from those rows.
