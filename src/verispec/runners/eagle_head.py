@@ -274,29 +274,7 @@ class EagleHead(nn.Module):
             raise
         except Exception as exc:  # torch raises many kinds for a damaged file
             raise ModelIntegrityError(f"{path} is not a readable EAGLE head ({type(exc).__name__}: {exc})") from exc
-        mismatched = [
-            f"{name} {mine} != {theirs}"
-            for name, mine, theirs in (
-                ("hidden_size", shape.hidden_size, facts.hidden_size), ("vocab_size", shape.vocab_size, facts.vocab_size),
-                ("num_target_layers", shape.num_target_layers, facts.num_layers),
-                ("target_model_type", shape.target_model_type, facts.model_type or shape.target_model_type),
-            )
-            if mine != theirs
-        ]
-        if mismatched:
-            raise InvalidParameterError(f"the EAGLE head {path} belongs to another target ({'; '.join(mismatched)})")
-        if shape.target_norm_sha256 and facts.norm_sha256 and shape.target_norm_sha256 != facts.norm_sha256:
-            raise InvalidParameterError(
-                f"the EAGLE head {path} was trained for another target of the same shapes (its final norm weights "
-                f"differ: another fine-tune or model); train one for this target (verispec train-head)"
-            )
-        if shape.lm_head_from_target:
-            if facts.output_rows is None:
-                raise InvalidParameterError(
-                    f"the EAGLE head {path} borrows the target's LM-head rows, which this runner does not lend "
-                    "(use the gguf or torch runner)"
-                )
-            state = {**state, "lm_head.weight": facts.output_rows(torch.as_tensor(state["d2t"]).long()).float()}
+        state = facts.check_head(shape, state, path)  # another target refused; a shared LM head's rows lent
         head = cls(shape, facts.embed_tokens, state["d2t"])
         try:
             head.load_state_dict(state)

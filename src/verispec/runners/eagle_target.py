@@ -45,6 +45,40 @@ class HeadTarget:
     norm_sha256: str | None = None  # norm_digest; None where the target does not show its final norm
     output_rows: Callable[[Tensor], Tensor] | None = None  # int64 [n] -> float32 [n, hidden] LM-head rows; None: not lent
 
+    def check_head(self, shape, state: dict[str, Tensor], path) -> dict[str, Tensor]:
+        """``state`` of the head file ``path`` (shape ``shape``: a ``HeadShape``) ready to load on
+        this target: with ``lm_head.weight`` lent by the target where the head shares its LM head.
+
+        Raises:
+            InvalidParameterError: the head was trained for a target of another architecture,
+                hidden size, vocabulary or depth, or for another target of the same shapes (its
+                :func:`norm_digest` differs), or it shares an LM head this target does not lend.
+        """
+        mismatched = [
+            f"{name} {mine} != {theirs}"
+            for name, mine, theirs in (
+                ("hidden_size", shape.hidden_size, self.hidden_size), ("vocab_size", shape.vocab_size, self.vocab_size),
+                ("num_target_layers", shape.num_target_layers, self.num_layers),
+                ("target_model_type", shape.target_model_type, self.model_type or shape.target_model_type),
+            )
+            if mine != theirs
+        ]
+        if mismatched:
+            raise InvalidParameterError(f"the EAGLE head {path} belongs to another target ({'; '.join(mismatched)})")
+        if shape.target_norm_sha256 and self.norm_sha256 and shape.target_norm_sha256 != self.norm_sha256:
+            raise InvalidParameterError(
+                f"the EAGLE head {path} was trained for another target of the same shapes (its final norm weights "
+                f"differ: another fine-tune or model); train one for this target (verispec train-head)"
+            )
+        if shape.lm_head_from_target:
+            if self.output_rows is None:
+                raise InvalidParameterError(
+                    f"the EAGLE head {path} borrows the target's LM-head rows, which this runner does not lend "
+                    "(use the gguf or torch runner)"
+                )
+            return {**state, "lm_head.weight": self.output_rows(torch.as_tensor(state["d2t"]).long()).float()}
+        return state
+
     @classmethod
     def of(cls, target: object) -> HeadTarget:
         """The facts of a transformers causal LM, a :class:`~verispec.runners.torch_runner.TransformersRunner`
