@@ -63,7 +63,7 @@ def test_greedy_tree_speculation_equals_plain(draft_kind, num_nodes, target_mode
     engine = tree_engine(target_model, draft)
     for prompt in PROMPTS:
         expected = plain_engine.generate(prompt, SamplingParams(max_tokens=30), SpeculativeConfig(method="none")).token_ids
-        out = engine.generate(prompt, SamplingParams(max_tokens=30), SpeculativeConfig(method="tree", num_speculative_tokens=num_nodes))
+        out = engine.generate(prompt, SamplingParams(max_tokens=30), SpeculativeConfig(method="tree", num_speculative_tokens=num_nodes, schedule="constant"))
         assert out.token_ids == expected
         if draft_kind == "target":
             assert out.metrics.spec.mean_acceptance_length > 1.5  # the best path is always right
@@ -75,7 +75,7 @@ def test_tree_beats_chain_in_acceptance_length_with_a_partial_draft(target_model
     tree = tree_engine(target_model, partial_draft_model, branching=3)
     lengths = {}
     for name, engine, method in (("chain", chain, "draft"), ("tree", tree, "tree")):
-        stats = [engine.generate(p, SamplingParams(max_tokens=30), SpeculativeConfig(method=method, num_speculative_tokens=6)).metrics.spec for p in PROMPTS]
+        stats = [engine.generate(p, SamplingParams(max_tokens=30), SpeculativeConfig(method=method, num_speculative_tokens=6, schedule="constant")).metrics.spec for p in PROMPTS]
         lengths[name] = sum(s.num_accepted_tokens for s in stats) / sum(s.num_drafts for s in stats)
     assert lengths["tree"] > lengths["chain"], lengths
 

@@ -74,7 +74,7 @@ def test_every_kept_token_reaches_the_feature_drafter_at_its_position(method):
     recorder = Recorder()
     eng = engine(recorder)
     prompt = [3, 4, 5, 3, 4, 9, 10]
-    out = eng.generate(prompt, SamplingParams(max_tokens=30), SpeculativeConfig(method=method, num_speculative_tokens=4))
+    out = eng.generate(prompt, SamplingParams(max_tokens=30), SpeculativeConfig(method=method, num_speculative_tokens=4, schedule="constant"))
     assert_aligned(recorder, prompt, out.token_ids)
     if method == "draft":
         assert 0 < out.metrics.spec.num_accepted_tokens < out.metrics.spec.num_draft_tokens  # some rows rolled back
