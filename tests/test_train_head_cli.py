@@ -58,6 +58,9 @@ def test_train_then_draft_then_resume(files):
     again = train(folder, target, out, "--resume")
     assert again.exit_code == 0, again.output
     assert "starts afresh" not in again.output
+    # the target read the data once: the second run took every sequence from the teacher cache
+    assert f"{len(PROMPTS)} sequences from the cache, 0 read by the target" in " ".join(again.output.split())
+    assert len(list((folder / "head.gguf.teacher").glob("*.safetensors"))) == len(PROMPTS)
     assert [run["steps"] for run in EagleHead.load(out, GGUFRunner.from_file(target, max_context_length=64)).training_record["runs"]] == [4, 4]
 
 
@@ -65,8 +68,9 @@ def test_refusals(files, tmp_path, monkeypatch):
     folder, target = files
     result = train(folder, target, tmp_path / "t.pt", "--teacher", "nope")
     assert result.exit_code == 2 and "--teacher must be auto, runner or torch" in result.output
-    result = train(folder, target, tmp_path / "t.pt", "--teacher", "torch")
+    result = train(folder, target, tmp_path / "t.pt", "--teacher", "torch", "--teacher-cache", "none")
     assert result.exit_code == 0 and "the teacher: float32 transformers" in result.output
+    assert "teacher cache" not in result.output and not (tmp_path / "t.pt.teacher").exists()
     assert EagleHead.load(tmp_path / "t.pt", GGUFRunner.from_file(target, max_context_length=64)).training_record["teacher"] == "torch"
     (tmp_path / "head.pt").write_bytes(b"x")
     result = train(folder, target, tmp_path / "head.pt")

@@ -39,6 +39,7 @@ def train_head(
     seed: int = typer.Option(0, help="Seeds the data (Magpie), the split, the batch order and the head's initialisation."),
     runner: str = runner_option("Runner that answers the prompts (default auto: gguf on a CPU)."),
     teacher: str = typer.Option("auto", help="Who reads the data for the head to learn from: 'runner' (the target on --runner's kernels, e.g. the gguf runner: the quantized model served, at its prefill speed), 'torch' (float32 transformers), 'auto' (runner where it can hand out its hidden states: gguf, int8)."),
+    teacher_cache: Optional[str] = typer.Option(None, help="Folder keeping the target's reading of each sequence (features, ~24 KB a token for the 1.5B default), so --resume and later runs on the same data skip it (default: --out with .teacher; 'none': keep nothing)."),
     checkpoint_minutes: float = typer.Option(5.0, help="Write the head to --out this often while training (and on Ctrl-C)."),
     resume: bool = typer.Option(False, help="Continue the head in --out with the data recorded beside it."),
     plot: Optional[Path] = typer.Option(None, help="Loss-curve PNG (default: --out with .png)."),
@@ -104,15 +105,11 @@ def train_head(
         head.training_record = record
         options.steps_before = sum(run.get("steps", 0) for run in record["runs"])
         optimizer = make_optimizer(head, options, _optimizer_state(optimizer_path) if resume else None)
-        read = None
-        if reader is not None:
-            from functools import partial
-
-            from verispec.ops.train_head import runner_teacher
-
-            read = partial(runner_teacher, reader, feature_layers=head.shape.feature_layers)
         record["teacher"] = "torch" if reader is None else pipe.runner_kind
+        read, cache = _reader(head, model, reader, record["teacher"], target, teacher_cache, out)
         report = _train(head, model.model, data, options, out, checkpoint_minutes, optimizer, optimizer_path, read, weights)
+        if cache is not None:
+            err.print(cache.summary())
         record["runs"].append({"steps": report.steps, "seconds": round(report.seconds, 1), "positions": report.positions,
                                "held_out_top1_before": report.held_out_top1_before, "held_out_top1": report.held_out_top1,
                                "held_out_top1_by_step": report.held_out_top1_by_step, "held_out_loss": report.held_out_loss,
@@ -137,6 +134,29 @@ def _command_line(params: dict) -> str:
             for item in value if isinstance(value, (list, tuple)) else [value]:
                 words += [flag, shlex.quote(str(item))]
     return " ".join(words)
+
+
+def _reader(head, model, reader, kind: str, target: str, cache_option: str | None, out: Path):
+    """How the target reads one sequence (its runner's passes, or float32 transformers), behind
+    the teacher cache unless ``cache_option`` is ``none``; returns ``(read, cache or None)``."""
+    from functools import partial
+
+    from verispec.ops.head_cache import TeacherCache, reader_identity
+    from verispec.ops.train_head import runner_teacher, teacher
+
+    layers = head.shape.feature_layers
+    if reader is not None:
+        read = partial(runner_teacher, reader, feature_layers=layers)
+    else:
+        read = lambda ids: teacher(model.model, ids, layers)  # noqa: E731
+    if cache_option is not None and cache_option.lower() == "none":
+        return read, None
+    path = getattr(getattr(reader, "weights", None), "path", None)
+    if path is None and Path(target).exists():
+        path = Path(target)
+    folder = Path(cache_option) if cache_option else out.with_name(out.name + ".teacher")
+    cache = TeacherCache(folder, reader_identity(kind, f"{target}#{head.shape.target_norm_sha256}", path))
+    return cache.reading(read, layers), cache
 
 
 def _runner_options(runner: str) -> dict:
