@@ -86,10 +86,12 @@ def test_refusals(files, tmp_path, monkeypatch):
     assert not (tmp_path / "leak.pt").exists()
     result = cli.invoke(app, ["generate", "ab", "--target", str(target), "--draft", "none", "--method", "eagle"])
     assert result.exit_code == 2 and "--method eagle needs --eagle-head FILE" in result.output
+    result = cli.invoke(app, ["generate", "ab", "--target", str(target), "--draft", "none", "--method", "eagle-tree"])
+    assert result.exit_code == 2 and "--method eagle-tree needs --eagle-head FILE" in result.output
 
 
 def test_the_server_drafts_with_the_head_and_answers_as_plain(files, tmp_path):
-    """``"speculative": {"method": "eagle"}`` on the server: the same text as plain decoding, drafts counted."""
+    """``"speculative": {"method": "eagle"}`` (and ``"eagle-tree"``) on the server: the same text as plain decoding, drafts counted."""
     import httpx
     from server_support import LiveServer
 
@@ -110,9 +112,10 @@ def test_the_server_drafts_with_the_head_and_answers_as_plain(files, tmp_path):
             assert response.status_code == 200, response.text
             return response.json()
 
-        plain, eagle = complete("none"), complete("eagle")
-    assert eagle["choices"][0]["text"] == plain["choices"][0]["text"]
+        plain, eagle, tree = complete("none"), complete("eagle"), complete("eagle-tree")
+    assert eagle["choices"][0]["text"] == plain["choices"][0]["text"] == tree["choices"][0]["text"]
     assert eagle["usage"]["num_draft_tokens"] > 0 and plain["usage"]["num_draft_tokens"] == 0
+    assert tree["usage"]["num_draft_tokens"] > 0
 
 
 def test_advise_measures_the_head_and_prices_its_memory(files, tmp_path):

@@ -46,7 +46,7 @@ def generate(
     method: str = typer.Option(
         "auto",
         help="auto (suffix lookup in this request and earlier ones when it matches, else the draft model, else layer skip; per step), "
-        "draft, ngram, suffix (continuations seen in earlier requests and this one), layer-skip, eagle (--eagle-head), "
+        "draft, ngram, suffix (continuations seen in earlier requests and this one), layer-skip, eagle (--eagle-head; eagle-tree: its dynamic tree), "
         "tree (token trees: n-gram branches, else the draft's tree), or none (plain decoding).",
     ),
     num_speculative_tokens: int = num_speculative_tokens_option(K_GENERATE),
@@ -105,8 +105,8 @@ def generate(
             draft_quantization=draft_quantization, tree_choices=parse_tree_choices(tree_choices, method), eagle_head=eagle_head,
             head_quantization=head_quantization,
         )
-        if method == "eagle" and eagle_head is None:
-            raise InvalidParameterError("--method eagle needs --eagle-head FILE (a head from verispec train-head)")
+        if method in ("eagle", "eagle-tree") and eagle_head is None:
+            raise InvalidParameterError(f"--method {method} needs --eagle-head FILE (a head from verispec train-head)")
         use_draft = method in ("draft", "auto", "tree") and draft.lower() != "none"
         runners = RunnerOptions(kind=runner, draft_vocab_size=draft_vocab, draft_vocab_corpus=tuple(draft_vocab_corpus or ()))
         if dtype != "float32" and method != "none" and runner == "torch":

@@ -116,8 +116,8 @@ def serve(
             record_traffic=None if record_traffic is None else str(record_traffic),
         )
         scaling = ReplicaOptions(replicas, ray_address, min_replicas, max_replicas, target_ongoing_requests, replica_cpus)
-        if spec.method == "eagle" and eagle_head is None:
-            raise InvalidParameterError("--method eagle needs --eagle-head FILE (a head from verispec train-head)")
+        if spec.method in ("eagle", "eagle-tree") and eagle_head is None:
+            raise InvalidParameterError(f"--method {spec.method} needs --eagle-head FILE (a head from verispec train-head)")
         if scaling.requested and eagle_head is not None:
             raise InvalidParameterError("--eagle-head is not served by --replicas yet: serve it from one process")
         if scaling.requested:

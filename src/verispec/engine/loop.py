@@ -331,7 +331,7 @@ class SpeculativeEngine:
                 f"the prompt has {len(prompt)} tokens but the target's context window is "
                 f"{self.target.max_context_length}: shorten the prompt"
             )
-        if spec.method == "tree" and not hasattr(self.target, "forward_tree"):
+        if spec.method in ("tree", "eagle-tree") and not hasattr(self.target, "forward_tree"):
             raise InvalidParameterError(
                 f"the {type(self.target).__name__} cannot verify token trees: use a chain method or another runner"
             )

@@ -31,6 +31,7 @@ LOOKUP_DRAFTERS = ("suffix", "ngram")  # auto: the first loaded one drafts whene
 MODEL_DRAFTERS = ("eagle", "draft")  # auto: every loaded one backs up the lookup (the better per step)
 ALTERNATIVE_DRAFTERS = ("eagle", "draft", "tree")  # auto: per step, the best realised rate of those offered
 TREE_DRAFTERS = ("ngram-tree", "tree")  # tree: n-gram branches when the lookup matches, else the draft tree
+TREE_SCHEDULED = (*TREE_DRAFTERS, "suffix-tree", "eagle-tree")  # drafters whose budget is a tree's node count
 
 
 def drafter_order(method: str, loaded: Sequence[str], trees: bool = False) -> list[str]:
@@ -123,7 +124,7 @@ class DraftPolicy:
             for name in self._proposers
         }
         self.schedules = {
-            name: make_schedule(schedule, name, max_k, self.alphas[name], costs, config, tree=name in TREE_DRAFTERS or name == "suffix-tree")
+            name: make_schedule(schedule, name, max_k, self.alphas[name], costs, config, tree=name in TREE_SCHEDULED)
             for name in self._proposers
         }
         self._previous: str | None = None  # drafter of the previous step

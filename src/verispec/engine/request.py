@@ -10,7 +10,7 @@ from verispec.spec.schedules import SCHEDULES
 from verispec.errors import InvalidParameterError
 from verispec.metrics import RequestMetrics
 
-METHODS = ("none", "draft", "ngram", "suffix", "layer-skip", "eagle", "auto", "tree")
+METHODS = ("none", "draft", "ngram", "suffix", "layer-skip", "eagle", "eagle-tree", "auto", "tree")
 MAX_SPECULATIVE_TOKENS = 64
 
 
@@ -21,7 +21,9 @@ class SpeculativeConfig:
     Attributes:
         method: ``"none"`` (plain decoding), the name of a loaded drafter (``"draft"``,
             ``"ngram"``, ``"suffix"``: suffix drafting over earlier requests and this one,
-            ``"layer-skip"``, ``"eagle"``: an EAGLE-3 head over the target's features) or ``"auto"`` (suffix lookup when it matches -- n-gram lookup
+            ``"layer-skip"``, ``"eagle"``: an EAGLE-3 head over the target's features, a chain;
+            ``"eagle-tree"``: the same head's dynamic tree, EAGLE-2, where the target verifies
+            trees) or ``"auto"`` (suffix lookup when it matches -- n-gram lookup
             where no suffix drafter is loaded --, else whichever of the EAGLE head and the draft
             model (chain, or tree where the target verifies trees) realises more tokens per unit
             time, else layer skip; decided per step) or ``"tree"`` (token trees:

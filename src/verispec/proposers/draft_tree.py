@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
+from torch import Tensor
 
 from verispec.errors import InvalidParameterError
 from verispec.proposers.base import DraftCacheSequences, DraftRequest
@@ -36,6 +37,65 @@ def select_candidates(candidates: Sequence[Candidate], budget: int) -> list[Cand
     tree stays in topological order. Ties go to the earlier candidate."""
     best = heapq.nlargest(budget, enumerate(candidates), key=lambda item: (item[1].log_prob, -item[0]))
     return [c for _, c in sorted(best, key=lambda item: (item[1].parent, -item[1].log_prob, item[0]))]
+
+
+def top_children(request: DraftRequest, tree: TokenTree, node: int, logits: Tensor, count: int) -> tuple[list[float], list[int]]:
+    """The ``count`` most probable draft tokens after ``node`` of ``tree`` (``logits``: ``[1,
+    vocab]`` float32, the draft's row for the node, over the target's vocabulary), processed as
+    the target's rows are (penalties, grammar, temperature, top-k/p): their log-probabilities
+    and ids, best first."""
+    path = [tree.token_ids[i] for i in tree.path_to(node)]
+    rows = process_logits(
+        logits, request.params, request.prompt_token_ids, list(request.output_token_ids) + path,
+        allowed=request.allowed_after(path, logits.shape[-1]),
+    )
+    dist = torch.log_softmax(rows.logits, -1)[0] if rows.probs is None else rows.probs[0].log()
+    top = torch.topk(dist, min(count, dist.shape[-1]))
+    return top.values.tolist(), top.indices.tolist()
+
+
+def grow_dynamic_tree(
+    request: DraftRequest,
+    root_logits: Tensor,
+    num_nodes: int,
+    branching: int,
+    max_depth: int,
+    score_level: Callable[[list[int], list[int], int], Tensor],
+) -> TokenTree:
+    """A dynamic draft tree (EAGLE-2, Li et al. 2024, arXiv 2406.16858, §4: expand the top
+    ``branching`` children of every frontier node, keep the ``num_nodes`` best by path
+    probability, level by level, at most ``max_depth`` levels).
+
+    Args:
+        root_logits: float32 ``[1, vocab]`` the drafter's row for the root (the context's last
+            token, ``request.context[-1]``).
+        score_level: ``(token_ids, parents, first_new) -> [len(token_ids) - first_new, vocab]``
+            float32: the drafter's rows for the nodes ``first_new ..`` of the tree so far (one
+            pass over the new level); never called for the last level.
+    Returns:
+        The tree, root first, nodes in topological order, at most ``num_nodes`` below the root.
+    """
+    token_ids, parents, log_probs = [request.context[-1]], [-1], [0.0]
+    frontier, frontier_logits = [0], root_logits
+    for _ in range(max_depth):
+        candidates = []
+        tree = TokenTree(tuple(token_ids), tuple(parents))
+        for row, node in enumerate(frontier):
+            values, ids = top_children(request, tree, node, frontier_logits[row : row + 1], branching)
+            candidates += [Candidate(log_probs[node] + float(lp), node, int(t)) for lp, t in zip(values, ids) if lp > float("-inf")]
+        chosen = select_candidates(candidates, num_nodes + 1 - len(token_ids))
+        if not chosen:
+            break
+        first_new = len(token_ids)
+        for c in chosen:
+            token_ids.append(c.token_id)
+            parents.append(c.parent)
+            log_probs.append(c.log_prob)
+        frontier = list(range(first_new, len(token_ids)))
+        if len(token_ids) > num_nodes:
+            break
+        frontier_logits = score_level(token_ids, parents, first_new)
+    return TokenTree(tuple(token_ids), tuple(parents))
 
 
 def validate_tree_choices(choices) -> tuple[tuple[int, ...], ...]:
@@ -120,19 +180,6 @@ class DraftTreeProposer(DraftCacheSequences):
         self.runner.truncate(len(context))  # drop the drafted nodes; the context stays cached
         return tree
 
-    @staticmethod
-    def _top_children(request: DraftRequest, tree: TokenTree, node: int, logits, count: int) -> tuple[list[float], list[int]]:
-        """The ``count`` most probable draft tokens after ``node`` (``logits``: ``[1, vocab]``
-        float32, the draft's row for the node): their log-probabilities and ids, best first."""
-        path = [tree.token_ids[i] for i in tree.path_to(node)]
-        rows = process_logits(
-            logits, request.params, request.prompt_token_ids, list(request.output_token_ids) + path,
-            allowed=request.allowed_after(path, logits.shape[-1]),
-        )
-        dist = torch.log_softmax(rows.logits, -1)[0] if rows.probs is None else rows.probs[0].log()
-        top = torch.topk(dist, min(count, dist.shape[-1]))
-        return top.values.tolist(), top.indices.tolist()
-
     def _forward_level(self, token_ids: list[int], parents: list[int], first_new: int, num_prefix: int):
         """Draft logits ``[num_new, vocab]`` of the nodes from ``first_new`` on (one tree-masked pass)."""
         tree = TokenTree(tuple(token_ids), tuple(parents))
@@ -153,7 +200,7 @@ class DraftTreeProposer(DraftCacheSequences):
             for path in level:
                 parent = node_of[path[:-1]]
                 needed[parent] = max(needed.get(parent, 0), path[-1] + 1)
-            top = {parent: self._top_children(request, tree, parent, logits_of[parent], count) for parent, count in needed.items()}
+            top = {parent: top_children(request, tree, parent, logits_of[parent], count) for parent, count in needed.items()}
             first_new = len(token_ids)
             for path in level:
                 parent = node_of[path[:-1]]
@@ -171,32 +218,9 @@ class DraftTreeProposer(DraftCacheSequences):
         return TokenTree(tuple(token_ids), tuple(parents))
 
     def _dynamic_tree(self, request: DraftRequest, num_prefix: int, num_nodes: int, root_logits) -> TokenTree:
-        """EAGLE-2 expansion: top ``branching`` children per frontier node, best nodes kept
-        (``num_prefix``: the draft cache slot of the root)."""
-        context = request.context
-        token_ids, parents, log_probs = [context[-1]], [-1], [0.0]
-        frontier, frontier_logits = [0], root_logits
-        for _ in range(self.max_depth):
-            candidates = []
-            tree = TokenTree(tuple(token_ids), tuple(parents))
-            for row, node in enumerate(frontier):
-                values, ids = self._top_children(request, tree, node, frontier_logits[row : row + 1], self.branching)
-                candidates += [
-                    Candidate(log_probs[node] + float(lp), node, int(t)) for lp, t in zip(values, ids) if lp > float("-inf")
-                ]
-            chosen = select_candidates(candidates, num_nodes + 1 - len(token_ids))
-            if not chosen:
-                break
-            first_new = len(token_ids)
-            for c in chosen:
-                token_ids.append(c.token_id)
-                parents.append(c.parent)
-                log_probs.append(c.log_prob)
-            frontier = list(range(first_new, len(token_ids)))
-            if len(token_ids) > num_nodes:
-                break
-            frontier_logits = self._forward_level(token_ids, parents, first_new, num_prefix)
-        return TokenTree(tuple(token_ids), tuple(parents))
+        """EAGLE-2 expansion over the draft model (``num_prefix``: the draft cache slot of the root)."""
+        return grow_dynamic_tree(request, root_logits, num_nodes, self.branching, self.max_depth,
+                                 lambda token_ids, parents, first_new: self._forward_level(token_ids, parents, first_new, num_prefix))
 
     def propose(self, request: DraftRequest, num_speculative_tokens: int) -> DraftOutput:
         """The proposer protocol: a tree of at most ``num_speculative_tokens`` nodes."""

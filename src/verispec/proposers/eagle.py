@@ -22,9 +22,11 @@ import torch
 from torch import Tensor
 
 from verispec.proposers.base import DraftRequest, Proposer, common_prefix_length
+from verispec.proposers.draft_tree import grow_dynamic_tree
 from verispec.runners.eagle_head import EagleHead
 from verispec.spec.draft import DraftOutput
 from verispec.spec.sampling import process_logits, sample_from
+from verispec.spec.tree import TokenTree
 
 
 class EagleProposer(Proposer):
@@ -94,6 +96,48 @@ class EagleProposer(Proposer):
             return DraftOutput()
         return self._draft(request, logits, hidden, num_speculative_tokens)
 
+    def propose_tree(self, request: DraftRequest, num_nodes: int, *, branching: int = 2, max_depth: int = 6) -> TokenTree:
+        """A dynamic tree of at most ``num_nodes`` drafted nodes below the root (the context's
+        last token), grown by the head's confidence (EAGLE-2, Li et al. 2024, arXiv 2406.16858,
+        §4; :func:`~verispec.proposers.draft_tree.grow_dynamic_tree`): one head pass per level,
+        every frontier node a row fed its parent's output, attending to the real rows and to its
+        own ancestors (a tree mask over the head's cache). The head's cache is back to its real
+        rows afterwards. The root alone when the head cannot draft (see :meth:`propose`)."""
+        context = request.context
+        root = TokenTree((context[-1],), (-1,))
+        if num_nodes <= 0:
+            return root
+        if not self._rows_match(context):
+            self._restart(len(context), self._pending[:0])
+            return root
+        real = len(self._row_token_ids)
+        self.head.truncate(real)
+        logits, hidden = self._catch_up(context)
+        if logits is None:
+            return root
+        real = self.head.num_cached_tokens
+        first_position = len(context) - 1  # of a depth-1 node's row (row L - 2 is the last real one)
+        outputs = {0: hidden}  # node -> the head's output row that scores its children ([1, hidden])
+
+        def score_level(token_ids: list[int], parents: list[int], first_new: int) -> Tensor:
+            tree = TokenTree(tuple(token_ids), tuple(parents))
+            new = range(first_new, len(token_ids))
+            mask = torch.zeros(len(new), real + len(token_ids) - 1, dtype=torch.bool)
+            mask[:, :real] = True  # node n's row is cache row real + n - 1 (levels are fed in node order)
+            for row, node in enumerate(new):
+                mask[row, [real + a - 1 for a in tree.path_to(node)]] = True
+            depths = tree.depths()
+            level_logits, out = self.head(
+                [token_ids[n] for n in new], hidden=torch.cat([outputs[parents[n]] for n in new]),
+                positions=torch.tensor([first_position + depths[n] - 1 for n in new]), attention_mask=mask,
+            )
+            outputs.update({n: out[row : row + 1] for row, n in enumerate(new)})
+            return torch.cat([self._target_row(row) for row in level_logits])
+
+        tree = grow_dynamic_tree(request, self._target_row(logits[0]), num_nodes, branching, max_depth, score_level)
+        self.head.truncate(real)
+        return tree
+
     def _rows_match(self, context: Sequence[int]) -> bool:
         """The real rows were built from this context's tokens (else the context changed under them)."""
         rows = self._row_token_ids
@@ -144,3 +188,38 @@ class EagleProposer(Proposer):
         row = torch.full((1, self.head.shape.vocab_size), float("-inf"))
         row[0, self.head.d2t] = draft_logits.float()
         return row
+
+
+class EagleTreeProposer(Proposer):
+    """The proposer protocol over :meth:`EagleProposer.propose_tree` (drafter ``"eagle-tree"``,
+    method ``eagle-tree``), for runners that verify token trees. Shares the wrapped drafter's
+    head, cache and features (the engine feeds them to the chain drafter it wraps).
+
+    Args:
+        eagle: the chain drafter whose head drafts the trees.
+        branching, max_depth: children expanded per frontier node, levels at most (>= 1 each).
+    Raises:
+        ValueError: ``branching`` or ``max_depth`` below 1.
+    """
+
+    def __init__(self, eagle: EagleProposer, *, branching: int = 2, max_depth: int = 6) -> None:
+        if branching < 1 or max_depth < 1:
+            raise ValueError("branching and max_depth must be >= 1")
+        self.eagle, self.branching, self.max_depth = eagle, branching, max_depth
+
+    def over(self, eagle: EagleProposer) -> EagleTreeProposer:
+        """This tree's settings over another chain drafter (another sequence's)."""
+        return EagleTreeProposer(eagle, branching=self.branching, max_depth=self.max_depth)
+
+    def new_sequence(self) -> EagleTreeProposer:
+        return self.over(self.eagle.new_sequence())
+
+    def catch_up_rows(self, request: DraftRequest) -> int:
+        return self.eagle.catch_up_rows(request)
+
+    def propose(self, request: DraftRequest, num_speculative_tokens: int) -> DraftOutput:
+        return DraftOutput.of_tree(self.eagle.propose_tree(request, num_speculative_tokens, branching=self.branching,
+                                                           max_depth=self.max_depth))
+
+    def release(self) -> None:
+        self.eagle.release()

@@ -17,7 +17,7 @@ from verispec.errors import InvalidParameterError
 from verispec.models.loading import LoadedModel
 from verispec.proposers.base import Proposer
 from verispec.proposers.draft_model import DraftModelProposer
-from verispec.proposers.eagle import EagleProposer
+from verispec.proposers.eagle import EagleProposer, EagleTreeProposer
 from verispec.proposers.draft_tree import DraftTreeProposer, validate_tree_choices
 from verispec.proposers.layer_skip import LayerSkipProposer
 from verispec.proposers.ngram import NgramProposer, NgramTreeProposer
@@ -37,6 +37,7 @@ DEFAULT_LAYER_SKIP_FRACTION = 4  # layer skip drafts with the first 1/4 of the t
 TREE_WRAPPERS = {
     "ngram-tree": (NgramTreeProposer, "ngram", NgramProposer),
     "suffix-tree": (SuffixTreeProposer, "suffix", SuffixProposer),
+    "eagle-tree": (EagleTreeProposer, "eagle", EagleProposer),
 }
 
 
@@ -189,7 +190,7 @@ def with_lookup_drafters(proposers: Mapping[str, Proposer] | None) -> dict[str, 
     proposers.setdefault("ngram", NgramProposer())
     proposers.setdefault("suffix", SuffixProposer())
     for tree_name, (tree_type, chain_name, chain_type) in TREE_WRAPPERS.items():
-        if isinstance(proposers[chain_name], chain_type):  # method "tree": the lookup's branches first
+        if isinstance(proposers.get(chain_name), chain_type):  # method "tree": the lookup's branches first
             proposers.setdefault(tree_name, tree_type(proposers[chain_name]))
     return proposers
 
@@ -205,7 +206,8 @@ def for_new_sequence(proposers: Mapping[str, Proposer]) -> dict[str, Proposer]:
     for tree_name, (tree_type, chain_name, chain_type) in TREE_WRAPPERS.items():
         tree = proposers.get(tree_name)
         if isinstance(tree, tree_type) and isinstance(fresh.get(chain_name), chain_type):
-            fresh[tree_name] = tree_type(fresh[chain_name])
+            over = getattr(tree, "over", None)  # a tree with settings of its own keeps them
+            fresh[tree_name] = over(fresh[chain_name]) if over is not None else tree_type(fresh[chain_name])
         elif tree is not None:
             fresh[tree_name] = tree.new_sequence()
     return fresh

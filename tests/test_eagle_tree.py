@@ -1,0 +1,145 @@
+"""EAGLE-2 dynamic trees from an EAGLE-3 head (method ``eagle-tree``): the tree holds the head's
+chain, leaves the head's cache as it found it, and decoding with it gives plain decoding's
+tokens on every runner that verifies trees, alone and batched; sampled output keeps the target's
+distribution; a runner without trees and a missing head are refused clearly."""
+
+import pytest
+import torch
+from gguf_models import VOCAB as GGUF_VOCAB
+from helpers import VOCAB, BigramTreeRunner, CharTokenizer, default_pieces, greedy_continuations, tiny_qwen2
+from test_eagle_drafter import GREEDY, PROMPTS, ToyFeatureRunner, engine_with, gguf_head, runner_of, toy_head  # noqa: F401
+from test_eagle_drafter import gguf_path  # noqa: F401  (fixture)
+from test_engine import sequence_distribution
+
+from verispec.engine import SpeculativeConfig, SpeculativeEngine
+from verispec.errors import InvalidParameterError
+from verispec.ops.train_head import TrainOptions, train_head
+from verispec.proposers import DraftRequest
+from verispec.proposers.eagle import EagleProposer, EagleTreeProposer
+from verispec.proposers.factory import for_new_sequence, with_lookup_drafters
+from verispec.runners.eagle_head import EagleHead
+from verispec.runners.torch_runner import TransformersRunner
+from verispec.spec.sampling import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_qwen2(0)
+
+
+@pytest.fixture(scope="module")
+def trained_head(target):
+    head = EagleHead.from_target(target, seed=0)
+    train_head(head, target, greedy_continuations(target, seed=11), TrainOptions(steps=60, lr=3e-3, batch_positions=128, held_out=0.0, seed=0))
+    return head
+
+
+def fed_proposer(target, head, context):
+    """A head that has read the target's features of ``context`` (as the engine hands them over)."""
+    runner = TransformersRunner(target, max_context_length=128)
+    runner.capture_features(head.shape.feature_layers)
+    runner.forward(context)
+    proposer = EagleProposer(head.new_sequence())
+    proposer.observe_features(runner.last_features[:-1], 0)  # the last token is not fed yet (it is the root)
+    return proposer
+
+
+def test_the_tree_holds_the_heads_chain_and_leaves_its_cache_as_found(target, trained_head):
+    context = [5, 17, 33, 2, 9, 40, 41]
+    request = DraftRequest(context[:4], context[4:], SamplingParams(), torch.Generator())
+    chain = fed_proposer(target, trained_head, context).propose(request, 4).draft_token_ids
+    # branching 1: the tree is the chain itself (tree-masked rows score as the causal ones)
+    assert fed_proposer(target, trained_head, context).propose_tree(request, 4, branching=1, max_depth=4).token_ids[1:] == tuple(chain)
+    proposer = fed_proposer(target, trained_head, context)
+    tree = proposer.propose_tree(request, 6, branching=2, max_depth=4)
+    assert tree.token_ids[0] == context[-1] and 3 <= tree.num_nodes - 1 <= 6
+    node, path = 0, []
+    for _ in range(2):  # levels 1 and 2 are kept whole at this budget: the most probable child leads
+        node = tree.children(node)[0]
+        path.append(tree.token_ids[node])
+    assert path == chain[:2]
+    assert proposer.head.num_cached_tokens == len(context) - 1  # the draft rows went; the real ones (0 .. L - 2) stay
+    assert fed_proposer(target, trained_head, context).propose_tree(request, 0).num_nodes == 1
+
+
+@pytest.mark.parametrize("kind", ["torch", "int8", "gguf"])
+def test_greedy_eagle_tree_equals_plain_token_for_token(kind, target, trained_head, gguf_path):  # noqa: F811
+    runner = runner_of(kind, target, gguf_path)
+    head = gguf_head(runner) if kind == "gguf" else trained_head.new_sequence()
+    engine = engine_with(runner, head, GGUF_VOCAB if kind == "gguf" else VOCAB)
+    assert "eagle-tree" in engine.proposers  # wrapped around the chain drafter, sharing its head
+    spec = SpeculativeConfig(method="eagle-tree", num_speculative_tokens=6, schedule="constant")
+    for prompt in PROMPTS:
+        plain = engine.generate(prompt, GREEDY, SpeculativeConfig(method="none"))
+        tree = engine.generate(prompt, GREEDY, spec)
+        assert tree.token_ids == plain.token_ids
+        assert tree.metrics.spec.num_draft_tokens > 0
+        if kind != "gguf":
+            assert tree.metrics.spec.mean_acceptance_length > 1.0  # the trained head's trees are accepted
+
+
+def test_a_one_branch_tree_drafts_and_accepts_as_the_chain_does(target, trained_head):
+    """Through the engine (tree verification, the accepted path kept) a tree of one branch per
+    node is the chain: the same drafts, the same accepted tokens, pass for pass."""
+    head = trained_head.new_sequence()
+    chain = EagleProposer(head)
+    drafters = {"eagle": chain, "eagle-tree": EagleTreeProposer(chain, branching=1, max_depth=6)}
+    engine = SpeculativeEngine(TransformersRunner(target, max_context_length=128), CharTokenizer(default_pieces(VOCAB)),
+                               eos_token_ids=(), proposers=drafters)
+    slot = engine.new_slot()
+    assert slot.proposers["eagle-tree"].branching == 1 and slot.proposers["eagle-tree"].eagle is slot.proposers["eagle"]
+    for prompt in PROMPTS:
+        outs = [engine.generate(prompt, GREEDY, SpeculativeConfig(method=m, num_speculative_tokens=6, schedule="constant"))
+                for m in ("eagle", "eagle-tree")]
+        assert outs[0].token_ids == outs[1].token_ids
+        counts = [(o.metrics.spec.num_drafts, o.metrics.spec.num_draft_tokens, o.metrics.spec.num_accepted_tokens) for o in outs]
+        assert counts[0] == counts[1] and counts[0][2] > 0, counts
+
+
+def test_batched_eagle_tree_requests_equal_each_alone(target, trained_head):
+    from verispec.runners.int8 import Int8Runner
+
+    engine = engine_with(Int8Runner.from_module(target, max_context_length=128), trained_head.new_sequence(), VOCAB)
+    alone = [engine.generate(p, GREEDY, SpeculativeConfig(method="none")) for p in PROMPTS]
+    spec = SpeculativeConfig(method="eagle-tree", num_speculative_tokens=5, schedule="constant")
+    states = [engine.start(p, GREEDY, spec, engine.new_slot()) for p in PROMPTS]
+    while not all(s.finished for s in states):
+        engine.step(states)
+    assert [s.output.token_ids for s in states] == [a.token_ids for a in alone]
+    for s in states:  # each slot's tree drafter wraps that slot's own chain drafter
+        assert s.slot.proposers["eagle-tree"].eagle is s.slot.proposers["eagle"]
+
+
+class ToyTreeFeatureRunner(ToyFeatureRunner, BigramTreeRunner):
+    """The toy feature target, verifying trees too (a node's features: its own token's)."""
+
+    def forward_tree(self, token_ids, position_ids, attention_mask):
+        return self.forward(token_ids)
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0, max_tokens=3), SamplingParams(temperature=0.8, top_p=0.9, max_tokens=3)])
+def test_sampled_eagle_tree_sequences_follow_the_target_distribution(params):
+    """20,000 three-token samples, the bound of the draft model's test (test_engine.py)."""
+    table = torch.tensor([[0.0, 1.0, 2.0, 0.5], [2.0, 0.0, 1.0, 1.5], [1.0, 1.0, 0.0, 2.0], [0.0, 2.0, 1.0, 0.0]])
+    engine = engine_with(ToyTreeFeatureRunner(table), toy_head(), 4)
+    spec = SpeculativeConfig(method="eagle-tree", num_speculative_tokens=3, schedule="constant")
+    counts, accepted, drafted, num_draws = {}, 0, 0, 20000
+    for seed in range(num_draws):
+        out = engine.generate([0], SamplingParams(**{**params.__dict__, "seed": seed}), spec)
+        counts[tuple(out.token_ids)] = counts.get(tuple(out.token_ids), 0) + 1
+        accepted += out.metrics.spec.num_accepted_tokens
+        drafted += out.metrics.spec.num_drafts
+    exact = sequence_distribution(table, params, first=0, length=3)
+    tv = 0.5 * sum(abs(counts.get(seq, 0) / num_draws - p) for seq, p in exact.items())
+    assert tv < 0.04, tv  # sampling noise alone: about 0.02
+    assert drafted > 0 and 0 < accepted, (accepted, drafted)
+
+
+def test_a_runner_without_trees_and_bad_settings_are_refused(target, trained_head):
+    engine = engine_with(ToyFeatureRunner(torch.zeros(4, 4)), toy_head(), 4)  # features, but no trees
+    with pytest.raises(InvalidParameterError, match="cannot verify token trees"):
+        engine.generate([1, 2], GREEDY, SpeculativeConfig(method="eagle-tree", num_speculative_tokens=3))
+    with pytest.raises(ValueError, match="branching and max_depth"):
+        EagleTreeProposer(EagleProposer(trained_head.new_sequence()), branching=0)
+    drafters = with_lookup_drafters({})
+    assert "eagle-tree" not in drafters and "eagle-tree" not in for_new_sequence(drafters)  # no head, no tree of it
