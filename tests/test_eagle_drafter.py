@@ -193,6 +193,10 @@ def test_a_context_changed_under_the_heads_rows_restarts_it():
 def test_auto_drafts_with_the_head_or_the_draft_model_when_the_lookup_fails():
     assert drafter_order("auto", ["ngram", "suffix", "eagle", "draft"]) == ["suffix", "eagle", "draft"]
     assert drafter_order("auto", ["ngram", "eagle", "draft", "tree"], trees=True) == ["ngram", "eagle", "draft", "tree"]
+    loaded = ["ngram", "eagle", "eagle-tree", "draft", "tree"]
+    assert drafter_order("auto", loaded, trees=True) == ["ngram", "eagle", "eagle-tree", "draft", "tree"]
+    assert drafter_order("auto", loaded, trees=False) == ["ngram", "eagle", "draft"]  # no trees where the runner verifies none
+    assert drafter_order("eagle-tree", loaded, trees=True) == ["eagle-tree"]
     assert drafter_order("auto", ["ngram", "eagle", "layer-skip"]) == ["ngram", "eagle"]
 
 

@@ -2,8 +2,8 @@
 
 Owns the drafter order of each method (``auto``: suffix lookup -- in this request and in earlier
 ones -- when it matches, else the model drafter that realises the most tokens per unit time: the
-EAGLE head, the draft model's chain or, where the target can verify trees, its token tree -- or
-layer skip), one acceptance
+EAGLE head's chain, the draft model's chain or, where the target can verify trees, the head's or
+the draft model's token tree -- or layer skip), one acceptance
 estimate and draft-length schedule per drafter, the timing of proposals, and the controller's
 predictions. The engine's one loop asks it for a draft and reports back the outcome. Knows
 nothing about verification, caches or text.
@@ -29,7 +29,7 @@ from verispec.proposers import DraftOutput, DraftRequest, Proposer
 
 LOOKUP_DRAFTERS = ("suffix", "ngram")  # auto: the first loaded one drafts whenever its lookup matches
 MODEL_DRAFTERS = ("eagle", "draft")  # auto: every loaded one backs up the lookup (the better per step)
-ALTERNATIVE_DRAFTERS = ("eagle", "draft", "tree")  # auto: per step, the best realised rate of those offered
+ALTERNATIVE_DRAFTERS = ("eagle", "eagle-tree", "draft", "tree")  # auto: per step, the best realised rate of those offered
 TREE_DRAFTERS = ("ngram-tree", "tree")  # tree: n-gram branches when the lookup matches, else the draft tree
 TREE_SCHEDULED = (*TREE_DRAFTERS, "suffix-tree", "eagle-tree")  # drafters whose budget is a tree's node count
 
@@ -38,9 +38,9 @@ def drafter_order(method: str, loaded: Sequence[str], trees: bool = False) -> li
     """Drafters tried each step, in order, for ``method`` given the ``loaded`` drafter names.
 
     ``auto``: the lookup drafter (suffix, else n-gram), then the model drafters loaded (the EAGLE
-    head, the draft model's chain and, where the target runner can verify token trees
-    (``trees``), its tree; :meth:`DraftPolicy.draft` ranks them per step by realised rate), else
-    layer skip.
+    head's chain, the draft model's chain and, where the target runner can verify token trees
+    (``trees``), the head's tree and the draft model's tree; :meth:`DraftPolicy.draft` ranks them
+    per step by realised rate), else layer skip.
 
     Raises:
         InvalidParameterError: the method needs a drafter that is not loaded.
@@ -49,6 +49,8 @@ def drafter_order(method: str, loaded: Sequence[str], trees: bool = False) -> li
         return []
     if method == "auto":
         models = [name for name in MODEL_DRAFTERS if name in loaded]
+        if trees and "eagle" in models and "eagle-tree" in loaded:
+            models.insert(models.index("eagle") + 1, "eagle-tree")
         if trees and "draft" in models and "tree" in loaded:
             models.append("tree")
         fallback = models or [name for name in ("layer-skip",) if name in loaded]

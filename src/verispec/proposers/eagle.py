@@ -1,4 +1,5 @@
-"""EAGLE drafter: an EAGLE-3 head drafts a chain from the target's own features.
+"""EAGLE drafter: an EAGLE-3 head drafts a chain (several requests' chains in shared head passes)
+or an EAGLE-2 dynamic tree (``eagle-tree``) from the target's own features.
 
 Owns the head's per-sequence state: the target features handed over after each target pass
 (:meth:`~verispec.proposers.Proposer.observe_features`) that the head has not read yet, and
@@ -23,7 +24,7 @@ from torch import Tensor
 
 from verispec.proposers.base import DraftRequest, Proposer, common_prefix_length
 from verispec.proposers.draft_tree import grow_dynamic_tree
-from verispec.runners.eagle_head import EagleHead
+from verispec.runners.eagle_head import EagleHead, HeadCall, forward_heads
 from verispec.spec.draft import DraftOutput
 from verispec.spec.sampling import process_logits, sample_from
 from verispec.spec.tree import TokenTree
@@ -86,15 +87,47 @@ class EagleProposer(Proposer):
     def propose(self, request: DraftRequest, num_speculative_tokens: int) -> DraftOutput:
         """Up to ``num_speculative_tokens`` tokens continuing ``request.context``; empty when the
         target's features do not reach the context's second-to-last token."""
-        context = request.context
-        if not self._rows_match(context):
-            self._restart(len(context), self._pending[:0])
-            return DraftOutput()
-        self.head.truncate(len(self._row_token_ids))  # the last round's draft rows go
-        logits, hidden = self._catch_up(context)
-        if logits is None:
-            return DraftOutput()
-        return self._draft(request, logits, hidden, num_speculative_tokens)
+        return self.propose_batch([(self, request, num_speculative_tokens)])[0]
+
+    @property
+    def batches(self) -> bool:
+        """Requests decoding together draft in shared head passes (:meth:`propose_batch`)."""
+        return True
+
+    @staticmethod
+    def propose_batch(items: Sequence[tuple[EagleProposer, DraftRequest, int]]) -> list[DraftOutput]:
+        """Chains for several requests, each ``(its own drafter, its request, tokens at most)``:
+        one head pass catches every head up on its new features, then one pass per draft step
+        over the requests still drafting (:func:`~verispec.runners.eagle_head.forward_heads`:
+        the head's weights read once per pass, not once per request). Each request's rows are
+        processed with its own parameters and drawn with its own generator. Returns one
+        :class:`DraftOutput` per item, in order (empty where the head cannot draft)."""
+        outputs = [DraftOutput() for _ in items]
+        calls, active = [], []  # active: [index, draft token ids, draft rows, tokens left]
+        for index, (proposer, request, k) in enumerate(items):
+            call = proposer._catch_up_call(request.context) if k > 0 else None
+            if call is not None:
+                calls.append(call)
+                active.append([index, [], [], k])
+        while active:
+            results = forward_heads(calls)
+            next_calls, still = [], []
+            for entry, call, (logits, hidden) in zip(active, calls, results):
+                index, draft_token_ids, draft_rows, left = entry
+                proposer, request, _ = items[index]
+                if call.features is not None:  # the catch-up: its rows are real now
+                    proposer._caught_up(call)
+                token, confidence = proposer._pick(request, logits[-1], draft_token_ids, draft_rows)
+                if token is not None:
+                    draft_token_ids.append(token)
+                if token is None or left == 1 or confidence < request.draft_stop_threshold:
+                    outputs[index] = DraftOutput(draft_token_ids, torch.stack(draft_rows) if draft_rows else None)
+                    continue
+                position = len(request.context) - 1 + len(draft_token_ids) - 1  # row L - 2 is the last real one
+                next_calls.append(HeadCall(proposer.head, [token], hidden=hidden[-1:], positions=torch.tensor([position])))
+                still.append([index, draft_token_ids, draft_rows, left - 1])
+            calls, active = next_calls, still
+        return outputs
 
     def propose_tree(self, request: DraftRequest, num_nodes: int, *, branching: int = 2, max_depth: int = 6) -> TokenTree:
         """A dynamic tree of at most ``num_nodes`` drafted nodes below the root (the context's
@@ -107,11 +140,6 @@ class EagleProposer(Proposer):
         root = TokenTree((context[-1],), (-1,))
         if num_nodes <= 0:
             return root
-        if not self._rows_match(context):
-            self._restart(len(context), self._pending[:0])
-            return root
-        real = len(self._row_token_ids)
-        self.head.truncate(real)
         logits, hidden = self._catch_up(context)
         if logits is None:
             return root
@@ -143,45 +171,55 @@ class EagleProposer(Proposer):
         rows = self._row_token_ids
         return common_prefix_length(rows, context[self._start + 1 : self._start + 1 + len(rows)]) == len(rows)
 
-    def _catch_up(self, context: Sequence[int]) -> tuple[Tensor | None, Tensor | None]:
-        """Feed the pending features whose next token is known; the last row's ``(logits [1,
-        draft_vocab], hidden [1, hidden])`` when it is row ``len(context) - 2``, else ``(None, None)``."""
+    def _catch_up_call(self, context: Sequence[int]) -> HeadCall | None:
+        """The head pass that feeds the pending features whose next token is known, up to row
+        ``len(context) - 2`` (the last round's draft rows dropped first); None where the rows do
+        not fit the context (restarted) or the features do not reach that row."""
+        if not self._rows_match(context):
+            self._restart(len(context), self._pending[:0])
+            return None
+        self.head.truncate(len(self._row_token_ids))
         first = self._start + len(self._row_token_ids)
         count = min(self._pending.shape[0], len(context) - 1 - first)
         if count <= 0 or first + count != len(context) - 1:
+            return None
+        return HeadCall(self.head, list(context[first + 1 : first + 1 + count]), features=self._pending[:count],
+                        positions=torch.arange(first, first + count))
+
+    def _caught_up(self, call: HeadCall) -> None:
+        """``call`` (from :meth:`_catch_up_call`) ran: its rows are real, its features consumed."""
+        self._row_token_ids.extend(call.token_ids)
+        self._pending = self._pending[len(call.token_ids) :]
+
+    def _catch_up(self, context: Sequence[int]) -> tuple[Tensor | None, Tensor | None]:
+        """:meth:`_catch_up_call` run alone: the last row's ``(logits [1, draft_vocab], hidden [1,
+        hidden])``, or ``(None, None)``."""
+        call = self._catch_up_call(context)
+        if call is None:
             return None, None
-        token_ids = list(context[first + 1 : first + 1 + count])
-        logits, hidden = self.head(token_ids, features=self._pending[:count], positions=torch.arange(first, first + count))
-        self._row_token_ids.extend(token_ids)
-        self._pending = self._pending[count:]
+        logits, hidden = forward_heads([call])[0]
+        self._caught_up(call)
         return logits[-1:], hidden[-1:]
 
-    def _draft(self, request: DraftRequest, logits: Tensor, hidden: Tensor, num_tokens: int) -> DraftOutput:
-        """The chain: each step scores one row, picks a token as the target would, and feeds the
-        row's own output back at the next position."""
-        position = len(request.context) - 1  # of the first draft row (row L - 2 is the last real one)
-        draft_token_ids: list[int] = []
-        draft_rows: list[Tensor] = []
-        for step in range(num_tokens):
-            row = self._target_row(logits[0])
-            rows = process_logits(
-                row, request.params, request.prompt_token_ids, list(request.output_token_ids) + draft_token_ids,
-                allowed=request.allowed_after(draft_token_ids, row.shape[-1]),
-            )
-            if not torch.isfinite(rows.logits).any():  # every allowed token is outside the draft vocabulary
-                break
-            if rows.probs is None:
-                token = int(rows.greedy_token_ids[0])
-                confidence = float(torch.softmax(rows.logits[0], dim=-1)[token]) if request.draft_stop_threshold else 1.0
-            else:
-                token = sample_from(rows.probs[0], request.generator)
-                draft_rows.append(rows.probs[0])
-                confidence = float(rows.probs[0].max())
-            draft_token_ids.append(token)
-            if step + 1 == num_tokens or confidence < request.draft_stop_threshold:
-                break
-            logits, hidden = self.head([token], hidden=hidden, positions=torch.tensor([position + step]))
-        return DraftOutput(draft_token_ids, torch.stack(draft_rows) if draft_rows else None)
+    def _pick(
+        self, request: DraftRequest, draft_logits: Tensor, draft_token_ids: list[int], draft_rows: list[Tensor]
+    ) -> tuple[int | None, float]:
+        """The next draft token from the head's row ``draft_logits`` (``[draft_vocab]``), chosen as
+        the target would choose it after ``draft_token_ids`` (its processed row appended to
+        ``draft_rows`` when sampling), and the draft's confidence in it; ``(None, 0.0)`` when
+        every allowed token is outside the draft vocabulary."""
+        row = self._target_row(draft_logits)
+        rows = process_logits(
+            row, request.params, request.prompt_token_ids, list(request.output_token_ids) + draft_token_ids,
+            allowed=request.allowed_after(draft_token_ids, row.shape[-1]),
+        )
+        if not torch.isfinite(rows.logits).any():
+            return None, 0.0
+        if rows.probs is None:
+            token = int(rows.greedy_token_ids[0])
+            return token, float(torch.softmax(rows.logits[0], dim=-1)[token]) if request.draft_stop_threshold else 1.0
+        draft_rows.append(rows.probs[0])
+        return sample_from(rows.probs[0], request.generator), float(rows.probs[0].max())
 
     def _target_row(self, draft_logits: Tensor) -> Tensor:
         """``[1, vocab]`` float32: the head's scores at their target ids, ``-inf`` elsewhere."""

@@ -25,62 +25,10 @@ from torch import Tensor, nn
 
 from verispec.errors import InvalidParameterError, ModelIntegrityError, ModelNotFoundError
 from verispec.runners.eagle_file import is_gguf, read_head_gguf, write_head_gguf
+from verispec.runners.eagle_shape import SUPPORTED_MODEL_TYPES, HeadShape  # noqa: F401  (re-exported)
 from verispec.runners.eagle_target import HeadTarget, final_norm, norm_digest  # noqa: F401  (HeadTarget, norm_digest: re-exported)
 from verispec.runners.features import default_feature_layers
 from verispec.runners.reduced_vocab import choose_draft_vocabulary  # noqa: F401  (the head's vocabulary, re-exported)
-
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")  # decoder-only, RMSNorm, SwiGLU
-
-
-@dataclass(frozen=True)
-class HeadShape:
-    """The head's dimensions, copied from the target's config (all ints but ``rope_theta`` and
-    ``rms_norm_eps``); ``vocab_size`` and ``num_target_layers`` are the target's."""
-
-    hidden_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    intermediate_size: int
-    rope_theta: float
-    rms_norm_eps: float
-    vocab_size: int
-    num_target_layers: int
-    feature_layers: tuple[int, ...]
-    draft_vocab_size: int
-    target_model_type: str
-    target_norm_sha256: str = ""  # norm_digest of the target (heads written before it: "", not compared)
-    lm_head_from_target: bool = False  # lm_head = the target's rows of d2t, frozen, not stored in the file
-
-    @staticmethod
-    def of_target(config, feature_layers: Sequence[int], draft_vocab_size: int) -> HeadShape:
-        """The shape for a transformers ``config``. Raises InvalidParameterError for an
-        architecture other than :data:`SUPPORTED_MODEL_TYPES`, a non-SiLU MLP or bad layers."""
-        model_type = getattr(config, "model_type", None)
-        if model_type not in SUPPORTED_MODEL_TYPES or getattr(config, "hidden_act", "silu") != "silu":
-            supported = ", ".join(SUPPORTED_MODEL_TYPES)
-            raise InvalidParameterError(f"EAGLE heads support {supported} targets with a SiLU MLP, not {model_type!r}")
-        num_layers = int(config.num_hidden_layers)
-        layers = tuple(int(i) for i in feature_layers)
-        if not layers or any(not 0 <= i < num_layers for i in layers):
-            raise InvalidParameterError(f"feature layers {layers} must be hidden-state indices in [0, {num_layers - 1}]")
-        rope = getattr(config, "rope_parameters", None) or {}
-        heads = int(config.num_attention_heads)
-        return HeadShape(
-            hidden_size=int(config.hidden_size),
-            num_attention_heads=heads,
-            num_key_value_heads=int(getattr(config, "num_key_value_heads", None) or heads),
-            head_dim=int(getattr(config, "head_dim", None) or config.hidden_size // heads),
-            intermediate_size=int(config.intermediate_size),
-            rope_theta=float(rope.get("rope_theta") or getattr(config, "rope_theta", None) or 10000.0),
-            rms_norm_eps=float(getattr(config, "rms_norm_eps", 1e-6)),
-            vocab_size=int(config.vocab_size),
-            num_target_layers=num_layers,
-            feature_layers=layers,
-            draft_vocab_size=int(draft_vocab_size),
-            target_model_type=str(model_type),
-        )
-
 
 def _checked_d2t(d2t: Sequence[int] | Tensor, vocab_size: int) -> Tensor:
     d2t = torch.as_tensor(d2t, dtype=torch.long).reshape(-1)
@@ -311,6 +259,17 @@ class EagleHead(nn.Module):
         Returns:
             ``(out [T, hidden], keys [kv_heads, T, head_dim], values [kv_heads, T, head_dim])``.
         """
+        out, [(keys, values)] = self.layer_segments(hidden, token_ids, positions, [(past_keys, past_values, mask)])
+        return out, keys, values
+
+    def layer_segments(
+        self, hidden: Tensor, token_ids: Tensor, positions: Tensor, segments: Sequence[tuple[Tensor, Tensor, Tensor]]
+    ) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]:
+        """:meth:`layer` over the rows of several sequences at once: ``segments`` holds each one's
+        ``(past_keys, past_values, mask)``, in row order (segment i's rows are the next
+        ``mask.shape[0]`` rows). Norms, projections and the MLP run over all rows (the weights
+        read once), attention per segment over its own keys. Returns ``(out [T, hidden], [(keys,
+        values)] of each segment's rows)``."""
         shape, rows = self.shape, hidden.shape[0]
         with torch.no_grad():  # the target's embedding stays frozen
             embedded = self.embed_tokens(token_ids).to(hidden.dtype)
@@ -321,13 +280,19 @@ class EagleHead(nn.Module):
         angles = positions.to(self.inv_freq.dtype)[:, None] * self.inv_freq[None, :]
         cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
         q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-        keys, values = torch.cat([past_keys, k], dim=1), torch.cat([past_values, v], dim=1)
-        attended = F.scaled_dot_product_attention(
-            q[None], keys[None], values[None], attn_mask=mask[None, None], enable_gqa=True  # GQA: kv heads shared
-        )[0]
+        parts, new, start = [], [], 0
+        for past_keys, past_values, mask in segments:
+            stop = start + mask.shape[0]
+            new.append((k[:, start:stop], v[:, start:stop]))
+            keys, values = torch.cat([past_keys, new[-1][0]], dim=1), torch.cat([past_values, new[-1][1]], dim=1)
+            parts.append(F.scaled_dot_product_attention(
+                q[None, :, start:stop], keys[None], values[None], attn_mask=mask[None, None], enable_gqa=True  # GQA: kv heads shared
+            )[0])
+            start = stop
+        attended = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
         h = hidden + self.o_proj(attended.transpose(0, 1).reshape(rows, -1))
         y = self.post_attention_norm(h)
-        return h + self.down_proj(F.silu(self.gate_proj(y)) * self.up_proj(y)), k, v
+        return h + self.down_proj(F.silu(self.gate_proj(y)) * self.up_proj(y)), new
 
     def new_sequence(self) -> EagleHead:
         """The same head for another sequence: the weights shared (not copied), its own empty KV cache."""
@@ -351,7 +316,6 @@ class EagleHead(nn.Module):
         """Empty the cache and free its storage (``truncate(0)`` keeps a view of it)."""
         self._keys, self._values = self._keys[:, :0].clone(), self._values[:, :0].clone()
 
-    @torch.inference_mode()
     def forward(
         self,
         token_ids: Sequence[int] | Tensor,
@@ -375,22 +339,58 @@ class EagleHead(nn.Module):
         Raises:
             InvalidParameterError: not exactly one of ``features`` / ``hidden``, or a bad shape.
         """
-        ids = torch.as_tensor(token_ids, dtype=torch.long).reshape(-1)
-        num_new, cached = ids.numel(), self.num_cached_tokens
-        if (features is None) == (hidden is None):
-            raise InvalidParameterError("pass exactly one of features (the target's) and hidden (the head's own)")
-        hidden = self.fuse(features) if features is not None else hidden.to(self.norm.weight.dtype)
-        if num_new == 0 or hidden.shape != (num_new, self.shape.hidden_size):
-            raise InvalidParameterError(
-                f"need one [{self.shape.hidden_size}] input row per token; got {num_new} tokens, {list(hidden.shape)}"
-            )
-        positions = torch.arange(cached, cached + num_new) if positions is None else torch.as_tensor(positions, dtype=torch.long)
-        if attention_mask is None:
-            attention_mask = torch.arange(cached + num_new)[None, :] <= torch.arange(cached, cached + num_new)[:, None]
-        if attention_mask.dtype != torch.bool or attention_mask.shape != (num_new, cached + num_new):
-            raise InvalidParameterError(
-                f"attention_mask must be bool [{num_new}, {cached + num_new}], got {attention_mask.dtype} {list(attention_mask.shape)}"
-            )
-        out, keys, values = self.layer(hidden, ids, positions, self._keys, self._values, attention_mask)
-        self._keys, self._values = torch.cat([self._keys, keys], 1), torch.cat([self._values, values], 1)
-        return self.logits(out), out
+        return forward_heads([HeadCall(self, token_ids, features, hidden, positions, attention_mask)])[0]
+
+
+@dataclass
+class HeadCall:
+    """One sequence's rows in :func:`forward_heads`: the arguments of :meth:`EagleHead.forward`."""
+
+    head: EagleHead
+    token_ids: Sequence[int] | Tensor
+    features: Tensor | None = None
+    hidden: Tensor | None = None
+    positions: Tensor | None = None
+    attention_mask: Tensor | None = None
+
+
+@torch.inference_mode()
+def forward_heads(calls: Sequence[HeadCall]) -> list[tuple[Tensor, Tensor]]:
+    """:meth:`EagleHead.forward` for several sequences of one head (``new_sequence``: shared
+    weights, each its own cache) in one pass: ``fc``, the layer's linear parts and ``lm_head``
+    over all rows (:meth:`EagleHead.layer_segments`), each call's rows appended to its own
+    cache. Returns each call's ``(logits, hidden)``, in order.
+
+    Raises:
+        InvalidParameterError: as :meth:`EagleHead.forward`, or calls of heads with other weights.
+    """
+    base = calls[0].head
+    if any(call.head.fc is not base.fc for call in calls):
+        raise InvalidParameterError("heads drafting in one pass must share their weights (EagleHead.new_sequence)")
+    if any((call.features is None) == (call.hidden is None) for call in calls):
+        raise InvalidParameterError("pass exactly one of features (the target's) and hidden (the head's own)")
+    featured = [call.features for call in calls if call.features is not None]
+    fused = iter(base.fuse(torch.cat(featured)).split([f.shape[0] for f in featured]) if featured else ())  # fc read once
+    ids, inputs, positions, segments = [], [], [], []
+    for call in calls:
+        head, row_ids = call.head, torch.as_tensor(call.token_ids, dtype=torch.long).reshape(-1)
+        num_new, cached = row_ids.numel(), head.num_cached_tokens
+        rows = next(fused) if call.features is not None else call.hidden.to(head.norm.weight.dtype)
+        if num_new == 0 or rows.shape != (num_new, head.shape.hidden_size):
+            raise InvalidParameterError(f"need one [{head.shape.hidden_size}] input row per token; got {num_new} tokens, {list(rows.shape)}")
+        mask = call.attention_mask
+        if mask is None:
+            mask = torch.arange(cached + num_new)[None, :] <= torch.arange(cached, cached + num_new)[:, None]
+        if mask.dtype != torch.bool or mask.shape != (num_new, cached + num_new):
+            raise InvalidParameterError(f"attention_mask must be bool [{num_new}, {cached + num_new}], got {mask.dtype} {list(mask.shape)}")
+        ids.append(row_ids)
+        inputs.append(rows)
+        positions.append(torch.arange(cached, cached + num_new) if call.positions is None else torch.as_tensor(call.positions, dtype=torch.long))
+        segments.append((head._keys, head._values, mask))
+    one = len(calls) == 1
+    out, new = base.layer_segments(inputs[0] if one else torch.cat(inputs), ids[0] if one else torch.cat(ids),
+                                   positions[0] if one else torch.cat(positions), segments)
+    for call, (keys, values) in zip(calls, new):
+        call.head._keys, call.head._values = torch.cat([call.head._keys, keys], 1), torch.cat([call.head._values, values], 1)
+    logits, sizes = base.logits(out), [len(i) for i in ids]
+    return list(zip(logits.split(sizes), out.split(sizes)))
