@@ -1,37 +1,26 @@
 """Several requests drafting with one EAGLE head in shared passes (``EagleProposer.propose_batch``,
 ``forward_heads``): each request gets the drafts it would get alone, bit for bit where the head's
-linear layers run on the batch-invariant block kernels; the engine drafts its batch in one pass
-per draft step; heads of other weights are refused."""
+linear layers run on the batch-invariant block kernels; heads of other weights are refused (the
+engine's batched steps, one head pass per draft step: test_eagle_drafter.py)."""
 
 import pytest
 import torch
-from helpers import VOCAB, greedy_continuations, tiny_qwen2
-from test_eagle_drafter import GREEDY, PROMPTS, engine_with
+from test_eagle_drafter import target, trained_head  # noqa: F401  (fixtures)
 
-from verispec.engine import SpeculativeConfig
 from verispec.errors import InvalidParameterError
-from verispec.ops.train_head import TrainOptions, train_head
 from verispec.proposers import DraftRequest
-from verispec.proposers import eagle as eagle_module
 from verispec.proposers.eagle import EagleProposer
 from verispec.runners.eagle_blocks import quantize_head_
 from verispec.runners.eagle_head import EagleHead, HeadCall, forward_heads
-from verispec.runners.int8 import Int8Runner
 from verispec.runners.torch_runner import TransformersRunner
 from verispec.spec.sampling import SamplingParams
 
 
 @pytest.fixture(scope="module")
-def target():
-    return tiny_qwen2(0)
-
-
-@pytest.fixture(scope="module")
-def head(target):
-    """A trained head whose linear layers run as Q8_0 blocks on the gguf kernels (batch-invariant)."""
-    head = EagleHead.from_target(target, seed=0)
-    train_head(head, target, greedy_continuations(target, seed=11), TrainOptions(steps=40, lr=3e-3, batch_positions=128, held_out=0.0, seed=0))
-    return quantize_head_(head, "q8_0")
+def head(trained_head):
+    """The trained head (this module's own instance) with its linear layers as Q8_0 blocks on the
+    gguf kernels (batch-invariant)."""
+    return quantize_head_(trained_head, "q8_0")
 
 
 def fed(target, head, context):
@@ -73,18 +62,3 @@ def test_one_pass_scores_several_heads_rows_as_each_alone(target, head):
     other = EagleHead.from_target(target, seed=1)
     with pytest.raises(InvalidParameterError, match="share their weights"):
         forward_heads([HeadCall(heads[0], [1], features=features[1]), HeadCall(other, [1], features=features[1])])
-
-
-def test_the_engine_drafts_a_batch_in_one_head_pass_per_step(target, head, monkeypatch):
-    passes = []
-    real = eagle_module.forward_heads
-    monkeypatch.setattr(eagle_module, "forward_heads", lambda calls: passes.append(len(calls)) or real(calls))
-    engine = engine_with(Int8Runner.from_module(target, max_context_length=128), head.new_sequence(), VOCAB)
-    alone = [engine.generate(p, GREEDY, SpeculativeConfig(method="none")) for p in PROMPTS]
-    spec = SpeculativeConfig(method="eagle", num_speculative_tokens=3, schedule="constant")
-    states = [engine.start(p, GREEDY, spec, engine.new_slot()) for p in PROMPTS]
-    while not all(s.finished for s in states):
-        engine.step(states)
-    assert [s.output.token_ids for s in states] == [a.token_ids for a in alone]
-    assert max(passes) == len(PROMPTS)  # every request's rows in one pass
-    assert sum(s.output.metrics.spec.num_draft_tokens for s in states) > 0

@@ -98,18 +98,30 @@ def test_trained_head_is_accepted_more_often_than_untrained(target, trained_head
     assert rates["trained"] > rates["untrained"] + 0.15
 
 
-def test_batched_eagle_requests_equal_each_alone(target, trained_head):
-    """Four requests stepped together (each its own head cache, shared weights) on the
-    batch-invariant int8 runner give each one's plain output."""
-    engine = engine_with(Int8Runner.from_module(target, max_context_length=128), trained_head.new_sequence(), VOCAB)
+def stepped_together(head, target, spec):
+    """``PROMPTS`` stepped together (each its own slot) on the batch-invariant int8 runner; their
+    states after the last step, and each prompt's plain output alone."""
+    engine = engine_with(Int8Runner.from_module(target, max_context_length=128), head, VOCAB)
     alone = [engine.generate(p, GREEDY, SpeculativeConfig(method="none")) for p in PROMPTS]
-    spec = SpeculativeConfig(method="eagle", num_speculative_tokens=3, schedule="constant")
     states = [engine.start(p, GREEDY, spec, engine.new_slot()) for p in PROMPTS]
     while not all(s.finished for s in states):
         engine.step(states)
+    return states, alone
+
+
+def test_batched_eagle_requests_equal_each_alone(target, trained_head, monkeypatch):
+    """Four requests stepped together (each its own head cache, shared weights, shared head
+    passes) give each one's plain output."""
+    from verispec.proposers import eagle as eagle_module
+
+    passes, real = [], eagle_module.forward_heads
+    monkeypatch.setattr(eagle_module, "forward_heads", lambda calls: passes.append(len(calls)) or real(calls))
+    spec = SpeculativeConfig(method="eagle", num_speculative_tokens=3, schedule="constant")
+    states, alone = stepped_together(trained_head.new_sequence(), target, spec)
     assert [s.output.token_ids for s in states] == [a.token_ids for a in alone]
     heads = {id(s.slot.proposers["eagle"].head) for s in states}
     assert len(heads) == len(PROMPTS)  # a head cache per sequence
+    assert max(passes) == len(PROMPTS)  # every request's rows in one head pass
     assert sum(s.output.metrics.spec.num_accepted_tokens for s in states) > 0
 
 
@@ -139,19 +151,28 @@ def toy_head(vocab=4, draft_ids=(0, 1, 3), seed=0):
 def test_sampled_eagle_sequences_follow_the_target_distribution(params):
     """20,000 three-token samples, the bound of the draft model's test (test_engine.py); the head
     never drafts token 2 (outside its draft vocabulary), so those tokens are always recovered."""
-    table = torch.tensor([[0.0, 1.0, 2.0, 0.5], [2.0, 0.0, 1.0, 1.5], [1.0, 1.0, 0.0, 2.0], [0.0, 2.0, 1.0, 0.0]])
-    engine = engine_with(ToyFeatureRunner(table), toy_head(), 4)
-    spec = SpeculativeConfig(method="eagle", num_speculative_tokens=2, schedule="constant")
-    counts, accepted, drafted, num_draws = {}, 0, 0, 20000
+    tv, accepted, drafted = sampled_distance(ToyFeatureRunner, "eagle", 2, params)
+    assert tv < 0.04, tv  # sampling noise alone: about 0.02
+    assert 0.1 < accepted / drafted < 0.9, accepted / drafted  # rejections and recoveries happened
+
+
+TOY_TABLE = torch.tensor([[0.0, 1.0, 2.0, 0.5], [2.0, 0.0, 1.0, 1.5], [1.0, 1.0, 0.0, 2.0], [0.0, 2.0, 1.0, 0.0]])
+
+
+def sampled_distance(runner_type, method, k, params, num_draws=20000):
+    """Total variation between ``num_draws`` seeded three-token samples of ``method`` (the toy
+    head over a ``runner_type`` of :data:`TOY_TABLE`) and the target's exact distribution; and
+    the accepted and drafted token counts."""
+    engine = engine_with(runner_type(TOY_TABLE), toy_head(), 4)
+    spec = SpeculativeConfig(method=method, num_speculative_tokens=k, schedule="constant")
+    counts, accepted, drafted = {}, 0, 0
     for seed in range(num_draws):
         out = engine.generate([0], SamplingParams(**{**params.__dict__, "seed": seed}), spec)
         counts[tuple(out.token_ids)] = counts.get(tuple(out.token_ids), 0) + 1
         accepted += out.metrics.spec.num_accepted_tokens
         drafted += out.metrics.spec.num_draft_tokens
-    exact = sequence_distribution(table, params, first=0, length=3)
-    tv = 0.5 * sum(abs(counts.get(seq, 0) / num_draws - p) for seq, p in exact.items())
-    assert tv < 0.04, tv  # sampling noise alone: about 0.02
-    assert 0.1 < accepted / drafted < 0.9, accepted / drafted  # rejections and recoveries happened
+    exact = sequence_distribution(TOY_TABLE, params, first=0, length=3)
+    return 0.5 * sum(abs(counts.get(seq, 0) / num_draws - p) for seq, p in exact.items()), accepted, drafted
 
 
 def test_draft_probs_are_the_target_rows_of_the_draft_vocabulary():

@@ -6,32 +6,17 @@ distribution; a runner without trees and a missing head are refused clearly."""
 import pytest
 import torch
 from gguf_models import VOCAB as GGUF_VOCAB
-from helpers import VOCAB, BigramTreeRunner, CharTokenizer, default_pieces, greedy_continuations, tiny_qwen2
-from test_eagle_drafter import GREEDY, PROMPTS, ToyFeatureRunner, engine_with, gguf_head, runner_of, toy_head  # noqa: F401
-from test_eagle_drafter import gguf_path  # noqa: F401  (fixture)
-from test_engine import sequence_distribution
+from helpers import VOCAB, BigramTreeRunner, CharTokenizer, default_pieces
+from test_eagle_drafter import GREEDY, PROMPTS, ToyFeatureRunner, engine_with, gguf_head, runner_of, sampled_distance, stepped_together, toy_head  # noqa: F401
+from test_eagle_drafter import gguf_path, target, trained_head  # noqa: F401  (fixtures)
 
 from verispec.engine import SpeculativeConfig, SpeculativeEngine
 from verispec.errors import InvalidParameterError
-from verispec.ops.train_head import TrainOptions, train_head
 from verispec.proposers import DraftRequest
 from verispec.proposers.eagle import EagleProposer, EagleTreeProposer
 from verispec.proposers.factory import for_new_sequence, with_lookup_drafters
-from verispec.runners.eagle_head import EagleHead
 from verispec.runners.torch_runner import TransformersRunner
 from verispec.spec.sampling import SamplingParams
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_qwen2(0)
-
-
-@pytest.fixture(scope="module")
-def trained_head(target):
-    head = EagleHead.from_target(target, seed=0)
-    train_head(head, target, greedy_continuations(target, seed=11), TrainOptions(steps=60, lr=3e-3, batch_positions=128, held_out=0.0, seed=0))
-    return head
 
 
 def fed_proposer(target, head, context):
@@ -97,14 +82,8 @@ def test_a_one_branch_tree_drafts_and_accepts_as_the_chain_does(target, trained_
 
 
 def test_batched_eagle_tree_requests_equal_each_alone(target, trained_head):
-    from verispec.runners.int8 import Int8Runner
-
-    engine = engine_with(Int8Runner.from_module(target, max_context_length=128), trained_head.new_sequence(), VOCAB)
-    alone = [engine.generate(p, GREEDY, SpeculativeConfig(method="none")) for p in PROMPTS]
     spec = SpeculativeConfig(method="eagle-tree", num_speculative_tokens=5, schedule="constant")
-    states = [engine.start(p, GREEDY, spec, engine.new_slot()) for p in PROMPTS]
-    while not all(s.finished for s in states):
-        engine.step(states)
+    states, alone = stepped_together(trained_head.new_sequence(), target, spec)
     assert [s.output.token_ids for s in states] == [a.token_ids for a in alone]
     for s in states:  # each slot's tree drafter wraps that slot's own chain drafter
         assert s.slot.proposers["eagle-tree"].eagle is s.slot.proposers["eagle"]
@@ -120,19 +99,9 @@ class ToyTreeFeatureRunner(ToyFeatureRunner, BigramTreeRunner):
 @pytest.mark.parametrize("params", [SamplingParams(temperature=1.0, max_tokens=3), SamplingParams(temperature=0.8, top_p=0.9, max_tokens=3)])
 def test_sampled_eagle_tree_sequences_follow_the_target_distribution(params):
     """20,000 three-token samples, the bound of the draft model's test (test_engine.py)."""
-    table = torch.tensor([[0.0, 1.0, 2.0, 0.5], [2.0, 0.0, 1.0, 1.5], [1.0, 1.0, 0.0, 2.0], [0.0, 2.0, 1.0, 0.0]])
-    engine = engine_with(ToyTreeFeatureRunner(table), toy_head(), 4)
-    spec = SpeculativeConfig(method="eagle-tree", num_speculative_tokens=3, schedule="constant")
-    counts, accepted, drafted, num_draws = {}, 0, 0, 20000
-    for seed in range(num_draws):
-        out = engine.generate([0], SamplingParams(**{**params.__dict__, "seed": seed}), spec)
-        counts[tuple(out.token_ids)] = counts.get(tuple(out.token_ids), 0) + 1
-        accepted += out.metrics.spec.num_accepted_tokens
-        drafted += out.metrics.spec.num_drafts
-    exact = sequence_distribution(table, params, first=0, length=3)
-    tv = 0.5 * sum(abs(counts.get(seq, 0) / num_draws - p) for seq, p in exact.items())
+    tv, accepted, drafted = sampled_distance(ToyTreeFeatureRunner, "eagle-tree", 3, params)
     assert tv < 0.04, tv  # sampling noise alone: about 0.02
-    assert drafted > 0 and 0 < accepted, (accepted, drafted)
+    assert 0 < accepted < drafted, (accepted, drafted)  # some accepted, some rejected
 
 
 def test_a_runner_without_trees_and_bad_settings_are_refused(target, trained_head):
