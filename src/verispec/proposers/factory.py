@@ -33,7 +33,8 @@ AUTO_HEAD_QUANTIZATION = "q8_0"  # "auto" over the gguf runner (measured: see Dr
 
 DEFAULT_LAYER_SKIP_FRACTION = 4  # layer skip drafts with the first 1/4 of the target's layers
 
-# the tree drafters that wrap a chain drafter and share its index: tree name -> (tree type, chain name, chain type)
+# the tree drafters that wrap a chain drafter and share its index (each has ``over(chain)``: the same
+# tree over another sequence's chain): tree name -> (tree type, chain name, chain type)
 TREE_WRAPPERS = {
     "ngram-tree": (NgramTreeProposer, "ngram", NgramProposer),
     "suffix-tree": (SuffixTreeProposer, "suffix", SuffixProposer),
@@ -206,8 +207,7 @@ def for_new_sequence(proposers: Mapping[str, Proposer]) -> dict[str, Proposer]:
     for tree_name, (tree_type, chain_name, chain_type) in TREE_WRAPPERS.items():
         tree = proposers.get(tree_name)
         if isinstance(tree, tree_type) and isinstance(fresh.get(chain_name), chain_type):
-            over = getattr(tree, "over", None)  # a tree with settings of its own keeps them
-            fresh[tree_name] = over(fresh[chain_name]) if over is not None else tree_type(fresh[chain_name])
+            fresh[tree_name] = tree.over(fresh[chain_name])  # its own settings kept
         elif tree is not None:
             fresh[tree_name] = tree.new_sequence()
     return fresh

@@ -248,9 +248,13 @@ class NgramTreeProposer(Proposer):
     def __init__(self, ngram: NgramProposer) -> None:
         self.ngram = ngram
 
+    def over(self, ngram: NgramProposer) -> NgramTreeProposer:
+        """This tree over another chain drafter (another sequence's, sharing its index)."""
+        return NgramTreeProposer(ngram)
+
     def new_sequence(self) -> NgramTreeProposer:
         """The same lookup for another request (its own index)."""
-        return NgramTreeProposer(self.ngram.new_sequence())
+        return self.over(self.ngram.new_sequence())
 
     def propose(self, request: DraftRequest, num_speculative_tokens: int) -> DraftOutput:
         """A tree of at most ``num_speculative_tokens`` nodes; empty when nothing matches."""

@@ -253,8 +253,12 @@ class SuffixTreeProposer(Proposer):
     def __init__(self, suffix: SuffixProposer) -> None:
         self.suffix = suffix
 
+    def over(self, suffix: SuffixProposer) -> SuffixTreeProposer:
+        """This tree over another chain drafter (another sequence's, sharing its index)."""
+        return SuffixTreeProposer(suffix)
+
     def new_sequence(self) -> SuffixTreeProposer:
-        return SuffixTreeProposer(self.suffix.new_sequence())
+        return self.over(self.suffix.new_sequence())
 
     def propose(self, request: DraftRequest, num_speculative_tokens: int) -> DraftOutput:
         if not request.prompt_token_ids and not request.output_token_ids:
