@@ -132,6 +132,37 @@ def test_transformers_ignores_a_draft_length_passed_to_generate(monkeypatch, tar
     assert seen["made"].num_assistant_tokens != 7
 
 
+@pytest.mark.parametrize(
+    "method, k, depth",
+    [
+        ("eagle", 5, 5),  # a chain of 5 drafts
+        ("eagle-tree", 10, 6),  # vLLM gets the tree's depth (6 levels at most) as a chain
+    ],
+)
+def test_vllm_eagle_export_names_the_heads_checkpoint(method, k, depth):
+    setup = export_setup("vllm", method, k, "qwen2.5-coder-1.5b-instruct", None, eagle_dir="/heads/h-eagle3")
+    spec = VLLMSpeculativeConfig.model_validate(setup.config["speculative_config"])
+    assert (spec.method, spec.model, spec.num_speculative_tokens) == ("eagle3", "/heads/h-eagle3", depth)
+    assert any("quantized target" in note for note in setup.notes)
+    assert (method == "eagle-tree") == any("becomes a chain of 6" in note for note in setup.notes)
+
+
+@pytest.mark.parametrize(
+    "method, k, steps, topk",
+    [
+        ("eagle", 4, 4, 1),  # a chain: 4 steps of top-1
+        ("eagle-tree", 10, 6, 2),  # verispec's tree: top-2 children per node, 6 levels, 10 nodes
+    ],
+)
+def test_sglang_eagle_export_uses_its_eagle3_algorithm(method, k, steps, topk):
+    setup = export_setup("sglang", method, k, "qwen2.5-coder-1.5b-instruct", None, eagle_dir="/heads/h-eagle3")
+    assert set(setup.config) <= SGLANG_FIELDS
+    assert setup.config["speculative_algorithm"] == "EAGLE3" and setup.config["speculative_draft_model_path"] == "/heads/h-eagle3"
+    assert (setup.config["speculative_num_steps"], setup.config["speculative_eagle_topk"]) == (steps, topk)
+    assert setup.config["speculative_num_draft_tokens"] == k + 1  # the drafts and the token they follow
+    assert "--speculative-draft-model-path /heads/h-eagle3" in setup.command
+
+
 def test_a_no_go_exports_plain_decoding():
     setup = export_setup("vllm", None, None, "qwen2.5-coder-1.5b-instruct", None)
     assert setup.config["speculative_config"] is None and setup.command == "vllm serve Qwen/Qwen2.5-Coder-1.5B-Instruct"
@@ -144,10 +175,13 @@ def test_a_no_go_exports_plain_decoding():
     ("transformers", "suffix", None, "no suffix drafting"),
     ("vllm", "layer-skip", None, "no equivalent"),
     ("vllm", "draft", None, "needs a draft model"),
+    ("vllm", "eagle", None, "needs the head's EAGLE-3 checkpoint"),
+    ("transformers", "eagle", "/heads/h-eagle3", "no EAGLE-3 drafting"),
 ])
 def test_what_a_tool_cannot_do_is_a_clear_error(tool, method, draft, message):
+    eagle_dir = draft if method == "eagle" else None
     with pytest.raises(InvalidParameterError, match=message):
-        export_setup(tool, method, 4, "qwen2.5-coder-1.5b-instruct", draft)
+        export_setup(tool, method, 4, "qwen2.5-coder-1.5b-instruct", None if method == "eagle" else draft, eagle_dir=eagle_dir)
 
 
 def test_model_names_map_to_the_checkpoints_gpu_engines_load():

@@ -12,6 +12,7 @@ import typer
 from verispec.cli.advise import advise
 from verispec.cli.bench import bench
 from verispec.cli.datastore import datastore_app
+from verispec.cli.export_head import export_head
 from verispec.cli.generate import generate
 from verispec.cli.models import models_app
 from verispec.cli.serve import serve
@@ -23,6 +24,7 @@ app.command()(serve)
 app.command()(bench)
 app.command()(advise)
 app.command("train-head")(train_head)
+app.command("export-head")(export_head)
 app.add_typer(models_app, name="models")
 app.add_typer(datastore_app, name="datastore")
 

@@ -54,6 +54,7 @@ def advise(
     as_json: bool = json_option("Also print the advice as one JSON object on stdout."),
     export: Optional[str] = typer.Option(None, help="Write the advised setup for vllm, sglang or transformers (JSON)."),
     export_file: Optional[Path] = typer.Option(None, help="File for --export's JSON (default: stdout)."),
+    export_head_dir: Optional[Path] = typer.Option(None, help="Where --export writes the EAGLE head's EAGLE-3 checkpoint when the advice is eagle (default: beside the head, NAME-eagle3)."),
 ) -> None:
     """Measure α and costs on a workload sample and say whether speculation pays, per category."""
     from verispec.engine.loader import DrafterOptions
@@ -63,7 +64,7 @@ def advise(
     from verispec.ops.bench.live import bench_progress
     from verispec.ops.bench.run import BenchConfig
     from verispec.ops.bench.workload import load_workload
-    from verispec.ops.export import EXPORT_TOOLS
+    from verispec.ops.export import EAGLE_METHODS, EAGLE_TOOLS, EXPORT_TOOLS
 
     with user_errors():
         if export is not None and export not in EXPORT_TOOLS:
@@ -89,5 +90,12 @@ def advise(
     if as_json:
         print(json.dumps(advice.to_dict()))
     if export is not None:
-        with user_errors():
-            export_advice(advice, export, export_file, target, draft_or_none(draft), pipe.drafters, err)
+        with user_errors(OSError):
+            eagle_dir = None
+            if advice.verdicts[-1].method in EAGLE_METHODS and export in EAGLE_TOOLS:
+                from verispec.ops.export_head import export_head
+
+                eagle_dir = export_head(eagle_head, pipe.target_runner, target, export_head_dir)
+                err.print(f"the EAGLE head as an EAGLE-3 checkpoint: {eagle_dir}", highlight=False, markup=False)
+            export_advice(advice, export, export_file, target, draft_or_none(draft), pipe.drafters, err,
+                          eagle_dir=None if eagle_dir is None else str(eagle_dir))

@@ -74,17 +74,19 @@ def render(advice: Advice, console) -> None:
         console.print(f"{overall.method}: no equivalent setting in transformers / vLLM")
 
 
-def export_advice(advice, tool: str, path, target: str, draft: str | None, drafters, console) -> None:
+def export_advice(advice, tool: str, path, target: str, draft: str | None, drafters, console,
+                  *, eagle_dir: str | None = None) -> None:
     """``advise --export``: the overall verdict's setup as ``tool``'s configuration
-    (:func:`verispec.ops.export.export_setup`), JSON on stdout or in ``path``; the command and the
-    notes on ``console``. Raises what ``export_setup`` raises, and VerispecError when ``path``
-    cannot be written."""
+    (:func:`verispec.ops.export.export_setup`; ``eagle_dir``: the head's EAGLE-3 checkpoint when
+    the verdict is an EAGLE method), JSON on stdout or in ``path``; the command and the notes on
+    ``console``. Raises what ``export_setup`` raises, and VerispecError when ``path`` cannot be
+    written."""
     from verispec.errors import VerispecError
     from verispec.ops.export import export_setup
 
     overall = advice.verdicts[-1]
     setup = export_setup(tool, overall.method, overall.num_speculative_tokens, target, draft,
-                         min_ngram=drafters.min_ngram, max_ngram=drafters.max_ngram)
+                         min_ngram=drafters.min_ngram, max_ngram=drafters.max_ngram, eagle_dir=eagle_dir)
     if path is None:
         print(setup.to_json())
     else:

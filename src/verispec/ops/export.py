@@ -3,7 +3,9 @@
 ``verispec advise --export vllm|sglang|transformers`` turns the advice (drafter and draft length)
 into what reproduces it there: vLLM's ``--speculative-config`` JSON (its ``SpeculativeConfig``
 fields), SGLang's ``--speculative-*`` server arguments, or transformers' ``generate`` keyword
-arguments (assisted generation / prompt lookup). Pure data: no measurement, no I/O.
+arguments (assisted generation / prompt lookup). An EAGLE head is named by the folder of its
+Hugging Face EAGLE-3 checkpoint (:mod:`verispec.runners.eagle_hf` writes it; vLLM's ``eagle3``
+method, SGLang's ``EAGLE3`` algorithm). Pure data: no measurement, no I/O.
 
 Models: a built-in GGUF is named by the Hugging Face checkpoint it was converted from (GPU
 engines run that checkpoint, not our 4-bit file, so their acceptance will differ somewhat from
@@ -20,9 +22,12 @@ from dataclasses import dataclass, field
 
 from verispec.errors import InvalidParameterError
 from verispec.models.registry import BUILTIN_MODELS
+from verispec.proposers.eagle import TREE_BRANCHING, TREE_MAX_DEPTH
 
 EXPORT_TOOLS = ("vllm", "sglang", "transformers")
 PLAIN_METHODS = (None, "none")
+EAGLE_METHODS = ("eagle", "eagle-tree")
+EAGLE_TOOLS = ("vllm", "sglang")  # the tools that serve EAGLE-3 heads
 
 
 @dataclass(frozen=True)
@@ -60,10 +65,12 @@ def model_id(ref: str) -> tuple[str, list[str]]:
 
 
 def export_setup(tool: str, method: str | None, num_speculative_tokens: int | None, target: str, draft: str | None,
-                 *, min_ngram: int = 2, max_ngram: int = 4, suffix_spec_factor: float = 2.0) -> ExportedSetup:
-    """``tool``'s configuration of speculating with ``method`` (``draft``, ``ngram``, ``suffix``;
-    None / ``"none"``: plain decoding, the advice was NO-GO) drafting ``num_speculative_tokens``
-    tokens per target pass, for verispec model references ``target`` / ``draft``.
+                 *, min_ngram: int = 2, max_ngram: int = 4, suffix_spec_factor: float = 2.0,
+                 eagle_dir: str | None = None) -> ExportedSetup:
+    """``tool``'s configuration of speculating with ``method`` (``draft``, ``ngram``, ``suffix``,
+    ``eagle``, ``eagle-tree``; None / ``"none"``: plain decoding, the advice was NO-GO) drafting
+    ``num_speculative_tokens`` tokens per target pass (``eagle-tree``: tree nodes), for verispec
+    model references ``target`` / ``draft``; ``eagle_dir``: the head's EAGLE-3 checkpoint folder.
 
     ``min_ngram`` / ``max_ngram``: n-gram lookup's match lengths; ``suffix_spec_factor``: suffix
     drafting's draft budget per matched token (SuffixDecoding's ``max_spec_factor``, Oliaro et al.
@@ -72,7 +79,8 @@ def export_setup(tool: str, method: str | None, num_speculative_tokens: int | No
     Raises:
         InvalidParameterError: an unknown tool, a method the tool has no equivalent of (the
             message names what comes closest), a draft method without a draft model, or a
-            draft length < 1.
+            draft length < 1, an EAGLE method without ``eagle_dir`` or for transformers (it has
+            no EAGLE-3 drafting).
     """
     if tool not in EXPORT_TOOLS:
         raise InvalidParameterError(f"unknown export target {tool!r}; choose one of {', '.join(EXPORT_TOOLS)}")
@@ -89,6 +97,12 @@ def export_setup(tool: str, method: str | None, num_speculative_tokens: int | No
             raise InvalidParameterError("method 'draft' needs a draft model to export")
         draft_id, draft_notes = model_id(draft)
         notes = notes + draft_notes
+    elif method in EAGLE_METHODS:
+        if eagle_dir is None:
+            raise InvalidParameterError(f"method {method!r} needs the head's EAGLE-3 checkpoint folder to export")
+        if tool == "transformers":
+            raise InvalidParameterError("transformers has no EAGLE-3 drafting: export to vllm or sglang, or 'draft' (advise --methods)")
+        return _eagle(tool, method, k, target_id, eagle_dir, notes)
     elif method not in ("ngram", "suffix"):
         raise InvalidParameterError(
             f"{tool} has no equivalent of verispec's {method!r} drafter: export 'draft' or 'ngram' (advise --methods)"
@@ -123,6 +137,25 @@ def _vllm(method, k, target_id, draft_id, min_ngram, max_ngram, spec_factor, not
         notes = notes + ["vLLM's suffix method needs the arctic-inference package (pip install arctic-inference)"]
     command = f"vllm serve {shlex.quote(target_id)} --speculative-config {shlex.quote(json.dumps(spec))}"
     return ExportedSetup("vllm", {"model": target_id, "speculative_config": spec}, command, notes)
+
+
+def _eagle(tool, method, k, target_id, eagle_dir, notes) -> ExportedSetup:
+    """EAGLE-3 with the head's checkpoint: a chain of ``k`` drafts, or (``eagle-tree``) SGLang's
+    top-k tree of ``k`` nodes; vLLM's trees are experimental, so it gets the tree's depth as a chain."""
+    notes = notes + ["the head was trained on verispec's quantized target; on the checkpoint its acceptance can differ"]
+    if tool == "vllm":
+        depth = k
+        if method == "eagle-tree":
+            depth = min(k, TREE_MAX_DEPTH)
+            notes = notes + [f"vLLM drafts EAGLE-3 chains here: verispec's tree of {k} nodes becomes a chain of {depth}"]
+        spec = {"method": "eagle3", "model": eagle_dir, "num_speculative_tokens": depth}
+        command = f"vllm serve {shlex.quote(target_id)} --speculative-config {shlex.quote(json.dumps(spec))}"
+        return ExportedSetup("vllm", {"model": target_id, "speculative_config": spec}, command, notes)
+    steps, topk = (k, 1) if method == "eagle" else (min(k, TREE_MAX_DEPTH), TREE_BRANCHING)
+    args = {"model_path": target_id, "speculative_algorithm": "EAGLE3", "speculative_draft_model_path": eagle_dir,
+            "speculative_num_steps": steps, "speculative_eagle_topk": topk, "speculative_num_draft_tokens": k + 1}
+    flags = " ".join(f"--{name.replace('_', '-')} {shlex.quote(str(value))}" for name, value in args.items())
+    return ExportedSetup("sglang", args, f"python -m sglang.launch_server {flags}", notes)
 
 
 def _sglang(method, k, target_id, draft_id, min_ngram, max_ngram, notes) -> ExportedSetup:

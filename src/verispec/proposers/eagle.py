@@ -29,6 +29,9 @@ from verispec.spec.draft import DraftOutput
 from verispec.spec.sampling import process_logits, sample_from
 from verispec.spec.tree import TokenTree
 
+TREE_BRANCHING = 2  # eagle-tree: children expanded per frontier node (EAGLE-2's top-k) ...
+TREE_MAX_DEPTH = 6  # ... over this many levels at most
+
 
 class EagleProposer(Proposer):
     """Chain drafting with an EAGLE-3 head (Li et al. 2025, §3; chain as EAGLE-1, §4).
@@ -129,7 +132,7 @@ class EagleProposer(Proposer):
             calls, active = next_calls, still
         return outputs
 
-    def propose_tree(self, request: DraftRequest, num_nodes: int, *, branching: int = 2, max_depth: int = 6) -> TokenTree:
+    def propose_tree(self, request: DraftRequest, num_nodes: int, *, branching: int = TREE_BRANCHING, max_depth: int = TREE_MAX_DEPTH) -> TokenTree:
         """A dynamic tree of at most ``num_nodes`` drafted nodes below the root (the context's
         last token), grown by the head's confidence (EAGLE-2, Li et al. 2024, arXiv 2406.16858,
         §4; :func:`~verispec.proposers.draft_tree.grow_dynamic_tree`): one head pass per level,
@@ -240,7 +243,7 @@ class EagleTreeProposer(Proposer):
         ValueError: ``branching`` or ``max_depth`` below 1.
     """
 
-    def __init__(self, eagle: EagleProposer, *, branching: int = 2, max_depth: int = 6) -> None:
+    def __init__(self, eagle: EagleProposer, *, branching: int = TREE_BRANCHING, max_depth: int = TREE_MAX_DEPTH) -> None:
         if branching < 1 or max_depth < 1:
             raise ValueError("branching and max_depth must be >= 1")
         self.eagle, self.branching, self.max_depth = eagle, branching, max_depth
