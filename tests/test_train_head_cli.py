@@ -68,6 +68,9 @@ def test_refusals(files, tmp_path, monkeypatch):
     folder, target = files
     result = train(folder, target, tmp_path / "t.pt", "--teacher", "nope")
     assert result.exit_code == 2 and "--teacher must be auto, runner or torch" in result.output
+    result = train(folder, target, tmp_path / "gpu.pt", "--device", "cuda:63")  # no machine has a 64th GPU
+    assert result.exit_code == 2 and "device 'cuda:63' is not available" in result.output and "Traceback" not in result.output
+    assert "training data" not in result.output and not (tmp_path / "gpu.pt").exists()  # said before any data was generated
     result = train(folder, target, tmp_path / "t.pt", "--teacher", "torch", "--teacher-cache", "none")
     assert result.exit_code == 0 and "the teacher: float32 transformers" in result.output
     assert "teacher cache" not in result.output and not (tmp_path / "t.pt.teacher").exists()

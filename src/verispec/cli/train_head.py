@@ -40,6 +40,7 @@ def train_head(
     runner: str = runner_option("Runner that answers the prompts (default auto: gguf on a CPU)."),
     teacher: str = typer.Option("auto", help="Who reads the data for the head to learn from: 'runner' (the target on --runner's kernels, e.g. the gguf runner: the quantized model served, at its prefill speed), 'torch' (float32 transformers), 'auto' (runner where it can hand out its hidden states: gguf, int8)."),
     teacher_cache: Optional[str] = typer.Option(None, help="Folder keeping the target's reading of each sequence (features, ~24 KB a token for the 1.5B default), so --resume and later runs on the same data skip it (default: --out with .teacher; 'none': keep nothing)."),
+    device: str = typer.Option("cpu", help="Where the head trains and the float32 teacher runs (torch device: cpu, cuda, cuda:1, mps); the gguf runner reads on the CPU either way."),
     checkpoint_minutes: float = typer.Option(5.0, help="Write the head to --out this often while training (and on Ctrl-C)."),
     resume: bool = typer.Option(False, help="Continue the head in --out with the data recorded beside it."),
     plot: Optional[Path] = typer.Option(None, help="Loss-curve PNG (default: --out with .png)."),
@@ -48,7 +49,7 @@ def train_head(
     import torch
 
     from verispec.engine.loader import SpeculativePipeline
-    from verispec.models.loading import load_model
+    from verispec.models.loading import load_model, parse_device
     from verispec.ops.head_data import HeadData
     from verispec.ops.train_head import TrainOptions, make_optimizer
     from verispec.runners.eagle_file import WEIGHT_TYPES
@@ -67,6 +68,7 @@ def train_head(
             raise InvalidParameterError(f"{out} exists: pass --resume to continue it, or another --out")
         if weights not in WEIGHT_TYPES:
             raise InvalidParameterError(f"--weights must be one of {', '.join(WEIGHT_TYPES)}, not {weights!r}")
+        parse_device(device)  # before any data is generated: a missing GPU is said at once
         if teacher not in ("auto", "runner", "torch"):
             raise InvalidParameterError(f"--teacher must be auto, runner or torch, not {teacher!r}")
         options = TrainOptions(steps=steps, minutes=minutes, lr=lr, batch_positions=batch_positions, held_out=held_out, seed=seed)
@@ -91,7 +93,7 @@ def train_head(
             pipe = None  # its memory back before the float32 model loads
         err.print(f"the teacher: {'the target on the ' + pipe.runner_kind + ' runner' if reader is not None else 'float32 transformers'}")
         with _announce(f"loading {target} into torch (the teacher: its features and distributions)"):
-            model = load_model(target)
+            model = load_model(target, device=device)
         if resume:
             head = EagleHead.load(out, model.model)
         else:
@@ -100,6 +102,7 @@ def train_head(
             draft_ids = choose_draft_vocabulary(counts, size, eos_token_ids=model.eos_token_ids)
             head = EagleHead.from_target(model.model, draft_token_ids=draft_ids, seed=seed, intermediate_size=head_intermediate,
                                          lm_head_from_target=shared_lm_head)
+        head.to(model.model.device)  # --device: the head trains beside the float32 target
         record = dict(head.training_record)
         record.update(command=command, seed=seed, target=target, data=data.manifest, runs=record.get("runs", []))
         head.training_record = record

@@ -59,7 +59,7 @@ def load_model(
     ModelIntegrityError (corrupt or unloadable weights), ModelFetchError (download failed).
     """
     torch_dtype = _parse_dtype(dtype)
-    torch_device = _parse_device(device)
+    torch_device = parse_device(device)
     source = (store or ModelStore()).resolve(ref)
     start = time.perf_counter()
     model, tokenizer = _load_source(source, torch_dtype)
@@ -144,7 +144,9 @@ def _parse_dtype(dtype: str) -> torch.dtype:
         ) from None
 
 
-def _parse_device(device: str) -> torch.device:
+def parse_device(device: str) -> torch.device:
+    """``device`` as a torch device this machine has (a tensor is made there to check).
+    Raises InvalidParameterError naming the device and why it is not available."""
     try:
         parsed = torch.device(device)
         torch.empty(0, device=parsed)

@@ -42,7 +42,8 @@ def teacher(target: torch.nn.Module, token_ids: Sequence[int], feature_layers: S
         InvalidParameterError: the target's last hidden state is not its ``lm_head`` input.
     """
     ids = torch.as_tensor(list(token_ids), dtype=torch.long)
-    out = target(input_ids=ids[None], output_hidden_states=True, use_cache=False)
+    device = next(target.parameters()).device  # the target's device (--device); the results come back to the CPU
+    out = target(input_ids=ids[None].to(device), output_hidden_states=True, use_cache=False)
     states = out.hidden_states
     final = states[-1][0].float()
     logits = out.logits[0].float()
@@ -50,7 +51,7 @@ def teacher(target: torch.nn.Module, token_ids: Sequence[int], feature_layers: S
     if not torch.allclose(head(states[-1][0, -1:]).float(), logits[-1:], rtol=1e-3, atol=1e-3):
         raise InvalidParameterError("the target's last hidden state is not its lm_head input; cannot distil from it")
     features = torch.cat([states[i][0] for i in feature_layers], dim=-1).float()
-    return Teacher(ids, features, final, logits.argmax(-1))
+    return Teacher(ids, features.cpu(), final.cpu(), logits.argmax(-1).cpu())
 
 
 @torch.inference_mode()

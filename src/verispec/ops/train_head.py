@@ -113,8 +113,9 @@ class Batch:
     valid: Tensor
 
 
-def pack(teachers: Sequence[Teacher], windows: Sequence[Window], ttt_steps: int) -> Batch:
-    """A :class:`Batch` of windows ``(sequence index, first anchor, end anchor)``."""
+def pack(teachers: Sequence[Teacher], windows: Sequence[Window], ttt_steps: int, device: torch.device | str = "cpu") -> Batch:
+    """A :class:`Batch` of windows ``(sequence index, first anchor, end anchor)``, on ``device``
+    (the teacher's tensors stay where they are: on the CPU, with the teacher cache)."""
     parts = []
     for segment, (index, start, stop) in enumerate(windows):
         data, anchors = teachers[index], torch.arange(start, stop)
@@ -126,7 +127,7 @@ def pack(teachers: Sequence[Teacher], windows: Sequence[Window], ttt_steps: int)
                       data.final_hidden[rows], ahead <= last))
     columns = list(zip(*parts))
     dims = (0, 0, 0, 1, 1, 1, 1)
-    return Batch(*(torch.cat(column, dim=dim) for column, dim in zip(columns, dims)))
+    return Batch(*(torch.cat(column, dim=dim).to(device) for column, dim in zip(columns, dims)))
 
 
 def ttt_unroll(
@@ -143,12 +144,12 @@ def ttt_unroll(
     Returns:
         ``K`` float32 tensors ``[P, draft_vocab_size]``; differentiable.
     """
-    rows = positions.numel()
-    segments = torch.zeros(rows, dtype=torch.long) if segments is None else segments
+    rows, device = positions.numel(), positions.device
+    segments = torch.zeros(rows, dtype=torch.long, device=device) if segments is None else segments
     causal = (segments[None, :] == segments[:, None]) & (positions[None, :] <= positions[:, None])
-    diagonal = torch.eye(rows, dtype=torch.bool)
+    diagonal = torch.eye(rows, dtype=torch.bool, device=device)
     hidden = head.fuse(features)
-    keys = values = torch.zeros(head.shape.num_key_value_heads, 0, head.shape.head_dim, dtype=hidden.dtype)
+    keys = values = torch.zeros(head.shape.num_key_value_heads, 0, head.shape.head_dim, dtype=hidden.dtype, device=device)
     step_logits = []
     for step, step_tokens in enumerate(token_ids):
         mask = torch.cat([causal] + [diagonal] * step, dim=1)  # step 0's rows, then this anchor's later rows
@@ -177,7 +178,7 @@ def distillation_loss(
     bool ``[valid rows]`` tensor, True where ``d2t[argmax]`` is the target's full-vocabulary argmax.
     """
     step_logits = ttt_unroll(head, batch.features, batch.token_ids, batch.positions, batch.segments)
-    loss, agreements = torch.zeros(()), []
+    loss, agreements = torch.zeros((), device=batch.features.device), []
     for step, logits in enumerate(step_logits):
         valid = batch.valid[step]
         if not bool(valid.any()):
@@ -189,6 +190,10 @@ def distillation_loss(
         drafted = head.draft_to_target(logits[valid].argmax(-1))
         agreements.append(drafted == batch.target_argmax[step][valid])
     return loss, agreements
+
+
+def _device_of(module: torch.nn.Module) -> torch.device:
+    return next(module.parameters()).device
 
 
 def windows_of(teachers: Sequence[Teacher], indices: Sequence[int], window: int) -> list[Window]:
@@ -218,7 +223,7 @@ def evaluate(
     valid rows)."""
     losses, hits, counts = [], [0] * options.ttt_steps, [0] * options.ttt_steps
     for group in groups:
-        batch = pack(teachers, group, options.ttt_steps)
+        batch = pack(teachers, group, options.ttt_steps, head.fc.weight.device)
         loss, agreements = distillation_loss(head, batch, target_head, options.step_decay)
         losses.append(float(loss))
         for step, agree in enumerate(agreements):
@@ -299,7 +304,8 @@ def train_head(
         teachers.append(read(sequence) if read is not None else teacher(target, sequence, head.shape.feature_layers))
         if on_teacher is not None:
             on_teacher(len(teachers), len(usable))
-    target_head = target_draft_head(target, head.d2t)
+    device = head.fc.weight.device  # where the head trains (--device); the teacher data stays on the CPU
+    target_head = tuple(None if t is None else t.to(device) for t in target_draft_head(target, head.d2t.to(_device_of(target))))
     held_groups = batches(windows_of(teachers, sorted(order[:num_held]), options.window), options.batch_positions)
     train_windows = windows_of(teachers, sorted(order[num_held:]), options.window)
     report = TrainReport()
@@ -318,7 +324,7 @@ def train_head(
     for _ in range(options.steps_before):  # earlier runs' batches: the order goes on after them
         next_group()
     while _within_budget(options, report.steps, time.monotonic() - start):
-        batch = pack(teachers, next_group(), options.ttt_steps)
+        batch = pack(teachers, next_group(), options.ttt_steps, device)
         loss, agreements = distillation_loss(head, batch, target_head, options.step_decay)
         optimizer.zero_grad()
         loss.backward()

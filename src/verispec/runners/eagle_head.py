@@ -68,7 +68,8 @@ class EagleHead(nn.Module):
         super().__init__()
         hidden, heads, head_dim = shape.hidden_size, shape.num_attention_heads, shape.head_dim
         kv_heads = shape.num_key_value_heads
-        width = embed_tokens(torch.zeros(1, dtype=torch.long)).shape[-1]
+        embedding_device = getattr(getattr(embed_tokens, "weight", None), "device", "cpu")  # a target on --device
+        width = embed_tokens(torch.zeros(1, dtype=torch.long, device=embedding_device)).shape[-1]
         rows = getattr(embed_tokens, "num_embeddings", shape.vocab_size)  # a lookup function: checked by the caller
         if width != hidden or rows != shape.vocab_size:
             raise InvalidParameterError(

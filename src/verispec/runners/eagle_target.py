@@ -20,7 +20,7 @@ def norm_digest(final_norm: Tensor) -> str:
     """sha256 of the target's final RMSNorm weight as float32 bytes: what tells two targets of the
     same shapes apart (a base model and its instruct fine-tune, two fine-tunes) whatever runner
     holds them (GGUF keeps norms in float32; a bf16 checkpoint converts to the same float32 bits)."""
-    return hashlib.sha256(final_norm.detach().float().contiguous().numpy().tobytes()).hexdigest()
+    return hashlib.sha256(final_norm.detach().float().cpu().contiguous().numpy().tobytes()).hexdigest()
 
 
 def final_norm(model: nn.Module) -> Tensor | None:
