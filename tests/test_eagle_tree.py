@@ -112,3 +112,29 @@ def test_a_runner_without_trees_and_bad_settings_are_refused(target, trained_hea
         EagleTreeProposer(EagleProposer(trained_head.new_sequence()), branching=0)
     drafters = with_lookup_drafters({})
     assert "eagle-tree" not in drafters and "eagle-tree" not in for_new_sequence(drafters)  # no head, no tree of it
+
+
+def test_trees_of_several_requests_grow_in_shared_head_passes(target, trained_head, monkeypatch):
+    """propose_trees: the same trees as each request alone, one head pass for every catch-up,
+    then one per level over every tree still growing (not one per request)."""
+    import verispec.proposers.eagle as eagle_module
+
+    contexts = [[5, 17, 33, 2, 9, 40, 41], [7, 7, 8, 60, 3], [12, 40, 41, 42, 43, 44, 45, 46]]
+    requests = [DraftRequest(c[:3], c[3:], SamplingParams(), torch.Generator()) for c in contexts]
+    budgets = [12, 2, 6]  # nodes: trees of different sizes and depths finish at different levels
+    passes, real = [], eagle_module.forward_heads
+    monkeypatch.setattr(eagle_module, "forward_heads", lambda calls: passes.append(len(calls)) or real(calls))
+    alone, passes_alone = [], []
+    for c, r, n in zip(contexts, requests, budgets):
+        proposer = fed_proposer(target, trained_head, c)
+        passes.clear()
+        alone.append(proposer.propose_tree(r, n, branching=2, max_depth=4))
+        passes_alone.append(len(passes))
+    passes.clear()
+    proposers = [fed_proposer(target, trained_head, c) for c in contexts]
+    together = EagleProposer.propose_trees([(p, r, n, 2, 4) for p, r, n in zip(proposers, requests, budgets)])
+    assert [(t.token_ids, t.parents) for t in together] == [(t.token_ids, t.parents) for t in alone]
+    assert all(t.num_nodes > 2 for t in alone) and len(set(passes_alone)) > 1  # real trees, growing for different numbers of levels
+    assert passes[0] == 3 and passes == sorted(passes, reverse=True)  # the catch-ups together; trees drop out as they finish
+    assert len(passes) == max(passes_alone)  # a pass per level of the longest-growing tree, not one per request and level
+    assert [p.head.num_cached_tokens for p in proposers] == [len(c) - 1 for c in contexts]  # draft rows gone

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Generator, Sequence
 
 import torch
 from torch import Tensor
@@ -75,6 +75,21 @@ def grow_dynamic_tree(
     Returns:
         The tree, root first, nodes in topological order, at most ``num_nodes`` below the root.
     """
+    growth = dynamic_tree_levels(request, root_logits, num_nodes, branching, max_depth)
+    try:
+        level = next(growth)
+        while True:
+            level = growth.send(score_level(*level))
+    except StopIteration as done:
+        return done.value
+
+
+def dynamic_tree_levels(
+    request: DraftRequest, root_logits: Tensor, num_nodes: int, branching: int, max_depth: int
+) -> Generator[tuple[list[int], list[int], int], Tensor, TokenTree]:
+    """:func:`grow_dynamic_tree` as a generator, so several trees can grow in shared passes: it
+    yields each level to score, ``(token_ids, parents, first_new)``, is sent that level's rows
+    (``[len(token_ids) - first_new, vocab]`` float32) and returns the tree."""
     token_ids, parents, log_probs = [request.context[-1]], [-1], [0.0]
     frontier, frontier_logits = [0], root_logits
     for _ in range(max_depth):
@@ -94,7 +109,7 @@ def grow_dynamic_tree(
         frontier = list(range(first_new, len(token_ids)))
         if len(token_ids) > num_nodes:
             break
-        frontier_logits = score_level(token_ids, parents, first_new)
+        frontier_logits = yield list(token_ids), list(parents), first_new
     return TokenTree(tuple(token_ids), tuple(parents))
 
 

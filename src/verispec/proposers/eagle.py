@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from verispec.proposers.base import DraftRequest, Proposer, common_prefix_length
-from verispec.proposers.draft_tree import grow_dynamic_tree
+from verispec.proposers.draft_tree import dynamic_tree_levels
 from verispec.runners.eagle_head import EagleHead, HeadCall, forward_heads
 from verispec.spec.draft import DraftOutput
 from verispec.spec.sampling import process_logits, sample_from
@@ -139,35 +139,55 @@ class EagleProposer(Proposer):
         every frontier node a row fed its parent's output, attending to the real rows and to its
         own ancestors (a tree mask over the head's cache). The head's cache is back to its real
         rows afterwards. The root alone when the head cannot draft (see :meth:`propose`)."""
-        context = request.context
-        root = TokenTree((context[-1],), (-1,))
-        if num_nodes <= 0:
-            return root
-        logits, hidden = self._catch_up(context)
-        if logits is None:
-            return root
-        real = self.head.num_cached_tokens
-        first_position = len(context) - 1  # of a depth-1 node's row (row L - 2 is the last real one)
-        outputs = {0: hidden}  # node -> the head's output row that scores its children ([1, hidden])
+        return EagleProposer.propose_trees([(self, request, num_nodes, branching, max_depth)])[0]
 
-        def score_level(token_ids: list[int], parents: list[int], first_new: int) -> Tensor:
-            tree = TokenTree(tuple(token_ids), tuple(parents))
-            new = range(first_new, len(token_ids))
-            mask = torch.zeros(len(new), real + len(token_ids) - 1, dtype=torch.bool)
-            mask[:, :real] = True  # node n's row is cache row real + n - 1 (levels are fed in node order)
-            for row, node in enumerate(new):
-                mask[row, [real + a - 1 for a in tree.path_to(node)]] = True
-            depths = tree.depths()
-            level_logits, out = self.head(
-                [token_ids[n] for n in new], hidden=torch.cat([outputs[parents[n]] for n in new]),
-                positions=torch.tensor([first_position + depths[n] - 1 for n in new]), attention_mask=mask,
-            )
-            outputs.update({n: out[row : row + 1] for row, n in enumerate(new)})
-            return torch.cat([self._target_row(row) for row in level_logits])
+    @staticmethod
+    def propose_trees(items: Sequence[tuple[EagleProposer, DraftRequest, int, int, int]]) -> list[TokenTree]:
+        """:meth:`propose_tree` for several requests, each ``(its own drafter, its request, nodes
+        at most, branching, levels at most)``, their trees grown in shared head passes: one pass
+        catches every head up, then one pass per level over every tree still growing
+        (:func:`~verispec.runners.eagle_head.forward_heads`). Returns one tree per item, in order."""
+        trees = [TokenTree((request.context[-1],), (-1,)) for _, request, _, _, _ in items]
+        calls, waiting = [], []
+        for index, (proposer, request, num_nodes, _, _) in enumerate(items):
+            call = proposer._catch_up_call(request.context) if num_nodes > 0 else None
+            if call is not None:
+                calls.append(call)
+                waiting.append(index)
+        growing = {}  # index -> [growth generator, level asked for, node outputs, real rows]
+        for index, call, (logits, hidden) in zip(waiting, calls, forward_heads(calls) if calls else []):
+            proposer, request, num_nodes, branching, max_depth = items[index]
+            proposer._caught_up(call)
+            growth = dynamic_tree_levels(request, proposer._target_row(logits[-1]), num_nodes, branching, max_depth)
+            growing[index] = [growth, None, {0: hidden[-1:]}, proposer.head.num_cached_tokens]
+            _advance(growing, index, trees, None)
+        while growing:
+            order = list(growing)
+            calls = [items[i][0]._level_call(items[i][1], *growing[i][1:]) for i in order]
+            for index, call, (logits, out) in zip(order, calls, forward_heads(calls)):
+                proposer = items[index][0]
+                _, (token_ids, parents, first_new), outputs, _ = growing[index]
+                outputs.update({n: out[row : row + 1] for row, n in enumerate(range(first_new, len(token_ids)))})
+                _advance(growing, index, trees, torch.cat([proposer._target_row(row) for row in logits]))
+        for index in waiting:
+            proposer = items[index][0]
+            proposer.head.truncate(len(proposer._row_token_ids))  # back to the real rows
+        return trees
 
-        tree = grow_dynamic_tree(request, self._target_row(logits[0]), num_nodes, branching, max_depth, score_level)
-        self.head.truncate(real)
-        return tree
+    def _level_call(self, request: DraftRequest, level: tuple[list[int], list[int], int], outputs: dict, real: int) -> HeadCall:
+        """The head rows of a tree level's new nodes: each fed its parent's output at its depth's
+        position, attending to the ``real`` rows and its own ancestors (node ``n``'s row is cache
+        row ``real + n - 1``: levels are fed in node order)."""
+        token_ids, parents, first_new = level
+        tree = TokenTree(tuple(token_ids), tuple(parents))
+        new = range(first_new, len(token_ids))
+        mask = torch.zeros(len(new), real + len(token_ids) - 1, dtype=torch.bool)
+        mask[:, :real] = True
+        for row, node in enumerate(new):
+            mask[row, [real + a - 1 for a in tree.path_to(node)]] = True
+        depths, first_position = tree.depths(), len(request.context) - 1  # a depth-1 node's row: row L - 2 is the last real one
+        return HeadCall(self.head, [token_ids[n] for n in new], hidden=torch.cat([outputs[parents[n]] for n in new]),
+                        positions=torch.tensor([first_position + depths[n] - 1 for n in new]), attention_mask=mask)
 
     def _rows_match(self, context: Sequence[int]) -> bool:
         """The real rows were built from this context's tokens (else the context changed under them)."""
@@ -231,6 +251,17 @@ class EagleProposer(Proposer):
         return row
 
 
+def _advance(growing: dict, index: int, trees: list, level_rows: Tensor | None) -> None:
+    """Step tree ``index``'s growth (:func:`dynamic_tree_levels`) with its level's rows (None: start
+    it): keep the next level it asks for, or, when it is done, its tree (and stop following it)."""
+    entry = growing[index]
+    try:
+        entry[1] = next(entry[0]) if level_rows is None else entry[0].send(level_rows)
+    except StopIteration as done:
+        trees[index] = done.value
+        del growing[index]
+
+
 class EagleTreeProposer(Proposer):
     """The proposer protocol over :meth:`EagleProposer.propose_tree` (drafter ``"eagle-tree"``,
     method ``eagle-tree``), for runners that verify token trees. Shares the wrapped drafter's
@@ -259,8 +290,19 @@ class EagleTreeProposer(Proposer):
         return self.eagle.catch_up_rows(request)
 
     def propose(self, request: DraftRequest, num_speculative_tokens: int) -> DraftOutput:
-        return DraftOutput.of_tree(self.eagle.propose_tree(request, num_speculative_tokens, branching=self.branching,
-                                                           max_depth=self.max_depth))
+        return EagleTreeProposer.propose_batch([(self, request, num_speculative_tokens)])[0]
+
+    @property
+    def batches(self) -> bool:
+        """Requests decoding together grow their trees in shared head passes (:meth:`propose_batch`)."""
+        return True
+
+    @staticmethod
+    def propose_batch(items: Sequence[tuple[EagleTreeProposer, DraftRequest, int]]) -> list[DraftOutput]:
+        """Trees for several requests (``num_speculative_tokens``: nodes), grown level by level in
+        shared head passes (:meth:`EagleProposer.propose_trees`)."""
+        trees = EagleProposer.propose_trees([(p.eagle, request, k, p.branching, p.max_depth) for p, request, k in items])
+        return [DraftOutput.of_tree(tree) for tree in trees]
 
     def release(self) -> None:
         self.eagle.release()
