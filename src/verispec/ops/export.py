@@ -98,10 +98,10 @@ def export_setup(tool: str, method: str | None, num_speculative_tokens: int | No
         draft_id, draft_notes = model_id(draft)
         notes = notes + draft_notes
     elif method in EAGLE_METHODS:
-        if eagle_dir is None:
-            raise InvalidParameterError(f"method {method!r} needs the head's EAGLE-3 checkpoint folder to export")
         if tool == "transformers":
             raise InvalidParameterError("transformers has no EAGLE-3 drafting: export to vllm or sglang, or 'draft' (advise --methods)")
+        if eagle_dir is None:
+            raise InvalidParameterError(f"method {method!r} needs the head's EAGLE-3 checkpoint folder to export")
         return _eagle(tool, method, k, target_id, eagle_dir, notes)
     elif method not in ("ngram", "suffix"):
         raise InvalidParameterError(
