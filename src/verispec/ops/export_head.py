@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from verispec.errors import InvalidParameterError
-
 
 def default_export_folder(head_path: str | Path) -> Path:
     """Where a head's checkpoint goes when no folder is given: beside it, ``<name>-eagle3``."""
@@ -51,9 +49,7 @@ def export_head(head_path: str | Path, target_runner, target: str, folder: str |
     from verispec.runners.eagle_hf import write_hf_checkpoint
 
     folder = Path(folder) if folder is not None else default_export_folder(head_path)
-    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
-        raise InvalidParameterError(f"{folder} exists and is not an empty folder: give another one")
-    head = EagleHead.load(head_path, target_runner)
+    head = EagleHead.load(head_path, target_runner)  # a busy folder is refused by write_hf_checkpoint
     context = trained_context(target, int(getattr(target_runner, "max_context_length", 4096)))
     training = head.training_record or {}
     extra = {"verispec": {"head_file": Path(head_path).name, "target": target, "trained_with": training.get("command"),
