@@ -1,5 +1,5 @@
-// The AVX2 path (Haswell and later, AMD Zen 1-3; with AVX-VNNI on Alder Lake and later): half a
-// tile (8 columns) in the lanes of a 256-bit register, up to ROWS rows sharing each unpacked weight
+// The AVX2 path (Haswell and later, AMD Zen 1-3; with AVX-VNNI on Alder Lake and later): each half
+// of a tile (8 columns) in the lanes of a 256-bit register, up to ROWS rows sharing each unpacked weight
 // register. The tile layout is the AVX-512 one: each 64-byte run holds 4 values of 16 columns, so
 // columns 8h .. 8h + 7 are the run's bytes 32h .. 32h + 31.
 //
@@ -27,14 +27,18 @@ namespace vsk {
 
 namespace {
 
-constexpr int ROWS = 4;             // rows per register tile (16 ymm registers)
+constexpr int ROWS = 4;             // rows per register tile, at most
 constexpr int HALF = 8;             // columns per register
-// Passes over a tile: with several rows, one per half (8 columns; the registers hold R rows of
-// one half); the first half's pass fetches the tile's blocks PREFETCH_BLOCKS ahead, the second's
-// reads the tile from cache and meanwhile fetches the next tile's blocks, so the memory is busy
-// during both (one row of Q4_K streaming 62 MB on one core: 4.98 -> 4.49 ms; Q6_K 7.57 -> 6.26 ms).
-// With one row (a decoding step) Q4_K and the 32-value formats take both halves in one pass
-// (H = 2: Q4_K 4.34 -> 3.98 ms, IQ4_NL 4.71 -> 3.99, Q8_0 9.05 -> 7.93; Q6_K was no faster so).
+// One pass over a tile takes both halves (16 columns: two registers per row), so each broadcast
+// group of activations feeds two products and the unpacked weights serve every row (before, each
+// half had its own pass). One core, out = 8960, in = 1536, best of alternated runs, new / old
+// time: Q4_K k = 2 0.76, k = 4 0.89-0.91, k = 8 0.92-0.94; Q6_K 0.84, 0.96, 0.99; Q8_0 0.85,
+// 0.88, 0.84; Q5_0 0.84, 0.77, 0.83; IQ4_NL 0.93, 0.96, 0.92; Q4_0 0.67, 0.98, 0.97 (and with one
+// row: Q4_K 4.34 -> 3.98 ms, IQ4_NL 4.71 -> 3.99, Q8_0 9.05 -> 7.93 over 62 MB). Q6_K's one row
+// keeps a pass per half (one pass was no faster): the first fetches the tile's blocks
+// PREFETCH_BLOCKS ahead, the second reads the tile from cache and meanwhile fetches the next
+// tile's blocks, so the memory is busy during both (7.57 -> 6.26 ms). A call's rows go in groups
+// of at most ROWS, as even as can be (5 rows as 3 + 2: Q6_K 0.87 of 4 + 1's time, Q4_K 0.89).
 constexpr int PREFETCH_BLOCKS = 2;     // prefetch distance of the 256-value formats, in blocks of the tile
 constexpr int PREFETCH_BLOCKS_32 = 8;  // of the 32-value formats
 
@@ -143,71 +147,87 @@ VS_AVX2 void tile_q4k(const TileArgs& a, int h0) {
 
 // Q6_K: 16 sub-blocks of 16 values, weights q in 0..63 (the value is q - 32, taken back with the
 // activations' 16-sums). Without VNNI two groups add in int16: 2 * 2 * 63 * 127 = 32004 <= 32767.
-template <int R, bool VNNI>
-VS_AVX2 void tile_q6k(const TileArgs& a, int h) {
+// The float accumulators live in the output rows (as in tile_32).
+template <int R, bool VNNI, int H>
+VS_AVX2 void tile_q6k(const TileArgs& a, int h0) {
     constexpr int BYTES = 3360;
     const Activations& x = *a.act;
     const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
     const int64_t nb = x.in / 256;
-    __m256 acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    float* out = a.out + HALF * h0;  // the float accumulators live in the output rows
+    for (int i = 0; i < H; ++i)
+        for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * a.ldo + HALF * i, _mm256_setzero_ps());
     for (int64_t b = 0; b < a.nblocks; ++b) {
         const uint8_t* t = a.tile + b * BYTES;
-        if (h == 0) prefetch_block(t + PREFETCH_BLOCKS * BYTES, BYTES);
+        if (h0 == 0) prefetch_block(t + PREFETCH_BLOCKS * BYTES, BYTES);
         else prefetch_block(t + a.nblocks * BYTES, BYTES);  // the next tile, while this half reads from cache
         const int8_t* xb = x.q.data() + a.row0 * x.in + b * 256;
-        __m256i isum[R];
-        for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
+        __m256i isum[H][R];
+        for (int i = 0; i < H; ++i)
+            for (int r = 0; r < R; ++r) isum[i][r] = _mm256_setzero_si256();
         for (int j = 0; j < 16; ++j) {
             const int p = j / 2, e = j & 1;
-            const uint8_t* n = t + 288 + 384 * p + 32 * h;
-            const __m256i hb = _mm256_loadu_si256((const __m256i*)(n + 256 + 64 * e));
-            // int16 pairs (scale of sub-block 2p, of 2p + 1) per column
-            const __m256i pairs = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(t + 32 + 32 * p + 16 * h)));
-            // VNNI: the sub-block's scale per column (int32); else in both int16 lanes of each column
-            const __m256i sc = VNNI ? (e ? _mm256_srai_epi32(pairs, 16) : _mm256_srai_epi32(_mm256_slli_epi32(pairs, 16), 16))
-                                    : (e ? _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(pairs, 0xF5), 0xF5)
-                                         : _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(pairs, 0xA0), 0xA0));
-            __m256i dot[R];
-            for (int r = 0; r < R; ++r) dot[r] = _mm256_setzero_si256();
+            __m256i hb[H], sc[H];
+            for (int i = 0; i < H; ++i) {
+                const int h = h0 + i;
+                hb[i] = _mm256_loadu_si256((const __m256i*)(t + 288 + 384 * p + 32 * h + 256 + 64 * e));
+                // int16 pairs (scale of sub-block 2p, of 2p + 1) per column
+                const __m256i pairs = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(t + 32 + 32 * p + 16 * h)));
+                // VNNI: the sub-block's scale per column (int32); else in both int16 lanes of each column
+                sc[i] = VNNI ? (e ? _mm256_srai_epi32(pairs, 16) : _mm256_srai_epi32(_mm256_slli_epi32(pairs, 16), 16))
+                             : (e ? _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(pairs, 0xF5), 0xF5)
+                                  : _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(pairs, 0xA0), 0xA0));
+            }
+            __m256i dot[H][R];
+            for (int i = 0; i < H; ++i)
+                for (int r = 0; r < R; ++r) dot[i][r] = _mm256_setzero_si256();
             for (int g = 0; g < 4; ++g) {
-                const __m256i v = _mm256_loadu_si256((const __m256i*)(n + 64 * g));
-                const __m256i lo = e ? _mm256_and_si256(_mm256_srli_epi16(v, 4), m4) : _mm256_and_si256(v, m4);
-                __m256i bits;  // bits 2g..2g+1 moved to bits 4..5
-                switch (g) {
-                    case 0: bits = _mm256_slli_epi16(hb, 4); break;
-                    case 1: bits = _mm256_slli_epi16(hb, 2); break;
-                    case 2: bits = hb; break;
-                    default: bits = _mm256_srli_epi16(hb, 2); break;
-                }
-                const __m256i w = _mm256_or_si256(lo, _mm256_and_si256(bits, m30));
-                for (int r = 0; r < R; ++r) {
-                    const __m256i xr = bcast4(xb + r * x.in + 16 * j + 4 * g);
-                    if constexpr (VNNI) dot[r] = dot4<true>(dot[r], w, xr);
-                    else dot[r] = _mm256_add_epi16(dot[r], _mm256_maddubs_epi16(w, xr));
+                __m256i xr[R];
+                for (int r = 0; r < R; ++r) xr[r] = bcast4(xb + r * x.in + 16 * j + 4 * g);
+                for (int i = 0; i < H; ++i) {
+                    const uint8_t* n = t + 288 + 384 * p + 32 * (h0 + i);
+                    const __m256i v = _mm256_loadu_si256((const __m256i*)(n + 64 * g));
+                    const __m256i lo = e ? _mm256_and_si256(_mm256_srli_epi16(v, 4), m4) : _mm256_and_si256(v, m4);
+                    __m256i bits;  // bits 2g..2g+1 moved to bits 4..5
+                    switch (g) {
+                        case 0: bits = _mm256_slli_epi16(hb[i], 4); break;
+                        case 1: bits = _mm256_slli_epi16(hb[i], 2); break;
+                        case 2: bits = hb[i]; break;
+                        default: bits = _mm256_srli_epi16(hb[i], 2); break;
+                    }
+                    const __m256i w = _mm256_or_si256(lo, _mm256_and_si256(bits, m30));
+                    for (int r = 0; r < R; ++r) {
+                        if constexpr (VNNI) dot[i][r] = dot4<true>(dot[i][r], w, xr[r]);
+                        else dot[i][r] = _mm256_add_epi16(dot[i][r], _mm256_maddubs_epi16(w, xr[r]));
+                    }
                 }
                 if (!VNNI && (g & 1))  // two groups per int16 sum (bound above), then times the scale
-                    for (int r = 0; r < R; ++r) {
-                        isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(dot[r], sc));
-                        dot[r] = _mm256_setzero_si256();
-                    }
+                    for (int i = 0; i < H; ++i)
+                        for (int r = 0; r < R; ++r) {
+                            isum[i][r] = _mm256_add_epi32(isum[i][r], _mm256_madd_epi16(dot[i][r], sc[i]));
+                            dot[i][r] = _mm256_setzero_si256();
+                        }
             }
             if constexpr (VNNI)
-                for (int r = 0; r < R; ++r) isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(dot[r], sc));
+                for (int i = 0; i < H; ++i)
+                    for (int r = 0; r < R; ++r) isum[i][r] = _mm256_add_epi32(isum[i][r], _mm256_mullo_epi32(dot[i][r], sc[i]));
         }
-        const __m256 d = halves(t + 16 * h);
-        for (int r = 0; r < R; ++r) {
-            const int16_t* s16 = x.s16.data() + (a.row0 + r) * (x.in / 16) + b * 16;
-            __m256i ioff = _mm256_setzero_si256();
-            for (int p = 0; p < 8; ++p) {
-                const __m256i pairs = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(t + 32 + 32 * p + 16 * h)));
-                ioff = _mm256_add_epi32(ioff, _mm256_madd_epi16(pairs, _mm256_set1_epi32(load_i32(s16 + 2 * p))));
+        for (int i = 0; i < H; ++i) {
+            const int h = h0 + i;
+            const __m256 d = halves(t + 16 * h);
+            for (int r = 0; r < R; ++r) {
+                const int16_t* s16 = x.s16.data() + (a.row0 + r) * (x.in / 16) + b * 16;
+                __m256i ioff = _mm256_setzero_si256();
+                for (int p = 0; p < 8; ++p) {
+                    const __m256i pairs = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(t + 32 + 32 * p + 16 * h)));
+                    ioff = _mm256_add_epi32(ioff, _mm256_madd_epi16(pairs, _mm256_set1_epi32(load_i32(s16 + 2 * p))));
+                }
+                const __m256i total = _mm256_sub_epi32(isum[i][r], _mm256_slli_epi32(ioff, 5));
+                float* o = out + r * a.ldo + HALF * i;
+                _mm256_storeu_ps(o, scaled_add(_mm256_loadu_ps(o), total, x.d[(a.row0 + r) * nb + b], d));
             }
-            const __m256i total = _mm256_sub_epi32(isum[r], _mm256_slli_epi32(ioff, 5));
-            acc[r] = scaled_add(acc[r], total, x.d[(a.row0 + r) * nb + b], d);
         }
     }
-    for (int r = 0; r < R; ++r) _mm256_storeu_ps(a.out + r * a.ldo + HALF * h, acc[r]);
 }
 
 // The 32-value formats. Q4_0 (q - 8) and Q5_0 ((nibble | fifth bit) - 16): unsigned weights, the
@@ -291,33 +311,31 @@ VS_AVX2 void tile_32(const TileArgs& a, int h0) {
 
 template <int R, bool VNNI>
 void tile_rows(int64_t qtype, const TileArgs& a) {
-    if constexpr (R == 1) {  // one row: both halves in one pass over the tile
-        switch (qtype) {
-            case Q4_K: tile_q4k<1, VNNI, 2>(a, 0); return;
-            case Q4_0: tile_32<1, VNNI, Q4_0, 2>(a, 0); return;
-            case IQ4_NL: tile_32<1, VNNI, IQ4_NL, 2>(a, 0); return;
-            case Q5_0: tile_32<1, VNNI, Q5_0, 2>(a, 0); return;
-            case Q8_0: tile_32<1, VNNI, Q8_0, 2>(a, 0); return;
-            default: break;
-        }
+    switch (qtype) {  // both halves in one pass (see ROWS); Q6_K's one row in two
+        case Q4_K: tile_q4k<R, VNNI, 2>(a, 0); return;
+        case Q6_K:
+            if constexpr (R == 1) {
+                tile_q6k<1, VNNI, 1>(a, 0);
+                tile_q6k<1, VNNI, 1>(a, 1);
+            } else {
+                tile_q6k<R, VNNI, 2>(a, 0);
+            }
+            return;
+        case Q4_0: tile_32<R, VNNI, Q4_0, 2>(a, 0); return;
+        case IQ4_NL: tile_32<R, VNNI, IQ4_NL, 2>(a, 0); return;
+        case Q5_0: tile_32<R, VNNI, Q5_0, 2>(a, 0); return;
+        case Q8_0: tile_32<R, VNNI, Q8_0, 2>(a, 0); return;
+        default: fail("unsupported GGUF block type " + std::to_string(qtype));
     }
-    for (int h = 0; h < 2; ++h) switch (qtype) {
-            case Q4_K: tile_q4k<R, VNNI, 1>(a, h); break;
-            case Q6_K: tile_q6k<R, VNNI>(a, h); break;
-            case Q4_0: tile_32<R, VNNI, Q4_0, 1>(a, h); break;
-            case IQ4_NL: tile_32<R, VNNI, IQ4_NL, 1>(a, h); break;
-            case Q5_0: tile_32<R, VNNI, Q5_0, 1>(a, h); break;
-            case Q8_0: tile_32<R, VNNI, Q8_0, 1>(a, h); break;
-            default: fail("unsupported GGUF block type " + std::to_string(qtype));
-        }
 }
 
 template <bool VNNI>
 void tile_split(int64_t qtype, const TileArgs& args) {
-    for (int r0 = 0; r0 < args.rows; r0 += ROWS) {
+    const int groups = (args.rows + ROWS - 1) / ROWS;
+    for (int g = 0, r0 = 0; g < groups; ++g) {
         TileArgs a = args;
         a.row0 = args.row0 + r0;
-        a.rows = std::min(ROWS, args.rows - r0);
+        a.rows = (args.rows - r0 + groups - g - 1) / (groups - g);  // as even as can be: 5 rows as 3 + 2
         a.out = args.out + r0 * args.ldo;
         switch (a.rows) {
             case 1: tile_rows<1, VNNI>(qtype, a); break;
@@ -325,6 +343,7 @@ void tile_split(int64_t qtype, const TileArgs& args) {
             case 3: tile_rows<3, VNNI>(qtype, a); break;
             default: tile_rows<4, VNNI>(qtype, a); break;
         }
+        r0 += a.rows;
     }
 }
 
