@@ -1,7 +1,8 @@
 """The torch-free kernel harness (tests/kernels): every instruction-set path equals the portable one bit for bit.
 
 tests/kernels/run_harness.sh builds harness.cpp with the kernel core (the kernels' own flags) and runs
-it: natively (every path this CPU runs: AVX-512, AVX2, AVX-VNNI here), and cross-compiled for AArch64
+it: natively (every path this CPU runs: AVX-512, AVX2, AVX-VNNI here; and on any AVX2 host the AVX-VNNI
+code path again with its one instruction, vpdpbusd, emulated exactly), and cross-compiled for AArch64
 under qemu-aarch64 (the NEON path), twice: on qemu's "max" CPU (dotprod and i8mm: pairs of rows through
 smmla) and on a Neoverse N1 (dotprod only: sdot). Each run must exit 0 and name the paths it compared,
 so that a path silently left out cannot pass; the portable path's results must be the same on both
@@ -43,6 +44,15 @@ def native():
     return run_harness("native")
 
 
+@pytest.fixture(scope="module")
+def native_vnni():
+    if shutil.which("g++") is None:
+        pytest.skip("no g++ (Debian: apt-get install g++)")
+    if not all(flag in cpu_flags() for flag in X86_ISAS["avx2"]):
+        pytest.skip("the emulated AVX-VNNI build runs AVX2 instructions; this CPU has no AVX2")
+    return run_harness("native-vnni")
+
+
 def cross_tools():
     missing = [tool for tool in CROSS_TOOLS if shutil.which(tool) is None]
     if missing:
@@ -78,6 +88,13 @@ def test_every_native_path_equals_the_portable_one_bit_for_bit(native):
         if all(flag in flags for flag in needed):
             assert isa in compared, (isa, output[:500])
     assert re.search(r"^portable +tile Q4_K ", output, re.M)
+
+
+def test_the_avx_vnni_code_path_equals_the_portable_one_with_vpdpbusd_emulated(native_vnni):
+    output, compared, digest = native_vnni
+    assert "avxvnni" in compared, output[:500]
+    assert re.search(r"^avxvnni +tile Q6_K random out=96 in=1024 k=1,3,8,11,16 .* OK$", output, re.M)
+    assert re.search(r"^avxvnni +tile Q8_0 .* OK$", output, re.M)
 
 
 @pytest.mark.parametrize("run, i8mm", [("aarch64", True), ("aarch64_without_i8mm", False)])

@@ -2,6 +2,8 @@
 # Builds the torch-free kernel harness (tests/kernels/harness.cpp with the kernel core) and runs it.
 #
 #   tests/kernels/run_harness.sh native [--isas portable,avx512,...]   g++ for this machine
+#   tests/kernels/run_harness.sh native-vnni [--isas ...]   the same with AVX-VNNI's vpdpbusd emulated
+#       exactly by AVX2 instructions (-DVSK_EMULATE_AVXVNNI), so an AVX2 host tests that path's code
 #   tests/kernels/run_harness.sh qemu   [--isas portable,neon]         AArch64 (ARMv8.2 + dotprod
 #       + i8mm), static, run under qemu-aarch64 -cpu $QEMU_CPU (default max: dotprod and i8mm, the
 #       smmla kernels; neoverse-n1: dotprod only, the sdot kernels)
@@ -28,7 +30,8 @@ CORE_SOURCES=(formats.cpp portable.cpp dispatch.cpp attention.cpp requantize.cpp
 FLAGS=(-O3 -std=c++17 -ffp-contract=off -fno-math-errno)
 
 case "$target" in
-    native)
+    native | native-vnni)
+        [[ "$target" == native-vnni ]] && FLAGS+=(-DVSK_EMULATE_AVXVNNI)
         cxx="${CXX:-g++}"
         objdump=objdump
         arch_flags=()
@@ -51,7 +54,7 @@ case "$target" in
         done
         ;;
     *)
-        echo "usage: $0 native|qemu [--isas LIST]" >&2
+        echo "usage: $0 native|native-vnni|qemu [--isas LIST]" >&2
         exit 2
         ;;
 esac

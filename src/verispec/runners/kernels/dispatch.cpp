@@ -35,6 +35,9 @@ Features detect() {
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
     if (__get_cpuid(1, &eax, &ebx, &ecx, &edx)) f.f16c = (ecx & bit_F16C) != 0;
     if (__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx)) f.avxvnni = f.avx2 && ((eax >> 4) & 1);  // EAX[4]: AVX-VNNI
+#ifdef VSK_EMULATE_AVXVNNI  // the harness's emulated AVX-VNNI build (x86_avx2.cpp dot4)
+    f.avxvnni = f.avx2;
+#endif
     f.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
                __builtin_cpu_supports("avx512vnni");

@@ -51,11 +51,22 @@ VS_AVX2 inline __m256i bcast4(const int8_t* p) { return _mm256_set1_epi32(load_i
 // acc += per column (4 bytes per 32-bit lane) the sum of 4 products u (unsigned) x s (signed).
 // VNNI: one vpdpbusd (VEX-encoded; inline assembly so this function needs no avxvnni target and
 // the dispatch alone decides whether it runs). Else vpmaddubsw + vpmaddwd (|u| <= 128, |s| <= 127).
+//
+// VSK_EMULATE_AVXVNNI (the kernel harness's `native-vnni` build only, never the extension): the
+// same int32 sums from AVX2 instructions (bytes widened to int16, pairs by vpmaddwd, then the two
+// pairs of each column added: exact, no saturation), so hosts without AVX-VNNI test its code path.
 template <bool VNNI>
 VS_AVX2 inline __m256i dot4(__m256i acc, __m256i u, __m256i s) {
     if constexpr (VNNI) {
+#ifdef VSK_EMULATE_AVXVNNI
+        const __m256i zero = _mm256_setzero_si256();
+        const __m256i lo = _mm256_madd_epi16(_mm256_unpacklo_epi8(u, zero), _mm256_srai_epi16(_mm256_unpacklo_epi8(s, s), 8));
+        const __m256i hi = _mm256_madd_epi16(_mm256_unpackhi_epi8(u, zero), _mm256_srai_epi16(_mm256_unpackhi_epi8(s, s), 8));
+        return _mm256_add_epi32(acc, _mm256_hadd_epi32(lo, hi));
+#else
         asm("%{vex%} vpdpbusd %[s], %[u], %[acc]" : [acc] "+x"(acc) : [u] "x"(u), [s] "x"(s));
         return acc;
+#endif
     } else {
         return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
     }
