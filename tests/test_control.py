@@ -268,3 +268,18 @@ def test_catch_up_cost_per_power_of_two_rows_in_plain_steps():
     assert costs.catch_up_cost("draft", 34) == pytest.approx((0.008 + 0.056 * 30 / 60) / 0.020)  # interpolated
     costs.record_catch_up("draft", 64, -0.010)  # a timing below the steady cost counts as free
     assert costs.catch_up_s["draft"][64] == pytest.approx(0.064 * 0.7)
+
+
+def test_three_rejections_in_a_row_do_not_switch_a_good_draft_off_at_the_default_weight():
+    # Costs an AVX2 host's engine measured in a HumanEval run (a drafted token 0.33 of a pass, 2 / 3
+    # rows 1.2 / 1.4 plain passes): drafting pays above alpha ~0.53. A draft accepting ~80% meets 3
+    # rejections in a row now and then; at the old weight 0.2 they push the estimate to 0.41 and
+    # the request decodes plain until a probe (scripts/draft_length_sim.py: Spec-Bench qa 1.191 vs
+    # 1.441 plain-step speedup at 0.2 and 0.1).
+    costs = measured_costs(0.033, {0: 0.1, 1: 0.12, 2: 0.14, 3: 0.16})
+    for weight, drafting in ((ControllerConfig().alpha_weight, True), (0.2, False)):
+        alpha = AcceptanceEstimate(prior=0.8, weight=weight)
+        for _ in range(3):
+            alpha.update(1, 0)
+        schedule = CostModelSchedule("draft", 4, alpha, costs, ControllerConfig())
+        assert (schedule.next_k() > 0) is drafting, (weight, alpha.alpha)

@@ -65,7 +65,7 @@ def measured(verify_s, draft_ratio, drafter="tree"):
 
 
 def test_tree_budget_schedule_drafts_the_cap_until_timed_then_the_best_budget():
-    config = ControllerConfig(alpha_prior=0.6, alpha_weight=0.5)
+    config = ControllerConfig(alpha_prior=0.6, tree_weight=0.5)
     schedule = TreeBudgetSchedule("tree", 8, CostModel(), config)
     assert schedule.next_k() == 8  # nothing timed yet
     costs = measured({0: 1.0, 8: 3.0}, draft_ratio=0.0)  # verify cost 1 + 0.25 n

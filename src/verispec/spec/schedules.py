@@ -98,7 +98,7 @@ class TreeBudgetSchedule:
 
     def __init__(self, drafter: str, max_k: int, costs: CostModel, config: ControllerConfig) -> None:
         self.drafter, self.max_k, self.costs, self.config = drafter, max_k, costs, config
-        self.acceptance = TreeAcceptance(max_k, config.alpha_prior, config.alpha_weight)
+        self.acceptance = TreeAcceptance(max_k, config.alpha_prior, config.tree_weight)
         self.last_predicted_speedup: float | None = None
         self.num_steps_small = 0  # steps since the last full-size tree
         self.num_steps_off = 0  # switched-off steps since the last probe

@@ -1,0 +1,138 @@
+"""Exact replay of the ``cost`` schedule's draft-length choices on real agreement sequences.
+
+A greedy chain's outcome is fixed by teacher forcing: at each answer position the draft's argmax
+(given the target's tokens before it) either equals the target's token or not, and a chain drafted
+from position i accepts the run of agreements that starts there. So, given those sequences, tokens
+per target pass of any draft-length policy can be counted exactly; the time comes from a cost
+model (verify cost per draft length, draft cost per token, both in plain steps), so the speedups
+are estimates for that cost model, not measurements. Catch-ups, probes' extra costs and Python
+overhead are left out.
+
+  dump: the draft's agreement with the target's answers of a ``verispec bench`` record (its
+        ``gguf:none`` rows; the draft sees the prompt's last WINDOW tokens, 64 as the engine's
+        default) or of Spec-Bench answers (``bench_results/specbench_auto.jsonl``, 8 per task):
+      ../shared/tools/alone .venv/bin/python scripts/draft_length_sim.py dump RESULTS.json|specbench OUT.json [WINDOW]
+  simulate: constant k = 1..4 and the ``cost`` schedule's acceptance EWMA at several weights:
+      python scripts/draft_length_sim.py simulate OUT.json...
+"""
+
+import json
+import sys
+from pathlib import Path
+
+from verispec.spec.control import best_draft_length, interpolate
+
+ROOT = Path(__file__).resolve().parents[1]
+# (ms per target pass of 1, 2, 4, 8, 16 tokens; draft cost per token over a k = 1 pass), AVX2 host
+COSTS = {
+    "calm AVX2 host (2026-12-04 morning)": ({1: 68.1, 2: 63.7, 4: 75.8, 8: 134.1, 16: 270.0}, 0.21),
+    "slowed AVX2 host (2026-12-04 evening)": ({1: 81.8, 2: 88.9, 4: 124.0, 8: 231.9, 16: 445.3}, 0.27),
+}
+WEIGHTS = (0.2, 0.1, 0.05)
+MAX_K = 8
+PROBE_INTERVAL = 16  # ControllerConfig's
+
+
+def dump(source: str, out: str, window: int = 64) -> None:
+    import torch
+
+    from verispec.engine.loader import SpeculativePipeline
+    from verispec.ops.bench.workload import load_workload
+    from verispec.runners.select import RunnerOptions
+
+    pipe = SpeculativePipeline.load("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct", runners=RunnerOptions(kind="gguf"))
+    cases = []  # (id, task, prompt ids, answer ids)
+    if source == "specbench":
+        questions = [json.loads(line) for line in (ROOT.parent / "shared" / "data" / "specbench_questions.jsonl").open()]
+        by_task: dict[str, list] = {}
+        for line in (ROOT / "bench_results" / "specbench_auto.jsonl").open():
+            row = json.loads(line)
+            if row["config"] == "none" and len(by_task.setdefault(row["category"], [])) < 8:
+                by_task[row["category"]].append(row)
+        for task, rows in by_task.items():
+            cases += [(row["question"], task, pipe.encode(questions[row["question"]]["turns"][0], chat=True),
+                       row["output_token_ids"]) for row in rows]
+    else:
+        data = json.loads(Path(source).read_text())
+        records = [r for r in data["records"] if r["runner"] == "gguf:none"]
+        items = {item.id: item for item in load_workload(data["config"]["workload"], None, None, len(records))}
+        cases = [(r["prompt_id"], r["category"], pipe.encode(items[r["prompt_id"]].text, chat=items[r["prompt_id"]].chat),
+                  r["token_ids"]) for r in records]
+    result = []
+    for case_id, task, prompt, answer in cases:
+        prompt = prompt[-window:]
+        pipe.draft_runner.truncate(0)
+        logits = pipe.draft_runner.forward(prompt + answer)[len(prompt) - 1:-1]
+        agree = (logits.argmax(-1) == torch.tensor(answer)).int().tolist()
+        result.append({"id": case_id, "task": task, "agree": agree})
+    Path(out).write_text(json.dumps(result))
+    total = sum(len(r["agree"]) for r in result)
+    print(f"{len(result)} answers, {total} positions, draft argmax == target token {sum(sum(r['agree']) for r in result) / total:.4f}")
+
+
+def verify_ratios(curve: dict[int, float]) -> list[float]:
+    """Verify cost of k drafted tokens (k + 1 rows) over a plain pass, non-decreasing."""
+    ratios, highest = [], 1.0
+    for k in range(MAX_K + 1):
+        highest = max(highest, interpolate(curve, k + 1) / curve[1])
+        ratios.append(highest)
+    return ratios
+
+
+def replay(answers: list[list[int]], verify: list[float], c: float, weight: float | None, constant: int = 0) -> float:
+    """Tokens per plain-step cost over ``answers`` (one request after another, the acceptance
+    estimate carried over as the engine carries it); ``weight`` None: a constant ``constant``."""
+    tokens = cost = 0.0
+    alpha = 0.6  # ControllerConfig.alpha_prior
+    step_costs = [verify[k] + k * c for k in range(MAX_K + 1)]
+    for agree in answers:
+        i, off = 0, 0
+        while i < len(agree):
+            if weight is None:
+                k = constant
+            else:
+                k, _ = best_draft_length(alpha, step_costs)
+                if k == 0:
+                    off += 1
+                    if off > PROBE_INTERVAL:
+                        off, k = 0, 1
+            k = min(k, len(agree) - i - 1)
+            if k <= 0:
+                tokens, cost, i = tokens + 1, cost + 1, i + 1
+                continue
+            accepted = 0
+            while accepted < k and agree[i + accepted]:
+                accepted += 1
+            tokens += accepted + 1
+            cost += step_costs[k]
+            i += accepted + 1
+            if weight is not None:  # AcceptanceEstimate.update
+                for outcome in [1.0] * accepted + ([0.0] if accepted < k else []):
+                    alpha += weight * (outcome - alpha)
+    return tokens / cost
+
+
+def simulate(paths: list[str]) -> None:
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        groups = {"all": [r["agree"] for r in data]}
+        for r in data:
+            groups.setdefault(r["task"], []).append(r["agree"])
+        for name, (curve, c) in COSTS.items():
+            verify = verify_ratios(curve)
+            print(f"{path}, {name}: verify ratios k = 0..4 {[round(v, 2) for v in verify[:5]]}, draft {c} per token")
+            print("  task            " + "".join(f"   k={k}" for k in range(1, 5)) + "".join(f"  w={w:<4}" for w in WEIGHTS))
+            for task, answers in groups.items():
+                row = [f"{replay(answers, verify, c, None, k):6.3f}" for k in range(1, 5)]
+                row += [f"{replay(answers, verify, c, w):7.3f}" for w in WEIGHTS]
+                print(f"  {task:15s} " + " ".join(row))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 4 and sys.argv[1] == "dump":
+        dump(sys.argv[2], sys.argv[3], *(int(a) for a in sys.argv[4:5]))
+    elif len(sys.argv) >= 3 and sys.argv[1] == "simulate":
+        simulate(sys.argv[2:])
+    else:
+        print(__doc__)
+        sys.exit(2)
