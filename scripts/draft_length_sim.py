@@ -1,12 +1,15 @@
-"""Exact replay of the ``cost`` schedule's draft-length choices on real agreement sequences.
+"""Replay of the ``cost`` schedule's draft-length choices on real agreement sequences.
 
 A greedy chain's outcome is fixed by teacher forcing: at each answer position the draft's argmax
 (given the target's tokens before it) either equals the target's token or not, and a chain drafted
-from position i accepts the run of agreements that starts there. So, given those sequences, tokens
-per target pass of any draft-length policy can be counted exactly; the time comes from a cost
-model (verify cost per draft length, draft cost per token, both in plain steps), so the speedups
-are estimates for that cost model, not measurements. Catch-ups, probes' extra costs and Python
-overhead are left out.
+from position i accepts the run of agreements that starts there. So, given those sequences, the
+tokens per target pass of a draft-length policy can be counted exactly. The policy replayed is
+:class:`verispec.spec.schedules.CostModelSchedule` with its acceptance estimate (switch-off,
+probes every ``probe_interval`` plain steps, a follow-up probe after a fully accepted one) on
+fixed costs; the time comes from a cost model (verify cost per draft length and draft cost per
+token, in plain steps), so the speedups are estimates for that cost model, not measurements.
+Left out: the catch-up pricing (a model drafter sitting out a step whose catch-up would not pay),
+the costs' own EWMAs, catch-ups, probes' extra cost and Python overhead.
 
   dump: the draft's agreement with the target's answers of a ``verispec bench`` record (its
         ``gguf:none`` rows; the draft sees the prompt's last WINDOW tokens, 64 as the engine's
@@ -20,17 +23,19 @@ import json
 import sys
 from pathlib import Path
 
-from verispec.spec.control import best_draft_length, interpolate
+from verispec.spec.control import AcceptanceEstimate, ControllerConfig, CostModel, interpolate
+from verispec.spec.schedules import CostModelSchedule
 
 ROOT = Path(__file__).resolve().parents[1]
-# (ms per target pass of 1, 2, 4, 8, 16 tokens; draft cost per token over a k = 1 pass), AVX2 host
+# (ms per target pass over 1, 2, 4, 8, 16 tokens, i.e. 0, 1, 3, 7, 15 drafted ones; a drafted
+# token's cost over a plain pass), AVX2 host
 COSTS = {
     "calm AVX2 host (2026-12-04 morning)": ({1: 68.1, 2: 63.7, 4: 75.8, 8: 134.1, 16: 270.0}, 0.21),
     "slowed AVX2 host (2026-12-04 evening)": ({1: 81.8, 2: 88.9, 4: 124.0, 8: 231.9, 16: 445.3}, 0.27),
+    "AVX2 host, one-pass tiles (2026-12-04 night)": ({1: 60.2, 2: 56.4, 4: 67.7, 8: 114.8, 16: 212.1}, 0.23),
 }
 WEIGHTS = (0.2, 0.1, 0.05)
 MAX_K = 8
-PROBE_INTERVAL = 16  # ControllerConfig's
 
 
 def dump(source: str, out: str, window: int = 64) -> None:
@@ -80,22 +85,23 @@ def verify_ratios(curve: dict[int, float]) -> list[float]:
 
 
 def replay(answers: list[list[int]], verify: list[float], c: float, weight: float | None, constant: int = 0) -> float:
-    """Tokens per plain-step cost over ``answers`` (one request after another, the acceptance
-    estimate carried over as the engine carries it); ``weight`` None: a constant ``constant``."""
+    """Tokens per plain-step cost over ``answers`` (one request after another, each with a new
+    schedule and the acceptance estimate carried over, as the engine does); ``weight`` None: a
+    constant draft length ``constant``."""
     tokens = cost = 0.0
-    alpha = 0.6  # ControllerConfig.alpha_prior
+    last_alpha = ControllerConfig().alpha_prior
     step_costs = [verify[k] + k * c for k in range(MAX_K + 1)]
+    costs = CostModel(weight=0.0)  # frozen: the replay prices every step alike
+    costs.verify_s = {k: ratio for k, ratio in enumerate(verify)}
+    costs.draft_ratio["draft"] = c
     for agree in answers:
-        i, off = 0, 0
+        if weight is not None:
+            config = ControllerConfig(alpha_weight=weight)
+            alpha = AcceptanceEstimate(last_alpha, weight)
+            schedule = CostModelSchedule("draft", MAX_K, alpha, costs, config)
+        i = 0
         while i < len(agree):
-            if weight is None:
-                k = constant
-            else:
-                k, _ = best_draft_length(alpha, step_costs)
-                if k == 0:
-                    off += 1
-                    if off > PROBE_INTERVAL:
-                        off, k = 0, 1
+            k = constant if weight is None else schedule.next_k()
             k = min(k, len(agree) - i - 1)
             if k <= 0:
                 tokens, cost, i = tokens + 1, cost + 1, i + 1
@@ -106,9 +112,11 @@ def replay(answers: list[list[int]], verify: list[float], c: float, weight: floa
             tokens += accepted + 1
             cost += step_costs[k]
             i += accepted + 1
-            if weight is not None:  # AcceptanceEstimate.update
-                for outcome in [1.0] * accepted + ([0.0] if accepted < k else []):
-                    alpha += weight * (outcome - alpha)
+            if weight is not None:  # as DraftPolicy.observe
+                alpha.update(k, accepted)
+                schedule.update(k, accepted)
+        if weight is not None:
+            last_alpha = alpha.alpha
     return tokens / cost
 
 

@@ -283,3 +283,24 @@ def test_three_rejections_in_a_row_do_not_switch_a_good_draft_off_at_the_default
             alpha.update(1, 0)
         schedule = CostModelSchedule("draft", 4, alpha, costs, ControllerConfig())
         assert (schedule.next_k() > 0) is drafting, (weight, alpha.alpha)
+
+
+def test_record_acceptance_counts_tested_tokens_from_the_prior():
+    costs = CostModel()
+    costs.record_acceptance("draft", 2, 1, weight=0.5, prior=0.6)  # accepted (0.8), then rejected (0.4)
+    assert costs.last_alpha["draft"] == pytest.approx(0.4)
+    costs.record_acceptance("draft", 3, 3, weight=0.5, prior=0.6)  # all accepted: 3 tested, no rejection
+    assert costs.last_alpha["draft"] == pytest.approx(1 - 0.6 * 0.5**3)
+
+
+def test_a_new_request_starts_from_many_requests_acceptance_not_the_last_few_tokens():
+    config, costs = ControllerConfig(), CostModel()
+    for _ in range(60):  # long answers, drafts of 4 all accepted
+        costs.record_acceptance("draft", 4, 4, config.carried_alpha_weight, config.alpha_prior)
+    request = AcceptanceEstimate(costs.last_alpha["draft"], config.alpha_weight)
+    assert costs.last_alpha["draft"] > 0.95
+    for _ in range(4):  # a short answer ends on four rejected 1-token drafts
+        costs.record_acceptance("draft", 1, 0, config.carried_alpha_weight, config.alpha_prior)
+        request.update(1, 0)
+    assert request.alpha < 0.66  # that request's own estimate fell ...
+    assert costs.last_alpha["draft"] > 0.88  # ... the next request's start barely moved

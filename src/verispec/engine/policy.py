@@ -120,6 +120,7 @@ class DraftPolicy:
         self._probe_interval = config.probe_interval
         self._price_catch_up = config.price_catch_up
         self._alpha_prior = config.alpha_prior
+        self._carried_alpha_weight = config.carried_alpha_weight
         self._proposers = dict(proposers)
         self.alphas = {
             name: AcceptanceEstimate(costs.last_alpha.get(name, config.alpha_prior), config.alpha_weight)
@@ -297,7 +298,8 @@ class DraftPolicy:
             self.costs.record_draft_ratio(step.drafter, num_draft, step.drafter_s, verify_s)
         if step.drafter is not None:
             self.alphas[step.drafter].update(num_draft, num_accepted_tokens)
-            self.costs.last_alpha[step.drafter] = self.alphas[step.drafter].alpha
+            self.costs.record_acceptance(step.drafter, num_draft, num_accepted_tokens, self._carried_alpha_weight,
+                                         self._alpha_prior)
             self.schedules[step.drafter].update(num_draft, num_accepted_tokens)
             schedule = self.schedules[step.drafter]
             if accepted_nodes is not None and isinstance(schedule, TreeBudgetSchedule):

@@ -91,13 +91,21 @@ class ControllerConfig:
         alpha_weight: weight of one tested draft token in the acceptance EWMA (0, 1]. 0.1 (was
             0.2): replaying the schedule on the default draft's real agreement with the target's
             answers (`scripts/draft_length_sim.py`; 10 HumanEval and 104 Spec-Bench answers, the
-            draft seeing 64 prompt tokens; an estimate for two measured AVX2 cost curves) gave
-            1.894 vs 1.833 and 1.463 vs 1.470 plain-step speedup on HumanEval, 1.547 vs 1.515 and
-            1.272 vs 1.249 on Spec-Bench: at 0.2 a few rejections in a row push the estimate
-            below the switch-off point and the request decodes plain until the next probe
-            (Spec-Bench qa, calm costs: 1.191 at 0.2, 1.441 at 0.1).
+            draft seeing 64 prompt tokens; an estimate for three measured AVX2 cost curves, the
+            catch-up pricing left out) gave 1.894 / 1.463 / 1.832 vs 1.833 / 1.470 / 1.798
+            plain-step speedup on HumanEval, 1.547 / 1.272 / 1.496 vs 1.515 / 1.248 / 1.464 on
+            Spec-Bench: at 0.2 a few rejections in a row push the estimate below the switch-off
+            point and the request decodes plain until the next probe (Spec-Bench qa, calm
+            costs: 1.191 at 0.2, 1.441 at 0.1).
         tree_weight: weight of one verified tree in a tree drafter's accepted-length EWMAs
             (:class:`verispec.spec.schedules.TreeAcceptance`) (0, 1].
+        carried_alpha_weight: weight of one tested draft token in the acceptance a new request
+            starts from (:meth:`CostModel.record_acceptance`: an EWMA across requests), (0, 1].
+            Small, so that the last few tokens of a short answer do not decide it: in a HumanEval
+            bench (the methods interleaved on one engine) a 13-token answer left the per-request
+            estimate at 0.564, the next two requests began priced at that, the catch-up pricing
+            declined the draft's prefill at every step, and both 128-token answers decoded plain
+            (alone, the same draft accepted 69 and 67 tokens on them).
         cost_weight: weight of one timing in the cost EWMAs (0, 1].
         probe_interval: after this many switched-off steps, draft ``probe_length`` tokens once.
         probe_length: tokens drafted by a probe.
@@ -109,6 +117,7 @@ class ControllerConfig:
     alpha_prior: float = 0.6
     alpha_weight: float = 0.1
     tree_weight: float = 0.2
+    carried_alpha_weight: float = 0.02
     cost_weight: float = 0.3
     probe_interval: int = 16
     probe_length: int = 1
@@ -143,8 +152,9 @@ class CostModel:
     the same relative to the target pass of the same step (what :meth:`step_costs` prefers, as
     load on a shared machine changes). Costs are properties
     of the runners and the machine, so they carry across requests. ``last_alpha[name]``: the
-    drafter's acceptance estimate when it last drafted, the next request's starting point
-    (each request then keeps its own estimate: acceptance depends on the text).
+    acceptance a new request's estimate starts from (:meth:`record_acceptance`: a slow EWMA over
+    the drafter's tested tokens across requests; each request then keeps its own estimate:
+    acceptance depends on the text).
     ``drafter_rate[name]``: realised tokens per plain-step cost of the drafter's steady steps
     (``auto`` compares the draft model's chain and tree with it). ``catch_up_s[name]``: the
     seconds a model drafter's proposal spends beyond its steady cost when it first feeds ``rows``
@@ -180,6 +190,17 @@ class CostModel:
         if not points or not plain:
             return None
         return interpolate(points, rows) / plain
+
+    def record_acceptance(self, drafter: str, num_draft_tokens: int, num_accepted_tokens: int, weight: float,
+                          prior: float) -> None:
+        """A verified draft of ``num_draft_tokens`` with ``num_accepted_tokens`` accepted: moves
+        ``last_alpha[drafter]`` (from ``prior`` the first time) by ``weight`` per tested token, the
+        tokens counted as :class:`AcceptanceEstimate` counts them."""
+        alpha = self.last_alpha.get(drafter, prior)
+        tested = num_accepted_tokens + (1 if num_accepted_tokens < num_draft_tokens else 0)
+        for i in range(tested):
+            alpha += weight * ((1.0 if i < num_accepted_tokens else 0.0) - alpha)
+        self.last_alpha[drafter] = alpha
 
     def record_output_length(self, num_output_tokens: int) -> None:
         """A finished request's output tokens (users' requests only, not warm-ups)."""
