@@ -3,7 +3,9 @@
 Teacher-forced, no timing: for every answer position of the target's greedy answers in a
 ``verispec bench`` record (its ``gguf:none`` rows), the draft's argmax over the full vocabulary
 and over kept subsets (the lowest ids, the default ``--draft-vocab`` choice; the ids most frequent
-in the Python standard library's top-level modules) against the target's token. Usage (from the
+in the Python standard library's top-level modules; no EOS ids added, as ``--draft-vocab`` adds
+them) against the target's token. The draft sees the whole prompt (the engine shows it the last
+64 tokens by default: ``scripts/draft_length_sim.py dump`` measures that case). Usage (from the
 repo root): ``../shared/tools/alone .venv/bin/python scripts/draft_vocab_agreement.py
 RESULTS.json [WORKLOAD]`` (WORKLOAD: the bench's workload, default humaneval).
 """

@@ -6,7 +6,9 @@
 //   g++ -O3 -std=c++17 -ffp-contract=off -fno-math-errno -I$K scripts/tile_bench.cpp $K/formats.cpp \
 //       $K/portable.cpp $K/dispatch.cpp $K/attention.cpp $K/requantize.cpp $K/x86_avx512.cpp \
 //       $K/x86_avx2.cpp $K/arm_neon.cpp $K/arm_neon_float.cpp -o tile_bench
-//   ../shared/tools/alone ./tile_bench QTYPE ISA OUT ROWS [REPS]
+//   ../shared/tools/alone ./tile_bench QTYPE ISA OUT ROWS [REPS]     (from the repo root)
+//   ../shared/tools/alone ./tile_bench peak    one core's vpmaddubsw + vpaddw chain (x86): the
+//       ceiling of the AVX2 products without VNNI, and a reading of how busy the host's cores are
 //
 // QTYPE: the GGUF type number (Q4_0 2, Q5_0 6, Q8_0 8, Q4_K 12, Q6_K 14, IQ4_NL 20); ISA: the
 // kernels' path number (1 portable, 2 avx512, 3 avx2, 4 avxvnni, 5 neon); a matrix of OUT x 1536;
@@ -15,7 +17,12 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
+#include <vector>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "core.h"
 
@@ -23,7 +30,32 @@ using namespace vsk;
 
 static double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
+#if defined(__x86_64__)
+// 8 independent vpmaddubsw + vpaddw chains: 32 multiply-adds per vpmaddubsw.
+__attribute__((target("avx2"))) static double peak_gmacs(long iterations) {
+    __m256i acc[8];
+    const __m256i w = _mm256_set1_epi8(3), x = _mm256_set1_epi8(5);
+    for (auto& a : acc) a = _mm256_setzero_si256();
+    const double t = now();
+    for (long i = 0; i < iterations; ++i) {
+        for (auto& a : acc) a = _mm256_add_epi16(a, _mm256_maddubs_epi16(w, x));
+        asm volatile("" : : "x"(w), "x"(x));
+    }
+    const double seconds = now() - t;
+    int sink = 0;
+    for (auto& a : acc) sink += _mm256_extract_epi16(a, 0);
+    if (sink == 12345) std::printf(" ");
+    return iterations * 8.0 * 32 / seconds / 1e9;
+}
+#endif
+
 static int run(int argc, char** argv) {
+#if defined(__x86_64__)
+    if (argc == 2 && std::strcmp(argv[1], "peak") == 0) {
+        std::printf("peak vpmaddubsw + vpaddw: %.1f GMAC/s (one core)\n", peak_gmacs(50000000));
+        return 0;
+    }
+#endif
     if (argc < 5) {
         std::fprintf(stderr, "usage: %s QTYPE ISA OUT ROWS [REPS]\n", argv[0]);
         return 2;

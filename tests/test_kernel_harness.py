@@ -90,9 +90,11 @@ def test_every_native_path_equals_the_portable_one_bit_for_bit(native):
     assert re.search(r"^portable +tile Q4_K ", output, re.M)
 
 
-def test_the_avx_vnni_code_path_equals_the_portable_one_with_vpdpbusd_emulated(native_vnni):
+def test_the_avx_vnni_code_path_equals_the_portable_one_with_vpdpbusd_emulated(native_vnni, native):
     output, compared, digest = native_vnni
     assert "avxvnni" in compared, output[:500]
+    assert re.search(r"^verispec kernel harness on x86-64 \(cpu features: .*avxvnni\(emulated\)", output, re.M), output[:500]
+    assert digest == native[2]  # the same portable oracle in both builds
     assert re.search(r"^avxvnni +tile Q6_K random out=96 in=1024 k=1,3,8,11,16 .* OK$", output, re.M)
     assert re.search(r"^avxvnni +tile Q8_0 .* OK$", output, re.M)
 

@@ -85,7 +85,11 @@ std::string cpu_features() {
     add(f.avx2, "avx2");
     add(f.fma, "fma");
     add(f.f16c, "f16c");
+#ifdef VSK_EMULATE_AVXVNNI
+    add(f.avxvnni, "avxvnni(emulated)");
+#else
     add(f.avxvnni, "avxvnni");
+#endif
     add(f.avx512, "avx512f+bw+vl+dq+vnni");
     add(f.neon_dotprod, "neon+dotprod");
     add(f.i8mm, "i8mm");

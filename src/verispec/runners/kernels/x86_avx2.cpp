@@ -32,7 +32,7 @@ constexpr int HALF = 8;             // columns per register
 // One pass over a tile takes both halves (16 columns: two registers per row), so each broadcast
 // group of activations feeds two products and the unpacked weights serve every row (before, each
 // half had its own pass). One core, out = 8960, in = 1536, best of alternated runs, new / old
-// time: Q4_K k = 2 0.76, k = 4 0.89-0.91, k = 8 0.92-0.94; Q6_K 0.84, 0.96, 0.99; Q8_0 0.85,
+// time: Q4_K k = 2 0.76, k = 4 0.89-0.91, k = 8 0.92-0.94; Q6_K 0.84-0.97, 0.94-0.96, 0.99; Q8_0 0.85,
 // 0.88, 0.84; Q5_0 0.84, 0.77, 0.83; IQ4_NL 0.93, 0.96, 0.92; Q4_0 0.67, 0.98, 0.97 (and with one
 // row: Q4_K 4.34 -> 3.98 ms, IQ4_NL 4.71 -> 3.99, Q8_0 9.05 -> 7.93 over 62 MB). Q6_K's one row
 // keeps a pass per half (one pass was no faster): the first fetches the tile's blocks
@@ -101,8 +101,7 @@ VS_AVX2 void tile_q4k(const TileArgs& a, int h0) {
         for (int r = 0; r < R; ++r) acc[i][r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < a.nblocks; ++b) {
         const uint8_t* t = a.tile + b * BYTES;
-        if (h0 == 0) prefetch_block(t + PREFETCH_BLOCKS * BYTES, BYTES);
-        else prefetch_block(t + a.nblocks * BYTES, BYTES);  // the next tile, while this half reads from cache
+        prefetch_block(t + PREFETCH_BLOCKS * BYTES, BYTES);  // one pass (h0 = 0, H = 2): fetch ahead
         const int8_t* xb = x.q.data() + a.row0 * x.in + b * 256;
         __m256i isum[H][R];
         for (int i = 0; i < H; ++i)
@@ -260,8 +259,7 @@ VS_AVX2 void tile_32(const TileArgs& a, int h0) {
         for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * a.ldo + HALF * i, _mm256_setzero_ps());
     for (int64_t b = 0; b < a.nblocks; ++b) {
         const uint8_t* t = a.tile + b * BYTES;
-        if (h0 == 0) prefetch_block(t + PREFETCH_BLOCKS_32 * BYTES, BYTES);
-        else prefetch_block(t + a.nblocks * BYTES, BYTES);  // the next tile, while this half reads from cache
+        prefetch_block(t + PREFETCH_BLOCKS_32 * BYTES, BYTES);  // one pass (h0 = 0, H = 2): fetch ahead
         const int8_t* xb = x.q.data() + a.row0 * x.in + b * 32;
         __m256i dot[H][R], part[H][R];
         for (int i = 0; i < H; ++i)
