@@ -118,18 +118,18 @@ VS_AVX2 inline void q4k_sub(const uint8_t* qp, const int8_t* xj, int64_t stride,
     }
 }
 
-template <int R, bool VNNI, int H>
-VS_AVX2 void tile_q4k(const TileArgs& a, int h0) {
-    static_assert(H == 2, "both halves in one pass");
+template <int R, bool VNNI>
+VS_AVX2 void tile_q4k(const TileArgs& a) {
+    constexpr int H = 2;  // both halves of the tile in one pass
     constexpr int BYTES = 2368;
     const Activations& x = *a.act;
     const int64_t nb = x.in / 256;
-    float* out = a.out + HALF * h0;  // the float accumulators live in the output rows
+    float* out = a.out;  // the float accumulators live in the output rows
     for (int i = 0; i < H; ++i)
         for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * a.ldo + HALF * i, _mm256_setzero_ps());
     for (int64_t b = 0; b < a.nblocks; ++b) {
         const uint8_t* t = a.tile + b * BYTES;
-        prefetch_block(t + PREFETCH_BLOCKS * BYTES, BYTES);  // one pass (h0 = 0, H = 2): fetch ahead
+        prefetch_block(t + PREFETCH_BLOCKS * BYTES, BYTES);  // one pass: fetch ahead
         const int8_t* xb = x.q.data() + a.row0 * x.in + b * 256;
         __m256i isum[H][R];
         for (int i = 0; i < H; ++i)
@@ -261,8 +261,9 @@ VS_AVX2 void tile_q6k(const TileArgs& a, int h0) {
 // (8 * 2 * 15 * 127 = 30480) and Q5_0's in two halves of 4 (4 * 2 * 31 * 127 = 31496). IQ4_NL
 // (the nibble's signed level) and Q8_0 (signed bytes; activations stored as q + 128, xor 0x80
 // gives q back): |w| x (activation with w's sign), each group widened at once.
-template <int R, bool VNNI, int64_t QT, int H>
-VS_AVX2 void tile_32(const TileArgs& a, int h0) {
+template <int R, bool VNNI, int64_t QT>
+VS_AVX2 void tile_32(const TileArgs& a) {
+    constexpr int H = 2;  // both halves of the tile in one pass
     constexpr int BYTES = QT == Q5_0 ? 352 : QT == Q8_0 ? 544 : 288;
     constexpr bool SIGNED = QT == IQ4_NL || QT == Q8_0;
     constexpr int GROUP = QT == Q4_0 ? 8 : 4;  // Q4_0, Q5_0 without VNNI: groups added in int16 (bounds above)
@@ -270,12 +271,12 @@ VS_AVX2 void tile_32(const TileArgs& a, int h0) {
     const __m256i m4 = _mm256_set1_epi8(0x0F), m10 = _mm256_set1_epi8(0x10), flip = _mm256_set1_epi8((char)0x80);
     const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)IQ4_NL_VALUES));
     const int64_t nb = x.in / 32;
-    float* out = a.out + HALF * h0;  // the float accumulators live in the output rows
+    float* out = a.out;  // the float accumulators live in the output rows
     for (int i = 0; i < H; ++i)
         for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * a.ldo + HALF * i, _mm256_setzero_ps());
     for (int64_t b = 0; b < a.nblocks; ++b) {
         const uint8_t* t = a.tile + b * BYTES;
-        prefetch_block(t + PREFETCH_BLOCKS_32 * BYTES, BYTES);  // one pass (h0 = 0, H = 2): fetch ahead
+        prefetch_block(t + PREFETCH_BLOCKS_32 * BYTES, BYTES);  // one pass: fetch ahead
         const int8_t* xb = x.q.data() + a.row0 * x.in + b * 32;
         __m256i dot[H][R], part[H][R];
         for (int i = 0; i < H; ++i)
@@ -284,18 +285,17 @@ VS_AVX2 void tile_32(const TileArgs& a, int h0) {
             __m256i xk[R];
             for (int r = 0; r < R; ++r) xk[r] = bcast4(xb + r * x.in + 4 * k);
             for (int i = 0; i < H; ++i) {
-                const int h = h0 + i;
                 __m256i w;
                 if constexpr (QT == Q8_0) {
-                    w = _mm256_loadu_si256((const __m256i*)(t + 32 + 64 * k + 32 * h));
+                    w = _mm256_loadu_si256((const __m256i*)(t + 32 + 64 * k + 32 * i));
                 } else {  // group g = k % 4: low nibbles are values 4g .., high nibbles 16 + 4g ..
                     const int g = k & 3;
-                    const __m256i v = _mm256_loadu_si256((const __m256i*)(t + 32 + 64 * g + 32 * h));
+                    const __m256i v = _mm256_loadu_si256((const __m256i*)(t + 32 + 64 * g + 32 * i));
                     w = k < 4 ? _mm256_and_si256(v, m4) : _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
                     if constexpr (QT == IQ4_NL) {
                         w = _mm256_shuffle_epi8(table, w);
-                    } else if constexpr (QT == Q5_0) {  // the fifth bit of value 4k + i is bit k of H
-                        const __m256i hb = _mm256_loadu_si256((const __m256i*)(t + 288 + 32 * h));
+                    } else if constexpr (QT == Q5_0) {  // the fifth bit of value 4k + l is bit k of H
+                        const __m256i hb = _mm256_loadu_si256((const __m256i*)(t + 288 + 32 * i));
                         const __m256i bit = k < 4 ? _mm256_slli_epi16(hb, 4 - k) : _mm256_srli_epi16(hb, k - 4);
                         w = _mm256_or_si256(w, _mm256_and_si256(bit, m10));
                     }
@@ -320,7 +320,7 @@ VS_AVX2 void tile_32(const TileArgs& a, int h0) {
             }
         }
         for (int i = 0; i < H; ++i) {
-            const __m256 d = halves(t + 16 * (h0 + i));
+            const __m256 d = halves(t + 16 * i);
             for (int r = 0; r < R; ++r) {
                 __m256i total = dot[i][r];
                 if constexpr (!SIGNED) {
@@ -337,7 +337,7 @@ VS_AVX2 void tile_32(const TileArgs& a, int h0) {
 template <int R, bool VNNI>
 void tile_rows(int64_t qtype, const TileArgs& a) {
     switch (qtype) {  // both halves in one pass (see ROWS); Q6_K's one row in two
-        case Q4_K: tile_q4k<R, VNNI, 2>(a, 0); return;
+        case Q4_K: tile_q4k<R, VNNI>(a); return;
         case Q6_K:
             if constexpr (R == 1) {
                 tile_q6k<1, VNNI, 1>(a, 0);
@@ -346,10 +346,10 @@ void tile_rows(int64_t qtype, const TileArgs& a) {
                 tile_q6k<R, VNNI, 2>(a, 0);
             }
             return;
-        case Q4_0: tile_32<R, VNNI, Q4_0, 2>(a, 0); return;
-        case IQ4_NL: tile_32<R, VNNI, IQ4_NL, 2>(a, 0); return;
-        case Q5_0: tile_32<R, VNNI, Q5_0, 2>(a, 0); return;
-        case Q8_0: tile_32<R, VNNI, Q8_0, 2>(a, 0); return;
+        case Q4_0: tile_32<R, VNNI, Q4_0>(a); return;
+        case IQ4_NL: tile_32<R, VNNI, IQ4_NL>(a); return;
+        case Q5_0: tile_32<R, VNNI, Q5_0>(a); return;
+        case Q8_0: tile_32<R, VNNI, Q8_0>(a); return;
         default: fail("unsupported GGUF block type " + std::to_string(qtype));
     }
 }
