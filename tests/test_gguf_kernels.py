@@ -8,6 +8,8 @@ quantizer on the de-quantized values, and to IQ4_NL the oracle's scale search (w
 than Q4_0); attention rows equal their one-query computation.
 """
 
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -244,3 +246,17 @@ def test_rms_norm_is_row_local_and_the_residual_sum_is_torchs():
     assert torch.equal(normed, kernels.rms_norm(x + delta, weight, 1e-6))
     with pytest.raises(RuntimeError, match="weight"):
         kernels.rms_norm(x, weight[:10], 1e-6)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="transparent huge pages are Linux's")
+def test_packed_weights_of_2_mb_or_more_start_on_a_huge_page_and_give_the_same_product():
+    rng = np.random.default_rng(9)
+    raw = random_blocks(T.Q4_K, 8192, 512, rng)  # 8192 x 512 Q4_K: 2.25 MiB of tiles
+    big = packed(T.Q4_K, raw, 8192, 512)
+    assert big.numel() >= 2 << 20 and big.data_ptr() % (2 << 20) == 0
+    x = rng.standard_normal((3, 512)).astype(np.float32)
+    y = gguf_kernels().linear(torch.from_numpy(x), big, int(T.Q4_K), 8192, ISA_NUMBERS["portable"])
+    small = [packed(T.Q4_K, raw[i : i + 1024], 1024, 512) for i in range(0, 8192, 1024)]  # each under 2 MiB
+    assert torch.equal(big, torch.cat(small))  # tiles of 16 columns, one after the other: every byte
+    parts = [gguf_kernels().linear(torch.from_numpy(x), p, int(T.Q4_K), 1024, ISA_NUMBERS["portable"]) for p in small]
+    assert torch.equal(y, torch.cat(parts, dim=1))

@@ -5,6 +5,12 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #include "core.h"
 
@@ -22,11 +28,32 @@ int64_t check_raw_blocks(const torch::Tensor& raw, const vsk::Format& f, int64_t
     return nblocks;
 }
 
+// n zero bytes for packed weights, in 2 MB transparent huge pages where Linux grants them (THP
+// "madvise" or "always"): every pass streams all the weights, and with 4 KB pages each 4 KB of
+// them costs a TLB miss and stops the hardware prefetcher at the page's end. Whole target passes
+// (default 1.5B target, AVX2 host, two runners in one process alternated, 8 pairs of medians of
+// 8): k = 1 0.973 of the time, k = 2 0.995, k = 4 0.992. The memory is allocated 2 MB-aligned
+// and advised before its first touch (the zeroing faults it in); the size is not rounded up, so
+// nothing is wasted (a matrix's last partial 2 MB stays in 4 KB pages). Elsewhere, or when the
+// advice is refused, ordinary pages: the same bytes, so the same results.
+torch::Tensor zeroed_weight_bytes(int64_t n) {
+#if defined(__linux__)
+    constexpr size_t HUGE_PAGE = size_t(2) << 20;
+    void* p = nullptr;
+    if (n >= (int64_t)HUGE_PAGE && posix_memalign(&p, HUGE_PAGE, (size_t)n) == 0) {
+        (void)madvise(p, (size_t)n, MADV_HUGEPAGE);  // advice: refused (THP off), the pages are 4 KB ones
+        std::memset(p, 0, (size_t)n);
+        return torch::from_blob(p, {n}, [](void* q) { std::free(q); }, torch::kUInt8);
+    }
+#endif
+    return torch::zeros({n}, torch::kUInt8);
+}
+
 torch::Tensor repack(torch::Tensor raw, int64_t qtype, int64_t out_features, int64_t in_features) {
     const vsk::Format f = vsk::format_of(qtype);
     const int64_t nblocks = check_raw_blocks(raw, f, out_features, in_features);
     const int64_t ntiles = (out_features + vsk::TILE - 1) / vsk::TILE;
-    auto packed = torch::zeros({ntiles * nblocks * f.tile_bytes}, torch::kUInt8);
+    auto packed = zeroed_weight_bytes(ntiles * nblocks * f.tile_bytes);
     const uint8_t* src = raw.data_ptr<uint8_t>();
     uint8_t* dst = packed.data_ptr<uint8_t>();
     at::parallel_for(0, ntiles, 1, [&](int64_t t0, int64_t t1) { vsk::repack_tiles(qtype, src, out_features, nblocks, dst, t0, t1); });
