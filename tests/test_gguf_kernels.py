@@ -251,7 +251,7 @@ def test_rms_norm_is_row_local_and_the_residual_sum_is_torchs():
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="transparent huge pages are Linux's")
 def test_packed_weights_of_2_mb_or_more_start_on_a_huge_page_and_give_the_same_product():
     rng = np.random.default_rng(9)
-    raw = random_blocks(T.Q4_K, 8192, 512, rng)  # 8192 x 512 Q4_K: 2.25 MiB of tiles
+    raw = random_blocks(T.Q4_K, 8192, 512, rng)  # 8192 x 512 Q4_K: 2.3 MiB of tiles
     big = packed(T.Q4_K, raw, 8192, 512)
     assert big.numel() >= 2 << 20 and big.data_ptr() % (2 << 20) == 0
     x = rng.standard_normal((3, 512)).astype(np.float32)
