@@ -196,11 +196,9 @@ class CostModel:
         """A verified draft of ``num_draft_tokens`` with ``num_accepted_tokens`` accepted: moves
         ``last_alpha[drafter]`` (from ``prior`` the first time) by ``weight`` per tested token, the
         tokens counted as :class:`AcceptanceEstimate` counts them."""
-        alpha = self.last_alpha.get(drafter, prior)
-        tested = num_accepted_tokens + (1 if num_accepted_tokens < num_draft_tokens else 0)
-        for i in range(tested):
-            alpha += weight * ((1.0 if i < num_accepted_tokens else 0.0) - alpha)
-        self.last_alpha[drafter] = alpha
+        carried = AcceptanceEstimate(self.last_alpha.get(drafter, prior), weight)
+        carried.update(num_draft_tokens, num_accepted_tokens)
+        self.last_alpha[drafter] = carried.alpha
 
     def record_output_length(self, num_output_tokens: int) -> None:
         """A finished request's output tokens (users' requests only, not warm-ups)."""
