@@ -738,6 +738,10 @@ int main(int argc, char** argv) {
     h.row_ops(seed++);
     h.iq4_nl();
     h.q4_0();
+    // Long rows (hundreds of slots: the vector loops' steady state, the 4-key stores) of the GQA
+    // groups of Qwen2.5-1.5B (6) and 0.5B (7).
+    h.attention(12, 2, 128, 300, {}, false, seed++);
+    h.attention(14, 2, 64, 157, {}, false, seed++);
 
     std::printf("SUMMARY: %d checks, %ld cases, %d mismatches or failures; ISAs compared: %s; oracle digest %016" PRIx64 "\n",
                 h.checks, h.cases, h.failures, compared.empty() ? "none" : compared.c_str(), h.digest.h);

@@ -50,23 +50,34 @@ void weighted_sum_for(Isa isa, const float* p, int nq, const float* values, int6
     }
 }
 
-// softmax numerators in place: p[j] = exp(s[j] - max s), and their sum in slot order.
-VS_CLONES float softmax_numerators(float* s, int64_t count) {
+// softmax numerators in place: p[j] = exp(s[j] - max s) (their sums: attend_group).
+VS_CLONES void softmax_numerators_scalar(float* s, int64_t count) {
     float best = -std::numeric_limits<float>::infinity();
     for (int64_t j = 0; j < count; ++j) best = std::max(best, s[j]);
-    for (int64_t j = 0; j < count; ++j) s[j] = exp_clamped(s[j] - best);  // vectorised
-    float t = 0.0f;
-    for (int64_t j = 0; j < count; ++j) t = t + s[j];
-    return t;
+    for (int64_t j = 0; j < count; ++j) s[j] = exp_clamped(s[j] - best);  // vectorised (AVX-512)
+}
+
+void softmax_numerators(float* s, int64_t count, Isa isa) {
+    // GCC vectorises the scalar loop for AVX-512 only (its clamps are branches under the default
+    // -ftrapping-math elsewhere): AVX2 has its own, the same operations lane by lane.
+    if ((isa == Isa::Avx2 || isa == Isa::AvxVnni) && softmax_numerators_avx2(s, count)) return;
+    softmax_numerators_scalar(s, count);
 }
 
 // The query heads of one group (GQA: nq heads sharing one KV head) of one row, over the same
 // `count` slots: each key and value row is loaded once for all nq queries. scores: [nq][count].
+// Each query's numerators are summed in slot order from 0; the nq sums advance together (one
+// chain each: the additions of one do not wait for another's).
 void attend_group(const float* q, int nq, const float* keys, const float* values, int64_t head_dim, const int64_t* slots,
                   int64_t count, float scale, Isa isa, float* scores, float* out) {
     float total[MAX_GROUP];
     scores_for(isa, q, nq, keys, head_dim, slots, count, scale, scores);
-    for (int a = 0; a < nq; ++a) total[a] = softmax_numerators(scores + a * count, count);
+    for (int a = 0; a < nq; ++a) {
+        softmax_numerators(scores + a * count, count, isa);
+        total[a] = 0.0f;
+    }
+    for (int64_t j = 0; j < count; ++j)
+        for (int a = 0; a < nq; ++a) total[a] = total[a] + scores[a * count + j];
     weighted_sum_for(isa, scores, nq, values, head_dim, slots, count, out);
     for (int a = 0; a < nq; ++a) {
         const float inv = 1.0f / total[a];

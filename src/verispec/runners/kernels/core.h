@@ -212,6 +212,10 @@ void attention_items(const AttentionArgs& a, int64_t begin, int64_t end, Isa isa
 // same bits on every path; silu_mul_row_avx2 returns false where the AVX2 path is not compiled.
 void silu_mul_row(const float* gate, const float* up, int64_t n, float* out, Isa isa);
 bool silu_mul_row_avx2(const float* gate, const float* up, int64_t n, float* out);
+// s[j] = exp_clamped(s[j] - max s) in place, the scalar operations lane by lane (the maximum is
+// the same value whatever the order: NaNs are skipped, and a zero's sign does not change s - max);
+// false where the AVX2 path is not compiled.
+bool softmax_numerators_avx2(float* s, int64_t count);
 
 // One row: out[j] = (x[j] * inv) * weight[j], inv = 1 / sqrt(sum(x^2) / n + eps) (RMSNorm, Zhang &
 // Sennrich 2019), the squares summed in 16 lanes (lane l: x[l], x[l + 16], ... in order) folded
