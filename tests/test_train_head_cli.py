@@ -121,6 +121,45 @@ def test_the_server_drafts_with_the_head_and_answers_as_plain(files, tmp_path):
     assert tree["usage"]["num_draft_tokens"] > 0
 
 
+def test_a_replica_serves_the_head_and_answers_as_plain(files, tmp_path):
+    """``serve --replicas N --eagle-head FILE``: each replica's app (what Ray Serve runs, built here
+    without Ray) loads the head and drafts with it; the text is plain decoding's."""
+    import httpx
+    from server_support import LiveServer
+
+    from verispec.server import ServerConfig
+    from verispec.server.replicas import REPLICA_HEADER, ReplicaSpec, replica_app
+
+    folder, target = files
+    result = train(folder, target, tmp_path / "head.pt")
+    assert result.exit_code == 0, result.output
+    spec = ReplicaSpec(str(target), None, runner="gguf", config=ServerConfig(max_num_seqs=2),
+                       eagle_head=str(tmp_path / "head.pt"))
+    with LiveServer(replica_app(spec, "replica-0")) as server:
+        def complete(method):
+            body = {"model": "target.gguf", "prompt": "hello world", "max_tokens": 20, "temperature": 0,
+                    "speculative": {"method": method, "num_speculative_tokens": 3, "schedule": "constant"}}
+            response = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+            assert response.status_code == 200, response.text
+            assert response.headers[REPLICA_HEADER] == "replica-0"
+            return response.json()
+
+        plain, eagle = complete("none"), complete("eagle")
+    assert eagle["choices"][0]["text"] == plain["choices"][0]["text"]
+    assert eagle["usage"]["num_draft_tokens"] > 0
+
+
+def test_serve_checks_the_head_before_anything_starts(files, tmp_path):
+    folder, target = files
+    result = cli.invoke(app, ["serve", "--target", str(target), "--draft", "none", "--replicas", "2",
+                              "--eagle-head", str(tmp_path / "missing.gguf")])
+    assert result.exit_code == 2 and "no such file" in result.output, result.output
+    (tmp_path / "head.pt").write_bytes(b"")
+    result = cli.invoke(app, ["serve", "--target", str(target), "--draft", "none", "--replicas", "2",
+                              "--eagle-head", str(tmp_path / "head.pt"), "--head-quantization", "q3"])
+    assert result.exit_code == 2 and "unknown head quantization" in result.output, result.output
+
+
 def test_advise_measures_the_head_and_prices_its_memory(files, tmp_path):
     """advise --eagle-head: eagle measured beside plain decoding, and the head's weights + KV cache
     reported as a share of the target's (issue 28: <= 10 %)."""

@@ -118,11 +118,13 @@ def serve(
         scaling = ReplicaOptions(replicas, ray_address, min_replicas, max_replicas, target_ongoing_requests, replica_cpus)
         if spec.method in ("eagle", "eagle-tree") and eagle_head is None:
             raise InvalidParameterError(f"--method {spec.method} needs --eagle-head FILE (a head from verispec train-head)")
-        if scaling.requested and eagle_head is not None:
-            raise InvalidParameterError("--eagle-head is not served by --replicas yet: serve it from one process")
+        if eagle_head is not None and not eagle_head.is_file():
+            raise InvalidParameterError(f"--eagle-head {eagle_head}: no such file (a head from verispec train-head)")
+        DrafterOptions(eagle_head=eagle_head, head_quantization=head_quantization)  # its checks, before minutes of loading
         if scaling.requested:
             models = ReplicaSpec(target, draft_ref, dtype, runner, config, max_num_batched_tokens,
-                                 None if datastore is None else str(datastore))
+                                 None if datastore is None else str(datastore),
+                                 None if eagle_head is None else str(eagle_head.resolve()), head_quantization)
             serve_replicas(models, scaling, host=host, port=port)
             return
         with err.status(f"loading {target}" + (f" + {draft}" if draft_ref else "")):

@@ -56,6 +56,10 @@ class ReplicaSpec:
             must be None: replicas would overwrite one file).
         max_num_batched_tokens: chunked-prefill tokens per pass (the engine's).
         datastore: a corpus datastore directory every replica's suffix drafter reads, or None.
+        eagle_head: an EAGLE-3 head file (``verispec train-head``) every replica loads for the
+            ``eagle`` and ``eagle-tree`` methods (an absolute path: replicas start in other
+            processes), or None.
+        head_quantization: the head's layers at inference (:class:`verispec.engine.loader.DrafterOptions`).
     Raises:
         InvalidParameterError: a suffix cache file with replicas.
     """
@@ -67,6 +71,8 @@ class ReplicaSpec:
     config: ServerConfig = field(default_factory=ServerConfig)
     max_num_batched_tokens: int = 256
     datastore: str | None = None
+    eagle_head: str | None = None
+    head_quantization: str = "auto"
 
     def __post_init__(self) -> None:
         if self.config.suffix_cache is not None:
@@ -201,12 +207,13 @@ def replica_app(spec: ReplicaSpec, replica_id: str, merged_metrics=None):
 
     Raises what :meth:`SpeculativePipeline.load` and :func:`create_app` raise.
     """
-    from verispec.engine.loader import SpeculativePipeline
+    from verispec.engine.loader import DrafterOptions, SpeculativePipeline
     from verispec.runners.select import RunnerOptions
     from verispec.server.app import create_app
 
+    drafters = DrafterOptions(eagle_head=spec.eagle_head, head_quantization=spec.head_quantization)
     pipe = SpeculativePipeline.load(spec.target, spec.draft, dtype=spec.dtype, runners=RunnerOptions(kind=spec.runner),
-                                    max_num_batched_tokens=spec.max_num_batched_tokens)
+                                    max_num_batched_tokens=spec.max_num_batched_tokens, drafters=drafters)
     if spec.datastore is not None:
         pipe.use_datastore(spec.datastore)
     config = dataclasses.replace(spec.config, unhealthy_is_unavailable=True)
