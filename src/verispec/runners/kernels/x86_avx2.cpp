@@ -399,7 +399,7 @@ VS_AVX2 inline float fold16(__m256 lo, __m256 hi) {
 // element (from 0, over the slots in order, one multiply and one add per term). Each value row's
 // 64 bytes are read once for all NQ queries: before, 2 queries x 32 columns per pass read every
 // row 12 times over (6 queries, 128 columns); one core, 8 rows x 2 KV heads x 6 queries, 64-byte
-// aligned, new / old time: 1500 slots (the values from L3) 0.56-0.62, 64 slots (in L1) 0.94-0.97.
+// aligned, new / old time: 1500 slots (the values from L3) 0.56-0.64, 64 slots (in L1) 0.84.
 template <int NQ>
 VS_AVX2 void weighted_sum_tile(const float* p, int a0, const float* values, int64_t head_dim, const int64_t* slots,
                                int64_t count, int64_t c0, float* out) {
@@ -460,8 +460,6 @@ VS_AVX2 bool silu_mul_row_avx2(const float* gate, const float* up, int64_t n, fl
     return true;
 }
 
-// quantize_block_portable with 8 lanes, the same values bit for bit (see x86_avx512.cpp; packing
-// the int32 results to bytes cannot saturate: they lie in -127 .. 127).
 VS_AVX2 bool softmax_numerators_avx2(float* s, int64_t count) {
     // The maximum: per lane as std::max(best, x) does (vmaxps returns its second operand, best,
     // when either is NaN or both are zeros), then the lanes.
@@ -479,6 +477,8 @@ VS_AVX2 bool softmax_numerators_avx2(float* s, int64_t count) {
     return true;
 }
 
+// quantize_block_portable with 8 lanes, the same values bit for bit (see x86_avx512.cpp; packing
+// the int32 results to bytes cannot saturate: they lie in -127 .. 127).
 VS_AVX2 void quantize_block_avx2(const float* xb, int block_k, int8_t* qb, float* d_out) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     __m256 amax = _mm256_setzero_ps();
@@ -553,7 +553,7 @@ VS_AVX2 void scores_avx2(const float* q, int nq, const float* keys, int64_t head
             const __m256 z = _mm256_add_ps(y, _mm256_shuffle_ps(y, y, 0xB1));
             const __m256 sums = _mm256_mul_ps(_mm256_permutevar8x32_ps(z, order), vscale);
             if (n == KEYS) {  // one 16-byte store: before, 8 lanes stored and 4 read back (their
-                // forwarding stalls: 0.77-0.82 of the time, one core, 8 rows, 64 or 1500 slots)
+                // forwarding stalls: 0.80-0.82 of the time, one core, 8 rows, 64 or 1500 slots)
                 _mm_storeu_ps(scores + a * count + j0, _mm256_castps256_ps128(sums));
             } else {
                 alignas(32) float lanes[8];
