@@ -158,6 +158,19 @@ def test_serve_checks_the_head_before_anything_starts(files, tmp_path):
     result = cli.invoke(app, ["serve", "--target", str(target), "--draft", "none", "--replicas", "2",
                               "--eagle-head", str(tmp_path / "head.pt"), "--head-quantization", "q3"])
     assert result.exit_code == 2 and "unknown head quantization" in result.output, result.output
+    # a damaged head and one for another target: refused here, once, before Ray starts any replica
+    (tmp_path / "garbage.pt").write_bytes(bytes(range(256)) * 20)
+    result = cli.invoke(app, ["serve", "--target", str(target), "--draft", "none", "--runner", "gguf", "--replicas", "2",
+                              "--eagle-head", str(tmp_path / "garbage.pt")])
+    assert result.exit_code == 2 and "is not a readable EAGLE head" in result.output, result.output
+    assert "Traceback" not in result.output and "weights_only" not in result.output
+    error = result.output[result.output.index("error:"):]
+    assert len(error) < 400, error  # one short error, not torch's paragraphs of advice
+    other = write_gguf_model(tmp_path / "other.gguf", seed=7)
+    assert train(folder, other, tmp_path / "other-head.pt").exit_code == 0
+    result = cli.invoke(app, ["serve", "--target", str(target), "--draft", "none", "--runner", "gguf", "--replicas", "2",
+                              "--eagle-head", str(tmp_path / "other-head.pt")])
+    assert result.exit_code == 2 and "trained for another target" in result.output, result.output
 
 
 def test_advise_measures_the_head_and_prices_its_memory(files, tmp_path):

@@ -3,6 +3,7 @@ the ``--replicas`` family of options, as Ray Serve replicas (:mod:`verispec.cli.
 
 from __future__ import annotations
 
+import gc
 import logging
 from pathlib import Path
 from typing import Optional
@@ -121,6 +122,14 @@ def serve(
         if eagle_head is not None and not eagle_head.is_file():
             raise InvalidParameterError(f"--eagle-head {eagle_head}: no such file (a head from verispec train-head)")
         DrafterOptions(eagle_head=eagle_head, head_quantization=head_quantization)  # its checks, before minutes of loading
+        if scaling.requested and eagle_head is not None:
+            with err.status(f"checking the EAGLE head {eagle_head} against {target} (before starting the replicas)"):
+                checked = SpeculativePipeline.load(  # the same checks a replica runs: one clear error here, not N in Ray
+                    target, None, dtype=dtype, runners=RunnerOptions(kind=runner), max_num_batched_tokens=max_num_batched_tokens,
+                    drafters=DrafterOptions(eagle_head=eagle_head, head_quantization=head_quantization),
+                )
+                del checked
+                gc.collect()
         if scaling.requested:
             models = ReplicaSpec(target, draft_ref, dtype, runner, config, max_num_batched_tokens,
                                  None if datastore is None else str(datastore),

@@ -30,6 +30,14 @@ from verispec.runners.eagle_target import HeadTarget, final_norm, norm_digest  #
 from verispec.runners.features import default_feature_layers
 from verispec.runners.reduced_vocab import choose_draft_vocabulary  # noqa: F401  (the head's vocabulary, re-exported)
 
+def _one_line(exc: Exception) -> str:
+    """``exc`` in one short line: torch.load's multi-paragraph advice (re-running it unsafely) left out."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if not first or first.startswith("Weights only load failed"):
+        return f"{type(exc).__name__}: not a torch checkpoint of plain tensors"
+    return f"{type(exc).__name__}: {first[:160]}"
+
+
 def _checked_d2t(d2t: Sequence[int] | Tensor, vocab_size: int) -> Tensor:
     d2t = torch.as_tensor(d2t, dtype=torch.long).reshape(-1)
     if d2t.numel() == 0 or int(d2t.min()) < 0 or int(d2t.max()) >= vocab_size:
@@ -222,7 +230,8 @@ class EagleHead(nn.Module):
         except ModelIntegrityError:
             raise
         except Exception as exc:  # torch raises many kinds for a damaged file
-            raise ModelIntegrityError(f"{path} is not a readable EAGLE head ({type(exc).__name__}: {exc})") from exc
+            raise ModelIntegrityError(f"{path} is not a readable EAGLE head ({_one_line(exc)}); a head is the .gguf or "
+                                      "torch file verispec train-head writes") from exc
         state = facts.check_head(shape, state, path)  # another target refused; a shared LM head's rows lent
         head = cls(shape, facts.embed_tokens, state["d2t"])
         try:
