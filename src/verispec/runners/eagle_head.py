@@ -30,6 +30,7 @@ from verispec.runners.eagle_target import HeadTarget, final_norm, norm_digest  #
 from verispec.runners.features import default_feature_layers
 from verispec.runners.reduced_vocab import choose_draft_vocabulary  # noqa: F401  (the head's vocabulary, re-exported)
 
+
 def _one_line(exc: Exception) -> str:
     """``exc`` in one short line: torch.load's multi-paragraph advice (re-running it unsafely) left out."""
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
