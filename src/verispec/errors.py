@@ -38,3 +38,12 @@ class CacheFileError(VerispecError):
 
     Readers of caches that can be rebuilt report it once and rebuild; the message says what was
     wrong (``verispec.models.cache_files``)."""
+
+
+def one_line(exc: BaseException) -> str:
+    """``exc`` as ``Type: first line`` (at most 160 characters) for a user-facing error; torch.load's
+    paragraphs advising to re-run it with ``weights_only=False`` (unsafe for an unknown file) left out."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if not first or first.startswith("Weights only load failed"):
+        return f"{type(exc).__name__}: not a torch checkpoint of plain tensors"
+    return f"{type(exc).__name__}: {first[:160]}"

@@ -23,20 +23,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from verispec.errors import InvalidParameterError, ModelIntegrityError, ModelNotFoundError
+from verispec.errors import InvalidParameterError, ModelIntegrityError, ModelNotFoundError, one_line
 from verispec.runners.eagle_file import is_gguf, read_head_gguf, write_head_gguf
 from verispec.runners.eagle_shape import SUPPORTED_MODEL_TYPES, HeadShape  # noqa: F401  (re-exported)
 from verispec.runners.eagle_target import HeadTarget, final_norm, norm_digest  # noqa: F401  (HeadTarget, norm_digest: re-exported)
 from verispec.runners.features import default_feature_layers
 from verispec.runners.reduced_vocab import choose_draft_vocabulary  # noqa: F401  (the head's vocabulary, re-exported)
-
-
-def _one_line(exc: Exception) -> str:
-    """``exc`` in one short line: torch.load's multi-paragraph advice (re-running it unsafely) left out."""
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    if not first or first.startswith("Weights only load failed"):
-        return f"{type(exc).__name__}: not a torch checkpoint of plain tensors"
-    return f"{type(exc).__name__}: {first[:160]}"
 
 
 def _checked_d2t(d2t: Sequence[int] | Tensor, vocab_size: int) -> Tensor:
@@ -231,7 +223,7 @@ class EagleHead(nn.Module):
         except ModelIntegrityError:
             raise
         except Exception as exc:  # torch raises many kinds for a damaged file
-            raise ModelIntegrityError(f"{path} is not a readable EAGLE head ({_one_line(exc)}); a head is the .gguf or "
+            raise ModelIntegrityError(f"{path} is not a readable EAGLE head ({one_line(exc)}); a head is the .gguf or "
                                       "torch file verispec train-head writes") from exc
         state = facts.check_head(shape, state, path)  # another target refused; a shared LM head's rows lent
         head = cls(shape, facts.embed_tokens, state["d2t"])

@@ -395,11 +395,10 @@ VS_AVX2 inline float fold16(__m256 lo, __m256 hi) {
     return _mm_cvtss_f32(a1);
 }
 
-// The product of NQ queries (a0 ..) with 16 columns (c0 ..) of the values, the portable order per
-// element (from 0, over the slots in order, one multiply and one add per term). Each value row's
-// 64 bytes are read once for all NQ queries: before, 2 queries x 32 columns per pass read every
-// row 12 times over (6 queries, 128 columns); one core, 8 rows x 2 KV heads x 6 queries, 64-byte
-// aligned, new / old time: 1500 slots (the values from L3) 0.56-0.64, 64 slots (in L1) 0.84.
+// NQ queries (a0 ..) times 16 columns (c0 ..) of the values, the portable order per element. Each
+// value row's 64 bytes are read once for the NQ queries (before, 2 queries x 32 columns per pass
+// read each row 12 times for 6 queries x 128 columns); one core, 8 rows x 2 KV heads x 6 queries,
+// new / old time: 1500 slots (values from L3) 0.56-0.64, 64 slots (in L1) 0.84.
 template <int NQ>
 VS_AVX2 void weighted_sum_tile(const float* p, int a0, const float* values, int64_t head_dim, const int64_t* slots,
                                int64_t count, int64_t c0, float* out) {
@@ -552,14 +551,11 @@ VS_AVX2 void scores_avx2(const float* q, int nq, const float* keys, int64_t head
             // l + 1: lane 2i + 1 added to lane 2i
             const __m256 z = _mm256_add_ps(y, _mm256_shuffle_ps(y, y, 0xB1));
             const __m256 sums = _mm256_mul_ps(_mm256_permutevar8x32_ps(z, order), vscale);
-            if (n == KEYS) {  // one 16-byte store: before, 8 lanes stored and 4 read back (their
-                // forwarding stalls: 0.80-0.82 of the time, one core, 8 rows, 64 or 1500 slots)
-                _mm_storeu_ps(scores + a * count + j0, _mm256_castps256_ps128(sums));
-            } else {
-                alignas(32) float lanes[8];
-                _mm256_store_ps(lanes, sums);
-                for (int t = 0; t < n; ++t) scores[a * count + j0 + t] = lanes[t];
-            }
+            // one 16-byte store (before, 8 lanes stored and n read back: store-forwarding stalls;
+            // now 0.80-0.82 of the time, one core, 8 rows, 64 or 1500 slots); the last keys masked
+            const __m128 four = _mm256_castps256_ps128(sums);
+            if (n == KEYS) _mm_storeu_ps(scores + a * count + j0, four);
+            else _mm_maskstore_ps(scores + a * count + j0, _mm_cmpgt_epi32(_mm_set1_epi32(n), _mm_setr_epi32(0, 1, 2, 3)), four);
         }
     }
 }
