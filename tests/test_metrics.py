@@ -78,3 +78,29 @@ def test_acceptance_by_output_position_bucket():
     stats.record(4, 0, output_position=130)  # bucket 2 (128-191)
     assert stats.accepted_by_output_bucket == [5, 0, 0]
     assert stats.drafted_by_output_bucket == [8, 0, 4]
+
+
+def _output_with(stats):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(metrics=SimpleNamespace(spec=stats))
+
+
+def test_generate_says_when_speculation_lost_on_the_request():
+    from verispec.cli.generate_stats import slowdown_hint
+
+    lost = SpecDecodeStats()
+    lost.record(4, 0)
+    lost.record_control(4, predicted=(4.0, 3.5), realised=(1.0, 1.3))  # one token for 1.3 plain steps
+    hint = slowdown_hint(_output_with(lost), "auto")
+    assert hint is not None and "0.77x plain decoding" in hint and "estimated from its step times" in hint
+    assert "acceptance rate 0.00" in hint and "--method none" in hint
+    measured = slowdown_hint(_output_with(lost), "auto", {"measured_speedup": 0.81})
+    assert "0.81x plain decoding on this request (measured against plain decoding" in measured
+    assert slowdown_hint(_output_with(lost), "auto", {"measured_speedup": 1.2}) is None  # the measurement wins
+    paid = SpecDecodeStats()
+    paid.record(4, 4)
+    paid.record_control(4, predicted=(5.0, 1.4), realised=(5.0, 1.4))
+    assert slowdown_hint(_output_with(paid), "draft") is None
+    assert slowdown_hint(_output_with(SpecDecodeStats()), "auto") is None  # nothing drafted
+    assert slowdown_hint(_output_with(lost), "none") is None

@@ -27,7 +27,7 @@ from verispec.cli.common import (
     target_option,
     user_errors,
 )
-from verispec.cli.generate_stats import plain_comparison, stats_table
+from verispec.cli.generate_stats import plain_comparison, slowdown_hint, stats_table
 from verispec.engine import SpeculativeConfig
 from verispec.engine.loader import DrafterOptions, SpeculativePipeline
 from verispec.errors import InvalidParameterError
@@ -156,6 +156,9 @@ def generate(
     else:
         sys.stdout.write("\n")
         err.print(stats_table(output, method, models, comparison))
+    hint = slowdown_hint(output, method, comparison)
+    if hint is not None:
+        err.print(hint, style="yellow", highlight=False)
     if auditor.submit(pipe.encode(prompt, chat=chat), params, output):  # after the response is out
         with working("audit: plain decoding of the same request", "--audit-rate", err):
             result = auditor.run_pending(pipe.engine)[0]

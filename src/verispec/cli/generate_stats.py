@@ -28,6 +28,26 @@ def plain_comparison(output: GenerationOutput, plain: GenerationOutput, *, greed
     }
 
 
+SLOWDOWN_HINT_BELOW = 0.95  # a speedup under this (measured, or estimated from step times) gets a hint
+
+
+def slowdown_hint(output: GenerationOutput, method: str, comparison: dict | None = None) -> str | None:
+    """One line for stderr when speculation cost more than it saved on this request: the measured
+    speedup with ``--compare-plain``, else the estimate from its step times (each drafted step's
+    draft + target time against a plain step's); None when it paid, or nothing was drafted."""
+    spec = output.metrics.spec
+    if method == "none" or not spec.num_draft_tokens:
+        return None
+    measured = None if comparison is None else comparison.get("measured_speedup")
+    speedup, how = (measured, "measured against plain decoding") if measured is not None else (
+        spec.realised_speedup, "estimated from its step times")
+    if speedup is None or speedup >= SLOWDOWN_HINT_BELOW:
+        return None
+    rate = "—" if spec.acceptance_rate is None else f"{spec.acceptance_rate:.2f}"
+    return (f"note: --method {method} was {speedup:.2f}x plain decoding on this request ({how}; acceptance rate "
+            f"{rate}): the drafts cost more than they saved here; --method none decodes this kind of request faster")
+
+
 def stats_table(output: GenerationOutput, method: str, models: list[dict], comparison: dict | None = None) -> Table:
     """The stats a user reads after a generation (ms, tokens/s, MiB)."""
     m, spec = output.metrics, output.metrics.spec
