@@ -584,6 +584,37 @@ struct Harness {
             blob.cases = 41;
             return blob;
         });
+        // softmax_numerators (attention's, an AVX2 and a NEON version of its own): rows of every
+        // length 1..40 and 1500, and rows with NaN (first, inside, last), infinities, only -inf,
+        // zeros of both signs first and the clamps' edges (the maximum must skip NaN as std::max does).
+        std::vector<std::vector<float>> rows;
+        for (int64_t n = 1; n <= 40; ++n) {
+            rows.emplace_back(n);
+            for (float& v : rows.back()) v = rng.normal() * 8.0f;
+        }
+        rows.emplace_back(1500);
+        for (float& v : rows.back()) v = rng.normal() * 8.0f;
+        const float inf = INFINITY;
+        for (std::vector<float> edge : std::vector<std::vector<float>>{
+                 {NAN, 1.0f, 2.0f, 3.0f, -4.0f, 0.5f, 7.0f, 1.0f, 2.0f},
+                 {NAN, 1.0f, 2.0f, 3.0f, 9.0f, 1.0f, 1.0f, 1.0f, 10.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 0.5f}, 
+                 {9.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, NAN, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 0.5f}, {1.0f, 2.0f, NAN, 3.0f, 1.0f, 2.0f, 0.0f, 1.0f, -1.0f, 5.0f},
+                 {1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f, 7.0f, 8.0f, NAN}, {-inf, -inf, -inf, -inf, -inf}, {1.0f, inf, 2.0f, 3.0f, 4.0f, -inf},
+                 {-0.0f, 0.0f, -1.0f, -2.0f, -0.0f, -3.0f, -4.0f, -5.0f}, {0.0f, -0.0f, -1.0f, -2.0f, 0.0f, -3.0f, -4.0f, -5.0f, -6.0f},
+                 {1e30f, -1e30f, 100.0f, -100.0f, 88.0f, -87.0f, 1e-40f, -1e-40f, 0.0f}, {NAN, NAN, NAN, NAN, NAN}})
+            rows.push_back(edge);
+        check("softmax_numerators (n = 1..40, 1500, edges)", [&](Isa isa, bool) {
+            std::vector<float> out;
+            for (const std::vector<float>& row : rows) {
+                std::vector<float> s = row;
+                softmax_numerators(s.data(), (int64_t)s.size(), isa);
+                out.insert(out.end(), s.begin(), s.end());
+            }
+            Blob blob;
+            blob.floats("exp(s - max s)", out.data(), out.size());
+            blob.cases = (int)rows.size();
+            return blob;
+        });
         std::vector<float> x(1536), w(1536);
         for (size_t j = 0; j < x.size(); ++j) x[j] = rng.normal() * 3.0f, w[j] = rng.normal();
         check("rms_norm_row (n = 1, 15, 16, 17, 33, 1536)", [&](Isa, bool oracle) {

@@ -1,7 +1,8 @@
 // The ARM NEON path's float kernels (AArch64; plain ARMv8.0 Advanced SIMD, no extension needed):
-// the activation rows' int8 quantization (quantize_block_neon), attention's scores and weighted
-// sums (scores_neon, weighted_sum_neon) and the IQ4_NL scale search (fit_iq4_nl_neon). The tile
-// products are arm_neon.cpp.
+// the activation rows' int8 quantization (quantize_block_neon), attention's scores, softmax
+// numerators and weighted sums (scores_neon, softmax_numerators_neon, weighted_sum_neon), SwiGLU
+// (silu_mul_row_neon) and the IQ4_NL scale search (fit_iq4_nl_neon). The tile products are
+// arm_neon.cpp.
 //
 // Each is its portable counterpart (portable.cpp, attention.cpp, requantize.cpp) lane by lane, bit
 // for bit: separate vmulq_f32 / vaddq_f32 in the portable operand order (never vfmaq / vmlaq: a
@@ -15,6 +16,7 @@
 #include <arm_neon.h>
 
 #include <algorithm>
+#include <limits>
 
 namespace vsk {
 
@@ -54,28 +56,49 @@ inline float32x4_t nearest_levels(float32x4_t v, const LevelTable& table) {
     return vreinterpretq_f32_u8(vqtbl4q_u8(table.levels, vreinterpretq_u8_u32(bytes)));
 }
 
-template <int NC>
-void weighted_sum_tile(const float* p, int nq, const float* values, int64_t head_dim, const int64_t* slots, int64_t count,
-                       int64_t c0, float* out) {
-    for (int a = 0; a < nq; a += 2) {
-        const bool two = a + 1 < nq;
-        float32x4_t s0[NC], s1[NC];
-        for (int i = 0; i < NC; ++i) s0[i] = s1[i] = vdupq_n_f32(0.0f);
-        for (int64_t j = 0; j < count; ++j) {
-            const float* v = values + (slots ? slots[j] : j) * head_dim + c0;
-            const float32x4_t p0 = vdupq_n_f32(p[a * count + j]);
-            const float32x4_t p1 = vdupq_n_f32(two ? p[(a + 1) * count + j] : 0.0f);
-            for (int i = 0; i < NC; ++i) {
-                const float32x4_t vi = vld1q_f32(v + 4 * i);
-                s0[i] = vaddq_f32(s0[i], vmulq_f32(p0, vi));
-                s1[i] = vaddq_f32(s1[i], vmulq_f32(p1, vi));
-            }
-        }
-        for (int i = 0; i < NC; ++i) {
-            vst1q_f32(out + a * head_dim + c0 + 4 * i, s0[i]);
-            if (two) vst1q_f32(out + (a + 1) * head_dim + c0 + 4 * i, s1[i]);
+// NQ queries (a0 ..) times 16 columns (c0 ..) of the values, the portable order per element: each
+// value row's 64 bytes are read once for the NQ queries (4 x NQ accumulators: 24 of the 32
+// registers at NQ = 6), as on the AVX2 path (there 0.56-0.64 of the time of 2 queries x 32
+// columns per pass after 1500 slots). Not timed on an ARM CPU (none at hand; qemu proves bits).
+template <int NQ>
+void weighted_sum_tile(const float* p, int a0, const float* values, int64_t head_dim, const int64_t* slots,
+                       int64_t count, int64_t c0, float* out) {
+    float32x4_t s[NQ][4];
+    for (int a = 0; a < NQ; ++a)
+        for (int i = 0; i < 4; ++i) s[a][i] = vdupq_n_f32(0.0f);
+    for (int64_t j = 0; j < count; ++j) {
+        const float* v = values + (slots ? slots[j] : j) * head_dim + c0;
+        float32x4_t vi[4];
+        for (int i = 0; i < 4; ++i) vi[i] = vld1q_f32(v + 4 * i);
+        for (int a = 0; a < NQ; ++a) {
+            const float32x4_t pj = vdupq_n_f32(p[(a0 + a) * count + j]);
+            for (int i = 0; i < 4; ++i) s[a][i] = vaddq_f32(s[a][i], vmulq_f32(pj, vi[i]));
         }
     }
+    for (int a = 0; a < NQ; ++a)
+        for (int i = 0; i < 4; ++i) vst1q_f32(out + (a0 + a) * head_dim + c0 + 4 * i, s[a][i]);
+}
+
+// exp_clamped (core.h) in 4 lanes: the same operations in the same order (separate multiplies and
+// adds), so the same bits; the clamps as selects keep a NaN a NaN as the scalar ternaries do,
+// vrndiq rounds in the current mode as nearbyint does, and vcvtq is the scalar conversion's fcvtzs.
+inline float32x4_t exp_clamped4(float32x4_t x) {
+    x = vbslq_f32(vcgtq_f32(x, vdupq_n_f32(88.0f)), vdupq_n_f32(88.0f), x);
+    x = vbslq_f32(vcltq_f32(x, vdupq_n_f32(-87.0f)), vdupq_n_f32(-87.0f), x);
+    const float32x4_t n = vrndiq_f32(vmulq_f32(x, vdupq_n_f32(1.44269504088896341f)));
+    const float32x4_t r = vsubq_f32(vsubq_f32(x, vmulq_f32(n, vdupq_n_f32(0.693359375f))),
+                                    vmulq_f32(n, vdupq_n_f32(-2.12194440e-4f)));
+    float32x4_t p = vdupq_n_f32(1.9875691500e-4f);
+    p = vaddq_f32(vmulq_f32(p, r), vdupq_n_f32(1.3981999507e-3f));
+    p = vaddq_f32(vmulq_f32(p, r), vdupq_n_f32(8.3334519073e-3f));
+    p = vaddq_f32(vmulq_f32(p, r), vdupq_n_f32(4.1665795894e-2f));
+    p = vaddq_f32(vmulq_f32(p, r), vdupq_n_f32(1.6666665459e-1f));
+    p = vaddq_f32(vmulq_f32(p, r), vdupq_n_f32(5.0000001201e-1f));
+    p = vmulq_f32(p, vmulq_f32(r, r));
+    p = vaddq_f32(p, r);
+    p = vaddq_f32(p, vdupq_n_f32(1.0f));
+    const int32x4_t bits = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23);
+    return vmulq_f32(p, vreinterpretq_f32_s32(bits));
 }
 
 }  // namespace
@@ -157,15 +180,46 @@ void scores_neon(const float* q, int nq, const float* keys, int64_t head_dim, co
 }
 
 // weighted_sum_portable lane by lane: out[a][c] = (((0 + p[a][0] v_0[c]) + p[a][1] v_1[c]) + ...),
-// 32 columns (8 registers) of two queries at a time.
+// 16 columns of up to 6 queries (a KV head's queries in Qwen2.5-1.5B) at a time.
 void weighted_sum_neon(const float* p, int nq, const float* values, int64_t head_dim, const int64_t* slots, int64_t count,
                        float* out) {
-    for (int64_t c0 = 0; c0 < head_dim; c0 += 2 * LANES) {
-        if (head_dim - c0 >= 2 * LANES)
-            weighted_sum_tile<8>(p, nq, values, head_dim, slots, count, c0, out);
-        else
-            weighted_sum_tile<4>(p, nq, values, head_dim, slots, count, c0, out);  // head_dim % 16 == 0
+    constexpr int MAX_NQ = 6;
+    for (int a0 = 0; a0 < nq; a0 += MAX_NQ)
+        for (int64_t c0 = 0; c0 < head_dim; c0 += LANES)  // head_dim is a multiple of 16 (check_attention)
+            with_group_size(std::min(MAX_NQ, nq - a0), [&](auto n) {
+                weighted_sum_tile<decltype(n)::value>(p, a0, values, head_dim, slots, count, c0, out);
+            });
+}
+
+// silu_mul_row's scalar loop in 4 lanes (vnegq flips the sign as the scalar negation does).
+bool silu_mul_row_neon(const float* gate, const float* up, int64_t n, float* out) {
+    const float32x4_t one = vdupq_n_f32(1.0f);
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+        const float32x4_t v = vld1q_f32(gate + j);
+        const float32x4_t e = exp_clamped4(vnegq_f32(v));
+        vst1q_f32(out + j, vmulq_f32(vdivq_f32(v, vaddq_f32(one, e)), vld1q_f32(up + j)));
     }
+    for (; j < n; ++j) out[j] = (gate[j] / (1.0f + exp_clamped(-gate[j]))) * up[j];
+    return true;
+}
+
+// softmax_numerators' scalar loops in 4 lanes: the maximum per lane as std::max(best, x) =
+// best < x ? x : best (a select, so NaNs are skipped as there), then the lanes; then the exponentials.
+bool softmax_numerators_neon(float* s, int64_t count) {
+    float32x4_t best4 = vdupq_n_f32(-std::numeric_limits<float>::infinity());
+    int64_t j = 0;
+    for (; j + 4 <= count; j += 4) {
+        const float32x4_t x = vld1q_f32(s + j);
+        best4 = vbslq_f32(vcltq_f32(best4, x), x, best4);
+    }
+    float best = -std::numeric_limits<float>::infinity();
+    for (int l = 0; l < 4; ++l) best = std::max(best, best4[l]);
+    for (; j < count; ++j) best = std::max(best, s[j]);
+    const float32x4_t b = vdupq_n_f32(best);
+    for (j = 0; j + 4 <= count; j += 4) vst1q_f32(s + j, exp_clamped4(vsubq_f32(vld1q_f32(s + j), b)));
+    for (; j < count; ++j) s[j] = exp_clamped(s[j] - best);
+    return true;
 }
 
 // fit_iq4_nl_portable with lanes l (4 registers) and l + 16 (4 more): the same products, the
@@ -198,6 +252,8 @@ void scores_neon(const float*, int, const float*, int64_t, const int64_t*, int64
 void weighted_sum_neon(const float*, int, const float*, int64_t, const int64_t*, int64_t, float*) {
     fail("the NEON path is not compiled for this CPU");
 }
+bool silu_mul_row_neon(const float*, const float*, int64_t, float*) { return false; }
+bool softmax_numerators_neon(float*, int64_t) { return false; }
 }  // namespace vsk
 
 #endif

@@ -57,13 +57,6 @@ VS_CLONES void softmax_numerators_scalar(float* s, int64_t count) {
     for (int64_t j = 0; j < count; ++j) s[j] = exp_clamped(s[j] - best);  // vectorised (AVX-512)
 }
 
-void softmax_numerators(float* s, int64_t count, Isa isa) {
-    // GCC vectorises the scalar loop for AVX-512 only (its clamps are branches under the default
-    // -ftrapping-math elsewhere): AVX2 has its own, the same operations lane by lane.
-    if ((isa == Isa::Avx2 || isa == Isa::AvxVnni) && softmax_numerators_avx2(s, count)) return;
-    softmax_numerators_scalar(s, count);
-}
-
 // The query heads of one group (GQA: nq heads sharing one KV head) of one row, over the same
 // `count` slots: each key and value row is loaded once for all nq queries. scores: [nq][count].
 // Each query's numerators are summed in slot order from 0; the nq sums advance together (one
@@ -86,6 +79,14 @@ void attend_group(const float* q, int nq, const float* keys, const float* values
 }
 
 }  // namespace
+
+void softmax_numerators(float* s, int64_t count, Isa isa) {
+    // GCC vectorises the scalar loop for AVX-512 only (its clamps are branches under the default
+    // -ftrapping-math elsewhere): AVX2 and NEON have their own, the same operations lane by lane.
+    if ((isa == Isa::Avx2 || isa == Isa::AvxVnni) && softmax_numerators_avx2(s, count)) return;
+    if (isa == Isa::Neon && softmax_numerators_neon(s, count)) return;
+    softmax_numerators_scalar(s, count);
+}
 
 void check_attention(const AttentionArgs& a) {
     VSK_CHECK(a.head_dim % LANES == 0, "head_dim must be a multiple of 16, got " + std::to_string(a.head_dim));
@@ -128,8 +129,9 @@ VS_CLONES void silu_mul_row_scalar(const float* gate, const float* up, int64_t n
 
 void silu_mul_row(const float* gate, const float* up, int64_t n, float* out, Isa isa) {
     // GCC vectorises the scalar loop for AVX-512 only (its clamps are branches under the default
-    // -ftrapping-math elsewhere): AVX2 has its own, the same operations lane by lane.
+    // -ftrapping-math elsewhere): AVX2 and NEON have their own, the same operations lane by lane.
     if ((isa == Isa::Avx2 || isa == Isa::AvxVnni) && silu_mul_row_avx2(gate, up, n, out)) return;
+    if (isa == Isa::Neon && silu_mul_row_neon(gate, up, n, out)) return;
     silu_mul_row_scalar(gate, up, n, out);
 }
 

@@ -28,6 +28,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace vsk {
@@ -151,6 +152,20 @@ constexpr int64_t ROW_BLOCK = 64;
 constexpr int LANES = 16;      // partial sums of a dot product (the reduction tree's width)
 constexpr int MAX_GROUP = 16;  // query heads per KV head handled in one pass over the keys
 
+// f(std::integral_constant<int, n>{}) for n = 1 .. 6 (above 6: 6): the queries of one weighted-sum
+// tile as a compile-time count, so its accumulators stay in registers (the AVX2 and NEON paths).
+template <typename F>
+inline void with_group_size(int n, F&& f) {
+    switch (n) {
+        case 1: f(std::integral_constant<int, 1>{}); break;
+        case 2: f(std::integral_constant<int, 2>{}); break;
+        case 3: f(std::integral_constant<int, 3>{}); break;
+        case 4: f(std::integral_constant<int, 4>{}); break;
+        case 5: f(std::integral_constant<int, 5>{}); break;
+        default: f(std::integral_constant<int, 6>{}); break;
+    }
+}
+
 // exp(x) in plain float operations the compiler can vectorise (no libm call): Cody-Waite range
 // reduction and Cephes' expf polynomial (about 1 ulp). x is clamped to [-87, 88] first (exp(88) <
 // FLT_MAX): inputs below -87 give exp(-87).
@@ -209,13 +224,17 @@ void check_attention(const AttentionArgs& a);
 void attention_items(const AttentionArgs& a, int64_t begin, int64_t end, Isa isa);
 
 // One row: out[j] = gate[j] / (1 + exp_clamped(-gate[j])) * up[j] (SwiGLU, Shazeer 2020), the
-// same bits on every path; silu_mul_row_avx2 returns false where the AVX2 path is not compiled.
+// same bits on every path; silu_mul_row_avx2 (_neon) returns false where the AVX2 (NEON) path is
+// not compiled.
 void silu_mul_row(const float* gate, const float* up, int64_t n, float* out, Isa isa);
 bool silu_mul_row_avx2(const float* gate, const float* up, int64_t n, float* out);
+bool silu_mul_row_neon(const float* gate, const float* up, int64_t n, float* out);
 // s[j] = exp_clamped(s[j] - max s) in place, the scalar operations lane by lane (the maximum is
 // the same value whatever the order: NaNs are skipped, and a zero's sign does not change s - max);
-// false where the AVX2 path is not compiled.
+// false where the AVX2 (NEON) path is not compiled. softmax_numerators: the path of `isa`.
+void softmax_numerators(float* s, int64_t count, Isa isa);
 bool softmax_numerators_avx2(float* s, int64_t count);
+bool softmax_numerators_neon(float* s, int64_t count);
 
 // One row: out[j] = (x[j] * inv) * weight[j], inv = 1 / sqrt(sum(x^2) / n + eps) (RMSNorm, Zhang &
 // Sennrich 2019), the squares summed in 16 lanes (lane l: x[l], x[l + 16], ... in order) folded

@@ -563,19 +563,11 @@ VS_AVX2 void scores_avx2(const float* q, int nq, const float* keys, int64_t head
 void weighted_sum_avx2(const float* p, int nq, const float* values, int64_t head_dim, const int64_t* slots, int64_t count,
                        float* out) {
     constexpr int MAX_NQ = 6;  // 12 accumulators: the queries of a KV head at a time (Qwen2.5-1.5B: 6)
-    for (int a0 = 0; a0 < nq; a0 += MAX_NQ) {
-        const int n = std::min(MAX_NQ, nq - a0);
-        for (int64_t c0 = 0; c0 < head_dim; c0 += 16) {  // head_dim is a multiple of 16 (check_attention)
-            switch (n) {
-                case 1: weighted_sum_tile<1>(p, a0, values, head_dim, slots, count, c0, out); break;
-                case 2: weighted_sum_tile<2>(p, a0, values, head_dim, slots, count, c0, out); break;
-                case 3: weighted_sum_tile<3>(p, a0, values, head_dim, slots, count, c0, out); break;
-                case 4: weighted_sum_tile<4>(p, a0, values, head_dim, slots, count, c0, out); break;
-                case 5: weighted_sum_tile<5>(p, a0, values, head_dim, slots, count, c0, out); break;
-                default: weighted_sum_tile<6>(p, a0, values, head_dim, slots, count, c0, out); break;
-            }
-        }
-    }
+    for (int a0 = 0; a0 < nq; a0 += MAX_NQ)
+        for (int64_t c0 = 0; c0 < head_dim; c0 += 16)  // head_dim is a multiple of 16 (check_attention)
+            with_group_size(std::min(MAX_NQ, nq - a0), [&](auto n) {
+                weighted_sum_tile<decltype(n)::value>(p, a0, values, head_dim, slots, count, c0, out);
+            });
 }
 
 }  // namespace vsk
