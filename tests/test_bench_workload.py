@@ -103,3 +103,18 @@ def test_workload_needs_exactly_one_source(tmp_path):
         load_workload(None, None)
     with pytest.raises(WorkloadError, match="unknown workload"):
         load_workload("nope")
+
+
+def test_shared_data_is_found_beside_the_project_from_any_folder(tmp_path, monkeypatch):
+    # ``../shared/data`` beside the project root (the checkout holding src/), whatever the working
+    # directory: before, the source-tree candidate looked beside src/ instead
+    from pathlib import Path
+
+    from verispec.ops.bench import workload
+
+    beside = Path(workload.__file__).resolve().parents[4].parent / "shared" / "data"
+    if not beside.is_dir():
+        pytest.skip(f"shared data not here ({beside})")
+    monkeypatch.delenv(workload.DATA_DIR_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert workload.data_dir() == beside.resolve()

@@ -289,3 +289,28 @@ def test_serve_command_user_mistakes_exit_2(args):
 
     result = CliRunner().invoke(cli.app, ["serve", *args])
     assert result.exit_code == 2 and "error" in result.output
+
+
+def test_prompt_over_the_runners_window_is_refused_as_context_length_exceeded():
+    # the runner's KV window (e.g. the gguf runner's 4096) can be shorter than the model's own
+    # context (32768 for Qwen2.5): the HTTP check must use the shorter, in the one error shape
+    pipe = tiny_pipeline()
+    window = pipe.target.context_length // 2
+    pipe.target_runner.max_context_length = window
+    app = create_app(pipe, max_tokens_cap=MAX_TOKENS_CAP, max_queue=4, max_body_bytes=MAX_BODY_BYTES)
+    with LiveServer(app) as server, httpx.Client(base_url=server.url, timeout=60) as client:
+        wait_ready(server.url)
+        response = client.post(C, json={**OK, "prompt": [1] * (window + 1)})
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["code"] == "context_length_exceeded" and error["param"] == "prompt"
+        assert f"context window is {window}" in error["message"]
+        assert client.post(C, json={**OK, "prompt": [1] * (window - 8)}).status_code == 200
+
+
+def test_an_unknown_dtype_is_refused_before_any_model_is_read():
+    from verispec.engine.loader import SpeculativePipeline
+    from verispec.errors import InvalidParameterError
+
+    with pytest.raises(InvalidParameterError, match="dtype 'float8' is not supported; use one of float32, bfloat16, float16"):
+        SpeculativePipeline.load("no-such-model", None, dtype="float8")

@@ -80,7 +80,7 @@ def draft_option(help: str = DRAFT_HELP) -> Any:
 
 
 def dtype_option() -> Any:
-    return typer.Option("float32", help="float32 or bfloat16.")
+    return typer.Option("float32", help="float32, bfloat16 or float16: the float model of --runner torch / transformers (the gguf, int8 and llama.cpp runners compute in their own formats).")
 
 
 def runner_option(help: str = RUNNER_HELP) -> Any:

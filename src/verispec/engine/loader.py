@@ -23,7 +23,7 @@ from verispec.engine.loop import DEFAULT_MAX_NUM_BATCHED_TOKENS, SpeculativeEngi
 from verispec.engine.request import GenerationOutput, SpeculativeConfig, StreamChunk
 from verispec.errors import InvalidParameterError
 from verispec.models.compat import check_draft_compatibility
-from verispec.models.loading import LoadedModel, load_model
+from verispec.models.loading import DTYPES, LoadedModel, load_model
 from verispec.proposers.factory import DRAFT_QUANTIZATIONS, DrafterOptions, build_drafters
 from verispec.runners.quantize import quantize_linear_layers
 from verispec.runners.costs import seed_cost_model
@@ -153,6 +153,8 @@ class SpeculativePipeline:
         ``runners`` defaults to ``auto``: on a CPU the gguf runner for GGUF files it can run.
         ``max_num_batched_tokens``: the engine's chunked-prefill budget (:class:`SpeculativeEngine`).
         """
+        if dtype not in DTYPES:  # checked on every runner, so a typo is not ignored where it does not apply
+            raise InvalidParameterError(f"dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}")
         runners = runners or RunnerOptions(kind="auto")
         if runners.kind == "auto":
             runners = dataclasses.replace(runners, kind=_cached_auto(target, draft, device) or "auto")

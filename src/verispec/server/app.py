@@ -258,8 +258,10 @@ async def _serve(state: _State, request: Request, body, prompts: list[list[int]]
         vocab_size=state.pipeline.target.vocab_size, structured=structured,
     )
     spec = protocol.speculative_config(body.speculative, state.default_spec)
+    # the runner's window (its KV cache), which may be shorter than the model's own
+    context = min(state.pipeline.target.context_length, state.pipeline.target_runner.max_context_length)
     for prompt_ids in prompts:
-        protocol.check_context(prompt_ids, state.pipeline.target.context_length, "messages" if header.chat else "prompt")
+        protocol.check_context(prompt_ids, context, "messages" if header.chat else "prompt")
     loop = asyncio.get_running_loop()
     choices = [
         Choice(i * body.n + j, i, prompt_ids, Job(prompt_ids, protocol.choice_params(params, i * body.n + j), spec, loop=loop, request_id=header.id))

@@ -133,7 +133,7 @@ def data_dir() -> Path:
         WorkloadError: none of them exists.
     """
     candidates = [Path(os.environ[DATA_DIR_ENV])] if os.environ.get(DATA_DIR_ENV) else []
-    candidates += [Path.cwd() / ".." / "shared" / "data", Path(__file__).resolve().parents[3] / ".." / "shared" / "data"]
+    candidates += [Path.cwd() / ".." / "shared" / "data", Path(__file__).resolve().parents[4] / ".." / "shared" / "data"]
     for candidate in candidates:
         if candidate.is_dir():
             return candidate.resolve()
