@@ -357,3 +357,15 @@ def test_a_draft_whose_context_is_shorter_than_the_request_keeps_drafting(target
     got = engine.generate(prompt, params, spec("draft"))
     assert got.token_ids == engine.generate(prompt, params, PLAIN).token_ids
     assert got.metrics.spec.per_drafter["draft"].num_draft_tokens >= 20
+
+
+def test_a_missing_drafter_error_says_what_loads_it():
+    from verispec.engine.policy import drafter_order
+
+    loaded = ["ngram", "ngram-tree", "suffix", "suffix-tree"]  # what the gguf runner has without a draft
+    with pytest.raises(InvalidParameterError, match=r"loaded: ngram, ngram-tree, suffix, suffix-tree\): layer skip .*--runner torch"):
+        drafter_order("layer-skip", loaded)
+    with pytest.raises(InvalidParameterError, match="--eagle-head FILE"):
+        drafter_order("eagle", loaded)
+    with pytest.raises(InvalidParameterError, match="with --draft$"):
+        drafter_order("draft", loaded)

@@ -32,6 +32,13 @@ MODEL_DRAFTERS = ("eagle", "draft")  # auto: every loaded one backs up the looku
 ALTERNATIVE_DRAFTERS = ("eagle", "eagle-tree", "draft", "tree")  # auto: per step, the best realised rate of those offered
 TREE_DRAFTERS = ("ngram-tree", "tree")  # tree: n-gram branches when the lookup matches, else the draft tree
 TREE_SCHEDULED = (*TREE_DRAFTERS, "suffix-tree", "eagle-tree")  # drafters whose budget is a tree's node count
+MISSING_DRAFTER_HINTS = {  # what loads a model drafter, for the error when it is not loaded
+    "layer-skip": "layer skip runs the first layers of the target's float model, which only --runner torch "
+                  "holds (not the gguf, int8 or llama.cpp runners), and --layer-skip-layers 0 turns it off",
+    "eagle": "load a head with --eagle-head FILE (verispec train-head writes one)",
+    "eagle-tree": "load a head with --eagle-head FILE (verispec train-head writes one)",
+    "draft": "load a draft model with --draft",
+}
 
 
 def drafter_order(method: str, loaded: Sequence[str], trees: bool = False) -> list[str]:
@@ -62,7 +69,8 @@ def drafter_order(method: str, loaded: Sequence[str], trees: bool = False) -> li
         return [name for name in TREE_DRAFTERS if name in loaded]
     if method not in loaded:
         names = ", ".join(sorted(loaded)) or "none"
-        raise InvalidParameterError(f"method {method!r} needs its drafter loaded (loaded: {names})")
+        hint = MISSING_DRAFTER_HINTS.get(method, "")
+        raise InvalidParameterError(f"method {method!r} needs its drafter loaded (loaded: {names})" + (f": {hint}" if hint else ""))
     return [method]
 
 
