@@ -33,8 +33,8 @@ ALTERNATIVE_DRAFTERS = ("eagle", "eagle-tree", "draft", "tree")  # auto: per ste
 TREE_DRAFTERS = ("ngram-tree", "tree")  # tree: n-gram branches when the lookup matches, else the draft tree
 TREE_SCHEDULED = (*TREE_DRAFTERS, "suffix-tree", "eagle-tree")  # drafters whose budget is a tree's node count
 MISSING_DRAFTER_HINTS = {  # what loads a model drafter, for the error when it is not loaded
-    "layer-skip": "layer skip runs the first layers of the target's float model, which only --runner torch "
-                  "holds (not the gguf, int8 or llama.cpp runners), and --layer-skip-layers 0 turns it off",
+    "layer-skip": "layer skip runs the first layers of the target's float model, which the gguf and llama.cpp "
+                  "runners (and int8 from a GGUF file) do not hold: use --runner torch (--layer-skip-layers 0 turns it off)",
     "eagle": "load a head with --eagle-head FILE (verispec train-head writes one)",
     "eagle-tree": "load a head with --eagle-head FILE (verispec train-head writes one)",
     "draft": "load a draft model with --draft",
