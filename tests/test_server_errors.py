@@ -223,7 +223,7 @@ def test_server_fault_is_a_500_with_an_error_id(gated, stream):
     assert response.status_code == 500
     error = response.json()["error"]
     assert error["type"] == "server_error" and "error id" in error["message"]
-    assert metric_value(gated.url, "verispec_request_success_total", finish_reason="error") == 1
+    assert metric_value(gated.url, "verispec_requests_failed_total", reason="worker_error") == 1
     assert httpx.post(f"{gated.url}{C}", json=OK).status_code == 200
 
 
@@ -249,7 +249,7 @@ def test_client_disconnect_stops_generation_and_frees_kv(gated, stream):
     engine.entered.wait(10)
     _wait_until(lambda: _in_flight(gated) == 0)  # the server saw the client go
     engine.permits.release(10_000)
-    _wait_until(lambda: metric_value(gated.url, "verispec_request_success_total", finish_reason="abort") == 1)
+    _wait_until(lambda: metric_value(gated.url, "verispec_num_requests_running") == 0)  # the worker dropped it
     assert engine.num_chunks == 2  # the worker dropped it after the pass running at the disconnect, not at 150 tokens
     assert engine.target.num_cached_tokens == 0  # KV cache freed
     assert httpx.post(f"{gated.url}{C}", json=OK).status_code == 200

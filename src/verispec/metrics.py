@@ -63,7 +63,12 @@ class DrafterStats(_AcceptanceFigures):
 class SpecDecodeStats(_AcceptanceFigures):
     """Counters of one request (or many, via :meth:`merge`).
 
-    A *draft* is one verify step that had at least one drafted token.
+    A *draft* is one verify step that had at least one drafted token. An *accepted* token is a
+    drafted token the target accepted that became a token of the completion: an accepted
+    end-of-sequence token (not part of the completion) or one past a stop string or ``max_tokens``
+    is drafted but not accepted, so ``num_accepted_tokens`` <= ``output_tokens`` (the usage's
+    ``completion_tokens``) and the completion's other tokens are the target's own (the first, and
+    each pass's recovered or bonus token).
 
     - acceptance_rate = num_accepted_tokens / num_draft_tokens
     - mean_acceptance_length = 1 + num_accepted_tokens / num_drafts (tokens emitted per target

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import gc
 import logging
+import signal
 from pathlib import Path
 from typing import Optional
 
 import typer
 
 from verispec.cli.common import (
+    DEFAULT_METHOD,
     K_SERVE,
     draft_option,
     draft_or_none,
@@ -18,6 +20,7 @@ from verispec.cli.common import (
     head_quantization_option,
     dtype_option,
     err,
+    max_context_option,
     num_speculative_tokens_option,
     runner_option,
     target_option,
@@ -26,6 +29,7 @@ from verispec.cli.common import (
 from verispec.engine import SpeculativeConfig
 from verispec.engine.loader import DrafterOptions, SpeculativePipeline
 from verispec.errors import InvalidParameterError, VerispecError
+from verispec.models.preflight import check_before_loading
 from verispec.runners.select import RunnerOptions
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -34,8 +38,11 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 def serve(
     target: str = target_option(),
-    draft: str = draft_option("Draft model reference, or 'none' to serve plain decoding."),
-    method: Optional[str] = typer.Option(None, help="Default method of requests without 'speculative' (draft if a draft is loaded)."),
+    draft: str = draft_option("Draft model reference, or 'none' (no draft model: auto then drafts by lookup only; --method none serves plain decoding)."),
+    method: str = typer.Option(
+        DEFAULT_METHOD, help="Default method of requests without 'speculative': auto (lookup where it matches, else the draft "
+        "model; plain steps where a batch makes speculation cost more), draft, none, ... (as generate)."
+    ),
     num_speculative_tokens: int = num_speculative_tokens_option(K_SERVE),
     schedule: str = typer.Option(
         "cost", help="Default draft-length schedule: cost (batch-aware cost model), heuristic or constant."
@@ -45,6 +52,7 @@ def serve(
     api_key: Optional[str] = typer.Option(None, envvar="VERISPEC_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1."),
     dtype: str = dtype_option(),
     runner: str = runner_option(),
+    max_context: Optional[int] = max_context_option(),
     max_queue: int = typer.Option(64, min=1, help="Requests that may wait for the engine before 429."),
     max_num_seqs: Optional[int] = typer.Option(
         None, min=1, help="Requests batched into one target pass (default 8; 1 on the llama.cpp runner)."
@@ -107,7 +115,7 @@ def serve(
         if host not in LOOPBACK and api_key is None:
             err.print(f"[yellow]warning:[/yellow] serving on {host} without --api-key: anyone who can reach it can use it")
         spec = SpeculativeConfig(
-            method=method or ("draft" if draft_ref else "none"), num_speculative_tokens=num_speculative_tokens,
+            method=method, num_speculative_tokens=num_speculative_tokens,
             schedule=schedule,
         )
         config = ServerConfig(
@@ -122,10 +130,13 @@ def serve(
         if eagle_head is not None and not eagle_head.is_file():
             raise InvalidParameterError(f"--eagle-head {eagle_head}: no such file (a head from verispec train-head)")
         DrafterOptions(eagle_head=eagle_head, head_quantization=head_quantization)  # its checks, before minutes of loading
+        if scaling.requested:  # load() checks these itself; replicas would each fail after starting
+            check_before_loading(target, draft_ref)
         if scaling.requested and eagle_head is not None:
             with err.status(f"checking the EAGLE head {eagle_head} against {target} (before starting the replicas)"):
                 checked = SpeculativePipeline.load(  # the same checks a replica runs: one clear error here, not N in Ray
-                    target, None, dtype=dtype, runners=RunnerOptions(kind=runner), max_num_batched_tokens=max_num_batched_tokens,
+                    target, None, dtype=dtype, runners=RunnerOptions(kind=runner, max_context_length=max_context),
+                    max_num_batched_tokens=max_num_batched_tokens,
                     drafters=DrafterOptions(eagle_head=eagle_head, head_quantization=head_quantization),
                 )
                 del checked
@@ -133,15 +144,27 @@ def serve(
         if scaling.requested:
             models = ReplicaSpec(target, draft_ref, dtype, runner, config, max_num_batched_tokens,
                                  None if datastore is None else str(datastore),
-                                 None if eagle_head is None else str(eagle_head.resolve()), head_quantization)
+                                 None if eagle_head is None else str(eagle_head.resolve()), head_quantization, max_context)
             serve_replicas(models, scaling, host=host, port=port)
             return
         with err.status(f"loading {target}" + (f" + {draft}" if draft_ref else "")):
             pipe = SpeculativePipeline.load(
-                target, draft_ref, dtype=dtype, runners=RunnerOptions(kind=runner),
+                target, draft_ref, dtype=dtype, runners=RunnerOptions(kind=runner, max_context_length=max_context),
                 max_num_batched_tokens=max_num_batched_tokens, drafters=DrafterOptions(eagle_head=eagle_head, head_quantization=head_quantization),
             )
         if datastore is not None:
             pipe.use_datastore(datastore)
         server = create_app(pipe, config)
-    uvicorn.run(server, host=host, port=port, log_level=log_level.lower())
+    interrupted: list[int] = []
+
+    def on_sigint(signum, frame) -> None:  # uvicorn re-raises a Ctrl-C here after its graceful shutdown
+        interrupted.append(signum)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        uvicorn.run(server, host=host, port=port, log_level=log_level.lower())  # swallows that KeyboardInterrupt
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if interrupted:
+        raise typer.Exit(130)  # 128 + SIGINT, as a shell expects, not 0

@@ -99,7 +99,6 @@ def commit(plan: Plan, logits: torch.Tensor, pass_s: float, base_rows: int, cost
         accepted_nodes = result.accepted_nodes
         scoring_rows = [0] + list(result.accepted_nodes)
     realised = state.policy.observe(step, result.num_accepted_tokens, pass_s, accepted_nodes, base_rows=base_rows)
-    state.stats.record(len(draft_token_ids), result.num_accepted_tokens, len(out.token_ids), step.drafter)
     if state.policy.active and plan.limit > 0:  # a step with no room to draft says nothing about control
         state.stats.record_control(step.chosen_k, step.predicted, realised)
     num_before = len(out.token_ids)
@@ -110,6 +109,10 @@ def commit(plan: Plan, logits: torch.Tensor, pass_s: float, base_rows: int, cost
         if finished:
             break
     committed = out.token_ids[num_before:]
+    # accepted tokens are tokens of the completion (SpecDecodeStats): an accepted end-of-sequence
+    # token, or one past a stop string or max_tokens, is not one
+    num_accepted = min(result.num_accepted_tokens, len(committed))
+    state.stats.record(len(draft_token_ids), num_accepted, num_before, step.drafter)
     state.record_logprobs(rows, committed, scoring_rows)
     constraints.commit(committed)
     state.pending = result.token_ids[-1]

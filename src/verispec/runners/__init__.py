@@ -46,6 +46,10 @@ class Runner(Protocol):
     :meth:`verispec.runners.int8.Int8Runner.release`); the scheduler calls it when a request
     leaves its sequence (:meth:`verispec.engine.state.Slot.release`), and falls back to
     ``truncate(0)`` where a runner has none.
+
+    Optional too: ``kv_bytes_per_token: int``, the bytes one position takes in the sequence's K
+    and V caches (layers x 2 x kv_heads x head_dim x bytes per element), read by
+    :func:`kv_cache_bytes`.
     """
 
     vocab_size: int
@@ -129,6 +133,16 @@ def _forward_one(call: ForwardCall) -> Tensor:
     if call.num_logits == 0:  # a runner's forward returns at least one row
         return call.runner.forward(call.token_ids, num_logits=1)[:0]
     return call.runner.forward(call.token_ids, num_logits=call.num_logits)
+
+
+def kv_cache_bytes(runner: Runner, num_tokens: int | None = None) -> int | None:
+    """Bytes of one sequence's K and V caches at ``num_tokens`` positions (default the runner's
+    ``max_context_length``): layers x 2 x kv_heads x head_dim x bytes per element x tokens. None
+    for a runner that does not declare ``kv_bytes_per_token``."""
+    per_token = getattr(runner, "kv_bytes_per_token", None)
+    if per_token is None:
+        return None
+    return int(per_token) * int(runner.max_context_length if num_tokens is None else num_tokens)
 
 
 def check_new_tokens(num_cached_tokens: int, num_new_tokens: int, max_context_length: int) -> None:

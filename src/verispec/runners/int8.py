@@ -100,6 +100,13 @@ class Int8Runner:
     def num_cached_tokens(self) -> int:
         return self._num_cached
 
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes one position takes in this sequence's K and V caches: layers x 2 x kv_heads x
+        head_dim x 4 (float32); the cache is allocated at ``max_context_length`` positions."""
+        w = self.weights
+        return len(w.layers) * 2 * w.num_kv_heads * w.head_dim * self._keys.element_size()
+
     def new_sequence(self) -> Int8Runner:
         """Another sequence over the same weights: its own empty KV cache of the same capacity
         (allocated, not touched: pages become resident as tokens are written)."""

@@ -118,6 +118,18 @@ class LlamaCppRunner:
     def num_cached_tokens(self) -> int:
         return self._num_cached
 
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes one position takes in llama.cpp's K and V caches: layers x 2 x kv_heads x head_dim
+        x 2 (its default float16 cache), from the GGUF header; allocated at ``max_context_length``."""
+        from verispec.models.gguf_file import read_gguf_header
+
+        header = read_gguf_header(self.model_path)
+        heads = int(header.arch_value("attention.head_count"))
+        kv_heads = int(header.arch_value("attention.head_count_kv", heads))
+        head_dim = int(header.arch_value("attention.key_length", int(header.arch_value("embedding_length")) // heads))
+        return int(header.arch_value("block_count")) * 2 * kv_heads * head_dim * 2
+
     def forward(self, token_ids: Sequence[int], num_logits: int | None = None) -> Tensor:
         num_new = len(token_ids)
         check_new_tokens(self._num_cached, num_new, self.max_context_length)

@@ -27,6 +27,7 @@ from verispec.runners.weight_cache import default_cache_dir
 
 RUNNERS = ("auto", "gguf", "int8", "llamacpp", "torch")
 BATCH_INVARIANT = ("gguf", "int8")  # runners whose verify rows equal their decode rows, bit for bit
+DEFAULT_MAX_CONTEXT = 4096  # the gguf / int8 / llama.cpp window without --max-context: min(the model's, this)
 
 
 @dataclass(frozen=True)
@@ -39,8 +40,9 @@ class RunnerOptions:
             ``"llamacpp"`` (GGUF through llama.cpp, needs the ``llamacpp`` extra; not exact under
             speculation), ``"torch"`` (transformers, any model, any device) or ``"auto"``
             (gguf where it can run the files, else the fastest by measured cost curves).
-        max_context_length: KV capacity of the gguf / int8 / llama.cpp runners (default
-            min(model's, 4096)).
+        max_context_length: the window in tokens (prompt + output), each sequence's KV capacity
+            (``--max-context``); default min(trained context, :data:`DEFAULT_MAX_CONTEXT`), torch:
+            the trained context. Above the target's trained context: refused; the draft gets at most its own.
         draft_vocab_size: keep only this many draft LM-head rows (FR-Spec; gguf and int8 runners);
             None keeps the full head.
         draft_vocab_corpus: text files whose token counts choose those rows; empty: the BPE
@@ -57,6 +59,8 @@ class RunnerOptions:
     def __post_init__(self) -> None:
         if self.kind not in RUNNERS:
             raise InvalidParameterError(f"unknown runner {self.kind!r}; choose one of {', '.join(RUNNERS)}")
+        if self.max_context_length is not None and self.max_context_length < 1:
+            raise InvalidParameterError(f"max_context_length must be >= 1, got {self.max_context_length}")
         if self.draft_vocab_size is not None and self.draft_vocab_size < 1:
             raise InvalidParameterError(f"draft_vocab_size must be >= 1, got {self.draft_vocab_size}")
 
@@ -68,8 +72,14 @@ def make_runner(kind: str, loaded, *, max_context_length: int | None = None, hea
     ``head_token_ids`` ``[kept]``: reduced LM head (gguf, int8). ``requantize``: see
     :data:`verispec.runners.gguf_weights.REQUANTIZATIONS` (gguf only). Raises InvalidParameterError
     when the kind cannot run this model (no torch model, not a GGUF file, unsupported architecture
-    or block type) or ``requantize`` is asked of another runner.
+    or block type), ``requantize`` is asked of another runner, or ``max_context_length`` exceeds the
+    model's trained context (no RoPE scaling here: positions past it are untrained).
     """
+    if max_context_length is not None and max_context_length > loaded.context_length:
+        raise InvalidParameterError(
+            f"--max-context {max_context_length} exceeds {loaded.name}'s trained context of {loaded.context_length} tokens "
+            f"(its context_length): give --max-context {loaded.context_length} or less"
+        )
     if requantize is not None and kind != "gguf":
         raise InvalidParameterError(f"re-quantizing a draft ({requantize}) needs --runner gguf, not {kind}")
     if kind == "gguf":
@@ -77,7 +87,7 @@ def make_runner(kind: str, loaded, *, max_context_length: int | None = None, hea
 
         if loaded.path is None or Path(loaded.path).suffix != ".gguf":
             raise InvalidParameterError(f"the gguf runner needs a .gguf model; {loaded.name} is not one")
-        capacity = max_context_length or min(loaded.context_length, 4096)
+        capacity = max_context_length or min(loaded.context_length, DEFAULT_MAX_CONTEXT)
         return GGUFRunner.from_file(loaded.path, max_context_length=capacity, head_token_ids=head_token_ids, requantize=requantize,
                                     cache_dir=default_cache_dir())
     if kind == "llamacpp":
@@ -90,7 +100,7 @@ def make_runner(kind: str, loaded, *, max_context_length: int | None = None, hea
         from verispec.runners.int8_gguf import int8_weights_from_gguf
         from verispec.runners.int8 import Int8Runner
 
-        capacity = max_context_length or min(loaded.context_length, 4096)
+        capacity = max_context_length or min(loaded.context_length, DEFAULT_MAX_CONTEXT)
         weights = int8_weights_from_gguf(loaded.path, capacity, head_token_ids=head_token_ids, cache_dir=default_cache_dir())
         return Int8Runner(weights, max_context_length=capacity)
     if loaded.model is None:
@@ -100,7 +110,7 @@ def make_runner(kind: str, loaded, *, max_context_length: int | None = None, hea
 
         if next(loaded.model.parameters()).device.type != "cpu":
             raise InvalidParameterError("the int8 runner runs on the CPU: use --runner torch on other devices")
-        capacity = max_context_length or min(loaded.context_length, 4096)
+        capacity = max_context_length or min(loaded.context_length, DEFAULT_MAX_CONTEXT)
         return Int8Runner.from_module(loaded.model, max_context_length=capacity, head_token_ids=head_token_ids)
     if kind == "torch":
         from verispec.runners.torch_runner import TransformersRunner
@@ -285,9 +295,9 @@ def build_runners(options: RunnerOptions, target, draft=None, *, cache: CostCach
     if kind == "auto":
         draft_spec = None
         if draft is not None:
-            draft_spec = (draft.name, draft.path, lambda k: make_runner(k, draft, max_context_length=256))
+            draft_spec = (draft.name, draft.path, lambda k: make_runner(k, draft, max_context_length=min(256, draft.context_length)))
         kind = resolve_auto(
-            target.name, target.path, lambda k: make_runner(k, target, max_context_length=256),
+            target.name, target.path, lambda k: make_runner(k, target, max_context_length=min(256, target.context_length)),
             speculative=draft is not None, device=device, cache=cache, draft=draft_spec,
         )
     head_token_ids = None
@@ -310,13 +320,14 @@ def build_runners(options: RunnerOptions, target, draft=None, *, cache: CostCach
         start = time.perf_counter()
         requantizing = f"; re-quantizing them to {draft_requantize} unless cached" if draft_requantize else ""
         with announce_slow(f"loading the draft {draft.name} on the {kind} runner", f"reading and repacking its weights{requantizing}"):
-            draft_runner = make_runner(kind, draft, max_context_length=capacity, head_token_ids=head_token_ids,
+            draft_capacity = None if capacity is None else min(capacity, draft.context_length)  # the drafter slides past it
+            draft_runner = make_runner(kind, draft, max_context_length=draft_capacity, head_token_ids=head_token_ids,
                                        requantize=draft_requantize)
         load_s["draft"] = time.perf_counter() - start
         if kind in BATCH_INVARIANT:  # same weights, its own KV cache
             draft_tree = type(draft_runner)(draft_runner.weights, max_context_length=draft_runner.max_context_length)
         elif kind == "torch":
-            draft_tree = make_runner(kind, draft, max_context_length=capacity)
+            draft_tree = make_runner(kind, draft, max_context_length=draft_capacity)
     if kind == "gguf":  # seconds to measure: the controller then starts from this machine's costs
         _ensure_curve(cache or CostCache(), target, target_runner, kind)
         if draft_runner is not None and options.draft_vocab_size is None and draft_requantize is None:

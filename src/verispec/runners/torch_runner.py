@@ -42,6 +42,17 @@ class TransformersRunner:
     def num_cached_tokens(self) -> int:
         return self._num_cached
 
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes one position takes in the K and V caches: layers x 2 x kv_heads x head_dim x the
+        model's bytes per element (the cache grows with the sequence, up to ``max_context_length``)."""
+        config = self.model.config
+        heads = int(config.num_attention_heads)
+        kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+        element = next(self.model.parameters()).element_size()
+        return int(config.num_hidden_layers) * 2 * kv_heads * head_dim * element
+
     def new_sequence(self) -> TransformersRunner:
         """Another sequence over the same model with its own empty cache (batched passes run
         one sequence after the other: :func:`verispec.runners.forward_batch`)."""

@@ -39,7 +39,7 @@ from verispec.server.config import ServerConfig
 from verispec.server.traffic import TrafficRecorder, chat_record, completion_records
 from verispec.runners.notices import kernel_facts
 from verispec.server import logprobs, protocol
-from verispec.server.limits import BodyLimitMiddleware, validation_error
+from verispec.server.limits import BodyLimitMiddleware, check_method, fit_window, validation_error
 from verispec.server.prom import ServerMetrics
 from verispec.server.faults import RETRY_AFTER_S, APIError
 from verispec.server.responses import Choice, ChoiceView, ClientGone, next_event, sse
@@ -124,6 +124,7 @@ def create_app(pipeline, config: ServerConfig | None = None, *, metrics_expositi
                 summary.load_time_s,
                 summary.param_bytes / 2**20,
             )
+        log.info("%s (--max-context)", pipeline.window_summary(state.worker.max_num_seqs))
         log.info("peak RSS after loading: %.0f MiB; warming up", peak_rss_bytes() / 2**20)
         state.worker.start()
         if snapshots is not None:
@@ -133,8 +134,9 @@ def create_app(pipeline, config: ServerConfig | None = None, *, metrics_expositi
         if snapshots is not None:
             snapshots.stop()  # the last snapshot, after the last request
 
-    app = FastAPI(
-        title="verispec", version="0.1.0", lifespan=lifespan, summary="OpenAI-compatible lossless speculative decoding"
+    app = FastAPI(  # strict_content_type=False: a body without Content-Type is read as JSON (curl -d, OpenAI)
+        title="verispec", version="0.1.0", lifespan=lifespan, summary="OpenAI-compatible lossless speculative decoding",
+        strict_content_type=False,
     )
     app.state.verispec = state
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
@@ -252,16 +254,14 @@ async def _serve(state: _State, request: Request, body, prompts: list[list[int]]
     if problem is not None:
         raise APIError(503, f"this server cannot generate now ({problem}): retry later", type="server_error",
                        code="engine_unavailable", reason="engine_unavailable", retry_after_s=RETRY_AFTER_S)
-    structured = protocol.structured_output(body)
+    structured = protocol.structured_output(body, state.pipeline.tokenizer)
+    max_tokens = protocol.max_tokens_of(body, cap=state.config.max_tokens_cap)
+    max_tokens = fit_window(state.pipeline, body, prompts, max_tokens, "messages" if header.chat else "prompt")
     params = protocol.sampling_params(
-        body, max_tokens=protocol.max_tokens_of(body, cap=state.config.max_tokens_cap),
-        vocab_size=state.pipeline.target.vocab_size, structured=structured,
+        body, max_tokens=max_tokens, vocab_size=state.pipeline.target.vocab_size, structured=structured,
     )
     spec = protocol.speculative_config(body.speculative, state.default_spec)
-    # the runner's window (its KV cache), which may be shorter than the model's own
-    context = min(state.pipeline.target.context_length, state.pipeline.target_runner.max_context_length)
-    for prompt_ids in prompts:
-        protocol.check_context(prompt_ids, context, "messages" if header.chat else "prompt")
+    check_method(state.pipeline, prompts[0], spec)
     loop = asyncio.get_running_loop()
     choices = [
         Choice(i * body.n + j, i, prompt_ids, Job(prompt_ids, protocol.choice_params(params, i * body.n + j), spec, loop=loop, request_id=header.id))

@@ -1,8 +1,10 @@
-"""Guards in front of the routes: the request body size limit and 400s for invalid bodies.
+"""Guards in front of the routes: the request body size limit, 400s for invalid bodies, and
+the checks a request passes against the loaded pipeline before it is queued.
 
-Owns :class:`BodyLimitMiddleware` (a pure ASGI middleware, so it also works under streaming)
-and the translation of pydantic/FastAPI validation errors into one OpenAI-style message.
-Knows nothing about generation.
+Owns :class:`BodyLimitMiddleware` (a pure ASGI middleware, so it also works under streaming),
+the translation of pydantic/FastAPI validation errors into one OpenAI-style message, the context
+window check (:func:`fit_window`) and the method check (:func:`check_method`). Knows nothing about
+generation.
 """
 
 from __future__ import annotations
@@ -10,7 +12,10 @@ from __future__ import annotations
 import json
 from typing import Any, Sequence
 
+from verispec.engine import SpeculativeConfig
+from verispec.errors import ContextLengthError, InvalidParameterError
 from verispec.server.protocol import APIError
+from verispec.server.schemas import ChatCompletionRequest, CompletionRequest
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
@@ -77,6 +82,16 @@ NOT_SUPPORTED = {
 }
 
 
+# pydantic's bound errors, rewritten with the bound as written: a JSON number past 2**64 is read as
+# a float, and pydantic then prints the seed limit 2**64 - 1 as 18446744073709552000
+BOUNDS = {
+    "less_than_equal": ("le", "less than or equal to"),
+    "less_than": ("lt", "less than"),
+    "greater_than_equal": ("ge", "greater than or equal to"),
+    "greater_than": ("gt", "greater than"),
+}
+
+
 def validation_error(errors: Sequence[dict[str, Any]]) -> APIError:
     """One 400 from FastAPI's validation errors: the first error, named by its parameter."""
     if not errors:
@@ -96,6 +111,9 @@ def validation_error(errors: Sequence[dict[str, Any]]) -> APIError:
         return APIError(400, "the request needs a JSON body")
     where = ".".join(_readable(loc)) or "body"
     message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    bound = BOUNDS.get(kind)
+    if bound is not None and isinstance(first.get("ctx", {}).get(bound[0]), int):  # the exact integer, never a float
+        message = f"Input should be {bound[1]} {first['ctx'][bound[0]]}"
     return APIError(400, f"{where}: {message}", param=param)
 
 
@@ -104,3 +122,33 @@ def _readable(loc: list[str]) -> list[str]:
     return [
         part for part in loc if not (part in ("str", "int", "float", "bool") or part.startswith(("list[", "function-")))
     ]
+
+
+def fit_window(pipeline, body: CompletionRequest | ChatCompletionRequest, prompts: Sequence[Sequence[int]],
+               max_tokens: int, param: str) -> int:
+    """The request's ``max_tokens`` inside the pipeline's context window (``--max-context``).
+
+    Asked for (``max_tokens`` / ``max_completion_tokens``): a prompt plus it over the window is
+    refused, as OpenAI and vLLM do, never cut at the window. Left to the default: lowered to the
+    room the longest prompt leaves. Raises APIError 400 ``context_length_exceeded`` (``param``:
+    ``prompt`` or ``messages``) with the prompt's tokens, max_tokens and the window
+    (:meth:`verispec.engine.loader.SpeculativePipeline.check_window`).
+    """
+    asked = body.max_tokens is not None or (isinstance(body, ChatCompletionRequest) and body.max_completion_tokens is not None)
+    if not asked:
+        max_tokens = max(1, min(max_tokens, pipeline.context_window - max(len(p) for p in prompts)))
+    for prompt_ids in prompts:
+        try:
+            pipeline.check_window(len(prompt_ids), max_tokens)
+        except ContextLengthError as exc:
+            raise APIError(400, str(exc), param=param, code="context_length_exceeded") from None
+    return max_tokens
+
+
+def check_method(pipeline, prompt_ids: Sequence[int], spec: SpeculativeConfig) -> None:
+    """Refuse, before queueing, a method the loaded drafters cannot run (its drafter not loaded,
+    trees on a runner without them): APIError 400 naming ``speculative.method``."""
+    try:
+        pipeline.engine.check_request(prompt_ids, spec)
+    except InvalidParameterError as exc:
+        raise APIError(400, str(exc), param="speculative.method") from None

@@ -24,10 +24,12 @@ if TYPE_CHECKING:
 
 LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
 TOKEN_TIME_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
-FINISH_REASONS = ("stop", "length", "abort", "error")
+FINISH_REASONS = ("stop", "length")  # how an answered generation ended (verispec_request_success)
 BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 ITERATION_TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
-# Why an accepted request died without its answer (verispec_requests_failed{reason}):
+# Why an accepted request died without its answer (verispec_requests_failed{reason}). One rule:
+# every accepted request is counted once, when it ends, either in verispec_request_success (its
+# answer was delivered: stop or length) or here (it died: by reason); never in both.
 FAILURE_REASONS = (
     "worker_error",  # the engine raised while generating it (500, or an error event in its stream)
     "internal_error",  # the server itself raised (a bug: 500 with an error id, or an error event)
@@ -56,11 +58,14 @@ class ServerMetrics:
         verispec_spec_decode_num_drafts, ..._num_draft_tokens, ..._num_accepted_tokens,
         ..._num_accepted_tokens_per_pos{position}: as in :class:`verispec.metrics.SpecDecodeStats`.
         verispec_prompt_tokens, verispec_generation_tokens: tokens of finished requests.
-        verispec_request_success{finish_reason}: requests ended by stop, length, abort
-        (client went away) or error (server fault).
+        verispec_request_success{finish_reason}: generations (one per choice) whose answer was
+        delivered, by how they ended: stop or length.
         verispec_http_errors{status}: error responses sent, by status code.
         verispec_requests_failed{reason}: accepted requests that died without their answer, by
         reason (:data:`FAILURE_REASONS`; a stream's error event counts as well as an error status).
+        A request is in one of the two, never both: a client that disconnects is
+        ``client_disconnected`` here, a server fault ``worker_error`` or ``internal_error``. A
+        refusal (4xx, 429) is in neither: see verispec_http_errors.
     Histograms (seconds): verispec_time_to_first_token_seconds (generation start to first
     token), verispec_time_per_output_token_seconds, verispec_e2e_request_latency_seconds
     (arrival to last token, queue included), verispec_request_queue_time_seconds.
@@ -155,10 +160,6 @@ class ServerMetrics:
         """One batched target pass: its requests and rows."""
         self.batch_size.observe(num_seqs)
         self.iteration_tokens.observe(num_rows)
-
-    def observe_ended(self, finish_reason: str) -> None:
-        """Count a request that ended without an output: ``abort`` or ``error``."""
-        self.requests.labels(finish_reason=finish_reason).inc()
 
     def track_audits(self, auditor: QualityAuditor) -> None:
         """Export ``auditor``'s counters (read at each scrape)."""

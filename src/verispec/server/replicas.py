@@ -60,6 +60,7 @@ class ReplicaSpec:
             ``eagle`` and ``eagle-tree`` methods (an absolute path: replicas start in other
             processes), or None.
         head_quantization: the head's layers at inference (:class:`verispec.engine.loader.DrafterOptions`).
+        max_context: the context window in tokens (``--max-context``; None: the runner's default).
     Raises:
         InvalidParameterError: a suffix cache file with replicas.
     """
@@ -73,6 +74,7 @@ class ReplicaSpec:
     datastore: str | None = None
     eagle_head: str | None = None
     head_quantization: str = "auto"
+    max_context: int | None = None
 
     def __post_init__(self) -> None:
         if self.config.suffix_cache is not None:
@@ -212,7 +214,7 @@ def replica_app(spec: ReplicaSpec, replica_id: str, merged_metrics=None):
     from verispec.server.app import create_app
 
     drafters = DrafterOptions(eagle_head=spec.eagle_head, head_quantization=spec.head_quantization)
-    pipe = SpeculativePipeline.load(spec.target, spec.draft, dtype=spec.dtype, runners=RunnerOptions(kind=spec.runner),
+    pipe = SpeculativePipeline.load(spec.target, spec.draft, dtype=spec.dtype, runners=RunnerOptions(kind=spec.runner, max_context_length=spec.max_context),
                                     max_num_batched_tokens=spec.max_num_batched_tokens, drafters=drafters)
     if spec.datastore is not None:
         pipe.use_datastore(spec.datastore)

@@ -90,7 +90,8 @@ class EngineWorker:
     Args:
         engine: the engine it owns from :meth:`start` on; nothing else may call it.
         max_queue: jobs that may wait (running ones not counted) before submit refuses.
-        metrics: where finished, aborted and failed requests and every pass are counted.
+        metrics: where answered requests (request_success) and every pass are counted; a request
+            that dies is counted once, by the HTTP layer, in requests_failed (:mod:`~verispec.server.prom`).
         warmup_prompt_token_ids, warmup_spec: one short greedy generation run before ready.
         auditor: offered every delivered output (it draws which to audit); its pending audits
             run on ``engine`` while nothing runs or waits, one per idle turn. None: no audits.
@@ -206,7 +207,6 @@ class EngineWorker:
                 error_id = uuid.uuid4().hex[:12]
                 log.exception("engine loop error (error id %s)", error_id)
                 for request in self.scheduler.fail_running():
-                    self.metrics.observe_ended("error")
                     _emit(request.tag, JobFailed("the server failed to generate", client_error=False, error_id=error_id))
             finally:
                 self.last_turn_end = time.monotonic()
@@ -241,7 +241,6 @@ class EngineWorker:
             error_id = None if client else uuid.uuid4().hex[:12]
             if not client:
                 log.error("a request failed to start (error id %s)", error_id, exc_info=exc)
-            self.metrics.observe_ended("error")
             message = str(exc) if client else "the server failed to start the request"
             _emit(request.tag, JobFailed(message, client_error=client, error_id=error_id))
         self.scheduler.failed.clear()
@@ -257,7 +256,6 @@ class EngineWorker:
             wait_s = 0.0
             if job.cancelled:
                 self.metrics.waiting.dec()
-                self.metrics.observe_ended("abort")
                 continue
             try:
                 job.scheduled = self.scheduler.add(job.prompt_token_ids, job.params, job.spec, tag=job)
@@ -271,7 +269,6 @@ class EngineWorker:
                 if not request.running:
                     self.metrics.waiting.dec()
                 self.scheduler.cancel(request)
-                self.metrics.observe_ended("abort")
 
     def _audit(self) -> bool:
         """Nothing runs or waits: run one pending audit; False when there is none."""
@@ -297,7 +294,6 @@ class EngineWorker:
             error_id = uuid.uuid4().hex[:12]
             log.exception("generation failed (error id %s)", error_id)
             for request in scheduler.fail_running():
-                self.metrics.observe_ended("error")
                 _emit(request.tag, JobFailed("the server failed to generate", client_error=False, error_id=error_id))
             return
         self._pass_outcome = "ok"
