@@ -66,6 +66,23 @@ K_BENCH = 5  # bench runs the constant schedule: every method compared at this o
 K_ADVISE = 5  # the draft length alpha and the costs are measured at; the predictions then cover k = 1..--max-k
 
 
+# The default --method of generate and serve (one default for both): auto drafts with the suffix /
+# n-gram lookup where it matches, else the draft model, and its cost schedule prices each step by
+# what it costs the whole batch, so under continuous batching it takes plain steps when speculation
+# would cost more than it saves (where draft alone keeps drafting). docs/methods.md says why.
+DEFAULT_METHOD = "auto"
+MAX_CONTEXT_HELP = (
+    "Context window in tokens (prompt + output), the KV cache each sequence allocates (default: "
+    "min(the model's trained context, 4096); at most the trained context). A request whose prompt plus "
+    "max tokens exceeds it is refused."
+)
+
+
+def max_context_option() -> Any:
+    """``--max-context N`` of generate and serve (:class:`verispec.runners.select.RunnerOptions`)."""
+    return typer.Option(None, "--max-context", min=1, help=MAX_CONTEXT_HELP)
+
+
 def num_speculative_tokens_option(default: int) -> Any:
     """``-k/--num-speculative-tokens``; ``default``: one of the ``K_*`` constants above."""
     return typer.Option(default, "--num-speculative-tokens", "-k", help=NUM_SPECULATIVE_TOKENS_HELP)

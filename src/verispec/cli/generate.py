@@ -12,6 +12,7 @@ from typing import List, Optional
 import typer
 
 from verispec.cli.common import (
+    DEFAULT_METHOD,
     K_GENERATE,
     draft_quantization_option,
     eagle_head_option,
@@ -22,6 +23,7 @@ from verispec.cli.common import (
     dtype_option,
     err,
     json_option,
+    max_context_option,
     num_speculative_tokens_option,
     runner_option,
     target_option,
@@ -44,7 +46,7 @@ def generate(
     target: str = target_option(),
     draft: str = draft_option("Draft model reference (same forms as --target), or 'none'."),
     method: str = typer.Option(
-        "auto",
+        DEFAULT_METHOD,
         help="auto (suffix lookup in this request and earlier ones when it matches, else the draft model, else layer skip; per step), "
         "draft, ngram, suffix (continuations seen in earlier requests and this one), layer-skip, eagle (--eagle-head; eagle-tree: its dynamic tree), "
         "tree (token trees: n-gram branches, else the draft's tree), or none (plain decoding).",
@@ -66,6 +68,7 @@ def generate(
     eagle_head: Optional[Path] = eagle_head_option(),
     head_quantization: str = head_quantization_option(),
     runner: str = runner_option(),
+    max_context: Optional[int] = max_context_option(),
     compare_plain: bool = typer.Option(
         False, "--compare-plain", help="Also decode the prompt plainly (after a 4-token untimed warm-up) and print both rates, the measured speedup and whether the tokens match."
     ),
@@ -108,7 +111,8 @@ def generate(
         if method in ("eagle", "eagle-tree") and eagle_head is None:
             raise InvalidParameterError(f"--method {method} needs --eagle-head FILE (a head from verispec train-head)")
         use_draft = method in ("draft", "auto", "tree") and draft.lower() != "none"
-        runners = RunnerOptions(kind=runner, draft_vocab_size=draft_vocab, draft_vocab_corpus=tuple(draft_vocab_corpus or ()))
+        runners = RunnerOptions(kind=runner, max_context_length=max_context, draft_vocab_size=draft_vocab,
+                                draft_vocab_corpus=tuple(draft_vocab_corpus or ()))
         if dtype != "float32" and method != "none" and runner == "torch":
             err.print(
                 f"[yellow]warning:[/yellow] {dtype} matmuls on this CPU round a k-token verify pass slightly "
@@ -124,6 +128,7 @@ def generate(
             requantized = f", re-quantized to {pipe.draft_requantize}" if summary.role == "draft" and pipe.draft_requantize else ""
             err.print(f"loaded {summary.role} {summary.name} ({runner_label(pipe.runner_kind)}{requantized}, "
                       f"{summary.param_bytes / 2**30:.2f} GiB) in {summary.load_time_s:.1f} s", highlight=False, markup=False)
+        pipe.check_window(len(pipe.encode(prompt, chat=chat)), params.max_tokens)  # refused, never cut at the window
         if pipe.runner_kind == "llamacpp" and method != "none":
             err.print(
                 "[yellow]warning:[/yellow] llama.cpp computes a k-token batch differently from a 1-token step, so "

@@ -21,11 +21,12 @@ from typing import Iterator
 from verispec.spec.control import ControllerConfig
 from verispec.engine.loop import DEFAULT_MAX_NUM_BATCHED_TOKENS, SpeculativeEngine
 from verispec.engine.request import GenerationOutput, SpeculativeConfig, StreamChunk
-from verispec.errors import InvalidParameterError
+from verispec.errors import ContextLengthError, InvalidParameterError
 from verispec.models.compat import check_draft_compatibility
 from verispec.models.loading import DTYPES, LoadedModel, load_model
 from verispec.proposers.factory import DRAFT_QUANTIZATIONS, DrafterOptions, build_drafters
 from verispec.runners.quantize import quantize_linear_layers
+from verispec.runners import kv_cache_bytes
 from verispec.runners.costs import seed_cost_model
 from verispec.progress import announce_slow
 from verispec.runners.select import RunnerOptions, auto_file_runner, build_runners, cached_auto_choice, cached_curve
@@ -203,6 +204,50 @@ class SpeculativePipeline:
     ) -> Iterator[StreamChunk]:
         """Encode ``prompt`` and stream chunks; the last one carries the output."""
         return self.engine.stream(self.encode(prompt, chat=chat), params, spec)
+
+    @property
+    def context_window(self) -> int:
+        """Tokens one request may hold, prompt and output together: the target runner's KV
+        capacity (``RunnerOptions.max_context_length``), at most the model's trained context."""
+        return min(self.target.context_length, self.target_runner.max_context_length)
+
+    def check_window(self, num_prompt_tokens: int, max_tokens: int) -> None:
+        """Refuse a request that cannot finish inside :attr:`context_window` (as OpenAI and vLLM
+        do, instead of cutting it at the window): the CLI and the server call it before generating;
+        the engine alone would stop at the window with ``finish_reason="length"``.
+
+        Raises:
+            ContextLengthError: ``num_prompt_tokens`` >= the window, or ``num_prompt_tokens +
+                max_tokens`` > the window; the message gives the numbers.
+        """
+        window = self.context_window
+        if num_prompt_tokens >= window:
+            raise ContextLengthError(
+                f"the prompt has {num_prompt_tokens} tokens but the context window is {window}: shorten it"
+            )
+        if num_prompt_tokens + max_tokens > window:
+            raise ContextLengthError(
+                f"the prompt has {num_prompt_tokens} tokens and max_tokens is {max_tokens} ({num_prompt_tokens + max_tokens} "
+                f"in all) but the context window is {window}: ask for at most {window - num_prompt_tokens} tokens, "
+                "shorten the prompt or raise --max-context"
+            )
+
+    def window_summary(self, num_sequences: int = 1) -> str:
+        """One line: the context window and what its KV caches cost, per sequence and for
+        ``num_sequences`` (bytes = layers x 2 x kv_heads x head_dim x bytes per element x tokens,
+        target and draft; allocated at the window, pages resident only as tokens fill them)."""
+        sizes = {role: kv_cache_bytes(runner) for role, runner in (("target", self.target_runner), ("draft", self.draft_runner))
+                 if runner is not None}
+        known = {role: size for role, size in sizes.items() if size is not None}
+        line = f"context window {self.context_window} tokens"
+        if not known:
+            return line
+        total = sum(known.values())
+        parts = " + ".join(f"{role} {size / 2**20:.0f} MiB" for role, size in known.items())
+        line += f"; KV cache per sequence: {parts}" + (f" = {total / 2**20:.0f} MiB" if len(known) > 1 else "")
+        if num_sequences > 1:
+            line += f"; {num_sequences} sequences: {num_sequences * total / 2**30:.2f} GiB"
+        return line
 
     def use_datastore(self, path) -> None:
         """Let the engine's suffix drafter also read the corpus datastore at ``path``
