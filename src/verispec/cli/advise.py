@@ -1,6 +1,7 @@
 """``verispec advise``: measure the acceptance rate and the costs on a workload sample, then say per
 category whether speculation pays (``--export``: the advised setup for another serving stack).
-The advice is :mod:`verispec.ops.advise`'s; this module parses, validates and prints."""
+The advice is :mod:`verispec.ops.advise`'s; this module parses, validates and prints: the report on
+stdout (stderr when ``--json`` or ``--export`` without a file take stdout), progress on stderr."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.console import Console
 
 from verispec.cli.common import (
     K_ADVISE,
@@ -86,7 +88,8 @@ def advise(
                 memory_budget_bytes=int(memory_budget * 2**30) if memory_budget is not None else None,
                 gpu_cost_per_month=gpu_cost_per_month, on_run=on_run,
             )
-    render(advice, err)
+    # the report is stdout's unless --json or --export (without a file) claim it; progress is stderr's
+    render(advice, err if as_json or (export is not None and export_file is None) else Console())
     if as_json:
         print(json.dumps(advice.to_dict()))
     if export is not None:

@@ -1,7 +1,8 @@
 """``verispec bench``: plain decoding, every speculative method and the peers on a workload, on
 one or several runners in one run; optionally each runner's cost curve, prefill speed and
 agreement with the float32 model. The measuring is :mod:`verispec.ops.bench`'s; this module
-parses, validates and prints. Progress and tables go to stderr; stdout carries only ``--json``."""
+parses, validates and prints. The report (tables, files written) goes to stdout, progress to stderr;
+with ``--json`` stdout carries the JSON only and the report goes to stderr."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
+from rich.console import Console
 
 from verispec.cli.common import (
     K_BENCH,
@@ -100,9 +102,10 @@ def bench(
         results = run_and_report(pipes, items, config, out, workload=str(prompts or workload or "specbench"), dtype=dtype, rss=rss,
                                  console=err, curves=curves, prefill_tokens=lengths, quality_prompts=quality_prompts,
                                  show_progress=not quiet)
-    print_summary(results, err)
+    report = err if as_json else Console()  # stdout is the JSON's with --json
+    print_summary(results, report)
     if out is not None:
-        err.print(f"wrote {out / 'results.json'}, {out / 'report.md'} and {len(results.plots)} plots")
+        report.print(f"wrote {out / 'results.json'}, {out / 'report.md'} and {len(results.plots)} plots", highlight=False)
     if as_json:
         print(json.dumps(results.to_dict(), ensure_ascii=False))
 

@@ -15,6 +15,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
+from verispec.ops.advise_sample import note_samples
 from verispec.ops.bench.figures import ALL, SummaryRow
 from verispec.ops.bench.run import VERISPEC_FAMILIES, RunRecord
 from verispec.spec.control import CostModel, best_draft_length, expected_tokens
@@ -26,7 +27,6 @@ SECONDS_PER_MONTH = 30 * 24 * 3600
 GO_THRESHOLD = 1.05  # a measured speedup below +5 % is within run-to-run noise here
 VERIFY_LENGTHS = (0, 1, 2, 4, 8, 16)
 NGRAM = "ngram"
-
 
 # --- formulas -----------------------------------------------------------------------------
 
@@ -165,6 +165,7 @@ class DrafterFit:
     predicted_speedup: float | None
     break_even_alpha: float | None
     measured_speedup: float | None
+    num_tested_tokens: int = 0  # draft tokens verification judged (accepted + rejections): α's sample
 
 
 def fit_drafter(method: str, category: str, records: Sequence[RunRecord], row: SummaryRow | None, verify_curve: dict[int, float], max_k: int) -> DrafterFit:
@@ -181,12 +182,13 @@ def fit_drafter(method: str, category: str, records: Sequence[RunRecord], row: S
     c = token_s / plain_s if token_s is not None and plain_s else None
     measured = row.speedup if row is not None else None
     if alpha is None or c is None:
-        return DrafterFit(method, category, alpha, 0.0, c, None, None, None, None, None, measured)
+        return DrafterFit(method, category, alpha, 0.0, c, None, None, None, None, None, measured, accepted + rejections)
     coverage = drafts / steps if steps else 1.0
     lev_k, lev = best_draft_length(alpha, linear_step_costs(c, max_k))
     curve_costs = CostModel(verify_s=dict(verify_curve), draft_token_s={method: token_s}).step_costs(method, max_k)
     k, predicted = best_speedup(alpha, curve_costs, coverage)
-    return DrafterFit(method, category, alpha, coverage, c, lev_k, lev, k, predicted, break_even_alpha(curve_costs), measured)
+    return DrafterFit(method, category, alpha, coverage, c, lev_k, lev, k, predicted, break_even_alpha(curve_costs), measured,
+                      accepted + rejections)
 
 
 # --- verdicts -----------------------------------------------------------------------------
@@ -201,6 +203,7 @@ class Verdict:
     method: str | None
     num_speculative_tokens: int | None
     reason: str
+    sample: str = ""  # why the sample is too small to decide, and what would do (advise_sample.sample_note)
 
 
 def pays(fit: DrafterFit, threshold: float = GO_THRESHOLD) -> bool:
@@ -274,13 +277,9 @@ def speedup_table(fits: Sequence[DrafterFit], verify_curve: dict[int, float], ma
         curve = CostModel(verify_s=dict(verify_curve), draft_token_s={fit.method: token_s}).step_costs(fit.method, max_k)
         linear = linear_step_costs(fit.cost_ratio, max_k)
         for k in range(1, max_k + 1):
-            rows.append({
-                "method": fit.method,
-                "k": k,
-                "expected_tokens": expected_tokens(fit.alpha, k),
-                "leviathan_speedup": expected_speedup(fit.alpha, k, linear),
-                "curve_speedup": expected_speedup(fit.alpha, k, curve, fit.coverage),
-            })
+            rows.append({"method": fit.method, "k": k, "expected_tokens": expected_tokens(fit.alpha, k),
+                         "leviathan_speedup": expected_speedup(fit.alpha, k, linear),
+                         "curve_speedup": expected_speedup(fit.alpha, k, curve, fit.coverage)})
     return rows
 
 
@@ -371,6 +370,7 @@ def advise(pipe, items, config, *, max_k: int = 10, context_length: int = 4096, 
     categories = list(dict.fromkeys(item.category for item in items)) + [ALL]
     fits = [fit_drafter(m, c, records, rows.get((f"{kind}:{m}", c)), curve, max_k) for c in categories for m in drafters]
     verdicts = [verdict(c, [f for f in fits if f.category == c]) for c in categories]
+    note_samples(verdicts, fits, [item.category for item in items], config.max_tokens)
     overall = verdicts[-1]
     target_kv, element = kv_geometry(pipe.target, pipe.runner_kind)  # the KV cache the runner keeps
     draft_kv = kv_geometry(pipe.draft, pipe.runner_kind)[0] if pipe.draft else None

@@ -45,8 +45,12 @@ def render(advice: Advice, console) -> None:
         decided.add_column(name)
     for v in advice.verdicts:
         color = "green" if v.decision.startswith("GO") else "red"
-        decided.add_row(v.category, f"[{color}]{v.decision}[/{color}]", v.method or "—", f(v.num_speculative_tokens, "{}"), v.reason)
+        mark = " (sample too small)" if v.sample else ""
+        decided.add_row(v.category, f"[{color}]{v.decision}[/{color}]{mark}", v.method or "—", f(v.num_speculative_tokens, "{}"), v.reason)
     console.print(decided)
+    for v in advice.verdicts:
+        if v.sample:
+            console.print(f"{v.category}: {v.sample}", highlight=False, markup=False)
     m = advice.memory
     mib = lambda b: f"{b / 2**20:.0f} MiB"  # noqa: E731
     line = (f"memory at {m['context_length']} tokens: target {mib(m['target_param_bytes'])} + KV {mib(m['target_kv_bytes'])}, "

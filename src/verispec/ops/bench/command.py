@@ -13,7 +13,7 @@ from typing import Mapping, Sequence
 
 from rich.console import Console
 
-from verispec.ops.bench.plots import write_plots
+from verispec.ops.bench.plots import plot_caption, write_plots
 from verispec.ops.bench.report import (
     BenchResults,
     build_results,
@@ -109,7 +109,8 @@ def run_and_report(
         results.quality = measure_quality_of(pipes, prompts, first.target.name, log)
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
-        results.plots = write_plots(results.summary, out_dir)
+        caption = plot_caption(results.config, results.environment, results.created_at)
+        results.plots = write_plots(results.summary, out_dir, caption)
         write_results(results, out_dir / RESULTS_FILE)
         (out_dir / REPORT_FILE).write_text(report_markdown(results), encoding="utf-8")
     return results

@@ -1,8 +1,10 @@
 """PNG plots of a benchmark summary (matplotlib, Agg backend: no display needed).
 
 Four figures: speedup by category and runner, acceptance by draft position, acceptance by
-output position (long-text decay) and tokens/s of every runner (verispec beside its peers).
-Knows nothing about running; reads :class:`SummaryRow` lists only.
+output position (long-text decay) and tokens/s of every runner (verispec beside its peers), each
+with a footer saying when, where and on what it was measured (:func:`plot_caption`), so a PNG
+passed around on its own still says which host it speaks for. Knows nothing about running; reads
+:class:`SummaryRow` lists and the results' settings only.
 """
 
 from __future__ import annotations
@@ -21,19 +23,53 @@ PLOT_FILES = {
 }
 
 
-def write_plots(summary: Sequence[SummaryRow], out_dir: Path) -> list[str]:
-    """Draw the four PNGs into ``out_dir``; returns their file names (relative to it)."""
+def plot_caption(config: dict, environment: dict, created_at: str) -> str:
+    """The footer of every plot: date, host (CPU model, gguf kernel path, threads), workload and
+    prompt count, runners and new tokens, from a results document's ``config``, ``environment``
+    and ``created_at`` (:class:`verispec.ops.bench.report.BenchResults`); missing facts are left
+    out."""
+    host = environment.get("cpu_model") or environment.get("machine") or "unknown CPU"
+    if environment.get("kernel_isa"):
+        host += f", gguf kernels {environment['kernel_isa']}"
+    if environment.get("threads"):
+        host += f", {environment['threads']} threads"
+    parts = [created_at[:10] or "undated", host]
+    if config.get("workload"):
+        parts.append(f"workload {config['workload']}, {config.get('num_prompts', '?')} prompts")
+    if config.get("runner"):
+        parts.append(f"runner {config['runner']}")
+    if config.get("max_tokens"):
+        parts.append(f"max {config['max_tokens']} new tokens")
+    return " · ".join(parts)
+
+
+def draw_figures(summary: Sequence[SummaryRow], caption: str = "") -> dict:
+    """The four figures as matplotlib Figures, ``{key of PLOT_FILES: Figure}``, each with
+    ``caption`` as its footer; the caller closes them (:func:`write_plots` does)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
+    figures = {}
     for key, draw in (("speedup", _speedup), ("draft_position", _draft_position), ("output_position", _output_position), ("throughput", _throughput)):
         fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
         draw(ax, summary)
-        fig.tight_layout()
+        if caption:
+            fig.text(0.01, 0.01, caption, fontsize=7, color="0.3", ha="left", va="bottom", wrap=True)
+        fig.tight_layout(rect=(0, 0.05 if caption else 0, 1, 1))
+        figures[key] = fig
+    return figures
+
+
+def write_plots(summary: Sequence[SummaryRow], out_dir: Path, caption: str = "") -> list[str]:
+    """Draw the four PNGs into ``out_dir`` (footer ``caption``, see :func:`plot_caption`);
+    returns their file names (relative to it)."""
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for key, fig in draw_figures(summary, caption).items():
         fig.savefig(out_dir / PLOT_FILES[key])
         plt.close(fig)
         written.append(PLOT_FILES[key])
@@ -52,8 +88,8 @@ def _speedup(ax, summary: Sequence[SummaryRow]) -> None:
     ax.set_xticks(range(len(categories)), categories, rotation=30, ha="right")
     ax.set_ylabel("speedup over plain decoding (geomean)")
     ax.set_title("Speedup by category")
-    if runners:
-        ax.legend(fontsize=8)
+    if runners:  # beside the axes, right: inside, it covers a bar whatever the place
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
 
 
 def _draft_position(ax, summary: Sequence[SummaryRow]) -> None:
@@ -70,11 +106,16 @@ def _draft_position(ax, summary: Sequence[SummaryRow]) -> None:
 
 
 def _output_position(ax, summary: Sequence[SummaryRow]) -> None:
+    num_buckets = 1
     for r in summary:
         if r.category == ALL and r.acceptance_by_output_bucket:
-            points = [(b * OUTPUT_BUCKET_TOKENS, v) for b, v in enumerate(r.acceptance_by_output_bucket) if v is not None]
+            points = [((b + 0.5) * OUTPUT_BUCKET_TOKENS, v) for b, v in enumerate(r.acceptance_by_output_bucket) if v is not None]
             ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=r.runner)
-    ax.set_xlabel(f"output position (bucket start, {OUTPUT_BUCKET_TOKENS} tokens per bucket)")
+            num_buckets = max(num_buckets, len(r.acceptance_by_output_bucket))
+    ax.set_xlim(0, num_buckets * OUTPUT_BUCKET_TOKENS)  # the buckets' span, even for a single bucket
+    if num_buckets <= 16:
+        ax.set_xticks(range(0, (num_buckets + 1) * OUTPUT_BUCKET_TOKENS, OUTPUT_BUCKET_TOKENS))
+    ax.set_xlabel(f"output position (tokens; each point a {OUTPUT_BUCKET_TOKENS}-token bucket, at its middle)")
     ax.set_ylabel("acceptance rate")
     ax.set_ylim(0, 1.05)
     ax.set_title("Acceptance by output position")

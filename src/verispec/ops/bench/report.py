@@ -145,9 +145,23 @@ def environment(threads: int | None) -> dict:
         "llama_cpp_python": llama,
         "platform": platform.platform(),
         "machine": platform.machine(),
+        "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
         "threads": threads or torch.get_num_threads(),
     }
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``'s first ``model name``, else
+    :func:`platform.processor`); ``""`` when neither says."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+            for line in info:
+                if line.startswith("model name") and ":" in line:
+                    return " ".join(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return platform.processor()
 
 
 def kernel_line(environment: dict) -> str | None:
