@@ -18,7 +18,39 @@ from verispec.cli.models import models_app
 from verispec.cli.serve import serve
 from verispec.cli.train_head import train_head
 
-app = typer.Typer(help="verispec: lossless speculative decoding.", no_args_is_help=True, add_completion=False)
+# help as click writes it, wrapped to the terminal: rich's option panels cut long option names and
+# defaults to "…" at 80 columns and fold the help into 20-column cells
+PLAIN_HELP = {"rich_markup_mode": None, "no_args_is_help": True}
+app = typer.Typer(help="verispec: lossless speculative decoding.", add_completion=False, **PLAIN_HELP)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"verispec {package_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """verispec: lossless speculative decoding."""
+
+
+def package_version() -> str:
+    """The installed distribution's version (``pip show verispec``), else ``verispec.__version__``."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("verispec")
+    except PackageNotFoundError:
+        from verispec import __version__
+
+        return __version__
+
+
 app.command()(generate)
 app.command()(serve)
 app.command()(bench)

@@ -15,7 +15,9 @@ from verispec.errors import InvalidParameterError
 from verispec.ops.corpus import corpus_files
 from verispec.progress import steps
 
-datastore_app = typer.Typer(help="Static corpora for suffix drafting (REST-style retrieval).", no_args_is_help=True)
+datastore_app = typer.Typer(
+    help="Static corpora for suffix drafting (REST-style retrieval).", no_args_is_help=True, rich_markup_mode=None
+)
 
 
 @datastore_app.command("build")

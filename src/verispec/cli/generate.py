@@ -47,7 +47,8 @@ def generate(
     draft: str = draft_option("Draft model reference (same forms as --target), or 'none'."),
     method: str = typer.Option(
         DEFAULT_METHOD,
-        help="auto (suffix lookup in this request and earlier ones when it matches, else the draft model, else layer skip; per step), "
+        help="auto (suffix lookup in this request and earlier ones when it matches, else per step the faster of the "
+        "EAGLE head and the draft model, chains or trees; layer skip only on --runner torch without either), "
         "draft, ngram, suffix (continuations seen in earlier requests and this one), layer-skip, eagle (--eagle-head; eagle-tree: its dynamic tree), "
         "tree (token trees: n-gram branches, else the draft's tree), or none (plain decoding).",
     ),
@@ -93,7 +94,11 @@ def generate(
         if prompt is None:
             if sys.stdin.isatty():
                 raise InvalidParameterError("give a PROMPT argument or pipe the prompt on stdin")
-            prompt = sys.stdin.read()
+            prompt = stdin_prompt(sys.stdin.read())
+        if not prompt:  # before minutes of loading, not after
+            raise InvalidParameterError("the prompt is empty: give the text to continue as PROMPT or on stdin")
+        if method == "layer-skip" and layer_skip_layers == 0:
+            raise InvalidParameterError("--method layer-skip with --layer-skip-layers 0: nothing would draft")
         params = SamplingParams(
             temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
             max_tokens=max_tokens, seed=seed, stop=tuple(stop or ()),
@@ -168,6 +173,15 @@ def generate(
         with working("audit: plain decoding of the same request", "--audit-rate", err):
             result = auditor.run_pending(pipe.engine)[0]
         err.print(f"audit: {describe_audit(result)}", highlight=False)
+
+
+def stdin_prompt(text: str) -> str:
+    """A prompt read from stdin without the one newline ``echo`` (or a file's last line) ends it
+    with: ``echo "def f():" | verispec generate`` asks what ``verispec generate "def f():"`` asks.
+    Only one newline (``\\n`` or ``\\r\\n``) goes; other whitespace is the prompt's."""
+    if text.endswith("\r\n"):
+        return text[:-2]
+    return text[:-1] if text.endswith("\n") else text
 
 
 def parse_tree_choices(text: Optional[str], method: str):

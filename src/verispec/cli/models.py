@@ -6,45 +6,63 @@ Only parses arguments and formats output; the store does the work. Mounted by
 
 from __future__ import annotations
 
+import json
 import sys
 from contextlib import nullcontext
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from verispec.cli.common import user_errors
+from verispec.cli.common import json_option, user_errors
 from verispec.models.store import ModelStore
 from verispec.progress import announce_slow
 
 models_app = typer.Typer(
-    help="List and fetch the built-in models.", no_args_is_help=True, add_completion=False
+    help="List and fetch the built-in models.", no_args_is_help=True, add_completion=False, rich_markup_mode=None
 )
 
-_CACHE_LABELS = {"cached": "yes", "unverified": "changed (re-checked on use)", "missing": "no"}
+_CACHE_LABELS = {"cached": "yes", "unverified": "changed", "missing": "no"}
 
 
 @models_app.command("list")
-def list_models() -> None:
-    """Show the built-in models, their roles and whether they are in the cache."""
+def list_models(
+    paths: bool = typer.Option(
+        False, "--paths", help="Print NAME<tab>PATH per model (the full path of its file), no table."
+    ),
+    as_json: bool = json_option("Print one JSON object a line, one per model, with the full path of its file."),
+) -> None:
+    """Show the built-in models, their roles, sizes and whether they are in the cache.
+
+    The table keeps one line per model at 80 columns; the files' paths follow it in one line
+    (``--paths`` or ``--json``: each model's full path)."""
     store = ModelStore()
     cache_root = store.home / "models"
-    table = Table(title=f"Built-in models (paths relative to {cache_root})")
-    table.add_column("name", no_wrap=True)
-    for column in ("role", "arch", "size", "cached"):
-        table.add_column(column)
-    table.add_column("path", overflow="fold")
     with user_errors():
-        for name, entry in store.registry.items():
-            table.add_row(
-                name,
-                entry.role or "—",
-                f"{entry.arch} {entry.quantization}",
-                _format_bytes(entry.size_bytes),
-                _CACHE_LABELS[store.cache_state(name)],
-                str(store.model_path(name).relative_to(cache_root)),
-            )
-    Console().print(table)
+        rows = [
+            {"name": name, "role": entry.role, "arch": entry.arch, "quantization": entry.quantization,
+             "size_bytes": entry.size_bytes, "cached": store.cache_state(name), "path": str(store.model_path(name))}
+            for name, entry in store.registry.items()
+        ]
+    if as_json or paths:
+        for row in rows:
+            typer.echo(json.dumps(row) if as_json else f"{row['name']}\t{row['path']}")
+        return
+    table = Table(title="Built-in models", box=box.SIMPLE_HEAD, title_justify="left", show_edge=False, pad_edge=False,
+                  collapse_padding=True)
+    for column in ("name", "role", "arch", "size", "cached"):
+        table.add_column(column, no_wrap=True)
+    for row in rows:
+        table.add_row(row["name"], row["role"] or "—", f"{row['arch']} {row['quantization']}",
+                      _format_bytes(row["size_bytes"]), _CACHE_LABELS[row["cached"]])
+    console = Console()
+    console.print(table)
+    console.print("files (full paths: verispec models list --paths):", highlight=False)
+    console.print(f"  {cache_root}/NAME/FILE", highlight=False, soft_wrap=True)  # a path is never folded
+    if any(row["cached"] == "unverified" for row in rows):
+        console.print("changed: the file differs from when it was verified; it is re-hashed on its next use",
+                      highlight=False)
 
 
 @models_app.command("fetch")

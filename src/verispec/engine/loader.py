@@ -24,6 +24,7 @@ from verispec.engine.request import GenerationOutput, SpeculativeConfig, StreamC
 from verispec.errors import ContextLengthError, InvalidParameterError
 from verispec.models.compat import check_draft_compatibility
 from verispec.models.loading import DTYPES, LoadedModel, load_model
+from verispec.models.preflight import check_before_loading
 from verispec.proposers.factory import DRAFT_QUANTIZATIONS, DrafterOptions, build_drafters
 from verispec.runners.quantize import quantize_linear_layers
 from verispec.runners import kv_cache_bytes
@@ -143,6 +144,10 @@ class SpeculativePipeline:
     ) -> SpeculativePipeline:
         """Load the target and (unless ``draft`` is None) the draft, then check they fit together.
 
+        Before anything loads or downloads, every named file's header and the pair's vocabularies
+        are checked from the GGUF metadata and the built-in models' table
+        (:func:`verispec.models.preflight.check_before_loading`, well under a second), so a
+        wrong file or an incompatible draft is refused at once, not after minutes of loading.
         With ``runners.kind == "llamacpp"`` (or ``auto`` choosing it from cached costs) only the
         GGUF metadata and tokenizer are read in Python; llama.cpp maps the weights.
 
@@ -150,12 +155,15 @@ class SpeculativePipeline:
             ModelNotFoundError, ModelIntegrityError, ModelFetchError: from the model store.
             IncompatibleDraftError: the draft's tokenizer or EOS differs from the target's.
             InvalidParameterError: unknown dtype, or a runner that cannot run the models.
+            ModelIntegrityError: also a file that is not a GGUF file or is truncated (its size, the
+                size its tensor table needs and how to fetch it again).
 
         ``runners`` defaults to ``auto``: on a CPU the gguf runner for GGUF files it can run.
         ``max_num_batched_tokens``: the engine's chunked-prefill budget (:class:`SpeculativeEngine`).
         """
         if dtype not in DTYPES:  # checked on every runner, so a typo is not ignored where it does not apply
             raise InvalidParameterError(f"dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}")
+        check_before_loading(target, draft)  # headers and vocabularies: seconds, before minutes of loading
         runners = runners or RunnerOptions(kind="auto")
         if runners.kind == "auto":
             runners = dataclasses.replace(runners, kind=_cached_auto(target, draft, device) or "auto")

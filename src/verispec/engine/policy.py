@@ -34,7 +34,7 @@ TREE_DRAFTERS = ("ngram-tree", "tree")  # tree: n-gram branches when the lookup 
 TREE_SCHEDULED = (*TREE_DRAFTERS, "suffix-tree", "eagle-tree")  # drafters whose budget is a tree's node count
 MISSING_DRAFTER_HINTS = {  # what loads a model drafter, for the error when it is not loaded
     "layer-skip": "layer skip runs the first layers of the target's float model, which the gguf and llama.cpp "
-                  "runners (and int8 from a GGUF file) do not hold: use --runner torch (--layer-skip-layers 0 turns it off)",
+                  "runners (and int8 from a GGUF file) do not hold: use --runner torch",
     "eagle": "load a head with --eagle-head FILE (verispec train-head writes one)",
     "eagle-tree": "load a head with --eagle-head FILE (verispec train-head writes one)",
     "draft": "load a draft model with --draft",

@@ -54,7 +54,8 @@ class GGUFHeader:
     """Parsed header: ``metadata`` holds scalars and strings; arrays appear as their element count.
 
     ``tokenizer_digest``: sha256 over the raw bytes of every ``tokenizer.*`` entry (equal digests:
-    the same tokenizer).
+    the same tokenizer). ``tokens_digest``: sha256 over the raw bytes of ``tokenizer.ggml.tokens``
+    alone (equal digests: the same token string for every id; "" when the file has no token list).
     """
 
     path: Path
@@ -64,6 +65,7 @@ class GGUFHeader:
     file_size: int
     parse_time_s: float = 0.0
     arrays: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # name -> (type, count, offset)
+    tokens_digest: str = ""
 
     @property
     def architecture(self) -> str:
@@ -89,7 +91,11 @@ class _Reader:
     def take(self, size: int) -> bytes:
         data = self.source.read(size)
         if len(data) != size:
-            raise ModelIntegrityError(f"{self.path} is truncated: the GGUF header ends early")
+            size_now = os.fstat(self.source.fileno()).st_size
+            raise ModelIntegrityError(
+                f"{self.path} is truncated: its GGUF header ends early, at byte {size_now} (the file's size); "
+                + refetch_hint(self.path)
+            )
         return data
 
     def unpack(self, fmt: str):
@@ -124,7 +130,8 @@ def read_gguf_header(path: Path) -> GGUFHeader:
 
     Raises:
         ModelIntegrityError: not a GGUF file, a truncated header, implausible counts, or a tensor
-            table that points past the end of the file.
+            table that points past the end of the file (the message gives the file's size, the
+            size its tensor table needs and how to fetch it again).
     """
     from gguf import GGML_QUANT_SIZES
 
@@ -134,6 +141,7 @@ def read_gguf_header(path: Path) -> GGUFHeader:
     metadata: dict[str, Any] = {}
     arrays: dict[str, tuple[int, int, int]] = {}
     digest = hashlib.sha256()
+    tokens_digest = ""
     with open(path, "rb", buffering=1 << 20) as source:
         reader = _Reader(source, path)
         if reader.take(4) != GGUF_MAGIC:
@@ -160,8 +168,11 @@ def read_gguf_header(path: Path) -> GGUFHeader:
             if key.startswith("tokenizer."):
                 end = source.tell()
                 source.seek(begin)
+                raw = reader.take(end - begin)
                 digest.update(key.encode())
-                digest.update(reader.take(end - begin))
+                digest.update(raw)
+                if key == "tokenizer.ggml.tokens":
+                    tokens_digest = hashlib.sha256(raw).hexdigest()
         raw_tensors = []
         for _ in range(tensor_count):
             name = reader.string()
@@ -174,6 +185,7 @@ def read_gguf_header(path: Path) -> GGUFHeader:
         alignment = int(metadata.get("general.alignment", DEFAULT_ALIGNMENT))
         data_start = -(-source.tell() // alignment) * alignment
     tensors = {}
+    needed = data_start
     for name, qtype, shape, offset in raw_tensors:
         if qtype not in GGML_QUANT_SIZES:
             raise ModelIntegrityError(f"{path}: tensor {name} has unknown type {qtype}")
@@ -182,10 +194,26 @@ def read_gguf_header(path: Path) -> GGUFHeader:
         for dim in shape:
             elements *= dim
         n_bytes = elements // block * type_size
-        if data_start + offset + n_bytes > file_size:
-            raise ModelIntegrityError(f"{path} is truncated: tensor {name} ends past the end of the file")
+        needed = max(needed, data_start + offset + n_bytes)
         tensors[name] = TensorInfo(name, qtype, shape, data_start + offset, n_bytes)
-    return GGUFHeader(path, metadata, tensors, digest.hexdigest(), file_size, time.perf_counter() - start, arrays)
+    if needed > file_size:
+        raise ModelIntegrityError(
+            f"{path} is truncated: it has {file_size} bytes and its tensor table needs {needed}; " + refetch_hint(path)
+        )
+    return GGUFHeader(path, metadata, tensors, digest.hexdigest(), file_size, time.perf_counter() - start, arrays,
+                      tokens_digest)
+
+
+def refetch_hint(path: Path) -> str:
+    """How to get a whole copy of ``path`` again: ``verispec models fetch NAME --force`` when its
+    file name is a built-in model's, else a download or copy."""
+    from verispec.models.registry import BUILTIN_MODELS
+
+    names = [entry.name for entry in BUILTIN_MODELS.values() if entry.file_name == Path(path).name]
+    if names:
+        command = f"verispec models fetch {names[0]}"
+        return f"fetch it again with `{command} --force` (or delete it and run `{command}`)"
+    return "download or copy it again (an interrupted download leaves a file like this)"
 
 
 def cached_tokenizer(header: GGUFHeader, directory: Path | None = None):

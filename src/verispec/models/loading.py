@@ -20,6 +20,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from verispec.errors import InvalidParameterError, ModelIntegrityError, ModelNotFoundError
+from verispec.models.gguf_file import read_gguf_header
 from verispec.models.store import ModelSource, ModelStore
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -160,7 +161,7 @@ def _load_source(source: ModelSource, torch_dtype: torch.dtype) -> tuple[Any, An
     """Run transformers on a resolved source; turn its failures into verispec errors."""
     options: dict[str, Any] = {"local_files_only": source.kind != "hub"}
     if source.kind == "gguf":
-        check_gguf_header(source.path)
+        read_gguf_header(source.path)  # not a GGUF file, or truncated: said here, not as numpy's reshape error
         location: str | Path = source.path.parent
         options["gguf_file"] = source.path.name
     elif source.kind == "directory":

@@ -34,7 +34,10 @@ class BuiltinModel:
     """A model verispec can fetch by name.
 
     ``parts`` are concatenated in the order given to form ``file_name`` (``size_bytes`` bytes,
-    sha256 ``sha256``). ``role`` is "default target", "default draft" or None.
+    sha256 ``sha256``). ``role`` is "default target", "default draft" or None. ``vocab_size``
+    and ``tokens_sha256``: the length and the sha256 of the file's ``tokenizer.ggml.tokens`` entry
+    (:attr:`verispec.models.gguf_file.GGUFHeader.tokens_digest`), so that a pair with different
+    vocabularies is refused before either is downloaded.
     """
 
     name: str
@@ -47,6 +50,8 @@ class BuiltinModel:
     role: str | None = None
     license: str = "Apache-2.0"
     hub_id: str | None = None  # the Hugging Face checkpoint the GGUF was converted from (for GPU engines)
+    vocab_size: int | None = None
+    tokens_sha256: str | None = None
 
 
 def _numbered_parts(package_prefix: str, version: str, count: int) -> tuple[WheelPart, ...]:
@@ -79,6 +84,8 @@ BUILTIN_MODELS: Mapping[str, BuiltinModel] = {
             size_bytes=1_117_320_768,
             role="default target",
             hub_id="Qwen/Qwen2.5-Coder-1.5B-Instruct",
+            vocab_size=151_936,
+            tokens_sha256="881cb139ed05e17f4c6e0a0b8700d980c715a1fc717fcc42ad8af56259f68fb2",
         ),
         BuiltinModel(
             name="qwen2.5-coder-0.5b-instruct",
@@ -90,6 +97,8 @@ BUILTIN_MODELS: Mapping[str, BuiltinModel] = {
             size_bytes=491_400_064,
             role="default draft",
             hub_id="Qwen/Qwen2.5-Coder-0.5B-Instruct",
+            vocab_size=151_936,
+            tokens_sha256="881cb139ed05e17f4c6e0a0b8700d980c715a1fc717fcc42ad8af56259f68fb2",
         ),
         BuiltinModel(
             name="smollm2-135m-instruct",
@@ -102,6 +111,8 @@ BUILTIN_MODELS: Mapping[str, BuiltinModel] = {
             sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
             size_bytes=98_362_432,
             hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
+            vocab_size=49_152,
+            tokens_sha256="ac403cb506c1bf1789cd3c7221038a3449478d9559d9820c27d92929265ffda7",
         ),
     )
 }

@@ -162,9 +162,17 @@ def head_quantization_for(choice: str, target_runner: Runner) -> str:
 def layer_skip_drafter(target: LoadedModel, num_layers: int | None) -> LayerSkipProposer | None:
     """The layer-skip drafter over ``target``; None when disabled (0) or, by default (None: a
     quarter of the layers), when the target's layout does not support it. An explicit layer
-    count on an unsupported model raises InvalidParameterError."""
+    count on an unsupported model, or on a target the runner holds no float model of (gguf,
+    llama.cpp, int8 from a GGUF file: ``target.model`` is None), raises InvalidParameterError."""
     if num_layers == 0:
         return None
+    if getattr(target.model, "config", None) is None:
+        if num_layers is None:
+            return None
+        raise InvalidParameterError(
+            f"layer skip (layer_skip_layers={num_layers}) runs the first layers of the target's float model, which the gguf and "
+            "llama.cpp runners (and int8 from a GGUF file) do not hold: use --runner torch"
+        )
     try:
         total = int(target.model.config.num_hidden_layers)
         layers = max(1, total // DEFAULT_LAYER_SKIP_FRACTION) if num_layers is None else num_layers
