@@ -86,8 +86,9 @@ def choice_params(params: SamplingParams, index: int) -> SamplingParams:
     return dataclasses.replace(params, seed=seed)
 
 
-def structured_output(body: CompletionRequest | ChatCompletionRequest) -> StructuredOutput | None:
-    """The grammar ``response_format`` (or, in chat, a forced ``tool_choice``) asks for.
+def structured_output(body: CompletionRequest | ChatCompletionRequest, tokenizer=None) -> StructuredOutput | None:
+    """The grammar ``response_format`` (or, in chat, a forced ``tool_choice``) asks for
+    (``tokenizer``: the target's, which a forced call's grammar needs for its tag tokens).
 
     Raises APIError 400 for a format without its schema, regex or grammar, or one that does not
     compile (checked without a tokenizer; the engine checks again with it).
@@ -107,7 +108,7 @@ def structured_output(body: CompletionRequest | ChatCompletionRequest) -> Struct
         name = None if body.tool_choice == "required" else body.tool_choice.function.name
         if name is not None and name not in {t.function.name for t in body.tools}:
             raise bad_request(f"tool_choice names {name!r}, which is not in tools", "tool_choice")
-        output, param = tools.forced_call_grammar(body.tools, name), "tools"
+        output, param = tools.forced_call_grammar(body.tools, name, tokenizer), "tools"
     elif fmt is None or fmt.type == "text":
         return None
     else:
@@ -192,10 +193,19 @@ def _prompt_ids(pipeline, prompt: str | list[int]) -> list[int]:
 
 def chat_prompt_ids(pipeline, body: ChatCompletionRequest) -> list[int]:
     """Token ids of the messages (and ``tools``, unless ``tool_choice`` is "none") through the
-    target's chat template, ready for the assistant turn."""
+    target's chat template, ready for the assistant turn.
+
+    Raises APIError 400 for a message without content (an assistant's may have ``tool_calls``
+    instead), a model without a chat template, or messages the template refuses.
+    """
     tokenizer = pipeline.tokenizer
     if not getattr(tokenizer, "chat_template", None):
         raise bad_request(f"{pipeline.target.name} has no chat template: use /v1/completions", "messages")
+    for i, message in enumerate(body.messages):
+        if message.content is None and not (message.role == "assistant" and message.tool_calls):
+            need = "content or tool_calls" if message.role == "assistant" else "content"
+            raise bad_request(f"messages[{i}].content is missing: a {message.role} message needs {need}",
+                              f"messages[{i}].content")
     conversation = [tools.template_message(m) for m in body.messages]
     options = {}
     if body.tools and body.tool_choice != "none":

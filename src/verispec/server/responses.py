@@ -86,14 +86,15 @@ async def sse(
 ) -> AsyncIterator[str]:
     """Server-Sent Events: text deltas as accepted (each with its choice's index), a finish chunk
     per choice, usage if asked, ``[DONE]``; ``on_finished`` is called once every choice finished
-    without an error (before ``[DONE]``). With tools, a choice's text is held until it ends
-    and then sent as content or as ``tool_calls``. A fault once the stream started (a failed job,
+    without an error (before ``[DONE]``). With tools, a choice's text streams as content until it
+    may be a call (:class:`~verispec.server.tool_parser.ToolCallStream`); the rest is sent when it
+    ends, as content and ``tool_calls``. A fault once the stream started (a failed job,
     any exception here) sends an error event in OpenAI's shape, then ``[DONE]``. A client that
     disconnects cancels this generator (counted ``client_disconnected``); ``finally`` then
     cancels the jobs.
     """
     header = view.header
-    held = {choice.index: "" for choice in choices}
+    held = {choice.index: tools.ToolCallStream(view.tools) for choice in choices} if view.tools is not None else {}
     shown = {choice.index: b"" for choice in choices}  # bytes of each choice's text so far (offsets)
     results = []
     try:
@@ -113,14 +114,13 @@ async def sse(
             entries = view.logprobs(choice, chunk.token_ids, chunk.logprobs, shown[choice.index])
             if not header.chat and chunk.logprobs is not None:
                 shown[choice.index] += logprobs.token_bytes(view.texts, chunk.token_ids)
-            if view.tools is not None:
-                held[choice.index] += chunk.text
-            elif chunk.text or entries:
-                yield frame(header.chunk(chunk.text, index=choice.index, logprobs=entries))
+            text = held[choice.index].feed(chunk.text) if view.tools is not None else chunk.text
+            if text or entries:
+                yield frame(header.chunk(text, index=choice.index, logprobs=entries))
             if chunk.output is not None:
                 finish_reason, calls = chunk.output.finish_reason, None
                 if view.tools is not None:
-                    content, calls = tools.parse_tool_calls(held[choice.index], view.tools)
+                    content, calls = held[choice.index].finish()
                     finish_reason = "tool_calls" if calls else finish_reason
                     if content:
                         yield frame(header.chunk(content, index=choice.index))

@@ -192,6 +192,16 @@ class ChatMessage(_Request):
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
 
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, content):
+        """Name a part that is not text (``image_url``, ``input_audio``, ``file``) rather than fail every branch."""
+        for i, part in enumerate(content if isinstance(content, list) else ()):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if isinstance(kind, str) and kind != "text":
+                raise ValueError(f"part {i} is of type {kind!r}: only text content parts are supported (text models)")
+        return content
+
     @field_validator("content")
     @classmethod
     def _content_text(cls, content):

@@ -10,13 +10,12 @@ template asks the model to use) into OpenAI ``tool_calls``. Knows nothing about 
 from __future__ import annotations
 
 import json
-import re
-import uuid
 from typing import Any, Sequence
 
 from verispec.engine.constraints import JSON_OPTIONS, StructuredOutput
+from verispec.server.tool_parser import ToolCallStream, parse_tool_calls
 
-TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+__all__ = ["ToolCallStream", "forced_call_grammar", "parse_tool_calls", "template_message", "template_tools"]
 
 
 def template_tools(tools: Sequence) -> list[dict[str, Any]]:
@@ -24,9 +23,16 @@ def template_tools(tools: Sequence) -> list[dict[str, Any]]:
     return [{"type": "function", "function": tool.function.model_dump(exclude_none=True)} for tool in tools]
 
 
-def forced_call_grammar(tools: Sequence, name: str | None) -> StructuredOutput:
+def forced_call_grammar(tools: Sequence, name: str | None, tokenizer=None) -> StructuredOutput:
     """A grammar for exactly one ``<tool_call>`` of function ``name`` (None: any of ``tools``),
-    its ``arguments`` following the function's ``parameters`` schema."""
+    its ``arguments`` following the function's ``parameters`` schema: the model's own format,
+    ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``.
+
+    ``tokenizer`` (the target's): where it makes ``<tool_call>`` or ``</tool_call>`` one token (Qwen2.5's
+    added tokens 151657 and 151658), the grammar names that token by id (``<[id]>``); a literal
+    string there would let the model emit the token but never advance past it (llguidance
+    matches text literals against ordinary tokens only). Without a tokenizer: literal text.
+    """
     chosen = [t for t in tools if name is None or t.function.name == name]
     alternatives = []
     for tool in chosen:
@@ -43,43 +49,28 @@ def forced_call_grammar(tools: Sequence, name: str | None) -> StructuredOutput:
         alternatives.append(f"%json {json.dumps(schema)}")
     rules = "\n".join(f"call{i}: {alt}" for i, alt in enumerate(alternatives))
     start = " | ".join(f"call{i}" for i in range(len(alternatives)))
-    lark = f'start: "<tool_call>\\n" ({start}) "\\n</tool_call>"\n{rules}\n'
+    lark = f'start: {_tag(tokenizer, "<tool_call>")} "\\n" ({start}) "\\n" {_tag(tokenizer, "</tool_call>")}\n{rules}\n'
     return StructuredOutput("grammar", lark)
 
 
-def parse_tool_calls(text: str, tools: Sequence) -> tuple[str | None, list[dict[str, Any]]]:
-    """``(content, tool_calls)`` of a model's answer: each ``<tool_call>{"name", "arguments"}</tool_call>``
-    block naming a known function becomes an OpenAI tool call (``arguments`` as JSON text); the
-    rest of the text is the content (None when empty). Blocks that do not parse stay in the content.
-    """
-    names = {t.function.name for t in tools}
-    calls, kept, last = [], [], 0
-    for match in TOOL_CALL.finditer(text):
-        try:
-            payload = json.loads(match.group(1))
-        except json.JSONDecodeError:
-            continue
-        if not isinstance(payload, dict) or payload.get("name") not in names:
-            continue
-        arguments = payload.get("arguments", {})
-        kept.append(text[last : match.start()])
-        last = match.end()
-        calls.append({
-            "id": "call_" + uuid.uuid4().hex[:24],
-            "type": "function",
-            "function": {"name": payload["name"], "arguments": _json_text(arguments)},
-        })
-    kept.append(text[last:])
-    content = "".join(kept).strip() if calls else text
-    return (content or None), calls
+def _tag(tokenizer, text: str) -> str:
+    """``text`` in a Lark rule: its token by id where ``tokenizer`` makes it one token, else the literal."""
+    ids = tokenizer.encode(text, add_special_tokens=False) if tokenizer is not None else []
+    return f"<[{ids[0]}]>" if len(ids) == 1 else json.dumps(text)
 
 
 def template_message(message) -> dict[str, Any]:
-    """One chat message as the template's dict (assistant ``tool_calls`` with parsed arguments)."""
-    entry: dict[str, Any] = {"role": message.role, "content": message.text()}
+    """One chat message as the template's dict (assistant ``tool_calls`` with parsed arguments).
+
+    ``developer`` is OpenAI's name for the system instruction since its o1 models: it becomes
+    ``system``, the role chat templates know (Qwen2.5's renders no other and drops the message).
+    """
+    role = "system" if message.role == "developer" else message.role
+    entry: dict[str, Any] = {"role": role, "content": message.text()}
     if message.tool_calls:
         entry["tool_calls"] = [
-            {"type": "function", "id": call.id, "function": {"name": call.function.name, "arguments": _arguments(call.function.arguments)}}
+            {"type": "function", "id": call.id,
+             "function": {"name": call.function.name, "arguments": _arguments(call.function.arguments)}}
             for call in message.tool_calls
         ]
     if message.tool_call_id is not None:
@@ -87,18 +78,6 @@ def template_message(message) -> dict[str, Any]:
     if message.name is not None:
         entry["name"] = message.name
     return entry
-
-
-def _json_text(arguments) -> str:
-    """``arguments`` as JSON text: an object stays one; a string holding a JSON object (some
-    models quote it) is kept as it is; any other value is encoded."""
-    if isinstance(arguments, str):
-        try:
-            if isinstance(json.loads(arguments), dict):
-                return arguments
-        except json.JSONDecodeError:
-            pass
-    return json.dumps(arguments)
 
 
 def _arguments(text: str):
