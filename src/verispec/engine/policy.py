@@ -23,9 +23,10 @@ from verispec.spec.control import (
     catch_up_pays,
     expected_tokens,
 )
-from verispec.spec.schedules import CostModelSchedule, TreeBudgetSchedule, make_schedule
+from verispec.spec.schedules import CostModelSchedule, TreeBudgetSchedule, make_schedule, sized_by_confidence
 from verispec.errors import InvalidParameterError
 from verispec.proposers import DraftOutput, DraftRequest, Proposer
+from verispec.proposers.suffix import ConfidentProposer
 
 LOOKUP_DRAFTERS = ("suffix", "ngram")  # auto: the first loaded one drafts whenever its lookup matches
 MODEL_DRAFTERS = ("eagle", "draft")  # auto: every loaded one backs up the lookup (the better per step)
@@ -175,6 +176,11 @@ class DraftPolicy:
         for name in self._step_order():
             proposer = self._proposers[name]
             k = self.schedules[name].next_k(batch_size)
+            if isinstance(proposer, ConfidentProposer):  # a lookup sure of its match drafts more than the average
+                start, prior = time.perf_counter(), self.alphas[name].alpha
+                scores = lambda n: proposer.draft_confidences(request, n, prior)  # noqa: E731
+                k = max(k, sized_by_confidence(self.schedules[name], scores, limit, batch_size))
+                spent += time.perf_counter() - start
             num_tokens = min(k, limit)
             if num_tokens <= 0:
                 continue

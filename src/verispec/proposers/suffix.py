@@ -8,7 +8,11 @@ prompt and output, as n-gram lookup has). A proposal takes the longest n-gram of
 tail found anywhere, gathers what followed each occurrence, and returns the most frequent
 continuation (a chain) or the frequency-scored tree of them (SuffixDecoding, Oliaro et al.
 2025, §3: the speculation tree of the matched suffix, nodes scored by empirical continuation
-frequency, its size following the match length). Drafts are deterministic (no probabilities):
+frequency, its size following the match length). Each proposal also says how sure it is:
+:func:`node_confidences`, the estimated probability that verification accepts each node, from the
+continuations' frequencies (the paper's D(N)) blended with the drafter's realised acceptance, so
+the ``cost`` schedules can size a draft from the match it comes from
+(:func:`verispec.spec.schedules.confident_length`). Drafts are deterministic (no probabilities):
 verification's one-hot path keeps them lossless. Knows nothing about models or verification.
 """
 
@@ -17,7 +21,7 @@ from __future__ import annotations
 import math
 import threading
 from collections import deque
-from typing import Sequence
+from typing import Protocol, Sequence, runtime_checkable
 
 from verispec.errors import InvalidParameterError
 from verispec.proposers.base import DraftRequest, Proposer
@@ -27,6 +31,18 @@ from verispec.proposers.suffix_file import read_sequences, write_sequences
 from verispec.spec.tree import TokenTree
 
 DEFAULT_MAX_TOKENS = 65_536  # tokens of past requests kept (the index costs up to ~2-3 KB a token)
+PRIOR_OCCURRENCES = 1.0  # weight of the realised acceptance in node_confidences, in occurrences
+
+
+@runtime_checkable
+class ConfidentProposer(Protocol):
+    """A drafter that scores its own proposal: ``draft_confidences(request, num_tokens, prior)``
+    gives, for the proposal ``propose(request, num_tokens)`` would return, the estimated
+    probability that verification accepts each of its tokens (tree nodes: in tree order) and
+    every token before it; ``prior``: the drafter's realised per-token acceptance."""
+
+    def draft_confidences(self, request: DraftRequest, num_tokens: int, prior: float) -> list[float]:
+        ...
 
 
 class SuffixCache:
@@ -212,16 +228,29 @@ class SuffixProposer(Proposer):
     def propose_tree(self, request: DraftRequest, num_nodes: int, chain: bool = False) -> TokenTree:
         """The frequency-scored tree of the continuations (at most ``num_nodes`` nodes below the
         root, the last context token); with ``chain``, its most frequent path only."""
+        return self._scored_tree(request, num_nodes, chain)[0]
+
+    def draft_confidences(self, request: DraftRequest, num_tokens: int, prior: float,
+                          chain: bool = True) -> list[float]:
+        """``[num_draft_tokens]`` :func:`node_confidences` of the proposal of ``num_tokens`` (the
+        chain :meth:`propose` returns; with ``chain`` False, :meth:`propose_tree`'s nodes);
+        ``prior``: the drafter's realised per-token acceptance rate in [0, 1]."""
+        if not request.prompt_token_ids and not request.output_token_ids:
+            return []
+        tree, continuations = self._scored_tree(request, num_tokens, chain)
+        return node_confidences(tree, continuations, prior)
+
+    def _scored_tree(self, request: DraftRequest, num_nodes: int, chain: bool) -> tuple[TokenTree, list[list[int]]]:
         index = self._local.index_for(request)
         context = index.token_ids
         root = int(context[-1])
         n, continuations = self._continuations(index, num_nodes)
         budget = min(num_nodes, math.ceil(self.spec_factor * n)) if n else 0
         if budget <= 0 or not continuations:
-            return TokenTree((root,), (-1,))
+            return TokenTree((root,), (-1,)), []
         if chain:
-            return _chain_tree(root, most_frequent_path(continuations, budget))
-        return ngram_tree(root, continuations, budget, branch_decay=1.0, depth_decay=1.0)
+            return _chain_tree(root, most_frequent_path(continuations, budget)), continuations
+        return ngram_tree(root, continuations, budget, branch_decay=1.0, depth_decay=1.0), continuations
 
     def observe(self, num_accepted_tokens: int) -> None:
         """Nothing to learn within a request: finished requests reach the cache through :meth:`end_request`."""
@@ -267,6 +296,43 @@ class SuffixTreeProposer(Proposer):
 
     def observe(self, num_accepted_tokens: int) -> None:
         """Nothing to learn within a request."""
+
+    def draft_confidences(self, request: DraftRequest, num_tokens: int, prior: float) -> list[float]:
+        """:meth:`SuffixProposer.draft_confidences` of the tree this drafter proposes."""
+        return self.suffix.draft_confidences(request, num_tokens, prior, chain=False)
+
+
+def node_confidences(tree: TokenTree, continuations: Sequence[Sequence[int]], prior: float,
+                     prior_weight: float = PRIOR_OCCURRENCES) -> list[float]:
+    """``[num_nodes - 1]`` estimated probability that verification accepts each node below the
+    root of ``tree`` (and so its whole path), from the ``continuations`` the tree was built from.
+
+    SuffixDecoding (Oliaro et al. 2024, arXiv 2411.04975, §3, speculation tree expansion and
+    scoring) scores a node by ``D(N) = D(parent) * C(N) / C(parent)``, ``C`` the continuations
+    through a node: the empirical probability of its path. Here each factor is a Beta-binomial
+    mean that also weighs the drafter's realised per-token acceptance ``prior`` (in [0, 1]) as
+    ``prior_weight`` occurrences: ``(C(N) - 1 + w prior) / (C(parent, going on) - 1 + w)``. The
+    one occurrence every match has is what ``prior`` was measured on, so a node seen once is
+    priced at ``prior`` (as the schedule prices every draft), each further agreeing occurrence
+    raises it towards 1, and a continuation that disagrees lowers it.
+    """
+    through: dict[tuple[int, ...], int] = {}  # path -> continuations through it
+    going_on: dict[tuple[int, ...], int] = {}  # path -> continuations through it with a next token
+    for tokens in continuations:
+        for depth in range(1, len(tokens) + 1):
+            key = tuple(int(t) for t in tokens[:depth])
+            through[key] = through.get(key, 0) + 1
+            going_on[key[:-1]] = going_on.get(key[:-1], 0) + 1
+    paths: list[tuple[int, ...]] = [()]
+    out: list[float] = []
+    for node in range(1, len(tree.token_ids)):
+        parent = tree.parents[node]
+        path = paths[parent] + (int(tree.token_ids[node]),)
+        paths.append(path)
+        agree, alive = through.get(path, 0), going_on.get(paths[parent], 0)
+        factor = (agree - 1 + prior_weight * prior) / (alive - 1 + prior_weight) if agree else 0.0
+        out.append((out[parent - 1] if parent else 1.0) * factor)
+    return out
 
 
 def most_frequent_path(continuations: Sequence[Sequence[int]], length: int) -> list[int]:

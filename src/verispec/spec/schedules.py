@@ -4,13 +4,15 @@ The schedules users choose between (:data:`SCHEDULES`: constant, heuristic, cost
 the estimates of :mod:`verispec.spec.control`, and the tree counterpart of the draft-length choice:
 the realised accepted length per node budget (:class:`TreeAcceptance`), the budget maximising
 tokens per unit of measured time (:func:`best_tree_budget`) and the ``cost`` schedule of tree
-drafters (:class:`TreeBudgetSchedule`). Knows nothing about models or tokens: it sees node
-indices, counts and the costs :class:`verispec.spec.control.CostModel` measured.
+drafters (:class:`TreeBudgetSchedule`). For drafters that score their own
+proposal, :func:`confident_length` sizes a draft from its scores. Knows nothing about models or
+tokens: it sees node indices, counts, scores and the costs :class:`verispec.spec.control.CostModel`
+measured.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 from verispec.spec.control import AcceptanceEstimate, ControllerConfig, CostModel, best_draft_length, expected_tokens
 
@@ -32,6 +34,31 @@ def best_tree_budget(accepted_lengths: Sequence[float], step_costs: Sequence[flo
     best_n, best = 1, (1.0 + accepted_lengths[1]) / step_costs[1]
     for n in range(2, len(step_costs)):
         speedup = (1.0 + accepted_lengths[n]) / step_costs[n]
+        if speedup > best:
+            best_n, best = n, speedup
+    return best_n, best
+
+
+def confident_length(confidences: Sequence[float], step_costs: Sequence[float]) -> tuple[int, float]:
+    """The draft length (or node budget) n in ``0 .. min(len(confidences), len(step_costs) - 1)``
+    maximising ``(1 + sum(confidences[:n])) / step_costs[n]``, for a drafter that scores its own
+    proposal.
+
+    Args:
+        confidences: ``[num_draft_tokens]`` the probability that verification accepts each token
+            (tree nodes in tree order, the first n forming a tree) and every token before it:
+            the sum of the first n is the expected accepted tokens of that cut (SuffixDecoding,
+            Oliaro et al. 2024, §3: SCORE(T) = sum of D(N)); ``alpha ** (i + 1)`` gives
+            :func:`verispec.spec.control.best_draft_length`'s Eq. 1 (Leviathan et al. 2023, §3.3).
+        step_costs: ``[max_k + 1]`` cost of drafting and verifying n tokens, in plain decoding
+            steps (:meth:`verispec.spec.control.CostModel.step_costs`; ``step_costs[0]`` is 1).
+    Returns:
+        ``(n, predicted speedup)``; n = 0 when no cut beats plain decoding, ties to the smaller n.
+    """
+    best_n, best, accepted = 0, 1.0 / step_costs[0], 0.0
+    for n in range(1, min(len(confidences), len(step_costs) - 1) + 1):
+        accepted += confidences[n - 1]
+        speedup = (1.0 + accepted) / step_costs[n]
         if speedup > best:
             best_n, best = n, speedup
     return best_n, best
@@ -226,6 +253,23 @@ class CostModelSchedule:
     def update(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
         """Only probes matter here; the acceptance estimate is updated by the policy."""
         self._follow_up = self._probing == "probe" and 0 < num_draft_tokens == num_accepted_tokens
+
+
+def sized_by_confidence(
+    schedule: DraftLengthSchedule, confidences_of: Callable[[int], Sequence[float]], limit: int, batch_size: int = 1
+) -> int:
+    """The draft length (node budget) a drafter's confidence in its next proposal pays for under
+    ``schedule``'s measured costs: :func:`confident_length` of ``confidences_of(n)`` (the scores
+    of the proposal of at most n tokens, n = ``min(max_k, limit)``). 0 under the constant and
+    heuristic schedules (their lengths are the user's) and before the costs are measured. The
+    policy drafts the larger of this and the schedule's own choice, which prices the drafter's
+    average proposal: a match the drafter is surer of than average drafts longer."""
+    if not isinstance(schedule, (CostModelSchedule, TreeBudgetSchedule)) or limit <= 0:
+        return 0
+    step_costs = schedule.costs.step_costs(schedule.drafter, min(schedule.max_k, limit), batch_size)
+    if step_costs is None:
+        return 0
+    return confident_length(confidences_of(len(step_costs) - 1), step_costs)[0]
 
 
 def make_schedule(
