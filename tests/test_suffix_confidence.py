@@ -101,6 +101,9 @@ def test_confidence_is_not_asked_before_costs_are_measured():
     policy, name = repeated_ask_policy(2)
     assert sized_by_confidence(policy.schedules[name], lambda n: [1.0] * n, 8) == 8
     assert sized_by_confidence(policy.schedules[name], lambda n: [1.0] * n, 0) == 0  # no room left
+    assert sized_by_confidence(policy.schedules[name], lambda n: [0.0] * n, 8, at_least=3) == 3  # never shorter
+    asked = []
+    assert sized_by_confidence(policy.schedules[name], asked.append, 8, at_least=8) == 8 and not asked  # full already
 
 
 @pytest.mark.parametrize("tree", [False, True])

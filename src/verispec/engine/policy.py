@@ -179,7 +179,7 @@ class DraftPolicy:
             if isinstance(proposer, ConfidentProposer):  # a lookup sure of its match drafts more than the average
                 start, prior = time.perf_counter(), self.alphas[name].alpha
                 scores = lambda n: proposer.draft_confidences(request, n, prior)  # noqa: E731
-                k = max(k, sized_by_confidence(self.schedules[name], scores, limit, batch_size))
+                k = sized_by_confidence(self.schedules[name], scores, limit, batch_size, at_least=k)
                 spent += time.perf_counter() - start
             num_tokens = min(k, limit)
             if num_tokens <= 0:

@@ -256,20 +256,22 @@ class CostModelSchedule:
 
 
 def sized_by_confidence(
-    schedule: DraftLengthSchedule, confidences_of: Callable[[int], Sequence[float]], limit: int, batch_size: int = 1
+    schedule: DraftLengthSchedule, confidences_of: Callable[[int], Sequence[float]], limit: int, batch_size: int = 1,
+    at_least: int = 0,
 ) -> int:
-    """The draft length (node budget) a drafter's confidence in its next proposal pays for under
-    ``schedule``'s measured costs: :func:`confident_length` of ``confidences_of(n)`` (the scores
-    of the proposal of at most n tokens, n = ``min(max_k, limit)``). 0 under the constant and
-    heuristic schedules (their lengths are the user's) and before the costs are measured. The
-    policy drafts the larger of this and the schedule's own choice, which prices the drafter's
-    average proposal: a match the drafter is surer of than average drafts longer."""
-    if not isinstance(schedule, (CostModelSchedule, TreeBudgetSchedule)) or limit <= 0:
-        return 0
+    """The draft length (node budget) to draft: the larger of ``at_least`` (the schedule's own
+    choice, which prices the drafter's average proposal) and what the drafter's confidence in its
+    next proposal pays for under ``schedule``'s measured costs, :func:`confident_length` of
+    ``confidences_of(n)`` (the scores of the proposal of at most n = ``min(max_k, limit)``
+    tokens). So a match the drafter is surer of than average drafts longer, never shorter.
+    ``at_least`` under the constant and heuristic schedules (their lengths are the user's), before
+    the costs are measured, and when it already reaches n (the scores are then not asked for)."""
+    if not isinstance(schedule, (CostModelSchedule, TreeBudgetSchedule)) or at_least >= min(schedule.max_k, limit):
+        return at_least
     step_costs = schedule.costs.step_costs(schedule.drafter, min(schedule.max_k, limit), batch_size)
     if step_costs is None:
-        return 0
-    return confident_length(confidences_of(len(step_costs) - 1), step_costs)[0]
+        return at_least
+    return max(at_least, confident_length(confidences_of(len(step_costs) - 1), step_costs)[0])
 
 
 def make_schedule(
