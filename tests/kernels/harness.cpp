@@ -764,7 +764,7 @@ int main(int argc, char** argv) {
     }
     h.attention(14, 2, 64, 6, {}, true, seed++);
     h.attention(3, 1, 128, 0, {3, 6, 1}, true, seed++);
-    for (int64_t dim : {16, 48, 64, 80, 128})
+    for (int64_t dim : {16, 48, 64, 80, 96, 128, 256})  // 96: Phi-3; 256: Gemma 3
         for (bool slots : {false, true}) h.scores_and_sums(dim, slots);
     h.row_ops(seed++);
     h.iq4_nl();

@@ -27,11 +27,20 @@ VS_AVX512 inline __m512i dpbusd_bcast(__m512i acc, __m512i w, const int8_t* p) {
     return acc;
 }
 
-// Prefetch distance: this many blocks ahead of the one being multiplied.
-constexpr int PREFETCH_BLOCKS = 2;
+// Software prefetch, by the number of rows R (a template argument: no branch in the loops). One row
+// (decoding, every draft-model token) prefetches nothing: the hardware's stream prefetcher keeps up
+// with a pass that does so little per byte, and a burst of prefetches ahead only takes load slots
+// and miss buffers from it. Several rows: the 256-value formats fetch the block PREFETCH_BLOCKS
+// ahead into L2 (prefetcht1), the 32-value formats theirs into L1 as before. Measured on an AMD
+// EPYC (Zen 4) host: docs/benchmarks.md, "AVX-512 prefetch by rows".
+constexpr int PREFETCH_BLOCKS = 2;     // the 256-value formats (Q4_K, Q6_K), into L2
+constexpr int PREFETCH_BLOCKS_32 = 8;  // the 32-value nibble formats (Q4_0, IQ4_NL, Q5_0), into L1
+constexpr int PREFETCH_BLOCKS_Q8 = 6;  // Q8_0, into L1
 
+template <int R, int HINT>
 VS_AVX512 inline void prefetch_block(const uint8_t* next, int bytes) {
-    for (int l = 0; l < bytes; l += 64) _mm_prefetch((const char*)(next + l), _MM_HINT_T0);
+    if constexpr (R > 1)
+        for (int l = 0; l < bytes; l += 64) _mm_prefetch((const char*)(next + l), (enum _mm_hint)HINT);
 }
 
 // Each kernel walks one sub-block at a time: R int32 accumulators (one per row) take the
@@ -45,7 +54,7 @@ VS_AVX512 void tile_q4k(const TileArgs& a) {
     const int64_t nb = x.in / 256;
     for (int64_t b = 0; b < a.nblocks; ++b) {
         const uint8_t* t = a.tile + b * 2368;
-        prefetch_block(t + PREFETCH_BLOCKS * 2368, 2368);
+        prefetch_block<R, _MM_HINT_T1>(t + PREFETCH_BLOCKS * 2368, 2368);
         const int8_t* xb = x.q.data() + a.row0 * x.in + b * 256;
         __m512i isum[R];
         for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
@@ -97,32 +106,37 @@ VS_AVX512 void tile_q6k(const TileArgs& a) {
     const int64_t nb = x.in / 256;
     for (int64_t b = 0; b < a.nblocks; ++b) {
         const uint8_t* t = a.tile + b * 3360;
-        prefetch_block(t + PREFETCH_BLOCKS * 3360, 3360);
+        prefetch_block<R, _MM_HINT_T1>(t + PREFETCH_BLOCKS * 3360, 3360);
         const int8_t* xb = x.q.data() + a.row0 * x.in + b * 256;
         __m512i isum[R];
         for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
-        for (int j = 0; j < 16; ++j) {
-            const int p = j / 2, e = j & 1;
+        for (int p = 0; p < 8; ++p) {  // sub-blocks 2p (low nibbles) and 2p + 1 (high) share their bytes
             const uint8_t* n = t + 288 + 384 * p;
-            const __m512i hb = _mm512_loadu_si512(n + 256 + 64 * e);
-            __m512i dot[R];
-            for (int r = 0; r < R; ++r) dot[r] = _mm512_setzero_si512();
+            const __m512i hb0 = _mm512_loadu_si512(n + 256), hb1 = _mm512_loadu_si512(n + 320);
+            __m512i dot0[R], dot1[R];
+            for (int r = 0; r < R; ++r) dot0[r] = dot1[r] = _mm512_setzero_si512();
             for (int h = 0; h < 4; ++h) {
                 const __m512i v = _mm512_loadu_si512(n + 64 * h);
-                const __m512i lo = e ? _mm512_and_si512(_mm512_srli_epi16(v, 4), m4) : _mm512_and_si512(v, m4);
-                __m512i bits;  // bits 2h..2h+1 moved to bits 4..5
+                const __m512i lo0 = _mm512_and_si512(v, m4), lo1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                __m512i bits0, bits1;  // bits 2h..2h+1 moved to bits 4..5
                 switch (h) {
-                    case 0: bits = _mm512_slli_epi16(hb, 4); break;
-                    case 1: bits = _mm512_slli_epi16(hb, 2); break;
-                    case 2: bits = hb; break;
-                    default: bits = _mm512_srli_epi16(hb, 2); break;
+                    case 0: bits0 = _mm512_slli_epi16(hb0, 4); bits1 = _mm512_slli_epi16(hb1, 4); break;
+                    case 1: bits0 = _mm512_slli_epi16(hb0, 2); bits1 = _mm512_slli_epi16(hb1, 2); break;
+                    case 2: bits0 = hb0; bits1 = hb1; break;
+                    default: bits0 = _mm512_srli_epi16(hb0, 2); bits1 = _mm512_srli_epi16(hb1, 2); break;
                 }
-                const __m512i w = _mm512_ternarylogic_epi32(lo, bits, m30, 0xF8);  // lo | (bits & 0x30)
-                for (int r = 0; r < R; ++r) dot[r] = dpbusd_bcast(dot[r], w, xb + r * x.in + 16 * j + 4 * h);
+                const __m512i w0 = _mm512_ternarylogic_epi32(lo0, bits0, m30, 0xF8);  // lo | (bits & 0x30)
+                const __m512i w1 = _mm512_ternarylogic_epi32(lo1, bits1, m30, 0xF8);
+                for (int r = 0; r < R; ++r) {
+                    const int8_t* xr = xb + r * x.in + 32 * p + 4 * h;
+                    dot0[r] = dpbusd_bcast(dot0[r], w0, xr);
+                    dot1[r] = dpbusd_bcast(dot1[r], w1, xr + 16);
+                }
             }
             const __m512i pairs = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(t + 32 + 32 * p)));
-            const __m512i sc = e ? _mm512_srai_epi32(pairs, 16) : _mm512_srai_epi32(_mm512_slli_epi32(pairs, 16), 16);
-            for (int r = 0; r < R; ++r) isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(dot[r], sc));
+            const __m512i sc0 = _mm512_srai_epi32(_mm512_slli_epi32(pairs, 16), 16), sc1 = _mm512_srai_epi32(pairs, 16);
+            for (int r = 0; r < R; ++r)
+                isum[r] = _mm512_add_epi32(isum[r], _mm512_add_epi32(_mm512_mullo_epi32(dot0[r], sc0), _mm512_mullo_epi32(dot1[r], sc1)));
         }
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)t));
         for (int r = 0; r < R; ++r) {
@@ -160,7 +174,7 @@ VS_AVX512 void tile_nibbles(const TileArgs& a) {
     const int64_t nb = x.in / 32;
     for (int64_t b = 0; b < a.nblocks; ++b) {
         const uint8_t* t = a.tile + b * BYTES;
-        prefetch_block(t + 8 * BYTES, BYTES);
+        prefetch_block<R, _MM_HINT_T0>(t + PREFETCH_BLOCKS_32 * BYTES, BYTES);
         const __m512i hb = QT == Q5_0 ? _mm512_loadu_si512(t + 288) : _mm512_setzero_si512();
         __m512i dot[R];
         for (int r = 0; r < R; ++r) dot[r] = _mm512_setzero_si512();
@@ -207,7 +221,7 @@ VS_AVX512 void tile_q8_0(const TileArgs& a) {
     const int64_t nb = x.in / 32;
     for (int64_t b = 0; b < a.nblocks; ++b) {
         const uint8_t* t = a.tile + b * 544;
-        prefetch_block(t + 6 * 544, 544);
+        prefetch_block<R, _MM_HINT_T0>(t + PREFETCH_BLOCKS_Q8 * 544, 544);
         __m512i dot[R];
         __m512i wsum = _mm512_setzero_si512();
         for (int r = 0; r < R; ++r) dot[r] = _mm512_setzero_si512();
@@ -266,44 +280,49 @@ VS_AVX512 inline float fold16(__m512 a) {
     return _mm512_cvtss_f32(a);
 }
 
-template <int NC>
-VS_AVX512 void weighted_sum_tile(const float* p, int nq, const float* values, int64_t head_dim, const int64_t* slots,
+// NQ queries (a0 ..) times 64 columns (c0 ..: four registers) of the values, the portable order per
+// element (sum over the slots in order, from 0). Each value row's bytes are read once for the NQ
+// queries of the KV head (before, 2 queries x 128 columns a pass read each row 3 times for 6
+// queries); 4 x NQ <= 24 accumulators of the 32 registers.
+template <int NQ, int NC>
+VS_AVX512 void weighted_sum_tile(const float* p, int a0, const float* values, int64_t head_dim, const int64_t* slots,
                                  int64_t count, int64_t c0, float* out) {
-    for (int a = 0; a < nq; a += 2) {
-        const bool two = a + 1 < nq;
-        __m512 s0[NC], s1[NC];
-        for (int i = 0; i < NC; ++i) s0[i] = s1[i] = _mm512_setzero_ps();
-        for (int64_t j = 0; j < count; ++j) {
-            const float* v = values + (slots ? slots[j] : j) * head_dim + c0;
-            const __m512 p0 = _mm512_set1_ps(p[a * count + j]);
-            const __m512 p1 = _mm512_set1_ps(two ? p[(a + 1) * count + j] : 0.0f);
-            for (int i = 0; i < NC; ++i) {
-                const __m512 vi = _mm512_loadu_ps(v + 16 * i);
-                s0[i] = _mm512_add_ps(s0[i], _mm512_mul_ps(p0, vi));
-                s1[i] = _mm512_add_ps(s1[i], _mm512_mul_ps(p1, vi));
-            }
-        }
-        for (int i = 0; i < NC; ++i) {
-            _mm512_storeu_ps(out + a * head_dim + c0 + 16 * i, s0[i]);
-            if (two) _mm512_storeu_ps(out + (a + 1) * head_dim + c0 + 16 * i, s1[i]);
+    __m512 s[NQ][NC];
+    for (int a = 0; a < NQ; ++a)
+        for (int i = 0; i < NC; ++i) s[a][i] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < count; ++j) {
+        const float* v = values + (slots ? slots[j] : j) * head_dim + c0;
+        __m512 vi[NC];
+        for (int i = 0; i < NC; ++i) vi[i] = _mm512_loadu_ps(v + 16 * i);
+        for (int a = 0; a < NQ; ++a) {
+            const __m512 pj = _mm512_set1_ps(p[(a0 + a) * count + j]);
+            for (int i = 0; i < NC; ++i) s[a][i] = _mm512_add_ps(s[a][i], _mm512_mul_ps(pj, vi[i]));
         }
     }
+    for (int a = 0; a < NQ; ++a)
+        for (int i = 0; i < NC; ++i) _mm512_storeu_ps(out + (a0 + a) * head_dim + c0 + 16 * i, s[a][i]);
+}
+
+template <int NC>
+void weighted_sum_columns(const float* p, int nq, const float* values, int64_t head_dim, const int64_t* slots,
+                          int64_t count, int64_t c0, float* out) {
+    constexpr int MAX_NQ = 6;  // the queries of a KV head at a time (Qwen2.5-1.5B: 6)
+    for (int a0 = 0; a0 < nq; a0 += MAX_NQ)
+        with_group_size(std::min(MAX_NQ, nq - a0), [&](auto n) {
+            weighted_sum_tile<decltype(n)::value, NC>(p, a0, values, head_dim, slots, count, c0, out);
+        });
 }
 
 }  // namespace
 
 void weighted_sum_avx512(const float* p, int nq, const float* values, int64_t head_dim, const int64_t* slots,
                          int64_t count, float* out) {
-    for (int64_t c0 = 0; c0 < head_dim; c0 += 8 * LANES) {
-        switch (std::min<int64_t>(8, (head_dim - c0) / LANES)) {
-            case 1: weighted_sum_tile<1>(p, nq, values, head_dim, slots, count, c0, out); break;
-            case 2: weighted_sum_tile<2>(p, nq, values, head_dim, slots, count, c0, out); break;
-            case 3: weighted_sum_tile<3>(p, nq, values, head_dim, slots, count, c0, out); break;
-            case 4: weighted_sum_tile<4>(p, nq, values, head_dim, slots, count, c0, out); break;
-            case 5: weighted_sum_tile<5>(p, nq, values, head_dim, slots, count, c0, out); break;
-            case 6: weighted_sum_tile<6>(p, nq, values, head_dim, slots, count, c0, out); break;
-            case 7: weighted_sum_tile<7>(p, nq, values, head_dim, slots, count, c0, out); break;
-            default: weighted_sum_tile<8>(p, nq, values, head_dim, slots, count, c0, out); break;
+    for (int64_t c0 = 0; c0 < head_dim; c0 += 4 * LANES) {  // head_dim is a multiple of 16 (check_attention)
+        switch (std::min<int64_t>(4, (head_dim - c0) / LANES)) {
+            case 1: weighted_sum_columns<1>(p, nq, values, head_dim, slots, count, c0, out); break;
+            case 2: weighted_sum_columns<2>(p, nq, values, head_dim, slots, count, c0, out); break;
+            case 3: weighted_sum_columns<3>(p, nq, values, head_dim, slots, count, c0, out); break;
+            default: weighted_sum_columns<4>(p, nq, values, head_dim, slots, count, c0, out); break;
         }
     }
 }
