@@ -4,7 +4,7 @@ A greedy chain's outcome is fixed by teacher forcing: at each answer position th
 (given the target's tokens before it) either equals the target's token or not, and a chain drafted
 from position i accepts the run of agreements that starts there. So, given those sequences, the
 tokens per target pass of a draft-length policy can be counted exactly. The policy replayed is
-:class:`verispec.spec.schedules.CostModelSchedule` with its acceptance estimate (switch-off,
+:class:`verispec.algorithms.schedules.CostModelSchedule` with its acceptance estimate (switch-off,
 probes every ``probe_interval`` plain steps, a follow-up probe after a fully accepted one) on
 fixed costs; the time comes from a cost model (verify cost per draft length and draft cost per
 token, in plain steps), so the speedups are estimates for that cost model, not measurements.
@@ -23,8 +23,8 @@ import json
 import sys
 from pathlib import Path
 
-from verispec.spec.control import AcceptanceEstimate, ControllerConfig, CostModel, interpolate
-from verispec.spec.schedules import CostModelSchedule
+from verispec.algorithms.control import AcceptanceEstimate, ControllerConfig, CostModel, interpolate
+from verispec.algorithms.schedules import CostModelSchedule
 
 ROOT = Path(__file__).resolve().parents[1]
 # (ms per target pass over 1, 2, 4, 8, 16 tokens, i.e. 0, 1, 3, 7, 15 drafted ones; a drafted
@@ -42,7 +42,7 @@ def dump(source: str, out: str, window: int = 64) -> None:
     import torch
 
     from verispec.engine.loader import SpeculativePipeline
-    from verispec.ops.bench.workload import load_workload
+    from verispec.bench.workload import load_workload
     from verispec.runners.select import RunnerOptions
 
     pipe = SpeculativePipeline.load("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct", runners=RunnerOptions(kind="gguf"))

@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 from verispec.engine.loader import SpeculativePipeline
-from verispec.ops.bench.workload import load_workload
-from verispec.runners.reduced_vocab import corpus_counts, rank_counts, select_vocabulary
+from verispec.bench.workload import load_workload
+from verispec.runners.cpu.reduced_vocab import corpus_counts, rank_counts, select_vocabulary
 from verispec.runners.select import RunnerOptions
 
 

@@ -14,7 +14,7 @@ the restarted server holds at least its last suffix cache snapshot's entries; ev
 text equals the same request sent alone to the idle server at the start; bad input is refused; no
 request in flight on the server at the end. Prints a table, writes ``--out DIR``: soak.json,
 rss.png (RSS over time, MiB), requests.jsonl (each request's outcome) and the server logs. The counting is in
-``soak_checks.py``, the server's start, kills and RSS in ``soak_server.py``.
+``verispec.server.soak_checks``, the server's start, kills and RSS in ``soak_server.py``.
 
 Run it alone on the machine (``../shared/tools/alone .venv/bin/python scripts/fault_soak.py``).
 """
@@ -35,7 +35,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from load_bench import HUMANEVAL, free_port  # noqa: E402
-from soak_checks import (  # noqa: E402
+from verispec.server.soak_checks import (  # noqa: E402
     INVALID_PARAMS, Outage, Outcome, by_kind, fault_schedule, greedy_mismatches, is_openai_error, tally,
     unexpected_answers,
 )

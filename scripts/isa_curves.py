@@ -14,7 +14,7 @@ import sys
 import time
 
 from verispec.models.store import ModelStore
-from verispec.runners.gguf_runner import GGUFRunner
+from verispec.runners.cpu.gguf_runner import GGUFRunner
 from verispec.runners.kernels import gguf_kernels, set_kernel_isa
 
 KS = (1, 2, 4, 8, 16)

@@ -14,10 +14,10 @@ import time
 
 from verispec.engine.loader import SpeculativePipeline
 from verispec.engine.request import SpeculativeConfig
-from verispec.ops.bench.workload import load_workload
-from verispec.runners import int8
+from verispec.bench.workload import load_workload
+from verispec.runners.cpu import int8
 from verispec.runners.select import RunnerOptions
-from verispec.spec.sampling import SamplingParams
+from verispec.algorithms.sampling import SamplingParams
 
 TIMES: dict[str, float] = collections.defaultdict(float)
 PASSES: collections.Counter = collections.Counter()

@@ -2,7 +2,7 @@
 ``kill -9`` and restart on the same port and suffix cache file (or, with ``--replicas``, one Ray
 Serve replica's process killed), the RSS of the server's process tree over time, its plot and
 figures, and what the server's log and files say (suffix cache entries, ``/metrics``). The
-clients, the faults and the report are ``fault_soak.py``'s; the counting is ``soak_checks.py``'s."""
+clients, the faults and the report are ``fault_soak.py``'s; the counting is ``verispec.server.soak_checks``'s."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import httpx
 import psutil
 
 from load_bench import Server
-from soak_checks import Outage, kill_check, process_trends, rss_growth_mib, rss_trend_mib
+from verispec.server.soak_checks import Outage, kill_check, process_trends, rss_growth_mib, rss_trend_mib
 
 LOADED = re.compile(r"suffix cache: (\d+) past requests from")
 KILL_WAIT_S = 5.5  # a little over the 5 s the requests of a kill have to end
@@ -68,7 +68,7 @@ class ServerSide:
                            "replica_back_s": round(self.now() - kill_s, 1)})
 
     def judge_replica_kills(self) -> None:
-        """After the soak: each replica kill's check (:func:`soak_checks.kill_check`, requests
+        """After the soak: each replica kill's check (:func:`verispec.server.soak_checks.kill_check`, requests
         answered in full by the other replicas allowed)."""
         for kill in self.kills:
             in_flight = kill.pop("in_flight_outcomes", None)
@@ -172,7 +172,7 @@ def plot_rss(rss: list[tuple[float, int, int]], outages: list[Outage], path: Pat
 def rss_figures(soak) -> dict:
     """RSS first/max/last (MiB), the growth after each server process's first minute (last sample
     minus the first; and the median of its last minute minus the median of the minute after its
-    first, :func:`soak_checks.rss_trend_mib`) and every sample."""
+    first, :func:`verispec.server.soak_checks.rss_trend_mib`) and every sample."""
     figures: dict = {"samples": len(soak.rss)}
     if soak.rss:
         figures["first_mib"], figures["last_mib"] = round(soak.rss[0][1] / 2**20, 1), round(soak.rss[-1][1] / 2**20, 1)

@@ -37,7 +37,7 @@ from verispec.engine.loader import SpeculativePipeline
 from verispec.proposers.suffix import SuffixCache, SuffixProposer
 from verispec.engine.request import SpeculativeConfig
 from verispec.runners.select import RunnerOptions
-from verispec.spec.sampling import SamplingParams
+from verispec.algorithms.sampling import SamplingParams
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "specbench_questions.jsonl"
 CONFIGS = ("none", "ngram", "suffix", "auto-ngram", "auto-suffix", "auto-unpriced")

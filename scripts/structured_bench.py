@@ -24,7 +24,7 @@ from verispec.engine.constraints import StructuredOutput
 from verispec.engine import SpeculativeConfig
 from verispec.engine.loader import SpeculativePipeline
 from verispec.runners.select import RunnerOptions
-from verispec.spec.sampling import SamplingParams
+from verispec.algorithms.sampling import SamplingParams
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "specbench_questions.jsonl"
 TEXT = {"type": "string", "maxLength": 600}

@@ -20,7 +20,7 @@ from verispec.engine.loader import SpeculativePipeline
 from verispec.proposers.datastore import Datastore
 from verispec.proposers.suffix import SuffixCache
 from verispec.runners.select import RunnerOptions
-from verispec.spec.sampling import SamplingParams
+from verispec.algorithms.sampling import SamplingParams
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "humaneval_dev.jsonl"
 

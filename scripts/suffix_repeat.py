@@ -22,9 +22,9 @@ from pathlib import Path
 from verispec.engine import SpeculativeConfig
 from verispec.engine.loader import SpeculativePipeline
 from verispec.proposers.suffix import SuffixCache
-from verispec.spec.control import CostModel, interpolate
+from verispec.algorithms.control import CostModel, interpolate
 from verispec.runners.select import RunnerOptions
-from verispec.spec.sampling import SamplingParams
+from verispec.algorithms.sampling import SamplingParams
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "humaneval_dev.jsonl"
 XEON_AVX512_MS = "68.9,52.4,59.6,74.4,115.7"  # k = 1, 2, 4, 8, 16 new tokens (issue 48, 2026-12-05)

@@ -4,7 +4,7 @@
 //
 //   K=src/verispec/runners/kernels
 //   g++ -O3 -std=c++17 -ffp-contract=off -fno-math-errno -I$K scripts/tile_bench.cpp $K/formats.cpp \
-//       $K/portable.cpp $K/dispatch.cpp $K/attention.cpp $K/requantize.cpp $K/x86_avx512.cpp \
+//       $K/portable.cpp $K/dispatch.cpp $K/attention.cpp $K/row_ops.cpp $K/requantize.cpp $K/x86_avx512.cpp \
 //       $K/x86_avx2.cpp $K/arm_neon.cpp $K/arm_neon_float.cpp -o tile_bench
 //   ../shared/tools/alone ./tile_bench QTYPE ISA OUT ROWS [REPS]     (from the repo root)
 //   ../shared/tools/alone ./tile_bench peak    one core's vpmaddubsw + vpaddw chain (x86): the

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from helpers import BigramRunner
-from verispec.ops.advise import (
+from verispec.bench.advise import (
     DrafterFit,
     best_speedup,
     break_even_alpha,
@@ -89,7 +89,7 @@ def test_memory_advice_budget_and_overhead():
 def test_kv_geometry_of_a_gguf_runner_comes_from_the_header(tmp_path):
     from gguf_models import write_gguf_model
 
-    from verispec.ops.advise import kv_geometry
+    from verispec.bench.advise import kv_geometry
 
     path = write_gguf_model(tmp_path / "m.gguf", num_layers=2, heads=4, kv_heads=2)  # hidden 256: head_dim 64
     loaded = SimpleNamespace(model=None, path=path)
@@ -163,9 +163,9 @@ def test_memory_advice_prices_an_eagle_head():
 def test_head_bytes_count_its_own_weights_and_one_layer_of_kv():
     from helpers import tiny_qwen2
 
-    from verispec.ops.advise import head_kv_bytes
-    from verispec.runners.eagle_blocks import head_nbytes, quantize_head_
-    from verispec.runners.eagle_head import EagleHead
+    from verispec.bench.advise import head_kv_bytes
+    from verispec.runners.eagle.blocks import head_nbytes, quantize_head_
+    from verispec.runners.eagle.head import EagleHead
 
     target = tiny_qwen2(0)
     head = EagleHead.from_target(target, draft_token_ids=torch.arange(64), seed=0)

@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from test_bench_e2e import model_dirs  # noqa: F401 (fixture: the tiny pair saved as checkpoint folders)
 from verispec.cli import app
-from verispec.ops.advise import Verdict
-from verispec.ops.advise_sample import alpha_half_width, note_samples, sample_note, tokens_to_decide
+from verispec.bench.advise import Verdict
+from verispec.bench.advise_sample import alpha_half_width, note_samples, sample_note, tokens_to_decide
 
 
 def fit(alpha, tested, break_even, method="draft", category="all"):

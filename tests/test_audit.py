@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from helpers import make_engine
-from verispec.ops.audit import QualityAuditor, describe_audit, first_difference, target_logprobs
+from verispec.bench.audit import QualityAuditor, describe_audit, first_difference, target_logprobs
 from verispec.engine import SpeculativeConfig
 from verispec.errors import InvalidParameterError
-from verispec.spec.sampling import SamplingParams
+from verispec.algorithms.sampling import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=12)
 DRAFT = SpeculativeConfig(method="draft", num_speculative_tokens=4)

@@ -5,13 +5,13 @@ import time
 import pytest
 
 from helpers import BigramRunner, CharTokenizer, chain_table, make_engine, single_thread  # noqa: F401 (autouse fixture)
-from verispec.spec.control import ControllerConfig, CostModel
+from verispec.algorithms.control import ControllerConfig, CostModel
 from verispec.engine import SpeculativeConfig, SpeculativeEngine
 from verispec.errors import InvalidParameterError
 from verispec.engine.policy import drafter_order
 from verispec.proposers.draft_model import DraftModelProposer
 from verispec.proposers.layer_skip import LayerSkipProposer
-from verispec.spec.sampling import SamplingParams
+from verispec.algorithms.sampling import SamplingParams
 
 SERVING = [ord(c) % 96 for c in "serving " * 48]  # "serving " x 48, one token id per character
 PROMPTS = {

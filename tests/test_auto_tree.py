@@ -3,13 +3,13 @@
 import pytest
 from helpers import make_engine, single_thread  # noqa: F401 (autouse fixture)
 
-from verispec.spec.control import ControllerConfig, CostModel
+from verispec.algorithms.control import ControllerConfig, CostModel
 from verispec.engine import SpeculativeConfig
 from verispec.engine.policy import DraftPolicy, drafter_order
 from verispec.proposers import DraftOutput, Proposer
 from verispec.proposers.draft_tree import DraftTreeProposer
 from verispec.runners.torch_runner import TransformersRunner
-from verispec.spec.sampling import SamplingParams
+from verispec.algorithms.sampling import SamplingParams
 
 
 @pytest.mark.parametrize(

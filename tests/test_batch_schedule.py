@@ -13,8 +13,8 @@ from test_batching import PIECES, PROMPTS, gguf_engine, gguf_files  # noqa: F401
 from verispec.engine import SpeculativeConfig
 from verispec.engine.policy import DraftPolicy
 from verispec.engine.scheduler import Scheduler
-from verispec.spec.control import CostModel
-from verispec.spec.sampling import SamplingParams
+from verispec.algorithms.control import CostModel
+from verispec.algorithms.sampling import SamplingParams
 
 NUM_REQUESTS = 8
 MAX_TOKENS = 24

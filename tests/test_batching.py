@@ -15,12 +15,12 @@ from verispec.errors import InvalidParameterError
 from verispec.proposers.draft_model import DraftModelProposer
 from verispec.proposers.draft_tree import DraftTreeProposer
 from verispec.runners import ForwardCall, forward_batch, prefill
-from verispec.runners.gguf_runner import GGUFRunner
-from verispec.runners.int8 import Int8Runner
+from verispec.runners.cpu.gguf_runner import GGUFRunner
+from verispec.runners.cpu.int8 import Int8Runner
 from verispec.runners.torch_runner import TransformersRunner
-from verispec.spec.sampling import SamplingParams
+from verispec.algorithms.sampling import SamplingParams
 from verispec.engine.scheduler import Scheduler
-from verispec.spec.tree import TokenTree, tree_attention_mask, tree_position_ids
+from verispec.algorithms.tree import TokenTree, tree_attention_mask, tree_position_ids
 
 PIECES = CharTokenizer(default_pieces(VOCAB))
 PROMPTS = [[5, 17, 33, 2, 9], [70, 3], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20], [40] * 12, [8, 9, 8, 9, 8, 9, 8],

@@ -7,11 +7,11 @@ import pytest
 from typer.testing import CliRunner
 
 from server_support import save_tiny_pair, tiny_pipeline
-from verispec.ops.bench.command import REPORT_FILE, RESULTS_FILE, run_and_report
-from verispec.ops.bench.plots import PLOT_FILES
-from verispec.ops.bench.report import SCHEMA_VERSION, BenchResults, ResultsFormatError, read_results
-from verispec.ops.bench.run import BenchConfig
-from verispec.ops.bench.workload import parse_jsonl
+from verispec.bench.command import REPORT_FILE, RESULTS_FILE, run_and_report
+from verispec.bench.plots import PLOT_FILES
+from verispec.bench.report import SCHEMA_VERSION, BenchResults, ResultsFormatError, read_results
+from verispec.bench.run import BenchConfig
+from verispec.bench.workload import parse_jsonl
 from verispec.cli import app
 from verispec.runners.notices import int8_warning
 

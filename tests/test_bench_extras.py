@@ -8,9 +8,9 @@ from typer.testing import CliRunner
 
 from verispec.cli import app
 from verispec.errors import VerispecError
-from verispec.ops.bench.extras import time_prefill
-from verispec.ops.bench.report import prefill_rows, quality_rows
-from verispec.ops.bench.run import BenchConfig
+from verispec.bench.extras import time_prefill
+from verispec.bench.report import prefill_rows, quality_rows
+from verispec.bench.run import BenchConfig
 
 
 def test_a_timed_prefill_runs_once_from_an_empty_cache_and_empties_it_again():
@@ -35,7 +35,7 @@ def test_bench_schedule_reaches_every_participant():
 
 
 def test_bench_passes_the_draft_options_to_every_pipeline(monkeypatch, tmp_path):
-    from verispec.ops.bench import command
+    from verispec.bench import command
 
     seen = {}
 

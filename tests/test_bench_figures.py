@@ -4,9 +4,9 @@ import math
 
 import pytest
 
-from verispec.ops.bench.figures import ALL, geometric_mean, mean, per_prompt_speedups, percent, ratios, summarize
-from verispec.ops.bench.report import exactness
-from verispec.ops.bench.run import RunRecord, mark_exactness
+from verispec.bench.figures import ALL, geometric_mean, mean, per_prompt_speedups, percent, ratios, summarize
+from verispec.bench.report import exactness
+from verispec.bench.run import RunRecord, mark_exactness
 
 
 def record(runner, prompt, tps, category="c", spec=None, tokens=(1, 2, 3), forwards=3, decode=None):

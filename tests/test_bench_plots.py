@@ -6,8 +6,8 @@ import pytest
 
 from test_bench_figures import record, spec
 from verispec.metrics import OUTPUT_BUCKET_TOKENS
-from verispec.ops.bench.figures import summarize
-from verispec.ops.bench.plots import PLOT_FILES, draw_figures, plot_caption, write_plots
+from verispec.bench.figures import summarize
+from verispec.bench.plots import PLOT_FILES, draw_figures, plot_caption, write_plots
 
 CONFIG = {"workload": "specbench", "num_prompts": 26, "runner": "gguf", "max_tokens": 128}
 ENVIRONMENT = {"cpu_model": "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz", "kernel_isa": "avx512", "threads": 2,

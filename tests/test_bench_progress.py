@@ -15,9 +15,9 @@ from gguf_models import MIXED, write_gguf_model
 from helpers import single_thread  # noqa: F401  (fixture)
 from server_support import save_tiny_pair, tiny_pipeline
 from verispec.cli import app
-from verispec.ops.bench.command import run_and_report
-from verispec.ops.bench.run import BenchConfig
-from verispec.ops.bench.workload import parse_jsonl
+from verispec.bench.command import run_and_report
+from verispec.bench.run import BenchConfig
+from verispec.bench.workload import parse_jsonl
 
 PROMPTS = [{"prompt": "Hello 你好", "category": "greeting"}, {"prompt": "abc abc", "category": "code"},
            {"turns": ["世界é!"], "category": "chat"}]

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from verispec.ops.bench.workload import (
+from verispec.bench.workload import (
     BUILTIN_WORKLOADS,
     WorkloadError,
     WorkloadItem,
@@ -110,7 +110,7 @@ def test_shared_data_is_found_beside_the_project_from_any_folder(tmp_path, monke
     # directory: before, the source-tree candidate looked beside src/ instead
     from pathlib import Path
 
-    from verispec.ops.bench import workload
+    from verispec.bench import workload
 
     beside = Path(workload.__file__).resolve().parents[4].parent / "shared" / "data"
     if not beside.is_dir():

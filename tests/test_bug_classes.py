@@ -29,7 +29,7 @@ from verispec.proposers.draft_tree import DraftTreeProposer
 from verispec.proposers.layer_skip import LayerSkipProposer
 from verispec.proposers.ngram import NgramProposer, copy_continuation, find_ngram_match
 from verispec.runners.torch_runner import TransformersRunner
-from verispec.spec.sampling import SamplingParams
+from verispec.algorithms.sampling import SamplingParams
 
 VOCAB = 96
 PROMPTS = [[5, 17, 33, 2, 9, 5, 17], [8, 9, 8, 9, 8, 9, 8], [60, 61, 62], [90, 4, 22, 4, 90, 4], [11, 12, 13, 14, 15, 16]]

@@ -27,8 +27,8 @@ from verispec.models.loading import LoadedModel
 from verispec.server import create_app
 from verispec.proposers.draft_model import DraftModelProposer
 from verispec.proposers.draft_tree import DraftTreeProposer
-from verispec.runners.int8 import Int8Runner
-from verispec.spec.sampling import SamplingParams
+from verispec.runners.cpu.int8 import Int8Runner
+from verispec.algorithms.sampling import SamplingParams
 
 PIECES = CharTokenizer(default_pieces(VOCAB))
 PLAIN = SpeculativeConfig(method="none")

@@ -30,7 +30,7 @@ from server_support import (  # noqa: F401
 from verispec.engine import SpeculativeConfig
 from verispec.errors import InvalidParameterError
 from verispec.server import create_app
-from verispec.spec.sampling import SamplingParams
+from verispec.algorithms.sampling import SamplingParams
 
 MODEL = "tiny-target"
 PLAIN = SpeculativeConfig(method="none")

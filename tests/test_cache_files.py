@@ -21,7 +21,7 @@ from verispec.models import cache_files
 from verispec.models.cache_files import ForeignFileError, atomic_write, read_checked, report_damaged, write_checked
 from verispec.proposers.suffix import SuffixCache
 from verispec.runners.costs import CostCache, CostCurve
-from verispec.runners.weight_cache import WeightCache
+from verispec.runners.cpu.weight_cache import WeightCache
 
 
 def truncate(path: Path, keep: int | None = None) -> None:

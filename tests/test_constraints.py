@@ -9,7 +9,7 @@ import torch
 from server_support import build_tokenizer
 from verispec.engine.constraints import GrammarCompiler, StructuredOutput, TokenConstraints
 from verispec.errors import InvalidParameterError
-from verispec.spec.sampling import SamplingParams, process_logits
+from verispec.algorithms.sampling import SamplingParams, process_logits
 
 EOS = 7
 

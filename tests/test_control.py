@@ -2,7 +2,7 @@
 
 import pytest
 
-from verispec.spec.control import (
+from verispec.algorithms.control import (
     OUTPUT_LENGTH_HISTORY,
     PLAIN_STEP_WINDOW,
     AcceptanceEstimate,
@@ -13,7 +13,7 @@ from verispec.spec.control import (
     expected_tokens,
     interpolate,
 )
-from verispec.spec.schedules import CostModelSchedule, HeuristicSchedule
+from verispec.algorithms.schedules import CostModelSchedule, HeuristicSchedule
 
 
 @pytest.mark.parametrize(

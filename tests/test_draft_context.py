@@ -10,7 +10,7 @@ from verispec.engine import SpeculativeConfig
 from verispec.errors import InvalidParameterError
 from verispec.engine.loader import DrafterOptions
 from verispec.proposers import DraftRequest
-from verispec.spec.sampling import SamplingParams
+from verispec.algorithms.sampling import SamplingParams
 
 
 @pytest.mark.parametrize("method", ["draft", "tree", "auto"])

@@ -12,7 +12,7 @@ from verispec.proposers.draft_tree import (
     select_candidates,
 )
 from verispec.runners.torch_runner import TransformersRunner
-from verispec.spec.sampling import SamplingParams
+from verispec.algorithms.sampling import SamplingParams
 
 
 def test_select_candidates_keeps_best_in_topological_order():

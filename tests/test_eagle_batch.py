@@ -10,10 +10,10 @@ from test_eagle_drafter import target, trained_head  # noqa: F401  (fixtures)
 from verispec.errors import InvalidParameterError
 from verispec.proposers import DraftRequest
 from verispec.proposers.eagle import EagleProposer
-from verispec.runners.eagle_blocks import quantize_head_
-from verispec.runners.eagle_head import EagleHead, HeadCall, forward_heads
+from verispec.runners.eagle.blocks import quantize_head_
+from verispec.runners.eagle.head import EagleHead, HeadCall, forward_heads
 from verispec.runners.torch_runner import TransformersRunner
-from verispec.spec.sampling import SamplingParams
+from verispec.algorithms.sampling import SamplingParams
 
 
 @pytest.fixture(scope="module")

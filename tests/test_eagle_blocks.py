@@ -1,4 +1,4 @@
-"""An EAGLE head's linear layers in GGUF blocks (runners/eagle_blocks.py): each layer close to its
+"""An EAGLE head's linear layers in GGUF blocks (runners/eagle/blocks.py): each layer close to its
 float32 original, the drafts of a quantized trained head still accepted, and the output still equal
 to plain decoding token for token (the target verifies whatever the head proposes)."""
 
@@ -13,9 +13,9 @@ from torch import nn
 
 from verispec.errors import InvalidParameterError
 from verispec.proposers.factory import DrafterOptions, build_drafters
-from verispec.runners.eagle_blocks import HEAD_LINEARS, BlockLinear, quantize_head_
-from verispec.runners.gguf_runner import GGUFRunner
-from verispec.runners.int8 import Int8Runner
+from verispec.runners.eagle.blocks import HEAD_LINEARS, BlockLinear, quantize_head_
+from verispec.runners.cpu.gguf_runner import GGUFRunner
+from verispec.runners.cpu.int8 import Int8Runner
 
 
 def relative_error(got, want):

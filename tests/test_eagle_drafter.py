@@ -17,15 +17,15 @@ from torch import nn
 from verispec.engine import SpeculativeConfig, SpeculativeEngine
 from verispec.engine.policy import drafter_order
 from verispec.errors import InvalidParameterError, ModelIntegrityError, ModelNotFoundError
-from verispec.ops.train_head import TrainOptions, train_head
+from verispec.training.loop import TrainOptions, train_head
 from verispec.proposers import DraftRequest
 from verispec.proposers.eagle import EagleProposer
 from verispec.proposers.factory import DrafterOptions, build_drafters
-from verispec.runners.eagle_head import EagleHead, HeadShape
-from verispec.runners.gguf_runner import GGUFRunner
-from verispec.runners.int8 import Int8Runner
+from verispec.runners.eagle.head import EagleHead, HeadShape
+from verispec.runners.cpu.gguf_runner import GGUFRunner
+from verispec.runners.cpu.int8 import Int8Runner
 from verispec.runners.torch_runner import TransformersRunner
-from verispec.spec.sampling import SamplingParams
+from verispec.algorithms.sampling import SamplingParams
 
 PROMPTS = [[5, 17, 33, 2, 9], [70, 3, 11, 40], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], [88]]
 GREEDY = SamplingParams(max_tokens=40)

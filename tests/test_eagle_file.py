@@ -1,4 +1,4 @@
-"""An EAGLE head stored as GGUF (runners/eagle_file.py): written and read back bit for bit with its
+"""An EAGLE head stored as GGUF (runners/eagle/file.py): written and read back bit for bit with its
 training record; a truncated file, a flipped weight byte, a model GGUF given as a head and saving a
 quantized head are refused with a clear error."""
 
@@ -10,9 +10,9 @@ from gguf_models import write_gguf_model
 from helpers import tiny_qwen2
 
 from verispec.errors import InvalidParameterError, ModelIntegrityError
-from verispec.runners.eagle_blocks import quantize_head_
-from verispec.runners.eagle_file import is_gguf
-from verispec.runners.eagle_head import EagleHead
+from verispec.runners.eagle.blocks import quantize_head_
+from verispec.runners.eagle.file import is_gguf
+from verispec.runners.eagle.head import EagleHead
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""EAGLE-3 head (runners/eagle_head.py) and its self-distillation (ops/train_head.py) on the tiny
+"""EAGLE-3 head (runners/eagle/head.py) and its self-distillation (training/loop.py) on the tiny
 Qwen2 target: shapes, cache rollback, the draft vocabulary, refusals, the training-time-test
 unroll against inference, learning, determinism, save/load."""
 
@@ -8,13 +8,13 @@ from helpers import VOCAB, greedy_continuations, single_thread, tiny_qwen2  # no
 from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 
 from verispec.errors import InvalidParameterError
-from verispec.ops.train_head import TrainOptions, make_optimizer, teacher, train_head, ttt_unroll
-from verispec.runners.eagle_head import (
+from verispec.training.loop import TrainOptions, make_optimizer, teacher, train_head, ttt_unroll
+from verispec.runners.eagle.head import (
     EagleHead,
     choose_draft_vocabulary,
     default_feature_layers,
 )
-from verispec.runners.reduced_vocab import token_counts
+from verispec.runners.cpu.reduced_vocab import token_counts
 
 EOS = 95
 HIDDEN = 32
@@ -138,7 +138,7 @@ def test_refuses_a_target_of_the_same_shapes_with_other_weights(target, tmp_path
     whatever runner holds the target; a head written before the digest existed still loads."""
     from dataclasses import replace
 
-    from verispec.runners.int8 import Int8Runner
+    from verispec.runners.cpu.int8 import Int8Runner
 
     head = EagleHead.from_target(target, seed=0)
     assert len(head.shape.target_norm_sha256) == 64

@@ -1,5 +1,5 @@
-"""A head as the Hugging Face EAGLE-3 checkpoint vLLM and SGLang load (runners/eagle_hf.py,
-ops/export_head.py, ``verispec export-head``): the checkpoint, read back by an independent
+"""A head as the Hugging Face EAGLE-3 checkpoint vLLM and SGLang load (runners/eagle/hf.py,
+bench/export_head.py, ``verispec export-head``): the checkpoint, read back by an independent
 forward written from the engines' EAGLE-3 layer, scores exactly what the head scores; names,
 offsets, layer ids and refusals."""
 
@@ -16,11 +16,11 @@ from typer.testing import CliRunner
 
 from verispec.cli import app
 from verispec.errors import InvalidParameterError
-from verispec.ops.export_head import default_export_folder, export_head, trained_context
-from verispec.runners.eagle_blocks import quantize_head_
-from verispec.runners.eagle_head import EagleHead, HeadShape
-from verispec.runners.eagle_hf import hf_config, write_hf_checkpoint
-from verispec.runners.gguf_runner import GGUFRunner
+from verispec.bench.export_head import default_export_folder, export_head, trained_context
+from verispec.runners.eagle.blocks import quantize_head_
+from verispec.runners.eagle.head import EagleHead, HeadShape
+from verispec.runners.eagle.hf import hf_config, write_hf_checkpoint
+from verispec.runners.cpu.gguf_runner import GGUFRunner
 
 LAYER_NAMES = {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"} | {
     f"midlayer.{name}.weight" for name in (
@@ -200,8 +200,8 @@ def test_advise_export_of_an_eagle_verdict_writes_the_checkpoint_it_names(tmp_pa
     and the exported configuration are real."""
     from types import SimpleNamespace
 
-    import verispec.ops.advise as advise_module
-    import verispec.ops.advise_render as render_module
+    import verispec.bench.advise as advise_module
+    import verispec.bench.advise_render as render_module
 
     gguf_path, head_path, _ = gguf_head_file
     verdict = SimpleNamespace(method="eagle", num_speculative_tokens=3)

@@ -16,7 +16,7 @@ from verispec.proposers import DraftRequest
 from verispec.proposers.eagle import EagleProposer, EagleTreeProposer
 from verispec.proposers.factory import for_new_sequence, with_lookup_drafters
 from verispec.runners.torch_runner import TransformersRunner
-from verispec.spec.sampling import SamplingParams
+from verispec.algorithms.sampling import SamplingParams
 
 
 def fed_proposer(target, head, context):

@@ -9,7 +9,7 @@ from helpers import BigramRunner, CharTokenizer, chain_table, make_engine
 from verispec.engine import SpeculativeConfig, SpeculativeEngine
 from verispec.errors import ContextLengthError, InvalidParameterError
 from verispec.proposers.draft_model import DraftModelProposer
-from verispec.spec.sampling import SamplingParams, logits_to_probs
+from verispec.algorithms.sampling import SamplingParams, logits_to_probs
 
 PROMPTS = [[5, 17, 33, 2, 9], [70, 3], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20]]
 GREEDY_40 = SamplingParams(max_tokens=40)

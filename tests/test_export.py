@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from transformers import GenerationConfig
 
 from verispec.errors import InvalidParameterError
-from verispec.ops.export import export_setup, model_id
+from verispec.bench.export import export_setup, model_id
 
 
 class VLLMSpeculativeConfig(BaseModel):

@@ -19,7 +19,6 @@ from verispec.models.gguf_file import read_gguf_header
 from verispec.models.preflight import check_before_loading
 from verispec.models.registry import BUILTIN_MODELS, BuiltinModel
 from verispec.models.store import ModelStore
-from verispec.runners import llamacpp
 
 cli = CliRunner()
 
@@ -59,7 +58,8 @@ def nothing_loads(monkeypatch):
 
     monkeypatch.setattr(loading, "load_model", refuse)
     monkeypatch.setattr("verispec.engine.loader.load_model", refuse)
-    monkeypatch.setattr(llamacpp, "load_gguf_info", refuse)
+    monkeypatch.setattr(loading, "load_gguf_info", refuse)
+    monkeypatch.setattr("verispec.engine.loader.load_gguf_info", refuse)
     monkeypatch.setattr(ModelStore, "_download", refuse)
 
 

@@ -1,16 +1,12 @@
-"""The fault soak's pure parts (``scripts/soak_checks.py``, used by ``scripts/fault_soak.py``): the
+"""The fault soak's pure parts (:mod:`verispec.server.soak_checks`, used by ``scripts/fault_soak.py``): the
 seeded fault schedule, the counting of lost requests and of 5xx outside the kills, the check of a
 kill's in-flight requests and the greedy comparison. No server."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from soak_checks import (  # noqa: E402
+from verispec.server.soak_checks import (
     INVALID_PARAMS, REQUEST_FAULTS, Fault, Outage, Outcome, by_kind, fault_schedule, greedy_mismatches,
     is_openai_error, kill_check, process_trends, rss_growth_mib, rss_trend_mib, tally, unexpected_answers,
 )

@@ -9,7 +9,7 @@ from verispec.engine import SpeculativeConfig, SpeculativeEngine
 from verispec.engine.scheduler import Scheduler
 from verispec.errors import InvalidParameterError
 from verispec.proposers import DraftOutput, Proposer
-from verispec.spec.sampling import SamplingParams
+from verispec.algorithms.sampling import SamplingParams
 
 VOCAB = 24
 

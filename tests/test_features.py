@@ -13,13 +13,14 @@ from helpers import CharTokenizer, default_pieces, single_thread, tiny_qwen2  # 
 from verispec.engine import SpeculativeConfig, SpeculativeEngine
 from verispec.errors import InvalidParameterError
 from verispec.proposers import DraftOutput, Proposer
-from verispec.runners import ForwardCall, eagle_head, forward_batch, prefill
+from verispec.runners import ForwardCall, forward_batch, prefill
+from verispec.runners.eagle import head as eagle_head
 from verispec.runners.features import default_feature_layers
-from verispec.runners.gguf_runner import GGUFRunner
-from verispec.runners.int8 import Int8Runner
+from verispec.runners.cpu.gguf_runner import GGUFRunner
+from verispec.runners.cpu.int8 import Int8Runner
 from verispec.runners.torch_runner import TransformersRunner
-from verispec.spec.sampling import SamplingParams
-from verispec.spec.tree import TokenTree, tree_attention_mask, tree_position_ids
+from verispec.algorithms.sampling import SamplingParams
+from verispec.algorithms.tree import TokenTree, tree_attention_mask, tree_position_ids
 
 NUM_LAYERS = 4
 LAYERS = (3, 0, 2)  # out of order, the embeddings and the last layer's input included

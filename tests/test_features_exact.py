@@ -7,7 +7,7 @@ import pytest
 
 from test_batching import PROMPTS, gguf_engine, gguf_files  # noqa: F401
 from verispec.engine import SpeculativeConfig
-from verispec.spec.sampling import SamplingParams
+from verispec.algorithms.sampling import SamplingParams
 from verispec.engine.scheduler import Scheduler
 
 METHODS = ["draft", "ngram", "auto", "tree"]

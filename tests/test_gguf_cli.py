@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from gguf_models import DRAFT_LIKE, MIXED, TOKENS, perturbed_copy, write_gguf_model
 from helpers import single_thread  # noqa: F401  (fixture)
 from verispec.cli import app
-from verispec.runners.int8 import Int8Runner
+from verispec.runners.cpu.int8 import Int8Runner
 from verispec.runners.kernels import gguf_kernels, kernel_isa
 
 cli = CliRunner()
@@ -61,7 +61,7 @@ def test_sampling_comparison_does_not_claim_identity(files):
 
 
 def test_models_report_the_runner_load_time_and_held_bytes(files):
-    from verispec.runners.gguf_weights import GGUFWeights
+    from verispec.runners.cpu.gguf_weights import GGUFWeights
 
     data = generate_json(files, "--method", "none")
     target = data["models"][0]
@@ -81,7 +81,7 @@ def test_stats_table_labels_the_speedup_an_estimate(files):
 
 
 def test_incompatible_draft_is_refused_before_any_weight_is_read(files, monkeypatch):
-    from verispec.runners import gguf_weights
+    from verispec.runners.cpu import gguf_weights
 
     def no_weights(*args, **kwargs):
         raise AssertionError("weights were read before the tokenizer check")
@@ -115,15 +115,15 @@ def test_skip_reasons_name_commands_that_exist():
 
 @pytest.mark.parametrize("name", ["target", "llama"])
 def test_int8_runner_reads_the_gguf_directly(files, name):
-    from verispec.runners.gguf_runner import GGUFRunner
-    from verispec.runners.gguf_weights import _Loader
-    from verispec.runners.int8_gguf import int8_weights_from_gguf
+    from verispec.runners.cpu.gguf_runner import GGUFRunner
+    from verispec.runners.cpu.gguf_weights import GGUFLoader
+    from verispec.runners.cpu.int8_gguf import int8_weights_from_gguf
     from verispec.models.gguf_file import read_gguf_header
-    from verispec.runners.int8_ops import quantize_weight_rows
+    from verispec.runners.cpu.int8_ops import quantize_weight_rows
 
     int8 = Int8Runner(int8_weights_from_gguf(files[name], 256), max_context_length=256)
     # the kernels' one-pass re-quantization equals quantize_weight_rows of the de-quantized rows
-    loader = _Loader(read_gguf_header(files[name]))
+    loader = GGUFLoader(read_gguf_header(files[name]))
     raw, info = loader.rows("blk.0.ffn_down.weight", 512)
     expected = quantize_weight_rows(torch.from_numpy(gguf.quants.dequantize(raw.numpy(), info.qtype)))
     got = gguf_kernels().requantize_int8(raw.contiguous().view(-1), info.qtype, raw.shape[0], 512)
@@ -141,8 +141,8 @@ def test_int8_head_from_the_gguf_in_row_ranges(files, monkeypatch):
     """The int8 LM head is re-quantized and packed range by range (to bound peak memory): the
     logits equal one whole-matrix head's, and a reduced (FR-Spec) head keeps exactly its rows."""
     from verispec.errors import InvalidParameterError
-    from verispec.runners import int8_gguf
-    from verispec.runners.int8_gguf import int8_weights_from_gguf
+    from verispec.runners.cpu import int8_gguf
+    from verispec.runners.cpu.int8_gguf import int8_weights_from_gguf
 
     prompt = [11, 12, 13, 14, 15]
     whole = Int8Runner(int8_weights_from_gguf(files["target"], 64), max_context_length=64).forward(prompt)
@@ -167,7 +167,7 @@ def test_files_with_one_tokenizer_share_one_tokenizer_object(files, tmp_path):
 
 
 def test_int8_gguf_path_through_the_pipeline(files):
-    from verispec.runners.int8_ops import default_kernel
+    from verispec.runners.cpu.int8_ops import default_kernel
 
     data = generate_json(files, "--method", "draft", "--runner", "int8", "--compare-plain")
     assert data["runner"] == "int8" and data["compare_plain"]["identical"] is True
@@ -232,7 +232,7 @@ def test_bench_compares_several_runners_in_one_run(files, tmp_path):
         assert list(curve["draft"]) == ["1"]
     report = (out / "report.md").read_text()
     assert "## Cost of one target pass" in report and "| gguf |" in report
-    from verispec.runners.int8_ops import default_kernel
+    from verispec.runners.cpu.int8_ops import default_kernel
 
     assert {(r["family"], r["kernel_isa"]) for r in data["records"]} == {
         ("gguf", kernel_isa()), ("int8", None), ("torch", None), ("transformers", None)}  # each gguf record names its path
@@ -271,8 +271,8 @@ def test_int8_cache_gives_the_same_weights_and_skips_requantizing(files, tmp_pat
     import shutil
 
     from verispec.models.cache_files import read_checked
-    from verispec.runners import int8_gguf
-    from verispec.runners.int8_gguf import int8_weights_from_gguf
+    from verispec.runners.cpu import int8_gguf
+    from verispec.runners.cpu.int8_gguf import int8_weights_from_gguf
 
     model = tmp_path / "model.gguf"
     shutil.copy(files["target"], model)
@@ -290,7 +290,7 @@ def test_int8_cache_gives_the_same_weights_and_skips_requantizing(files, tmp_pat
             return getattr(gguf_kernels(), name)
 
     with monkeypatch.context() as patched:
-        patched.setattr(int8_gguf, "_kernels", lambda: NoRequantize())
+        patched.setattr(int8_gguf, "loaded_kernels", lambda: NoRequantize())
         cached = Int8Runner(int8_weights_from_gguf(model, 64, cache_dir=cache), max_context_length=64)
         assert torch.equal(cached.forward(prompt), first)
         kept = torch.tensor([0, 3, 6, 7, 8, 20, 21])
@@ -308,7 +308,7 @@ def test_int8_cache_gives_the_same_weights_and_skips_requantizing(files, tmp_pat
 
 
 def test_an_unwritable_weight_cache_only_costs_time(files, tmp_path, capsys):
-    from verispec.runners.int8_gguf import int8_weights_from_gguf
+    from verispec.runners.cpu.int8_gguf import int8_weights_from_gguf
 
     blocked = tmp_path / "not-a-directory"
     blocked.write_text("")

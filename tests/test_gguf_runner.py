@@ -17,9 +17,9 @@ from verispec.errors import InvalidParameterError, ModelIntegrityError
 from verispec.proposers.draft_model import DraftModelProposer
 from verispec.proposers.draft_tree import DraftTreeProposer
 from verispec.runners import Runner, prefill
-from verispec.runners.gguf_runner import GGUFRunner, set_kernel_implementation
+from verispec.runners.cpu.gguf_runner import GGUFRunner, set_kernel_implementation
 from verispec.runners.kernels import gguf_kernels
-from verispec.spec.sampling import SamplingParams
+from verispec.algorithms.sampling import SamplingParams
 
 PROMPTS = [[5, 17, 33, 2, 9], [70, 3], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20]]
 GREEDY_40 = SamplingParams(max_tokens=40)
@@ -172,7 +172,7 @@ def test_greedy_tree_speculation_equals_plain(files, num_nodes):
 
 
 def test_tree_nodes_get_the_logits_of_their_path(files):
-    from verispec.spec.tree import TokenTree, tree_attention_mask, tree_position_ids
+    from verispec.algorithms.tree import TokenTree, tree_attention_mask, tree_position_ids
 
     context = PROMPTS[2]
     tree = TokenTree(token_ids=(7, 8, 9, 10, 11, 12), parents=(-1, 0, 0, 1, 1, 3))
@@ -293,7 +293,7 @@ def test_draft_quantization_on_the_wrong_runner_is_refused(files, tmp_path, monk
 def test_requantized_draft_is_cached_and_read_back_bit_identical(files, tmp_path, monkeypatch):
     """The first load writes the re-quantized matrices, the second reads them (re-quantizing is
     made to fail) with bit-identical logits; a reduced head is cut from the cached full head."""
-    from verispec.runners import gguf_blocks
+    from verispec.runners.cpu import gguf_blocks
 
     cache = tmp_path / "weights"
     first = runner(files["draft"], requantize="iq4_nl", cache_dir=cache)

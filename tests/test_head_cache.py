@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from verispec.errors import InvalidParameterError
-from verispec.ops.head_cache import TeacherCache, reader_identity, teacher_key
-from verispec.ops.head_teacher import Teacher
+from verispec.training.cache import TeacherCache, reader_identity, teacher_key
+from verispec.training.teacher import Teacher
 
 
 def fake_read(calls):

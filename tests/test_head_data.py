@@ -1,4 +1,4 @@
-"""The training data of an EAGLE head (ops/head_data.py): the target's answers end with the EOS token
+"""The training data of an EAGLE head (training/data.py): the target's answers end with the EOS token
 when they ended their turn (the engine's outputs leave it out), and Magpie keeps exactly the
 instructions the target finished."""
 
@@ -7,8 +7,8 @@ from helpers import BigramRunner, CharTokenizer, chain_table
 
 from verispec.engine import SpeculativeEngine
 from verispec.errors import InvalidParameterError
-from verispec.ops.head_data import generate_all, magpie_instructions, magpie_prefix
-from verispec.spec.sampling import SamplingParams
+from verispec.training.data import generate_all, magpie_instructions, magpie_prefix
+from verispec.algorithms.sampling import SamplingParams
 
 EOS = 3
 PIECES = ["<s>", "U:", "\n", "<eos>", "Write ", "a ", "sort", "!"]

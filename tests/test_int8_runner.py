@@ -9,10 +9,10 @@ from verispec.engine import SpeculativeConfig, SpeculativeEngine
 from verispec.errors import InvalidParameterError
 from verispec.proposers.draft_model import DraftModelProposer
 from verispec.runners import Runner, prefill
-from verispec.runners.int8 import Int8Runner
-from verispec.runners.int8_ops import Int8Weight, quantize_activation_rows
+from verispec.runners.cpu.int8 import Int8Runner
+from verispec.runners.cpu.int8_ops import Int8Weight, quantize_activation_rows
 from verispec.runners.torch_runner import TransformersRunner
-from verispec.spec.sampling import SamplingParams
+from verispec.algorithms.sampling import SamplingParams
 
 CONTEXT = [3, 14, 15, 92, 65, 35, 89, 79]
 DRAFT = [32, 38, 46, 26, 43]
@@ -161,7 +161,7 @@ TREE_PARENTS = [-1, 0, 0, 1, 1, 3]  # root; two children; the first has two; a g
     ],
 )
 def test_tree_nodes_get_the_logits_of_their_path(model_factory):
-    from verispec.spec.tree import TokenTree, tree_attention_mask, tree_position_ids
+    from verispec.algorithms.tree import TokenTree, tree_attention_mask, tree_position_ids
 
     model = model_factory()
     context = [t % model.config.vocab_size for t in CONTEXT]

@@ -100,10 +100,10 @@ def test_a_cpu_without_vector_kernels_is_told_what_is_faster(monkeypatch, instal
 def test_bench_names_the_kernel_path_and_times_a_prefill(files):
     from rich.console import Console
 
-    from verispec.ops.bench.command import load_pipelines, run_and_report
-    from verispec.ops.bench.report import BenchResults
-    from verispec.ops.bench.run import BenchConfig
-    from verispec.ops.bench.workload import WorkloadItem
+    from verispec.bench.command import load_pipelines, run_and_report
+    from verispec.bench.report import BenchResults
+    from verispec.bench.run import BenchConfig
+    from verispec.bench.workload import WorkloadItem
 
     console = Console(stderr=True, quiet=True)
     pipes, rss = load_pipelines(str(files["target"]), str(files["draft"]), "float32", console, ["gguf"])

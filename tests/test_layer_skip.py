@@ -9,7 +9,7 @@ from verispec.errors import InvalidParameterError
 from verispec.proposers.layer_skip import LayerSkipProposer, early_exit_model
 from verispec.runners import prefill
 from verispec.runners.torch_runner import TransformersRunner
-from verispec.spec.sampling import SamplingParams
+from verispec.algorithms.sampling import SamplingParams
 
 CONTEXT = [3, 14, 15, 92, 65, 35, 89, 79]
 

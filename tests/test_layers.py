@@ -22,12 +22,12 @@ PACKAGE = Path(__file__).resolve().parent.parent / "src" / "verispec"
 # Lowest first. A name is a top-level module or package of verispec.
 LAYERS: list[tuple[str, ...]] = [
     ("__init__", "errors", "progress", "metrics", "output"),  # the base: imports nothing of ours above it
-    ("spec",),  # pure algorithms: verify, trees, sampling, control formulas and schedules
+    ("algorithms",),  # pure algorithms: verify, trees, sampling, control formulas and schedules
     ("models",),  # store, registry, loading, GGUF reading
     ("runners",),  # model execution and the kernels
     ("proposers",),  # every drafter, behind one protocol
     ("engine",),  # the loop, request state, scheduler, policy, constraints, the loader
-    ("ops",),  # bench, advise, audit, export
+    ("bench", "training"),  # measuring and deciding (bench, advise, audit, export); training draft heads
     ("server",),  # the OpenAI app, worker, replicas
     ("cli",),  # one module per command
 ]
@@ -127,9 +127,9 @@ def test_find_cycle_sees_a_cycle_hidden_in_a_function():
 
 
 def test_function_level_and_relative_imports_are_seen():
-    source = "def f():\n    from verispec.spec import verify\n    import verispec.engine\nfrom .b import x\n"
-    known = {"verispec.spec", "verispec.spec.verify", "verispec.engine", "verispec.ops.b", "verispec.ops.a"}
-    assert imported_modules(source, "verispec.ops.a", known) == {"verispec.spec.verify", "verispec.engine", "verispec.ops.b"}
+    source = "def f():\n    from verispec.algorithms import verify\n    import verispec.engine\nfrom .b import x\n"
+    known = {"verispec.algorithms", "verispec.algorithms.verify", "verispec.engine", "verispec.bench.b", "verispec.bench.a"}
+    assert imported_modules(source, "verispec.bench.a", known) == {"verispec.algorithms.verify", "verispec.engine", "verispec.bench.b"}
 
 
 def test_few_modules_at_the_top():

@@ -19,7 +19,7 @@ from verispec.proposers.draft_model import DraftModelProposer
 from verispec.runners import Runner, prefill
 from verispec.runners.llamacpp import INSTALL_HINT, llama_cpp_available
 from verispec.runners.torch_runner import TransformersRunner
-from verispec.spec.sampling import SamplingParams
+from verispec.algorithms.sampling import SamplingParams
 
 pytestmark = pytest.mark.skipif(not llama_cpp_available(), reason=f"llama-cpp-python is not installed: {INSTALL_HINT}")
 

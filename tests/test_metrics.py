@@ -3,7 +3,7 @@
 import pytest
 
 from verispec.metrics import RequestMetrics, RequestTimes, SpecDecodeStats
-from verispec.spec.verify import accepted_prefix_length
+from verispec.algorithms.verify import accepted_prefix_length
 
 
 def test_accepts_1010_with_k4_count_only_first_token():

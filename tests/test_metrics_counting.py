@@ -31,7 +31,7 @@ from server_support import (
 from verispec.engine import SpeculativeConfig
 from verispec.engine.loader import SpeculativePipeline
 from verispec.server import create_app
-from verispec.spec.sampling import SamplingParams
+from verispec.algorithms.sampling import SamplingParams
 
 C = "/v1/completions"
 OK = {"model": "tiny-target", "prompt": "hi", "max_tokens": 2, "temperature": 0}

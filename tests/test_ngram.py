@@ -12,7 +12,7 @@ from verispec.engine import SpeculativeConfig, SpeculativeEngine
 from verispec.errors import InvalidParameterError
 from verispec.proposers import DraftRequest
 from verispec.proposers.ngram import NgramIndex, NgramProposer, copy_continuation, find_ngram_match
-from verispec.spec.sampling import SamplingParams
+from verispec.algorithms.sampling import SamplingParams
 
 
 @pytest.mark.parametrize(

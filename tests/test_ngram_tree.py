@@ -20,8 +20,8 @@ from verispec.proposers.ngram import (
     ngram_tree,
 )
 from verispec.runners.torch_runner import TransformersRunner
-from verispec.spec.sampling import SamplingParams
-from verispec.spec.tree import TokenTree, tree_rejection_sample
+from verispec.algorithms.sampling import SamplingParams
+from verispec.algorithms.tree import TokenTree, tree_rejection_sample
 
 
 @pytest.mark.parametrize(

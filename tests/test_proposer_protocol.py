@@ -13,7 +13,7 @@ from verispec.proposers.factory import for_new_sequence, with_lookup_drafters, w
 from verispec.proposers.ngram import NgramProposer, NgramTreeProposer
 from verispec.proposers.suffix import SuffixProposer, SuffixTreeProposer
 from verispec.runners.torch_runner import TransformersRunner
-from verispec.spec.sampling import SamplingParams
+from verispec.algorithms.sampling import SamplingParams
 
 
 class Repeat(Proposer):

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from verispec.ops.bench.quality import QualityResult, compare_logits
+from verispec.bench.quality import QualityResult, compare_logits
 
 
 @pytest.mark.parametrize(

@@ -8,8 +8,8 @@ from verispec.engine import SpeculativeConfig
 from verispec.errors import InvalidParameterError
 from verispec.models.loading import LoadedModel
 from verispec.engine.loader import DrafterOptions, SpeculativePipeline
-from verispec.runners.quantize import Int8Linear, quantize_linear_layers, quantize_rows_int8
-from verispec.spec.sampling import SamplingParams
+from verispec.runners.cpu.quantize import Int8Linear, quantize_linear_layers, quantize_rows_int8
+from verispec.algorithms.sampling import SamplingParams
 
 
 @pytest.mark.parametrize(

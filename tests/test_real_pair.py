@@ -5,7 +5,7 @@ import pytest
 from verispec.engine import SpeculativeConfig
 from verispec.models.store import ModelStore
 from verispec.engine.loader import DEFAULT_DRAFT, DEFAULT_TARGET, SpeculativePipeline
-from verispec.spec.sampling import SamplingParams
+from verispec.algorithms.sampling import SamplingParams
 
 
 @pytest.fixture(scope="module")

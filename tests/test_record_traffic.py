@@ -11,7 +11,7 @@ from server_support import FIXED_DRAFT, LiveServer, tiny_pipeline, wait_ready
 from typer.testing import CliRunner
 
 from verispec.errors import InvalidParameterError
-from verispec.ops.bench.workload import read_jsonl
+from verispec.bench.workload import read_jsonl
 from verispec.server import create_app
 from verispec.server.traffic import TrafficRecorder
 

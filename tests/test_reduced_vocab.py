@@ -6,9 +6,9 @@ import torch
 from helpers import CharTokenizer, default_pieces, single_thread  # noqa: F401 (single_thread: autouse fixture, one thread)
 from verispec.engine import SpeculativeConfig, SpeculativeEngine
 from verispec.proposers.draft_model import DraftModelProposer
-from verispec.runners.int8 import Int8Runner
-from verispec.runners.reduced_vocab import coverage, rank_counts, select_vocabulary, token_counts
-from verispec.spec.sampling import SamplingParams, logits_to_probs
+from verispec.runners.cpu.int8 import Int8Runner
+from verispec.runners.cpu.reduced_vocab import coverage, rank_counts, select_vocabulary, token_counts
+from verispec.algorithms.sampling import SamplingParams, logits_to_probs
 
 PROMPTS = [[5, 17, 33, 2, 9], [70, 3], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20]]
 

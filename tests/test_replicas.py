@@ -92,7 +92,7 @@ def test_an_engine_that_keeps_failing_or_hangs_reports_itself_unhealthy():
 
     from server_support import tiny_pipeline
     from verispec.engine.request import SpeculativeConfig
-    from verispec.spec.sampling import SamplingParams
+    from verispec.algorithms.sampling import SamplingParams
     from verispec.server.prom import ServerMetrics
     from verispec.server.worker import MAX_CONSECUTIVE_ERRORS, EngineWorker, Job
 

@@ -8,17 +8,17 @@ import pytest
 import torch
 
 from helpers import BigramRunner, default_pieces, perturbed_copy, single_thread  # noqa: F401 (single_thread: autouse fixture, one thread)
-from verispec.spec.control import CostModel
+from verispec.algorithms.control import CostModel
 from verispec.engine import SpeculativeConfig
 from verispec.errors import InvalidParameterError
 from verispec.models.cache_files import read_checked
 from verispec.models.loading import LoadedModel
 from verispec.engine.loader import SpeculativePipeline
 from verispec.runners.costs import CostCache, CostCurve, choose_runner, measure_cost_curve, seed_cost_model
-from verispec.runners.int8 import Int8Runner
+from verispec.runners.cpu.int8 import Int8Runner
 from verispec.runners.select import RunnerOptions, resolve_auto
 from verispec.runners.torch_runner import TransformersRunner
-from verispec.spec.sampling import SamplingParams
+from verispec.algorithms.sampling import SamplingParams
 from test_quantize import VocabTokenizer
 
 
@@ -191,7 +191,8 @@ def test_slow_steps_are_announced_and_fast_ones_are_silent(capsys):
 
 
 def test_auto_leaves_out_int8_where_its_fast_kernel_is_not_exact(target_model, tmp_path, monkeypatch, capsys):
-    from verispec.runners import int8_ops, notices
+    from verispec.runners import notices
+    from verispec.runners.cpu import int8_ops
     from verispec.runners.notices import runner_label
     from verispec.runners.select import auto_candidates
 
@@ -216,7 +217,7 @@ def test_auto_leaves_out_int8_where_its_fast_kernel_is_not_exact(target_model, t
 
 
 def test_cost_curves_are_cached_per_kernel_path(tmp_path, target_model, monkeypatch, exact_int8_cpu):
-    from verispec.runners import int8_ops
+    from verispec.runners.cpu import int8_ops
     from verispec.runners.select import cached_curve
 
     monkeypatch.setenv("VERISPEC_HOME", str(tmp_path))

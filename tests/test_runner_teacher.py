@@ -10,11 +10,11 @@ from gguf_models import write_gguf_model
 from helpers import VOCAB, greedy_continuations, single_thread, tiny_qwen2  # noqa: F401  (single_thread: autouse)
 
 from verispec.errors import InvalidParameterError
-from verispec.ops.train_head import TrainOptions, runner_teacher, teacher, train_head
-from verispec.runners.eagle_head import EagleHead, choose_draft_vocabulary
-from verispec.runners.gguf_runner import GGUFRunner
-from verispec.runners.int8 import Int8Runner
-from verispec.runners.reduced_vocab import token_counts
+from verispec.training.loop import TrainOptions, runner_teacher, teacher, train_head
+from verispec.runners.eagle.head import EagleHead, choose_draft_vocabulary
+from verispec.runners.cpu.gguf_runner import GGUFRunner
+from verispec.runners.cpu.int8 import Int8Runner
+from verispec.runners.cpu.reduced_vocab import token_counts
 from verispec.runners.torch_runner import TransformersRunner
 
 LAYERS = (1, 0, 1)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from verispec.errors import InvalidParameterError
-from verispec.spec.sampling import SamplingParams, apply_penalties, logits_to_probs, process_logits
+from verispec.algorithms.sampling import SamplingParams, apply_penalties, logits_to_probs, process_logits
 
 
 @pytest.mark.parametrize(

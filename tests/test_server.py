@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from server_support import FIXED_DRAFT, client, http, metric_value, reference, served  # noqa: F401
 from verispec.engine import SpeculativeConfig
-from verispec.spec.sampling import SamplingParams
+from verispec.algorithms.sampling import SamplingParams
 
 MODEL = "tiny-target"
 CHAT = [{"role": "user", "content": "你好"}]
@@ -249,7 +249,7 @@ def kernel_info(text: str) -> tuple[dict, float]:
 def test_metrics_name_the_runner_and_its_kernels(served, reference, tmp_path, monkeypatch):
     from gguf_models import write_gguf_model
     from verispec.engine.loader import SpeculativePipeline
-    from verispec.runners.int8_ops import default_kernel
+    from verispec.runners.cpu.int8_ops import default_kernel
     from verispec.runners.kernels import gguf_kernels, kernel_isa
     from verispec.runners.select import RunnerOptions
     from verispec.server import create_app

@@ -13,7 +13,7 @@ import openai
 
 from server_support import GatedEngine, LiveServer, metric_value, reference, tiny_pipeline, wait_ready  # noqa: F401
 from verispec.engine import SpeculativeConfig
-from verispec.spec.sampling import SamplingParams
+from verispec.algorithms.sampling import SamplingParams
 from verispec.server import create_app
 
 MODEL = "tiny-target"

@@ -14,8 +14,8 @@ import torch
 from test_batching import PROMPTS, gguf_engine, gguf_files, run_batched  # noqa: F401
 from verispec.engine import SpeculativeConfig
 from verispec.engine.scheduler import Scheduler
-from verispec.runners.memory import PAGE_BYTES, release_pages, resident_bytes
-from verispec.spec.sampling import SamplingParams
+from verispec.runners.cpu.memory import PAGE_BYTES, release_pages, resident_bytes
+from verispec.algorithms.sampling import SamplingParams
 
 LINUX = resident_bytes(torch.empty(0)) is not None
 needs_mincore = pytest.mark.skipif(not LINUX, reason="resident pages are counted with Linux's mincore")

@@ -16,7 +16,7 @@ from verispec.engine import SpeculativeConfig, SpeculativeEngine
 from verispec.errors import InvalidParameterError
 from verispec.proposers import DraftRequest
 from verispec.proposers.suffix import SuffixCache, SuffixProposer, most_frequent_path
-from verispec.spec.sampling import SamplingParams
+from verispec.algorithms.sampling import SamplingParams
 
 
 def request(prompt, output=()):
@@ -303,7 +303,7 @@ def test_server_refuses_an_unwritable_suffix_cache_path(tmp_path):
 
 
 def test_warm_ups_and_audit_re_decodes_teach_the_cache_nothing():
-    from verispec.ops.audit import QualityAuditor
+    from verispec.bench.audit import QualityAuditor
 
     engine = cycle_engine()
     cache = engine.proposers["suffix"].cache
@@ -333,8 +333,8 @@ def test_bench_methods_learn_only_their_own_answers():
     from another method's answer to the same prompt (nor from the warm-up), only from its own
     earlier answers (the second, repeated prompt)."""
     from server_support import tiny_pipeline
-    from verispec.ops.bench.run import BenchConfig, run_bench
-    from verispec.ops.bench.workload import WorkloadItem
+    from verispec.bench.run import BenchConfig, run_bench
+    from verispec.bench.workload import WorkloadItem
 
     items = [WorkloadItem(name, "code", "def fib(n):", False) for name in ("first", "again")]
     config = BenchConfig(methods=("suffix",), peers=(), max_tokens=24, num_speculative_tokens=5)

@@ -12,10 +12,10 @@ from test_suffix import cycle_engine, request
 from verispec.engine import SpeculativeConfig
 from verispec.engine.policy import DraftPolicy
 from verispec.proposers.suffix import SuffixCache, SuffixProposer, SuffixTreeProposer, _chain_tree, node_confidences
-from verispec.spec.control import ControllerConfig, CostModel, best_draft_length
-from verispec.spec.sampling import SamplingParams
-from verispec.spec.schedules import confident_length, sized_by_confidence
-from verispec.spec.tree import TokenTree
+from verispec.algorithms.control import ControllerConfig, CostModel, best_draft_length
+from verispec.algorithms.sampling import SamplingParams
+from verispec.algorithms.schedules import confident_length, sized_by_confidence
+from verispec.algorithms.tree import TokenTree
 
 FLAT = [1.0 + 0.025 * k for k in range(9)]  # verify cost of k tokens in plain steps: an AVX-512-like curve
 

@@ -11,8 +11,8 @@ from gguf_models import write_gguf_model
 from typer.testing import CliRunner
 
 from verispec.cli import app
-from verispec.runners.eagle_head import EagleHead
-from verispec.runners.gguf_runner import GGUFRunner
+from verispec.runners.eagle.head import EagleHead
+from verispec.runners.cpu.gguf_runner import GGUFRunner
 
 cli = CliRunner()
 PROMPTS = ["abc def", "hello world", "xyz!", "foo bar baz", "qwerty", "a+b=c"]
@@ -177,7 +177,7 @@ def test_advise_measures_the_head_and_prices_its_memory(files, tmp_path):
     """advise --eagle-head: eagle measured beside plain decoding, and the head's weights + KV cache
     reported as a share of the target's (issue 28: <= 10 %)."""
     from verispec.models.loading import load_model
-    from verispec.ops.advise import head_kv_bytes
+    from verispec.bench.advise import head_kv_bytes
 
     folder, target = files
     head = EagleHead.from_target(load_model(str(target)).model, draft_token_ids=torch.arange(64), seed=0)

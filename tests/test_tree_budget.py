@@ -3,8 +3,8 @@
 import pytest
 from helpers import make_engine, single_thread  # noqa: F401 (autouse fixture)
 
-from verispec.spec.control import ControllerConfig, CostModel, expected_tokens
-from verispec.spec.schedules import (
+from verispec.algorithms.control import ControllerConfig, CostModel, expected_tokens
+from verispec.algorithms.schedules import (
     CostModelSchedule,
     TreeAcceptance,
     TreeBudgetSchedule,
@@ -16,7 +16,7 @@ from verispec.engine import SpeculativeConfig
 from verispec.engine.policy import make_policy
 from verispec.proposers.draft_tree import DraftTreeProposer
 from verispec.runners.torch_runner import TransformersRunner
-from verispec.spec.sampling import SamplingParams
+from verispec.algorithms.sampling import SamplingParams
 
 
 @pytest.mark.parametrize(

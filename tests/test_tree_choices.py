@@ -14,7 +14,7 @@ from verispec.engine.loader import DrafterOptions
 from verispec.proposers import DraftRequest
 from verispec.proposers.draft_tree import DraftTreeProposer, validate_tree_choices
 from verispec.runners.torch_runner import TransformersRunner
-from verispec.spec.sampling import SamplingParams
+from verispec.algorithms.sampling import SamplingParams
 
 CHOICES = [[0], [1], [0, 0], [0, 1], [0, 0, 0]]
 WIDE = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1], [0, 0, 0, 0], [0, 0, 0, 0, 0]]

@@ -4,7 +4,7 @@ import torch
 
 from verispec.runners import prefill
 from verispec.runners.torch_runner import TransformersRunner
-from verispec.spec.tree import TokenTree, tree_attention_mask, tree_position_ids
+from verispec.algorithms.tree import TokenTree, tree_attention_mask, tree_position_ids
 
 CONTEXT = [3, 14, 15, 92, 65]
 TREE = TokenTree((35, 8, 9, 79, 32, 38), (-1, 0, 0, 1, 1, 3))  # 35 -> {8 -> {79 -> 38, 32}, 9}

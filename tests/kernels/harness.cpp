@@ -248,38 +248,12 @@ std::string difference(const Blob& want, const Blob& got) {
 uint8_t fill_byte(bool oracle) { return oracle ? 0xA5 : 0x5A; }
 
 // ---------------------------------------------------------------------------------------------
-// The per-ISA entry points that core.h declares one function per ISA for.
+// The per-ISA entry points, from the ISA's kernel table (dispatch.cpp).
 
-ScoresFn scores_of(Isa isa) {
-    switch (isa) {
-        case Isa::Avx512: return scores_avx512;
-        case Isa::Avx2:
-        case Isa::AvxVnni: return scores_avx2;
-        case Isa::Neon: return scores_neon;
-        default: return scores_portable;
-    }
-}
-
-WeightedSumFn weighted_sum_of(Isa isa) {
-    switch (isa) {
-        case Isa::Avx512: return weighted_sum_avx512;
-        case Isa::Avx2:
-        case Isa::AvxVnni: return weighted_sum_avx2;
-        case Isa::Neon: return weighted_sum_neon;
-        default: return weighted_sum_portable;
-    }
-}
-
+ScoresFn scores_of(Isa isa) { return kernel_table(isa).scores; }
+WeightedSumFn weighted_sum_of(Isa isa) { return kernel_table(isa).weighted_sum; }
 using FitFn = void (*)(const float*, const float*, float, float&, float&);
-FitFn fit_of(Isa isa) {
-    switch (isa) {
-        case Isa::Avx512: return fit_iq4_nl_avx512;
-        case Isa::Avx2:
-        case Isa::AvxVnni: return fit_iq4_nl_avx2;
-        case Isa::Neon: return fit_iq4_nl_neon;
-        default: return fit_iq4_nl_portable;
-    }
-}
+FitFn fit_of(Isa isa) { return kernel_table(isa).fit_iq4_nl; }
 
 // ---------------------------------------------------------------------------------------------
 

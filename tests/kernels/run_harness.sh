@@ -25,7 +25,7 @@ kernels="$(cd "$here/../../src/verispec/runners/kernels" && pwd)"
 target="${1:-}"
 shift || true
 
-CORE_SOURCES=(formats.cpp portable.cpp dispatch.cpp attention.cpp requantize.cpp x86_avx512.cpp x86_avx2.cpp arm_neon.cpp
+CORE_SOURCES=(formats.cpp portable.cpp dispatch.cpp attention.cpp row_ops.cpp requantize.cpp x86_avx512.cpp x86_avx2.cpp arm_neon.cpp
               arm_neon_float.cpp)
 FLAGS=(-O3 -std=c++17 -ffp-contract=off -fno-math-errno)
 

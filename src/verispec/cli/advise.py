@@ -1,6 +1,6 @@
 """``verispec advise``: measure the acceptance rate and the costs on a workload sample, then say per
 category whether speculation pays (``--export``: the advised setup for another serving stack).
-The advice is :mod:`verispec.ops.advise`'s; this module parses, validates and prints: the report on
+The advice is :mod:`verispec.bench.advise`'s; this module parses, validates and prints: the report on
 stdout (stderr when ``--json`` or ``--export`` without a file take stdout), progress on stderr."""
 
 from __future__ import annotations
@@ -60,13 +60,13 @@ def advise(
 ) -> None:
     """Measure α and costs on a workload sample and say whether speculation pays, per category."""
     from verispec.engine.loader import DrafterOptions
-    from verispec.ops.advise import advise as run_advice
-    from verispec.ops.advise_render import export_advice, render
-    from verispec.ops.bench.command import load_pipelines, runs_per_prompt, split
-    from verispec.ops.bench.live import bench_progress
-    from verispec.ops.bench.run import BenchConfig
-    from verispec.ops.bench.workload import load_workload
-    from verispec.ops.export import EAGLE_METHODS, EAGLE_TOOLS, EXPORT_TOOLS
+    from verispec.bench.advise import advise as run_advice
+    from verispec.bench.advise_render import export_advice, render
+    from verispec.bench.command import load_pipelines, runs_per_prompt, split
+    from verispec.bench.live import bench_progress
+    from verispec.bench.run import BenchConfig
+    from verispec.bench.workload import load_workload
+    from verispec.bench.export import EAGLE_METHODS, EAGLE_TOOLS, EXPORT_TOOLS
 
     with user_errors():
         if export is not None and export not in EXPORT_TOOLS:
@@ -96,7 +96,7 @@ def advise(
         with user_errors(OSError):
             eagle_dir = None
             if advice.verdicts[-1].method in EAGLE_METHODS and export in EAGLE_TOOLS:
-                from verispec.ops.export_head import export_head
+                from verispec.bench.export_head import export_head
 
                 eagle_dir = export_head(eagle_head, pipe.target_runner, target, export_head_dir)
                 err.print(f"the EAGLE head as an EAGLE-3 checkpoint: {eagle_dir}", highlight=False, markup=False)

@@ -1,6 +1,6 @@
 """``verispec bench``: plain decoding, every speculative method and the peers on a workload, on
 one or several runners in one run; optionally each runner's cost curve, prefill speed and
-agreement with the float32 model. The measuring is :mod:`verispec.ops.bench`'s; this module
+agreement with the float32 model. The measuring is :mod:`verispec.bench`'s; this module
 parses, validates and prints. The report (tables, files written) goes to stdout, progress to stderr;
 with ``--json`` stdout carries the JSON only and the report goes to stderr."""
 
@@ -70,10 +70,10 @@ def bench(
     as_json: bool = json_option("Also print the results (as results.json) as one JSON object on stdout."),
 ) -> None:
     """Benchmark plain decoding, every speculative method and the peers, interleaved prompt by prompt."""
-    from verispec.ops.bench.command import available_methods, load_pipelines, print_summary, run_and_report, split
-    from verispec.ops.bench.run import BenchConfig
+    from verispec.bench.command import available_methods, load_pipelines, print_summary, run_and_report, split
+    from verispec.bench.run import BenchConfig
     from verispec.engine.loader import DrafterOptions
-    from verispec.ops.bench.workload import load_workload
+    from verispec.bench.workload import load_workload
     from verispec.runners.select import RUNNERS, RunnerOptions
 
     with user_errors():

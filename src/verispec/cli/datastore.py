@@ -12,7 +12,7 @@ import typer
 
 from verispec.cli.common import err, target_option, user_errors
 from verispec.errors import InvalidParameterError
-from verispec.ops.corpus import corpus_files
+from verispec.training.corpus import corpus_files
 from verispec.progress import steps
 
 datastore_app = typer.Typer(
@@ -31,7 +31,7 @@ def build(
 ) -> None:
     """Tokenize CORPUS with the target's tokenizer and write its suffix array to --out."""
     from verispec.proposers.datastore import build_datastore
-    from verispec.runners.llamacpp import load_gguf_info
+    from verispec.models.loading import load_gguf_info
 
     with user_errors(OSError):
         if not str(out) or out.is_file() or (out.is_dir() and any(out.iterdir()) and not (out / "datastore.json").exists()):

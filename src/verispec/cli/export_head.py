@@ -1,5 +1,5 @@
 """``verispec export-head``: a verispec EAGLE head file as the Hugging Face EAGLE-3 checkpoint vLLM
-and SGLang serve (:mod:`verispec.ops.export_head`); this module parses, validates and prints."""
+and SGLang serve (:mod:`verispec.bench.export_head`); this module parses, validates and prints."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def export_head(
 ) -> None:
     """Write HEAD as an EAGLE-3 checkpoint folder for vLLM (--speculative-config method eagle3) and SGLang (EAGLE3)."""
     from verispec.engine.loader import SpeculativePipeline
-    from verispec.ops.export_head import export_head as run_export
+    from verispec.bench.export_head import export_head as run_export
     from verispec.runners.select import RunnerOptions
 
     with user_errors(OSError):

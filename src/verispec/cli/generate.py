@@ -34,11 +34,11 @@ from verispec.engine import SpeculativeConfig
 from verispec.engine.loader import DrafterOptions, SpeculativePipeline
 from verispec.errors import InvalidParameterError
 from verispec.metrics import peak_rss_bytes
-from verispec.ops.audit import QualityAuditor, describe_audit
+from verispec.bench.audit import QualityAuditor, describe_audit
 from verispec.progress import working
 from verispec.runners.notices import kernel_facts, runner_label
 from verispec.runners.select import RunnerOptions
-from verispec.spec.sampling import SamplingParams
+from verispec.algorithms.sampling import SamplingParams
 
 
 def generate(

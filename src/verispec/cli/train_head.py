@@ -13,7 +13,7 @@ import typer
 
 from verispec.cli.common import err, runner_option, target_option, user_errors
 from verispec.errors import InvalidParameterError
-from verispec.ops.bench.workload import WorkloadError
+from verispec.bench.workload import WorkloadError
 
 DEFAULT_MAGPIE = 256  # self-generated instructions when no --prompts file is given
 
@@ -50,11 +50,11 @@ def train_head(
 
     from verispec.engine.loader import SpeculativePipeline
     from verispec.models.loading import load_model, parse_device
-    from verispec.ops.head_data import HeadData
-    from verispec.ops.train_head import TrainOptions, make_optimizer
-    from verispec.runners.eagle_file import WEIGHT_TYPES
-    from verispec.runners.eagle_head import EagleHead, choose_draft_vocabulary
-    from verispec.runners.reduced_vocab import token_counts
+    from verispec.training.data import HeadData
+    from verispec.training.loop import TrainOptions, make_optimizer
+    from verispec.runners.eagle.file import WEIGHT_TYPES
+    from verispec.runners.eagle.head import EagleHead, choose_draft_vocabulary
+    from verispec.runners.cpu.reduced_vocab import token_counts
 
     command = _command_line(ctx.params)
     data_path = out.with_name(out.name + ".data.json")
@@ -144,8 +144,8 @@ def _reader(head, model, reader, kind: str, target: str, cache_option: str | Non
     the teacher cache unless ``cache_option`` is ``none``; returns ``(read, cache or None)``."""
     from functools import partial
 
-    from verispec.ops.head_cache import TeacherCache, reader_identity
-    from verispec.ops.train_head import runner_teacher, teacher
+    from verispec.training.cache import TeacherCache, reader_identity
+    from verispec.training.loop import runner_teacher, teacher
 
     layers = head.shape.feature_layers
     if reader is not None:
@@ -178,9 +178,9 @@ def collect(pipe, prompt_files, magpie: int, code_dirs, code_tokens: int, max_to
     """The training data: the target's answers to the prompt files and to ``magpie`` instructions
     it writes itself, and windows of the code directories; progress per stage
     (:func:`verispec.progress.steps`: a bar on a terminal, lines in a log)."""
-    from verispec.ops.head_data import HeadData, code_windows, file_sha256, generate_all, magpie_instructions, read_prompt_files
+    from verispec.training.data import HeadData, code_windows, file_sha256, generate_all, magpie_instructions, read_prompt_files
     from verispec.progress import steps
-    from verispec.spec.sampling import SamplingParams
+    from verispec.algorithms.sampling import SamplingParams
 
     data = HeadData()
     greedy = lambda i: SamplingParams(max_tokens=max_tokens)  # noqa: E731
@@ -245,7 +245,7 @@ def _save(head, out: Path, optimizer, optimizer_path: Path, weights: str = "f32"
 
 def _train(head, model, data, options, out: Path, checkpoint_minutes: float, optimizer, optimizer_path: Path, read=None,
            weights: str = "f32"):
-    """:func:`verispec.ops.train_head.train_head` under a rich bar on a terminal, else a line on
+    """:func:`verispec.training.loop.train_head` under a rich bar on a terminal, else a line on
     stderr every :data:`verispec.progress.LINE_EVERY_S` seconds (a log shows it too); the head
     and its optimiser's state written beside ``out`` every ``checkpoint_minutes`` and on Ctrl-C
     (then exit 130)."""
@@ -254,7 +254,7 @@ def _train(head, model, data, options, out: Path, checkpoint_minutes: float, opt
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from verispec import progress
-    from verispec.ops.train_head import train_head as run
+    from verispec.training.loop import train_head as run
 
     last_save = last_line = time.monotonic()
     total = options.steps if options.minutes is None else None

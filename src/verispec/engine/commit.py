@@ -3,7 +3,7 @@ verify), the rows it puts in the pass, and what the pass's logits then commit to
 
 The engine's loop (:mod:`verispec.engine.loop`) plans every request, runs one pass, then calls
 :func:`commit` on each; :func:`finish` ends a request. Lossless by construction: what is
-committed is what :mod:`verispec.spec.step` verified against the target's own rows.
+committed is what :mod:`verispec.algorithms.step` verified against the target's own rows.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from verispec.engine.state import RequestState
 from verispec.metrics import RequestMetrics
 from verispec.proposers.base import DraftRequest
 from verispec.runners import ForwardCall
-from verispec.spec.control import CostModel
-from verispec.spec.sampling import process_logits, token_logprobs
-from verispec.spec.step import pick_token, verify_chain, verify_tree
-from verispec.spec.tree import tree_attention_mask, tree_position_ids
+from verispec.algorithms.control import CostModel
+from verispec.algorithms.sampling import process_logits, token_logprobs
+from verispec.algorithms.step import pick_token, verify_chain, verify_tree
+from verispec.algorithms.tree import tree_attention_mask, tree_position_ids
 
 TARGET_SOURCE = "target"  # token_sources entry of a token the target chose (not a draft token)
 
@@ -51,7 +51,7 @@ def verify_call(plan: Plan) -> ForwardCall:
 def commit(plan: Plan, logits: torch.Tensor, pass_s: float, base_rows: int, cost_model: CostModel) -> StreamChunk | None:
     """Apply one pass's ``logits`` (``[rows of plan.call, vocab]`` float32) to the plan's request:
     a prefill chunk's prompt logprobs and, after the last chunk, the first token; or a verify
-    (:func:`verispec.spec.step.verify_chain` / ``verify_tree``), the commit of the accepted
+    (:func:`verispec.algorithms.step.verify_chain` / ``verify_tree``), the commit of the accepted
     tokens and the bonus or recovered token, and the rollback of the target's KV cache to them.
     ``pass_s``: the pass's seconds; ``base_rows``: rows of the other requests in it. Returns the
     chunk committed, or None for a prefill chunk that is not the prompt's last.

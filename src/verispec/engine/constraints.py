@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from verispec.errors import InvalidParameterError
-from verispec.spec.draft import DraftOutput
+from verispec.algorithms.draft import DraftOutput
 
 STRUCTURED_KINDS = ("json_object", "json_schema", "regex", "grammar")
 # JSON as compact as json.dumps: ", " and ": ", no other whitespace (a sampled model otherwise

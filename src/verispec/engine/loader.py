@@ -18,20 +18,20 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Iterator
 
-from verispec.spec.control import ControllerConfig
+from verispec.algorithms.control import ControllerConfig
 from verispec.engine.loop import DEFAULT_MAX_NUM_BATCHED_TOKENS, SpeculativeEngine
 from verispec.engine.request import GenerationOutput, SpeculativeConfig, StreamChunk
 from verispec.errors import ContextLengthError, InvalidParameterError
 from verispec.models.compat import check_draft_compatibility
-from verispec.models.loading import DTYPES, LoadedModel, load_model
+from verispec.models.loading import DTYPES, LoadedModel, load_gguf_info, load_model
 from verispec.models.preflight import check_before_loading
 from verispec.proposers.factory import DRAFT_QUANTIZATIONS, DrafterOptions, build_drafters
-from verispec.runners.quantize import quantize_linear_layers
+from verispec.runners.cpu.quantize import quantize_linear_layers
 from verispec.runners import kv_cache_bytes
 from verispec.runners.costs import seed_cost_model
 from verispec.progress import announce_slow
 from verispec.runners.select import RunnerOptions, auto_file_runner, build_runners, cached_auto_choice, cached_curve
-from verispec.spec.sampling import SamplingParams
+from verispec.algorithms.sampling import SamplingParams
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
@@ -168,8 +168,7 @@ class SpeculativePipeline:
         if runners.kind == "auto":
             runners = dataclasses.replace(runners, kind=_cached_auto(target, draft, device) or "auto")
         if runners.kind in ("llamacpp", "gguf") or (runners.kind == "int8" and _is_gguf(target, draft)):
-            from verispec.runners.llamacpp import load_gguf_info  # weights are read by the runner itself
-
+            # weights are read by the runner itself
             name = {"llamacpp": "llama.cpp"}.get(runners.kind, runners.kind)
             with announce_slow(f"reading the GGUF headers and tokenizer of {target}" + (f" and {draft}" if draft else ""),
                                "the tokenizer is built from the file once, then cached"):

@@ -22,7 +22,7 @@ import torch
 
 from verispec.engine.commit import Plan, commit, finish, verify_call
 from verispec.engine.constraints import GrammarCompiler, TokenConstraints, cut_draft
-from verispec.spec.control import ControllerConfig, CostModel
+from verispec.algorithms.control import ControllerConfig, CostModel
 from verispec.errors import ContextLengthError, IncompatibleDraftError, InvalidParameterError
 from verispec.output import Detokenizer, OutputBuilder
 from verispec.engine.policy import DraftStep, drafter_order, make_policy
@@ -35,7 +35,7 @@ from verispec.engine.request import (
 )
 from verispec.engine.state import RequestState, Slot
 from verispec.runners import ForwardCall, Runner, forward_batch
-from verispec.spec.sampling import SamplingParams
+from verispec.algorithms.sampling import SamplingParams
 
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 256  # prompt tokens per pass while others decode (vLLM's name)
 
@@ -138,7 +138,7 @@ class SpeculativeEngine:
         """Generate, yielding a chunk per target pass; the last chunk carries the output.
 
         A batch of one through :meth:`step`. Greedy output is token-identical to plain greedy
-        decoding; sampled output has the target's distribution (see :mod:`verispec.spec.verify`).
+        decoding; sampled output has the target's distribution (see :mod:`verispec.algorithms.verify`).
         ``learn``: the suffix drafter's cache keeps the answer, and the cost model its length
         (False for warm-ups, audits and other runs that are not users' requests).
 

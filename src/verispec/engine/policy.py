@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Collection, Mapping, Sequence
 
-from verispec.spec.control import (
+from verispec.algorithms.control import (
     CATCH_UP_MIN_ROWS,
     AcceptanceEstimate,
     ControllerConfig,
@@ -23,7 +23,7 @@ from verispec.spec.control import (
     catch_up_pays,
     expected_tokens,
 )
-from verispec.spec.schedules import CostModelSchedule, TreeBudgetSchedule, make_schedule, sized_by_confidence
+from verispec.algorithms.schedules import CostModelSchedule, TreeBudgetSchedule, make_schedule, sized_by_confidence
 from verispec.errors import InvalidParameterError
 from verispec.proposers import DraftOutput, DraftRequest, Proposer
 from verispec.proposers.suffix import ConfidentProposer
@@ -111,7 +111,7 @@ class DraftPolicy:
 
     Args:
         proposers: the drafters to try each step, in order (name, proposer).
-        schedule: ``constant``, ``heuristic`` or ``cost`` (see :mod:`verispec.spec.control`).
+        schedule: ``constant``, ``heuristic`` or ``cost`` (see :mod:`verispec.algorithms.control`).
         max_k: draft length of ``constant``; upper bound of the others.
         costs: the engine's measured costs (updated here).
         config: controller knobs.
@@ -165,10 +165,10 @@ class DraftPolicy:
         tokens to ask it for, and the caller finishes it with :meth:`complete`.
 
         With the ``cost`` schedule a model drafter that must first catch up (feed
-        :data:`~verispec.spec.control.CATCH_UP_MIN_ROWS` or more context tokens it has not seen: its
+        :data:`~verispec.algorithms.control.CATCH_UP_MIN_ROWS` or more context tokens it has not seen: its
         prefill at a request's first proposal, or the tokens other drafters' steps emitted) sits
         the step out when the catch-up would cost more than drafting the rest of the answer saves
-        (:func:`~verispec.spec.control.catch_up_pays`, the rest estimated from the engine's recent
+        (:func:`~verispec.algorithms.control.catch_up_pays`, the rest estimated from the engine's recent
         output lengths, :meth:`CostModel.expected_remaining_tokens`, times the share of it the
         drafter's own steps have been emitting, :meth:`CostModel.record_coverage`). A probe of a
         switched-off drafter is priced at the prior acceptance."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from verispec.spec.schedules import SCHEDULES
+from verispec.algorithms.schedules import SCHEDULES
 from verispec.errors import InvalidParameterError
 from verispec.metrics import RequestMetrics
 
@@ -35,10 +35,10 @@ class SpeculativeConfig:
             expected tokens per unit of measured time, priced for the whole batch under continuous
             batching; may switch speculation off, so it never drafts where its own estimate says
             plain decoding is faster; for ``tree``, the node budget maximising the realised
-            accepted length per unit time: :class:`verispec.spec.schedules.TreeBudgetSchedule`),
+            accepted length per unit time: :class:`verispec.algorithms.schedules.TreeBudgetSchedule`),
             ``"heuristic"`` (+2 after a full accept, -1 otherwise) or ``"constant"`` (always
             ``num_speculative_tokens``: drafts even where it is slower than plain decoding);
-            see :mod:`verispec.spec.control`.
+            see :mod:`verispec.algorithms.control`.
         draft_stop_threshold: a model drafter stops drafting once its own top probability for
             the token it just drafted is below this, in [0, 1); 0 disables.
     Raises:
@@ -69,7 +69,7 @@ class GenerationOutput:
 
     ``token_sources`` ``[output_tokens]``: for each output token, the drafter whose accepted
     draft token it was, or ``"target"`` (first token, recovered and bonus tokens, plain steps).
-    ``logprobs`` ``[output_tokens]``: each token's :class:`~verispec.spec.sampling.TokenLogprob`
+    ``logprobs`` ``[output_tokens]``: each token's :class:`~verispec.algorithms.sampling.TokenLogprob`
     when the request asked (``SamplingParams.logprobs``), else None; ``prompt_logprobs``
     ``[prompt_tokens - 1]`` likewise for the prompt's tokens after the first.
     """

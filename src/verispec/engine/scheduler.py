@@ -21,7 +21,7 @@ from verispec.engine.loop import SpeculativeEngine
 from verispec.engine.request import SpeculativeConfig, StreamChunk
 from verispec.engine.state import RequestState, Slot
 from verispec.errors import InvalidParameterError
-from verispec.spec.sampling import SamplingParams
+from verispec.algorithms.sampling import SamplingParams
 
 DEFAULT_MAX_NUM_SEQS = 8
 

@@ -20,7 +20,7 @@ from verispec.engine.policy import DraftPolicy
 from verispec.proposers import Proposer
 from verispec.engine.request import GenerationOutput, SpeculativeConfig
 from verispec.runners import Runner
-from verispec.spec.sampling import SamplingParams, TokenLogprob, token_logprobs
+from verispec.algorithms.sampling import SamplingParams, TokenLogprob, token_logprobs
 
 
 @dataclass
@@ -91,7 +91,7 @@ class RequestState:
 
     def record_logprobs(self, rows: torch.Tensor, committed: Sequence[int], scoring_rows: Sequence[int] = (0,)) -> None:
         """Log-probabilities of the ``committed`` tokens, token i from processed row ``scoring_rows[i]``
-        (``rows``: ``[rows, vocab]`` float32, :attr:`verispec.spec.sampling.ProcessedRows.logits`)."""
+        (``rows``: ``[rows, vocab]`` float32, :attr:`verispec.algorithms.sampling.ProcessedRows.logits`)."""
         if self.params.logprobs is None:
             return
         for token_id, row in zip(committed, scoring_rows):

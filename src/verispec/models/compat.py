@@ -32,7 +32,7 @@ def check_draft_compatibility(
     """
     target_tokens = _tokens_by_id(target_tokenizer)
     draft_tokens = _tokens_by_id(draft_tokenizer)
-    _check_same_tokens(target_tokens, draft_tokens)
+    check_same_tokens(target_tokens, draft_tokens)
     _check_logits_width("target", target_vocab_size, len(target_tokenizer))
     _check_logits_width("draft", draft_vocab_size, len(draft_tokenizer))
     _check_same_eos(tuple(target_eos_token_ids), tuple(draft_eos_token_ids), target_tokens)
@@ -48,7 +48,7 @@ def _tokens_by_id(tokenizer: Any) -> list[str | None]:
     return tokens
 
 
-def _check_same_tokens(target_tokens: list[str | None], draft_tokens: list[str | None]) -> None:
+def check_same_tokens(target_tokens: list[str | None], draft_tokens: list[str | None]) -> None:
     shared = min(len(target_tokens), len(draft_tokens))
     if target_tokens[:shared] != draft_tokens[:shared]:
         token_id = next(i for i in range(shared) if target_tokens[i] != draft_tokens[i])

@@ -2,7 +2,7 @@
 
 Owns the transformers calls, the dtype/device choice, the header checks that turn corrupt
 weight files into clear errors, and the facts the engine needs (EOS ids, context length, logits
-width). Where the files come from is ``store.py``'s business; this module knows nothing about
+width), or those facts alone for a GGUF reference (:func:`load_gguf_info`). Where the files come from is ``store.py``'s business; this module knows nothing about
 generation or speculation.
 """
 
@@ -273,3 +273,36 @@ def _logits_width(model: Any) -> int:
     if output_embeddings is not None and hasattr(output_embeddings, "weight"):
         return int(output_embeddings.weight.shape[0])
     return int(model.config.get_text_config().vocab_size)
+
+
+def load_gguf_info(ref: str, *, store=None, runner: str = "llama.cpp"):
+    """A :class:`LoadedModel` for a GGUF reference (every runner but torch reads its weights itself), without a torch model.
+
+    ``model`` is None; the tokenizer (built once, then cached by tokenizer digest: see
+    :func:`verispec.models.gguf_file.cached_tokenizer`), EOS ids, context length and logits width
+    come from the GGUF header; no tensor is read. ``param_bytes`` is the file size. Raises
+    InvalidParameterError when ``ref`` is not a GGUF file, and the model store's errors
+    (ModelNotFoundError, ModelIntegrityError, ModelFetchError).
+    """
+    from verispec.models.gguf_file import cached_tokenizer
+
+    source = (store or ModelStore()).resolve(ref)
+    if source.kind != "gguf":
+        raise InvalidParameterError(f"the {runner} runner needs a .gguf model, and {ref!r} is a {source.kind}")
+    start = time.perf_counter()
+    header = read_gguf_header(source.path)
+    tokenizer = cached_tokenizer(header)
+    eos = stop_token_ids(tokenizer, *(header.metadata.get(f"tokenizer.ggml.{name}_token_id") for name in ("eos", "eot", "eom")))
+    embedding = header.tensors.get("output.weight") or header.tensors.get("token_embd.weight")
+    vocab_size = int(embedding.shape[1]) if embedding is not None and len(embedding.shape) == 2 else len(tokenizer)
+    return LoadedModel(
+        name=source.name,
+        model=None,
+        tokenizer=tokenizer,
+        path=source.path,
+        load_time_s=time.perf_counter() - start,
+        param_bytes=source.path.stat().st_size,
+        eos_token_ids=eos,
+        context_length=int(header.arch_value("context_length", 2048)),
+        vocab_size=vocab_size,
+    )

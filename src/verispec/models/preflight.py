@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from verispec.errors import IncompatibleDraftError, ModelIntegrityError
-from verispec.models.compat import _check_same_tokens
+from verispec.models.compat import check_same_tokens
 from verispec.models.gguf_file import GGUFHeader, read_gguf_header
 from verispec.models.store import ModelStore
 
@@ -80,7 +80,7 @@ def _check_same_vocabulary(target: _Vocabulary, draft: _Vocabulary) -> None:
     if target_tokens is not None and draft_tokens is not None:
         shared = min(len(target_tokens), len(draft_tokens))
         if target_tokens[:shared] != draft_tokens[:shared]:
-            _check_same_tokens(target_tokens, draft_tokens)  # raises, naming the first id that differs
+            check_same_tokens(target_tokens, draft_tokens)  # raises, naming the first id that differs
         return
     raise IncompatibleDraftError(
         f"draft vocabulary differs from the target's: the draft {draft.label} has {draft.size} tokens and the "

@@ -8,6 +8,6 @@ corpus datastore (:mod:`.suffix`, :mod:`.datastore`).
 """
 
 from verispec.proposers.base import DraftCacheSequences, DraftRequest, Proposer, common_prefix_length
-from verispec.spec.draft import DraftOutput
+from verispec.algorithms.draft import DraftOutput
 
 __all__ = ["DraftCacheSequences", "DraftOutput", "DraftRequest", "Proposer", "common_prefix_length"]

@@ -16,8 +16,8 @@ from typing import Sequence
 
 import torch
 
-from verispec.spec.draft import DraftOutput
-from verispec.spec.sampling import SamplingParams
+from verispec.algorithms.draft import DraftOutput
+from verispec.algorithms.sampling import SamplingParams
 
 
 @dataclass

@@ -12,9 +12,9 @@ from typing import Sequence
 import torch
 
 from verispec.proposers.base import DraftCacheSequences, DraftRequest
-from verispec.spec.draft import DraftOutput
+from verispec.algorithms.draft import DraftOutput
 from verispec.runners import ForwardCall, Runner, forward_batch
-from verispec.spec.sampling import ProcessedRows, process_logits, sample_from
+from verispec.algorithms.sampling import ProcessedRows, process_logits, sample_from
 
 
 class DraftModelProposer(DraftCacheSequences):

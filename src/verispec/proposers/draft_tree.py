@@ -3,7 +3,7 @@
 Owns the draft runner's cache while drafting a tree (one draft forward per tree level, all
 frontier nodes in one pass with a tree mask) and the choice of which nodes to keep. Knows
 nothing about the target or about verification; the tree is returned with the context's last
-token as its root (see :mod:`verispec.spec.tree`).
+token as its root (see :mod:`verispec.algorithms.tree`).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from torch import Tensor
 
 from verispec.errors import InvalidParameterError
 from verispec.proposers.base import DraftCacheSequences, DraftRequest
-from verispec.spec.draft import DraftOutput
-from verispec.spec.sampling import process_logits
-from verispec.spec.tree import TokenTree, tree_attention_mask, tree_position_ids
+from verispec.algorithms.draft import DraftOutput
+from verispec.algorithms.sampling import process_logits
+from verispec.algorithms.tree import TokenTree, tree_attention_mask, tree_position_ids
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,7 @@ class DraftTreeProposer(DraftCacheSequences):
     frontier node, keep the best nodes by path probability, level by level.
 
     The children are a deterministic function of the draft's (processed) distribution, so
-    verification treats them as one-hot candidates (:func:`verispec.spec.tree.tree_rejection_sample`).
+    verification treats them as one-hot candidates (:func:`verispec.algorithms.tree.tree_rejection_sample`).
 
     Args:
         runner: the draft runner; it must offer ``forward_tree`` (e.g. TransformersRunner).

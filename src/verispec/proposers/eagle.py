@@ -5,7 +5,7 @@ Owns the head's per-sequence state: the target features handed over after each t
 (:meth:`~verispec.proposers.Proposer.observe_features`) that the head has not read yet, and
 which rows of the head's KV cache are real (a committed token's feature) rather than a draft's.
 Knows nothing about verification or the target beyond those features; the head's arithmetic
-lives in :mod:`verispec.runners.eagle_head`.
+lives in :mod:`verispec.runners.eagle.head`.
 
 Alignment (Li et al. 2025, "EAGLE-3", arXiv 2503.01840, §3; EAGLE, arXiv 2401.15077, §4): head
 row ``p`` pairs the target's feature of token ``p`` with token ``p + 1`` and predicts token
@@ -24,10 +24,10 @@ from torch import Tensor
 
 from verispec.proposers.base import DraftRequest, Proposer, common_prefix_length
 from verispec.proposers.draft_tree import dynamic_tree_levels
-from verispec.runners.eagle_head import EagleHead, HeadCall, forward_heads
-from verispec.spec.draft import DraftOutput
-from verispec.spec.sampling import process_logits, sample_from
-from verispec.spec.tree import TokenTree
+from verispec.runners.eagle.head import EagleHead, HeadCall, forward_heads
+from verispec.algorithms.draft import DraftOutput
+from verispec.algorithms.sampling import process_logits, sample_from
+from verispec.algorithms.tree import TokenTree
 
 TREE_BRANCHING = 2  # eagle-tree: children expanded per frontier node (EAGLE-2's top-k) ...
 TREE_MAX_DEPTH = 6  # ... over this many levels at most
@@ -101,7 +101,7 @@ class EagleProposer(Proposer):
     def propose_batch(items: Sequence[tuple[EagleProposer, DraftRequest, int]]) -> list[DraftOutput]:
         """Chains for several requests, each ``(its own drafter, its request, tokens at most)``:
         one head pass catches every head up on its new features, then one pass per draft step
-        over the requests still drafting (:func:`~verispec.runners.eagle_head.forward_heads`:
+        over the requests still drafting (:func:`~verispec.runners.eagle.head.forward_heads`:
         the head's weights read once per pass, not once per request). Each request's rows are
         processed with its own parameters and drawn with its own generator. Returns one
         :class:`DraftOutput` per item, in order (empty where the head cannot draft)."""
@@ -146,7 +146,7 @@ class EagleProposer(Proposer):
         """:meth:`propose_tree` for several requests, each ``(its own drafter, its request, nodes
         at most, branching, levels at most)``, their trees grown in shared head passes: one pass
         catches every head up, then one pass per level over every tree still growing
-        (:func:`~verispec.runners.eagle_head.forward_heads`). Returns one tree per item, in order."""
+        (:func:`~verispec.runners.eagle.head.forward_heads`). Returns one tree per item, in order."""
         trees = [TokenTree((request.context[-1],), (-1,)) for _, request, _, _, _ in items]
         calls, waiting = [], []
         for index, (proposer, request, num_nodes, _, _) in enumerate(items):

@@ -23,12 +23,12 @@ from verispec.proposers.layer_skip import LayerSkipProposer
 from verispec.proposers.ngram import NgramProposer, NgramTreeProposer
 from verispec.proposers.suffix import SuffixProposer, SuffixTreeProposer
 from verispec.runners import Runner
-from verispec.runners.eagle_head import EagleHead
+from verispec.runners.eagle.head import EagleHead
 
 # --draft-quantization: the runner each one needs (None: any); "gguf" ones are re-quantizations the
 # gguf runner applies as it loads (auto picks one when the runner is gguf)
 DRAFT_QUANTIZATIONS = {"auto": None, "none": None, "int8": "torch", "q4_0": "gguf", "iq4_nl": "gguf"}
-HEAD_QUANTIZATIONS = ("auto", "none", "q8_0", "iq4_nl")  # of an EAGLE head's linear layers (runners/eagle_blocks.py)
+HEAD_QUANTIZATIONS = ("auto", "none", "q8_0", "iq4_nl")  # of an EAGLE head's linear layers (runners/eagle/blocks.py)
 AUTO_HEAD_QUANTIZATION = "q8_0"  # "auto" over the gguf runner (measured: see DrafterOptions.head_quantization)
 
 DEFAULT_LAYER_SKIP_FRACTION = 4  # layer skip drafts with the first 1/4 of the target's layers
@@ -73,7 +73,7 @@ class DrafterOptions:
             other (sum of the 10 speedups 11.551 / 11.653 / 10.937). Earlier, on 20 JSON prompts,
             the whole prompt gave 32.71 decode tokens/s against 49.17 with 256. Output never
             changes (the target verifies).
-        eagle_head: an EAGLE-3 head file (``verispec train-head``; :class:`verispec.runners.eagle_head.EagleHead`)
+        eagle_head: an EAGLE-3 head file (``verispec train-head``; :class:`verispec.runners.eagle.head.EagleHead`)
             for the ``eagle`` drafter over the target runner's own features; None: no ``eagle``.
         head_quantization: the head's linear layers at inference: ``none`` (float32, torch),
             ``q8_0`` or ``iq4_nl`` (GGUF blocks run by the gguf kernels), ``auto``
@@ -139,7 +139,7 @@ def build_drafters(
         head = EagleHead.load(options.eagle_head, target_runner)
         quantization = head_quantization_for(options.head_quantization, target_runner)
         if quantization != "none":
-            from verispec.runners.eagle_blocks import quantize_head_
+            from verispec.runners.eagle.blocks import quantize_head_
 
             quantize_head_(head, quantization)
         proposers["eagle"] = EagleProposer(head)
@@ -154,7 +154,7 @@ def head_quantization_for(choice: str, target_runner: Runner) -> str:
     is the gguf runner (its kernels are built and the CPU is bandwidth-bound), else ``none``."""
     if choice != "auto":
         return choice
-    from verispec.runners.gguf_runner import GGUFRunner
+    from verispec.runners.cpu.gguf_runner import GGUFRunner
 
     return AUTO_HEAD_QUANTIZATION if isinstance(target_runner, GGUFRunner) else "none"
 

@@ -14,8 +14,8 @@ from typing import Sequence
 
 from verispec.errors import InvalidParameterError
 from verispec.proposers.base import DraftRequest, Proposer
-from verispec.spec.draft import DraftOutput
-from verispec.spec.tree import TokenTree
+from verispec.algorithms.draft import DraftOutput
+from verispec.algorithms.tree import TokenTree
 
 MAX_OCCURRENCES = 4  # most recent occurrences the index keeps per n-gram (tree branches come from them)
 
@@ -242,7 +242,7 @@ class NgramTreeProposer(Proposer):
     token tree (drafter name ``"ngram-tree"``). Shares the wrapped proposer's index.
 
     The tree is a deterministic function of the context, so every child is a one-hot candidate
-    and :func:`verispec.spec.tree.tree_rejection_sample` keeps sampling exact.
+    and :func:`verispec.algorithms.tree.tree_rejection_sample` keeps sampling exact.
     """
 
     def __init__(self, ngram: NgramProposer) -> None:

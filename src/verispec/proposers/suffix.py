@@ -12,7 +12,7 @@ frequency, its size following the match length). Each proposal also says how sur
 :func:`node_confidences`, the estimated probability that verification accepts each node, from the
 continuations' frequencies (the paper's D(N)) blended with the drafter's realised acceptance, so
 the ``cost`` schedules can size a draft from the match it comes from
-(:func:`verispec.spec.schedules.confident_length`). Drafts are deterministic (no probabilities):
+(:func:`verispec.algorithms.schedules.confident_length`). Drafts are deterministic (no probabilities):
 verification's one-hot path keeps them lossless. Knows nothing about models or verification.
 """
 
@@ -25,10 +25,10 @@ from typing import Protocol, Sequence, runtime_checkable
 
 from verispec.errors import InvalidParameterError
 from verispec.proposers.base import DraftRequest, Proposer
-from verispec.spec.draft import DraftOutput
+from verispec.algorithms.draft import DraftOutput
 from verispec.proposers.ngram import NgramIndex, NgramProposer, copy_continuation, ngram_tree
 from verispec.proposers.suffix_file import read_sequences, write_sequences
-from verispec.spec.tree import TokenTree
+from verispec.algorithms.tree import TokenTree
 
 DEFAULT_MAX_TOKENS = 65_536  # tokens of past requests kept (the index costs up to ~2-3 KB a token)
 PRIOR_OCCURRENCES = 1.0  # weight of the realised acceptance in node_confidences, in occurrences

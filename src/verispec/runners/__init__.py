@@ -43,7 +43,7 @@ class Runner(Protocol):
 
     Optional too: ``release() -> None``, ``truncate(0)`` that also hands the cache's memory back to
     the OS (a static cache allocated at full capacity keeps the pages it was written to otherwise:
-    :meth:`verispec.runners.int8.Int8Runner.release`); the scheduler calls it when a request
+    :meth:`verispec.runners.cpu.int8.Int8Runner.release`); the scheduler calls it when a request
     leaves its sequence (:meth:`verispec.engine.state.Slot.release`), and falls back to
     ``truncate(0)`` where a runner has none.
 
@@ -87,7 +87,7 @@ class ForwardCall:
         num_logits: rows returned, the last ones (None: all; 0: none, e.g. a prefill chunk
             that is not the prompt's last).
         position_ids, attention_mask: set for a token tree (``forward_tree``'s arguments,
-            :mod:`verispec.spec.tree`), None for a chain.
+            :mod:`verispec.algorithms.tree`), None for a chain.
     """
 
     runner: Runner
@@ -105,7 +105,7 @@ def forward_batch(calls: Sequence[ForwardCall]) -> list[Tensor]:
     """Run every call's tokens; returns each call's logits (float32 ``[rows, vocab_size]``).
 
     Sequences of one batch-capable runner (a class method ``forward_many`` and the same weights,
-    e.g. :class:`verispec.runners.int8.Int8Runner` and its ``new_sequence()`` s) go through one
+    e.g. :class:`verispec.runners.cpu.int8.Int8Runner` and its ``new_sequence()`` s) go through one
     pass; others run one after the other. Either way each sequence's rows equal what its own
     ``forward`` / ``forward_tree`` would return on a batch-invariant runner.
 

@@ -25,7 +25,7 @@ import torch
 
 from verispec.errors import CacheFileError
 from verispec.models.cache_files import read_checked, report_damaged, write_checked
-from verispec.spec.control import CostModel, expected_tokens, interpolate
+from verispec.algorithms.control import CostModel, expected_tokens, interpolate
 from verispec.runners import Runner
 
 COST_KS = (1, 2, 4, 8, 16)

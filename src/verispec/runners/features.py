@@ -1,8 +1,8 @@
 """The target's hidden states handed out by a verify pass, for drafters that read them (EAGLE-3).
 
 Owns the layer-index convention, its check, EAGLE-3's default layers and the slicing of a pass's
-states into one sequence's feature rows. The runners that capture (:mod:`verispec.runners.int8`,
-:mod:`verispec.runners.gguf_runner`, :mod:`verispec.runners.torch_runner`) keep references to
+states into one sequence's feature rows. The runners that capture (:mod:`verispec.runners.cpu.int8`,
+:mod:`verispec.runners.cpu.gguf_runner`, :mod:`verispec.runners.torch_runner`) keep references to
 states their forward computes anyway and call :func:`concat_features`; nothing here runs a model.
 
 Layer index ``i`` (transformers' ``output_hidden_states`` tuple, ``hidden_states[i]``) is the
@@ -10,7 +10,7 @@ residual stream *entering* decoder layer ``i``: 0 the token embeddings, ``i > 0`
 decoder layer ``i - 1``, before any final norm. Valid: ``0 .. num_layers - 1`` (``num_layers``
 would be transformers' final-normed state, which is not a layer's residual stream). This is where
 EAGLE-3's reference code reads its features (the state before layers 2, N // 2 and N - 3) and
-the convention of :class:`verispec.runners.eagle_head.EagleHead` and ``ops.train_head``.
+the convention of :class:`verispec.runners.eagle.head.EagleHead` and ``ops.train_head``.
 """
 
 from __future__ import annotations

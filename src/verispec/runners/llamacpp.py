@@ -2,8 +2,7 @@
 
 Owns one llama.cpp model + context for one sequence (id 0). A verify pass is one
 ``llama_decode`` batch with logits requested for each position the engine asks for; rollback is
-``llama_memory_seq_rm`` of the positions past the kept length. Also loads a GGUF reference's
-tokenizer and facts without building a torch model (:func:`load_gguf_info`). Needs the optional
+``llama_memory_seq_rm`` of the positions past the kept length. Needs the optional
 extra ``verispec[llamacpp]``. Knows nothing about drafting or sampling.
 
 llama.cpp's quantized kernels take a different path for one token than for several, so its
@@ -15,7 +14,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import time
 from pathlib import Path
 from typing import Sequence
 
@@ -191,38 +189,3 @@ class LlamaCppRunner:
             self.close()
         except Exception:  # pragma: no cover - interpreter shutdown
             pass
-
-
-def load_gguf_info(ref: str, *, store=None, runner: str = "llama.cpp"):
-    """A :class:`verispec.models.loading.LoadedModel` for a GGUF reference, without a torch model.
-
-    ``model`` is None; the tokenizer (built once, then cached by tokenizer digest: see
-    :func:`verispec.models.gguf_file.cached_tokenizer`), EOS ids, context length and logits width
-    come from the GGUF header; no tensor is read. ``param_bytes`` is the file size. Raises
-    InvalidParameterError when ``ref`` is not a GGUF file, and the model store's errors
-    (ModelNotFoundError, ModelIntegrityError, ModelFetchError).
-    """
-    from verispec.models.gguf_file import cached_tokenizer, read_gguf_header
-    from verispec.models.loading import LoadedModel, stop_token_ids
-    from verispec.models.store import ModelStore
-
-    source = (store or ModelStore()).resolve(ref)
-    if source.kind != "gguf":
-        raise InvalidParameterError(f"the {runner} runner needs a .gguf model, and {ref!r} is a {source.kind}")
-    start = time.perf_counter()
-    header = read_gguf_header(source.path)
-    tokenizer = cached_tokenizer(header)
-    eos = stop_token_ids(tokenizer, *(header.metadata.get(f"tokenizer.ggml.{name}_token_id") for name in ("eos", "eot", "eom")))
-    embedding = header.tensors.get("output.weight") or header.tensors.get("token_embd.weight")
-    vocab_size = int(embedding.shape[1]) if embedding is not None and len(embedding.shape) == 2 else len(tokenizer)
-    return LoadedModel(
-        name=source.name,
-        model=None,
-        tokenizer=tokenizer,
-        path=source.path,
-        load_time_s=time.perf_counter() - start,
-        param_bytes=source.path.stat().st_size,
-        eos_token_ids=eos,
-        context_length=int(header.arch_value("context_length", 2048)),
-        vocab_size=vocab_size,
-    )

@@ -39,7 +39,7 @@ def kernel_facts(kind: str) -> dict[str, str]:
 
         return {"kernel_isa": kernel_isa(), "cpu_features": gguf_kernels().cpu_features()}
     if kind == "int8":
-        from verispec.runners.int8_ops import default_kernel
+        from verispec.runners.cpu.int8_ops import default_kernel
 
         return {"int8_kernel": default_kernel()}
     return {}

@@ -23,7 +23,7 @@ from verispec.runners import Runner
 from verispec.runners.costs import COST_KS, QUICK_CURVE, CostCache, CostCurve, choose_runner, measure_cost_curve, model_key
 from verispec.progress import announce_slow
 from verispec.runners.notices import int8_warning, kernel_key, portable_gguf_warning, say_once
-from verispec.runners.weight_cache import default_cache_dir
+from verispec.runners.cpu.weight_cache import default_cache_dir
 
 RUNNERS = ("auto", "gguf", "int8", "llamacpp", "torch")
 BATCH_INVARIANT = ("gguf", "int8")  # runners whose verify rows equal their decode rows, bit for bit
@@ -70,7 +70,7 @@ def make_runner(kind: str, loaded, *, max_context_length: int | None = None, hea
     """A runner of kind ``kind`` (not ``auto``) over ``loaded`` (a ``LoadedModel``).
 
     ``head_token_ids`` ``[kept]``: reduced LM head (gguf, int8). ``requantize``: see
-    :data:`verispec.runners.gguf_weights.REQUANTIZATIONS` (gguf only). Raises InvalidParameterError
+    :data:`verispec.runners.cpu.gguf_weights.REQUANTIZATIONS` (gguf only). Raises InvalidParameterError
     when the kind cannot run this model (no torch model, not a GGUF file, unsupported architecture
     or block type), ``requantize`` is asked of another runner, or ``max_context_length`` exceeds the
     model's trained context (no RoPE scaling here: positions past it are untrained).
@@ -83,7 +83,7 @@ def make_runner(kind: str, loaded, *, max_context_length: int | None = None, hea
     if requantize is not None and kind != "gguf":
         raise InvalidParameterError(f"re-quantizing a draft ({requantize}) needs --runner gguf, not {kind}")
     if kind == "gguf":
-        from verispec.runners.gguf_runner import GGUFRunner
+        from verispec.runners.cpu.gguf_runner import GGUFRunner
 
         if loaded.path is None or Path(loaded.path).suffix != ".gguf":
             raise InvalidParameterError(f"the gguf runner needs a .gguf model; {loaded.name} is not one")
@@ -97,8 +97,8 @@ def make_runner(kind: str, loaded, *, max_context_length: int | None = None, hea
             raise InvalidParameterError(f"the llama.cpp runner needs a .gguf model; {loaded.name} is not one")
         return LlamaCppRunner(loaded.path, max_context_length=max_context_length)
     if kind == "int8" and loaded.model is None and loaded.path is not None and Path(loaded.path).suffix == ".gguf":
-        from verispec.runners.int8_gguf import int8_weights_from_gguf
-        from verispec.runners.int8 import Int8Runner
+        from verispec.runners.cpu.int8_gguf import int8_weights_from_gguf
+        from verispec.runners.cpu.int8 import Int8Runner
 
         capacity = max_context_length or min(loaded.context_length, DEFAULT_MAX_CONTEXT)
         weights = int8_weights_from_gguf(loaded.path, capacity, head_token_ids=head_token_ids, cache_dir=default_cache_dir())
@@ -106,7 +106,7 @@ def make_runner(kind: str, loaded, *, max_context_length: int | None = None, hea
     if loaded.model is None:
         raise InvalidParameterError(f"the {kind} runner needs the model's weights in torch; {loaded.name} was loaded without")
     if kind == "int8":
-        from verispec.runners.int8 import Int8Runner
+        from verispec.runners.cpu.int8 import Int8Runner
 
         if next(loaded.model.parameters()).device.type != "cpu":
             raise InvalidParameterError("the int8 runner runs on the CPU: use --runner torch on other devices")
@@ -126,8 +126,8 @@ def gguf_runner_supports(path: Path | None) -> str | None:
     """
     from verispec.errors import ModelIntegrityError
     from verispec.models.gguf_file import read_gguf_header
-    from verispec.runners.gguf_blocks import SUPPORTED_TYPES
-    from verispec.runners.gguf_weights import SUPPORTED_ARCHITECTURES
+    from verispec.runners.cpu.gguf_blocks import SUPPORTED_TYPES
+    from verispec.runners.cpu.gguf_weights import SUPPORTED_ARCHITECTURES
 
     if path is None or Path(path).suffix != ".gguf":
         return "not a GGUF file"
@@ -282,7 +282,7 @@ def build_runners(options: RunnerOptions, target, draft=None, *, cache: CostCach
 
     ``auto`` is resolved by cost curves (measured and cached on first use). The draft gets the
     reduced LM head when ``options.draft_vocab_size`` is set, and is re-quantized as it loads when
-    ``draft_requantize`` is one of :data:`verispec.runners.gguf_weights.REQUANTIZATIONS` (``"auto"``:
+    ``draft_requantize`` is one of :data:`verispec.runners.cpu.gguf_weights.REQUANTIZATIONS` (``"auto"``:
     ``iq4_nl`` when the runner is gguf, else nothing). Raises
     InvalidParameterError when the kind cannot run the models, a reduced head is asked of a runner
     other than gguf / int8, or a re-quantization of a runner other than gguf.
@@ -362,7 +362,7 @@ def _warn_slow_kernels(kind: str) -> None:
 def draft_head_token_ids(options: RunnerOptions, draft, always: tuple[int, ...] = ()):
     """``[kept]`` token ids of the reduced draft head: top ``draft_vocab_size`` by corpus counts
     (or by the BPE-rank proxy without a corpus), plus ``always`` (EOS ids)."""
-    from verispec.runners.reduced_vocab import corpus_counts, rank_counts, select_vocabulary
+    from verispec.runners.cpu.reduced_vocab import corpus_counts, rank_counts, select_vocabulary
 
     vocab = draft.vocab_size
     if options.draft_vocab_corpus:

@@ -113,7 +113,7 @@ class TransformersRunner:
 
     @torch.inference_mode()
     def forward_tree(self, token_ids: Sequence[int], position_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        """Score a token tree in one forward (see :mod:`verispec.spec.tree` for the layout).
+        """Score a token tree in one forward (see :mod:`verispec.algorithms.tree` for the layout).
 
         Args:
             token_ids: ``[num_nodes]`` tokens in topological order.

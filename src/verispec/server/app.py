@@ -29,7 +29,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from verispec.ops.audit import QualityAuditor
+from verispec.bench.audit import QualityAuditor
 from verispec.engine import SpeculativeConfig
 from verispec.errors import CacheFileError, InvalidParameterError
 from verispec.metrics import peak_rss_bytes

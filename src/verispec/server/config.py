@@ -21,7 +21,7 @@ class ServerConfig:
         default_spec: speculation of requests that send no ``speculative`` field.
         model_name: the name clients send as ``model`` (default: the target's name).
         audit_rate: fraction of delivered responses re-decoded plainly in idle time, in [0, 1]
-            (:mod:`verispec.ops.audit`); counts in ``/metrics`` and ``/health``.
+            (:mod:`verispec.bench.audit`); counts in ``/metrics`` and ``/health``.
         max_num_seqs: requests batched into one target pass (continuous batching); None: 8
             where the runners can hold several sequences, else 1.
         max_kv_tokens: KV-cache positions the running requests may reserve together; a

@@ -1,6 +1,6 @@
 """Log-probabilities on the wire: the completions shape (``tokens``, ``token_logprobs``,
 ``top_logprobs``, ``text_offset``) and the chat shape (``content``: token, logprob, bytes,
-top_logprobs), from the engine's :class:`~verispec.spec.sampling.TokenLogprob` lists.
+top_logprobs), from the engine's :class:`~verispec.algorithms.sampling.TokenLogprob` lists.
 
 Token strings are the token's own text (``decode([id])``); ``bytes`` are its UTF-8 bytes, exact
 for byte-level BPE tokens that hold part of a character. Knows nothing about decoding.
@@ -11,7 +11,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any, Sequence
 
-from verispec.spec.sampling import TokenLogprob
+from verispec.algorithms.sampling import TokenLogprob
 
 
 def _byte_decoder() -> dict[str, int]:

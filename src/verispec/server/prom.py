@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from verispec.metrics import RequestMetrics
 
 if TYPE_CHECKING:
-    from verispec.ops.audit import QualityAuditor
+    from verispec.bench.audit import QualityAuditor
 
 LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
 TOKEN_TIME_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -171,7 +171,7 @@ class ServerMetrics:
 
 
 class AuditCollector:
-    """:class:`verispec.ops.audit.AuditCounts` as Prometheus metrics, read from the auditor at each scrape.
+    """:class:`verispec.bench.audit.AuditCounts` as Prometheus metrics, read from the auditor at each scrape.
 
     Counters: verispec_audits{result}: audits run, by result: agree / disagree (greedy, token
     by token), sampled (sampling: log-probabilities recorded), failed (raised).

@@ -1,7 +1,7 @@
 """Translation between the OpenAI wire format and the library: requests in, payloads out.
 
 Owns: turning a validated request into prompt token
-ids, :class:`~verispec.spec.sampling.SamplingParams` and a
+ids, :class:`~verispec.algorithms.sampling.SamplingParams` and a
 :class:`~verispec.engine.SpeculativeConfig` (library errors become 400s), and building
 response bodies, stream chunks and usage from a :class:`~verispec.engine.GenerationOutput`.
 OpenAI's error shape, :class:`APIError`, is :mod:`verispec.server.faults`' (re-exported here).
@@ -19,7 +19,7 @@ from verispec.engine.constraints import StructuredOutput
 from verispec.engine import SpeculativeConfig
 from verispec.errors import InvalidParameterError, VerispecError
 from verispec.metrics import RequestMetrics, acceptance_rate, mean_acceptance_length
-from verispec.spec.sampling import SamplingParams
+from verispec.algorithms.sampling import SamplingParams
 from verispec.server import tools
 from verispec.server.faults import APIError
 from verispec.server.schemas import (

@@ -1,7 +1,7 @@
 """The wire format of the OpenAI-compatible API: pydantic request and response models.
 
 Owns field names, JSON types and the ranges the API documents in ``/openapi.json`` (the
-library's :class:`~verispec.spec.sampling.SamplingParams` checks its own, wider ranges again; the
+library's :class:`~verispec.algorithms.sampling.SamplingParams` checks its own, wider ranges again; the
 API's keep float32 sampling finite). Requests are strict: a wrong JSON type or an unknown field
 is a 400, as with OpenAI. Knows nothing about models, queues or decoding.
 """

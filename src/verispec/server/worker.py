@@ -7,7 +7,7 @@ while it has free sequences (continuous batching: a new request joins at the nex
 jobs whose client went away (a queued job is skipped, a running one's slot is freed at once),
 and runs one target pass over all running requests. On a batch-invariant runner a request's
 output is the output it would get alone. Quality audits (plain re-decodes of delivered
-responses, :mod:`verispec.ops.audit`) run here too, one at a time and only while no request runs or
+responses, :mod:`verispec.bench.audit`) run here too, one at a time and only while no request runs or
 waits, so they never delay the response they audit. Knows nothing about HTTP or JSON.
 """
 
@@ -22,12 +22,12 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from verispec.ops.audit import QualityAuditor
+from verispec.bench.audit import QualityAuditor
 from verispec.engine import SpeculativeConfig, SpeculativeEngine, StreamChunk
 from verispec.errors import VerispecError
-from verispec.runners.gguf_weights import release_freed_memory
+from verispec.runners.cpu.gguf_weights import release_freed_memory
 from verispec.runners.openmp import release_thread_pool
-from verispec.spec.sampling import SamplingParams
+from verispec.algorithms.sampling import SamplingParams
 from verispec.engine.scheduler import ScheduledRequest, Scheduler
 from verispec.server.prom import ServerMetrics
 
@@ -99,7 +99,7 @@ class EngineWorker:
         max_kv_tokens: KV-cache positions the running requests may reserve together
             (:class:`verispec.engine.scheduler.Scheduler`); None: ``max_num_seqs`` context windows.
         heap_trim_every_s: the engine thread hands the C heap's free pages back to the OS
-            (:func:`verispec.runners.gguf_weights.release_freed_memory`) at most this often,
+            (:func:`verispec.runners.cpu.gguf_weights.release_freed_memory`) at most this often,
             between passes: the freed buffers of any thread's large requests do not stay resident.
     Raises:
         InvalidParameterError: ``max_num_seqs`` > 1 on an engine that cannot batch, or an

@@ -1,0 +1,369 @@
+"""Benchmark output: the results.json document (schema below, versioned), report.md, rich tables.
+
+Owns the JSON layout and its round trip, the environment facts written beside the results, and
+the text renderings of the summary. The README's "Benchmark results" section documents the
+schema; bump :data:`SCHEMA_VERSION` on any incompatible change. Knows nothing about running.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from rich.table import Table
+
+from verispec.bench.figures import ALL, SummaryRow, summarize
+from verispec.bench.run import ParticipantInfo, RunRecord, plain_method, reference_participant
+from verispec.errors import VerispecError
+from verispec.metrics import OUTPUT_BUCKET_TOKENS
+
+SCHEMA = "verispec.bench"
+SCHEMA_VERSION = 1
+
+
+class ResultsFormatError(VerispecError):
+    """A results.json file is not a verispec benchmark document of a supported version."""
+
+
+@dataclass
+class BenchResults:
+    """Everything one benchmark run produced; ``to_dict`` is the results.json document."""
+
+    config: dict
+    environment: dict
+    models: list[dict]
+    memory: dict
+    runners: list[ParticipantInfo]
+    records: list[RunRecord]
+    summary: list[SummaryRow]
+    exactness: dict
+    audit: dict
+    plots: list[str] = field(default_factory=list)
+    created_at: str = ""
+    curves: dict = field(default_factory=dict)  # {runner kind: {"target": {k: ms}, "draft": {1: ms}}} (--curves)
+    prefill: dict = field(default_factory=dict)  # {runner: {length: {"seconds", "tokens_per_s"}}} (--prefill-tokens)
+    quality: dict = field(default_factory=dict)  # {runner: {"positions", "top1_agreement", "mean_kl_nats"}} (--quality-prompts)
+
+    def to_dict(self) -> dict:
+        return {
+            "schema": SCHEMA,
+            "schema_version": SCHEMA_VERSION,
+            "created_at": self.created_at,
+            "output_bucket_tokens": OUTPUT_BUCKET_TOKENS,
+            "config": self.config,
+            "environment": self.environment,
+            "models": self.models,
+            "memory": self.memory,
+            "runners": [asdict(r) for r in self.runners],
+            "records": [r.to_dict() for r in self.records],
+            "summary": [r.to_dict() for r in self.summary],
+            "exactness": self.exactness,
+            "audit": self.audit,
+            "plots": self.plots,
+            "curves": self.curves,
+            "prefill": self.prefill,
+            "quality": self.quality,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> BenchResults:
+        """Raises ResultsFormatError on another schema, a newer version or a missing key."""
+        if data.get("schema") != SCHEMA:
+            raise ResultsFormatError(f"not a verispec benchmark document (schema {data.get('schema')!r})")
+        version = data.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise ResultsFormatError(f"results schema version {version!r} is not supported (this verispec reads {SCHEMA_VERSION})")
+        try:
+            return cls(
+                config=data["config"],
+                environment=data["environment"],
+                models=data["models"],
+                memory=data["memory"],
+                runners=[ParticipantInfo(**r) for r in data["runners"]],
+                records=[RunRecord.from_dict(r) for r in data["records"]],
+                summary=[SummaryRow(**({"speedup_vs_llama_cpp": None} | r)) for r in data["summary"]],
+                exactness=data["exactness"],
+                audit=data["audit"],
+                plots=data.get("plots", []),
+                created_at=data.get("created_at", ""),
+                curves=data.get("curves", {}),
+                prefill=data.get("prefill", {}),
+                quality=data.get("quality", {}),
+            )
+        except (KeyError, TypeError) as exc:
+            raise ResultsFormatError(f"malformed results document: {exc}") from None
+
+
+def build_results(config: dict, models: list[dict], memory: dict, runners: list[ParticipantInfo], records: list[RunRecord], audit: dict) -> BenchResults:
+    """Summarise ``records`` and bundle them with the run's facts (environment read here)."""
+    return BenchResults(
+        config=config,
+        environment=environment(config.get("threads")),
+        models=models,
+        memory=memory,
+        runners=runners,
+        records=records,
+        summary=summarize(records),
+        exactness=exactness(records, greedy=config.get("temperature", 0.0) == 0.0),
+        audit=audit,
+        created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    )
+
+
+def exactness(records: Sequence[RunRecord], greedy: bool) -> dict:
+    """``{"greedy", "all_equal", "mismatches": [{runner, prompt_id, category}]}``; ``all_equal``
+    is None for sampling runs (nothing to compare token by token)."""
+    if not greedy:
+        return {"greedy": False, "all_equal": None, "mismatches": []}
+    mismatches = [{"runner": r.runner, "prompt_id": r.prompt_id, "category": r.category} for r in records if r.matches_plain is False]
+    return {"greedy": True, "all_equal": not mismatches, "mismatches": mismatches}
+
+
+def environment(threads: int | None) -> dict:
+    """Versions and machine facts that decide whether two results files are comparable."""
+    import torch
+    import transformers
+
+    from verispec import __version__
+
+    try:
+        import llama_cpp
+
+        llama = getattr(llama_cpp, "__version__", "installed")
+    except ImportError:
+        llama = "not installed"
+    return {
+        "verispec": __version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "llama_cpp_python": llama,
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_model": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "threads": threads or torch.get_num_threads(),
+    }
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``'s first ``model name``, else
+    :func:`platform.processor`); ``""`` when neither says."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+            for line in info:
+                if line.startswith("model name") and ":" in line:
+                    return " ".join(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def kernel_line(environment: dict) -> str | None:
+    """Which kernels ran, from the environment facts: ``gguf kernels avx512 (CPU features: ...) ·
+    int8 kernel onednn``; None when neither runner ran."""
+    parts = []
+    if environment.get("kernel_isa"):
+        parts.append(f"gguf kernels {environment['kernel_isa']} (CPU features: {environment.get('cpu_features') or 'none detected'})")
+    if environment.get("int8_kernel"):
+        parts.append(f"int8 kernel {environment['int8_kernel']}")
+    return " · ".join(parts) or None
+
+
+def write_results(results: BenchResults, path: Path) -> None:
+    path.write_text(json.dumps(results.to_dict(), indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def read_results(path: Path) -> BenchResults:
+    """Raises ResultsFormatError (not JSON, other schema or version) or OSError."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ResultsFormatError(f"{path} is not JSON ({exc.msg})") from None
+    return BenchResults.from_dict(data)
+
+
+def _fmt(value, pattern: str = "{:.2f}") -> str:
+    return "—" if value is None else pattern.format(value)
+
+
+def _cell(row: SummaryRow) -> str:
+    """speedup, then α and τ (mean acceptance length) for runners that report them."""
+    text = _fmt(row.speedup, "{:.2f}×")
+    if row.acceptance_rate is not None:
+        text += f" α{row.acceptance_rate:.2f} τ{row.mean_acceptance_length:.2f}"
+    return text
+
+
+def category_matrix(summary: Sequence[SummaryRow]) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the per-category table: one row per runner, one column per category
+    (``name (n prompts)``). A plain-decoding row shows its end-to-end tokens/s; every other row
+    its speedup over plain decoding of its own runner, with α and τ where it drafts."""
+    categories = list(dict.fromkeys(r.category for r in summary))
+    names = list(dict.fromkeys(r.runner for r in summary))
+    index = {(r.runner, r.category): r for r in summary}
+    header = ["runner"] + [f"{c} ({next(r.num_prompts for r in summary if r.category == c)})" for c in categories]
+    rows = []
+    for name in names:
+        cells = [name]
+        for category in categories:
+            row = index.get((name, category))
+            if row is None:
+                cells.append("—")
+            elif row.method == plain_method(row.family):
+                cells.append(_fmt(row.total_tokens_per_s, "{:.2f} tok/s"))
+            else:
+                cells.append(_cell(row))
+        rows.append(cells)
+    return header, rows
+
+
+def overall_rows(summary: Sequence[SummaryRow]) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the per-runner table over all prompts (a "vs llama.cpp:plain" column
+    when the peer ran)."""
+    peer = any(r.speedup_vs_llama_cpp is not None for r in summary)
+    header = ["runner", "speedup", f"vs {reference_participant(r.runner for r in summary)}"] + (["vs llama.cpp:plain"] if peer else [])
+    header += ["decode tok/s", "e2e tok/s", "TTFT ms", "TPOT ms", "α", "τ", "tok/target fwd", "exact"]
+    rows = []
+    for r in summary:
+        if r.category != ALL:
+            continue
+        exact = f"{r.exact_equal}/{r.exact_checked}" if r.exact_checked else "—"
+        rows.append([r.runner, _fmt(r.speedup, "{:.2f}×"), _fmt(r.speedup_vs_reference, "{:.2f}×")]
+                    + ([_fmt(r.speedup_vs_llama_cpp, "{:.2f}×")] if peer else [])
+                    + [_fmt(r.decode_tokens_per_s), _fmt(r.total_tokens_per_s), _fmt(r.ttft_ms, "{:.0f}"), _fmt(r.tpot_ms, "{:.0f}"),
+                       _fmt(r.acceptance_rate), _fmt(r.mean_acceptance_length), _fmt(r.tokens_per_target_forward), exact])
+    return header, rows
+
+
+def curve_rows(curves: dict) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the cost-curve table: target ms per k, cost(8) / cost(1), draft ms."""
+    ks = sorted({int(k) for c in curves.values() for k in c.get("target", {})})
+    header = ["runner"] + [f"k={k}" for k in ks] + ["cost(8)/cost(1)", "draft ms (k=1)", "draft / target k=1"]
+    rows = []
+    for kind, c in curves.items():
+        target = {int(k): v for k, v in c.get("target", {}).items()}
+        draft = {int(k): v for k, v in c.get("draft", {}).items()}.get(1)
+        one = target.get(1)
+        rows.append([kind] + [_fmt(target.get(k), "{:.1f}") for k in ks]
+                    + [_fmt(target[8] / one if one and 8 in target else None), _fmt(draft, "{:.1f}"),
+                       _fmt(draft / one if draft and one else None)])
+    return header, rows
+
+
+def prefill_rows(prefill: dict) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the prefill table: tokens/s of one prefill of each length, per runner."""
+    lengths = sorted({int(n) for by_length in prefill.values() for n in by_length})
+    header = ["runner"] + [f"{n} tokens: tok/s" for n in lengths]
+    rows = [[name] + [_fmt((by_length.get(n) or by_length.get(str(n)) or {}).get("tokens_per_s"), "{:.1f}") for n in lengths]
+            for name, by_length in prefill.items()]
+    return header, rows
+
+
+def quality_rows(quality: dict) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the quality table: each target runner against the float32 model."""
+    header = ["runner", "positions", "top-1 agreement", "mean KL (nats)"]
+    rows = [[name, str(q.get("positions")), _fmt(q.get("top1_agreement"), "{:.4f}"), _fmt(q.get("mean_kl_nats"), "{:.5f}")]
+            for name, q in quality.items()]
+    return header, rows
+
+
+def rich_table(title: str, header: list[str], rows: list[list[str]]) -> Table:
+    table = Table(title=title)
+    for i, name in enumerate(header):
+        table.add_column(name, justify="left" if i == 0 else "right", style="cyan" if i == 0 else None, overflow="fold")
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _mib(value) -> str:
+    return "—" if value is None else f"{value / 2**20:.0f} MiB"
+
+
+def report_markdown(results: BenchResults) -> str:
+    """report.md: settings (and the kernels that ran), the two tables, exactness, long-text decay, memory, audit, plots."""
+    c, s = results.config, results.summary
+    kernels = kernel_line(results.environment)
+    lines = [
+        "# verispec benchmark",
+        "",
+        f"{results.created_at} · workload `{c.get('workload')}` · {c.get('num_prompts')} prompts · max tokens {c.get('max_tokens')} · "
+        f"{'greedy' if c.get('temperature', 0) == 0 else 'temperature ' + str(c.get('temperature'))} · k = {c.get('num_speculative_tokens')} · "
+        f"threads {results.environment.get('threads')} · dtype {c.get('dtype')}" + (f" · {kernels}" if kernels else ""),
+        "",
+        "Speedup: geometric mean over prompts of end-to-end tokens/s over plain decoding of the same runner "
+        "(α acceptance rate, τ mean acceptance length).",
+        "",
+        "## Per category",
+        "",
+        markdown_table(*category_matrix(s)),
+        "",
+        "## Per runner (all prompts)",
+        "",
+        markdown_table(*overall_rows(s)),
+        "",
+        "## Runners",
+        "",
+    ]
+    for r in results.runners:
+        load = f", loaded in {r.load_time_s:.1f} s" if r.load_time_s is not None else ""
+        lines.append(f"- `{r.name}`: {r.status}{load}" + (f" · {json.dumps(r.settings)}" if r.settings else ""))
+    ex = results.exactness
+    lines += ["", "## Exactness", ""]
+    if not ex.get("greedy"):
+        lines.append("Sampling run: outputs are not compared token by token.")
+    elif ex.get("all_equal"):
+        lines.append("Greedy: every method's tokens equal plain decoding of the same runner on every prompt.")
+    else:
+        lines.append("Greedy: tokens differ from plain decoding of the same runner on:")
+        lines += [f"- `{m['runner']}` on prompt {m['prompt_id']} ({m['category']})" for m in ex.get("mismatches", [])]
+        if c.get("dtype") != "float32":
+            lines += ["", f"With {c.get('dtype')} weights a pass over k + 1 tokens and a pass over one token round "
+                      "differently, so a near-tie between two tokens can flip; float32 makes that far rarer."]
+    lines += ["", f"## Acceptance by output position (buckets of {OUTPUT_BUCKET_TOKENS} tokens)", ""]
+    decay = [r for r in s if r.category == ALL and r.acceptance_by_output_bucket]
+    if decay:
+        width = max(len(r.acceptance_by_output_bucket) for r in decay)
+        header = ["runner"] + [f"{b * OUTPUT_BUCKET_TOKENS}-{(b + 1) * OUTPUT_BUCKET_TOKENS - 1}" for b in range(width)]
+        rows = [[r.runner] + [_fmt(v) for v in r.acceptance_by_output_bucket] + ["—"] * (width - len(r.acceptance_by_output_bucket)) for r in decay]
+        lines.append(markdown_table(header, rows))
+    else:
+        lines.append("No drafts.")
+    lines += ["", "## Memory and load time", ""]
+    by_runner = results.memory.get("by_runner") or {c.get("runner"): results.memory}
+    for kind, m in by_runner.items():
+        before, after = m.get("rss_before_load_bytes"), m.get("rss_after_draft_bytes")
+        lines += [
+            f"- {kind}: parameters held: target {_mib(m.get('target_param_bytes'))}, draft {_mib(m.get('draft_param_bytes'))} "
+            f"(draft overhead {_fmt(m.get('draft_overhead_pct'), '{:.1f}')} % of the target); RSS added by loading both "
+            f"{_mib(after - before if None not in (before, after) else None)}",
+        ]
+    lines.append(f"- peak RSS of the whole run: {_mib(results.memory.get('peak_rss_bytes'))}")
+    lines += [f"- {model.get('runner', c.get('runner'))} {model['role']} `{model['name']}`: loaded in {model['load_time_s']:.1f} s" for model in results.models]
+    if results.curves:
+        lines += ["", "## Cost of one target pass (ms, median)", "", markdown_table(*curve_rows(results.curves))]
+    if results.prefill:
+        lines += ["", "## One prefill from an empty cache", "", markdown_table(*prefill_rows(results.prefill))]
+    if results.quality:
+        lines += ["", "## Agreement with the float32 model (teacher-forced on its greedy output)", "",
+                  markdown_table(*quality_rows(results.quality))]
+    a = results.audit
+    if a.get("audited"):
+        lines += ["", "## Audit", "", f"{a['audited']} audited: {a['agreed']} agreed, {a['disagreed']} disagreed, {a['sampled']} sampling audits "
+                  f"(target log-prob per token: output {_fmt(a.get('mean_output_logprob'), '{:.3f}')}, plain {_fmt(a.get('mean_plain_logprob'), '{:.3f}')})."]
+    if results.plots:
+        lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({p})" for p in results.plots]
+    lines += ["", "Environment: " + ", ".join(f"{k} {v}" for k, v in results.environment.items()), ""]
+    return "\n".join(lines)

@@ -1,0 +1,91 @@
+"""The batch-invariant 4-bit CPU runner: a GGUF file's own quantized blocks, read straight from disk.
+
+Owns the gguf runner's forward ops on the compiled kernels: RoPE and the KV store in one C++ call,
+RMSNorm (fused with the residual add), SwiGLU, and attention one (row, head) at a time over the KV
+cache or a tree's slots. The weights (the file's blocks repacked into the kernels' tiles) are
+:mod:`verispec.runners.cpu.gguf_weights`'; the forward pass, KV cache, tree verification and rollback
+are :class:`verispec.runners.cpu.int8.Int8Runner`'s: every op is row-local and the block products
+(:mod:`verispec.runners.kernels`) accumulate in one fixed order, so a k-token verify pass gives
+bit-identical logits to k one-token steps. Knows nothing about drafting or sampling.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from verispec.models.gguf_file import read_gguf_header
+from verispec.runners.cpu.gguf_blocks import loaded_kernels
+from verispec.runners.cpu.gguf_weights import GGUFWeights
+from verispec.runners.cpu.int8 import Int8Runner
+from verispec.runners.cpu.int8_weights import DEFAULT_MAX_CONTEXT
+from verispec.runners.kernels import kernel_isa_number, set_kernel_isa
+
+
+def set_kernel_implementation(name: str) -> None:
+    """Force the kernels' instruction set (``"auto"``, ``"portable"``, ``"avx2"``, ``"avxvnni"``,
+    ``"avx512"``, ``"neon"``): every path gives the same bits; tests use this to check it. Raises
+    InvalidParameterError for an unknown name or one this CPU cannot run."""
+    set_kernel_isa(None if name == "auto" else name)
+
+
+class GGUFRunner(Int8Runner):
+    """:class:`verispec.runners.Runner` over a GGUF file's own blocks (``--runner gguf``).
+
+    Args:
+        weights: from :meth:`GGUFWeights.from_file` (shared by runners with their own caches).
+        max_context_length: KV capacity in tokens (at most the RoPE table's length).
+    """
+
+    @classmethod
+    def from_file(cls, path: Path, *, context_length: int | None = None, max_context_length: int | None = None,
+                  head_token_ids: Tensor | None = None, requantize: str | None = None,
+                  cache_dir: Path | None = None) -> GGUFRunner:
+        """Load ``path``; capacity defaults to min(the model's context length, 4096); ``requantize``,
+        ``cache_dir``: see :meth:`GGUFWeights.from_file`."""
+        if max_context_length is None:
+            header_length = context_length or int(read_gguf_header(Path(path)).arch_value("context_length", DEFAULT_MAX_CONTEXT))
+            max_context_length = min(header_length, DEFAULT_MAX_CONTEXT)
+        weights = GGUFWeights.from_file(Path(path), int(max_context_length), head_token_ids=head_token_ids, requantize=requantize,
+                                        cache_dir=cache_dir)
+        return cls(weights, max_context_length=int(max_context_length))
+
+    def _rope_rows(self, positions: Tensor) -> Tensor:
+        return positions  # the C++ op reads the full tables at these positions
+
+    def _tree_slots(self, visible: list[Tensor]) -> tuple[Tensor, Tensor]:
+        """``slots`` ``[rows, width]`` int64 (row i's first ``lengths[i]`` entries) and ``lengths`` ``[rows]``."""
+        lengths = torch.tensor([len(v) for v in visible], dtype=torch.int64)
+        slots = torch.zeros(len(visible), int(lengths.max()), dtype=torch.int64)
+        for i, v in enumerate(visible):
+            slots[i, : len(v)] = v
+        return slots, lengths
+
+    def _rope_store(self, qkv: Tensor, rope: Tensor, keys: Tensor, values: Tensor, start: int) -> Tensor:
+        """:meth:`Int8Runner._rope_store` in one C++ call (same formula, same row-local arithmetic)."""
+        w = self.weights
+        return loaded_kernels().rope_store(qkv, rope, w.cos, w.sin, keys, values, start, w.num_heads)
+
+    def _norm(self, x: Tensor, weight: Tensor) -> Tensor:
+        """The C++ RMSNorm: 16 partial sums of squares in a fixed order (not torch's), row-local."""
+        return loaded_kernels().rms_norm(x, weight, self.weights.rms_norm_eps)
+
+    def _add_norm(self, x: Tensor, delta: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
+        """``(x + delta, self._norm(x + delta, weight))`` in one C++ call (the sum is torch's add bit for bit)."""
+        total, normed = loaded_kernels().add_rms_norm(x, delta, weight, self.weights.rms_norm_eps)
+        return total, normed
+
+    def _swiglu(self, gate_up: Tensor) -> Tensor:
+        return loaded_kernels().silu_mul(gate_up, kernel_isa_number())
+
+    def _attend(self, q: Tensor, keys: Tensor, values: Tensor, start: int, tree: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        """The C++ kernel's attention: same contract as :meth:`Int8Runner._attend` (row i over
+        slots ``0 .. start + i`` or its tree slots from :meth:`_tree_slots`, in order), parallel
+        over (row, head)."""
+        slots, lengths = (_EMPTY, _EMPTY) if tree is None else tree
+        return loaded_kernels().attention(q, keys, values, start, slots, lengths, self.weights.head_dim**-0.5, kernel_isa_number())
+
+
+_EMPTY = torch.empty(0, dtype=torch.int64)

@@ -1,0 +1,4 @@
+"""EAGLE-3 draft heads: the head itself (:mod:`.head`, its blocks in :mod:`.blocks`, its shape
+in :mod:`.shape`), its file format (:mod:`.file`), the Hugging Face checkpoint it exports to
+(:mod:`.hf`) and how it reads the target (:mod:`.target`). Knows nothing about the engine's loop:
+the EAGLE drafter (:mod:`verispec.proposers.eagle`) drives it."""
