@@ -6,6 +6,8 @@ they are how cycles hide) and checks the layout rules of the project:
 - each top-level package or module belongs to one layer (:data:`LAYERS`, lowest first); a module
   may import its own layer and the layers below, never one above;
 - the graph of module imports has no cycle (a package's ``__init__`` counts as a module);
+- the package root is the public API's facade: it imports the base layer eagerly and everything
+  else lazily, on first attribute access (:func:`test_the_public_api_loads_lazily`);
 - at most :data:`MAX_TOP_MODULES` modules loose at the top; no Python file over
   :data:`MAX_PY_LINES` lines, no C++ file over :data:`MAX_CPP_LINES`.
 """
@@ -13,6 +15,8 @@ they are how cycles hide) and checks the layout rules of the project:
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -71,10 +75,46 @@ def layer_of(module: str) -> int:
     raise AssertionError(f"{module}: its top-level name {top!r} is in no layer of LAYERS")
 
 
+def without_type_checking(source: str) -> str:
+    """``source`` without its ``if TYPE_CHECKING:`` blocks: the package root names its lazy exports
+    there for type checkers only; at run time they load on first use (PEP 562 ``__getattr__``,
+    after every module is imported), so they are no edge of the import graph. Only the root is
+    read this way: anywhere else such an import would still be a dependency on the layer above."""
+    tree = ast.parse(source)
+    tree.body = [node for node in tree.body
+                 if not (isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING")]
+    return ast.unparse(tree)
+
+
 def _graph() -> dict[str, set[str]]:
     paths = sorted(PACKAGE.rglob("*.py"))
     known = {module_name(p) for p in paths}
-    return {module_name(p): imported_modules(p.read_text(), module_name(p), known, p.name == "__init__.py") for p in paths}
+    graph = {}
+    for p in paths:
+        name, source = module_name(p), p.read_text()
+        if name == "verispec":
+            source = without_type_checking(source)
+        graph[name] = imported_modules(source, name, known, p.name == "__init__.py")
+    return graph
+
+
+def test_the_public_api_loads_lazily():
+    """``import verispec`` loads neither torch nor the engine; each name of ``__all__`` resolves;
+    the names the root declares for type checkers are exactly its lazy exports."""
+    probe = (
+        "import sys, verispec\n"
+        "print(sorted(m for m in sys.modules if m.startswith('verispec')), 'torch' in sys.modules)\n"
+        "print(all(getattr(verispec, name) is not None for name in verispec.__all__))\n"
+    )
+    lines = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert lines == ["['verispec', 'verispec.errors'] False", "True"]
+    import verispec
+
+    tree = ast.parse((PACKAGE / "__init__.py").read_text())
+    typed = {alias.name: node.module for block in tree.body
+             if isinstance(block, ast.If) and getattr(block.test, "id", "") == "TYPE_CHECKING"
+             for node in block.body for alias in node.names}
+    assert typed == verispec.LAZY_EXPORTS
 
 
 def test_every_module_has_a_layer():
