@@ -31,8 +31,8 @@ except ImportError:  # Windows: concurrent builds are not serialized, stale torc
 
 DIRECTORY = Path(__file__).parent
 # The torch-free core (one file per concern and per ISA, see core.h) and the torch bindings.
-CORE_SOURCES = ("formats.cpp", "portable.cpp", "dispatch.cpp", "attention.cpp", "requantize.cpp", "x86_avx512.cpp",
-                "x86_avx2.cpp", "arm_neon.cpp", "arm_neon_float.cpp")
+CORE_SOURCES = ("formats.cpp", "portable.cpp", "dispatch.cpp", "attention.cpp", "row_ops.cpp", "requantize.cpp",
+                "x86_avx512.cpp", "x86_avx2.cpp", "arm_neon.cpp", "arm_neon_float.cpp")
 SOURCES = tuple(DIRECTORY / name for name in CORE_SOURCES + ("bindings.cpp",))
 HEADERS = (DIRECTORY / "core.h",)
 CFLAGS = ["-O3", "-ffp-contract=off", "-fno-math-errno", "-std=c++17", "-fopenmp"]

@@ -58,8 +58,7 @@ inline float32x4_t nearest_levels(float32x4_t v, const LevelTable& table) {
 
 // NQ queries (a0 ..) times 16 columns (c0 ..) of the values, the portable order per element: each
 // value row's 64 bytes are read once for the NQ queries (4 x NQ accumulators: 24 of the 32
-// registers at NQ = 6), as on the AVX2 path (there 0.56-0.64 of the time of 2 queries x 32
-// columns per pass after 1500 slots). Not timed on an ARM CPU (none at hand; qemu proves bits).
+// registers at NQ = 6), as on the AVX2 path. Not timed on an ARM CPU (none at hand; qemu proves bits).
 template <int NQ>
 void weighted_sum_tile(const float* p, int a0, const float* values, int64_t head_dim, const int64_t* slots,
                        int64_t count, int64_t c0, float* out) {
@@ -192,7 +191,7 @@ void weighted_sum_neon(const float* p, int nq, const float* values, int64_t head
 }
 
 // silu_mul_row's scalar loop in 4 lanes (vnegq flips the sign as the scalar negation does).
-bool silu_mul_row_neon(const float* gate, const float* up, int64_t n, float* out) {
+void silu_mul_row_neon(const float* gate, const float* up, int64_t n, float* out) {
     const float32x4_t one = vdupq_n_f32(1.0f);
     int64_t j = 0;
     for (; j + 4 <= n; j += 4) {
@@ -201,12 +200,11 @@ bool silu_mul_row_neon(const float* gate, const float* up, int64_t n, float* out
         vst1q_f32(out + j, vmulq_f32(vdivq_f32(v, vaddq_f32(one, e)), vld1q_f32(up + j)));
     }
     for (; j < n; ++j) out[j] = (gate[j] / (1.0f + exp_clamped(-gate[j]))) * up[j];
-    return true;
 }
 
 // softmax_numerators' scalar loops in 4 lanes: the maximum per lane as std::max(best, x) =
 // best < x ? x : best (a select, so NaNs are skipped as there), then the lanes; then the exponentials.
-bool softmax_numerators_neon(float* s, int64_t count) {
+void softmax_numerators_neon(float* s, int64_t count) {
     float32x4_t best4 = vdupq_n_f32(-std::numeric_limits<float>::infinity());
     int64_t j = 0;
     for (; j + 4 <= count; j += 4) {
@@ -219,7 +217,6 @@ bool softmax_numerators_neon(float* s, int64_t count) {
     const float32x4_t b = vdupq_n_f32(best);
     for (j = 0; j + 4 <= count; j += 4) vst1q_f32(s + j, exp_clamped4(vsubq_f32(vld1q_f32(s + j), b)));
     for (; j < count; ++j) s[j] = exp_clamped(s[j] - best);
-    return true;
 }
 
 // fit_iq4_nl_portable with lanes l (4 registers) and l + 16 (4 more): the same products, the
@@ -252,8 +249,8 @@ void scores_neon(const float*, int, const float*, int64_t, const int64_t*, int64
 void weighted_sum_neon(const float*, int, const float*, int64_t, const int64_t*, int64_t, float*) {
     fail("the NEON path is not compiled for this CPU");
 }
-bool silu_mul_row_neon(const float*, const float*, int64_t, float*) { return false; }
-bool softmax_numerators_neon(float*, int64_t) { return false; }
+void silu_mul_row_neon(const float*, const float*, int64_t, float*) { fail("the NEON path is not compiled for this CPU"); }
+void softmax_numerators_neon(float*, int64_t) { fail("the NEON path is not compiled for this CPU"); }
 }  // namespace vsk
 
 #endif

@@ -30,10 +30,8 @@ int64_t check_raw_blocks(const torch::Tensor& raw, const vsk::Format& f, int64_t
 
 // n zero bytes for packed weights, in 2 MB transparent huge pages where Linux grants them (THP
 // "madvise" or "always"): every pass streams all the weights, and with 4 KB pages each 4 KB of
-// them costs a TLB miss and stops the hardware prefetcher at the page's end. Whole target passes
-// (default 1.5B target, AVX2 host, two runners in one process alternated, 10 pairs of medians of
-// 8, 584 of its 1080 MiB granted huge pages): k = 1 0.984 of the time, k = 2 1.010, k = 4 1.011
-// (a prototype with every byte in huge pages: 0.973, 0.995, 0.992). The memory is allocated 2 MB-aligned
+// them costs a TLB miss and stops the hardware prefetcher at the page's end (measured:
+// docs/kernel-measurements.md). The memory is allocated 2 MB-aligned
 // and advised before its first touch (the zeroing faults it in); the size is not rounded up, so
 // nothing is wasted (a matrix's last partial 2 MB stays in 4 KB pages). Elsewhere, or when the
 // advice is refused, ordinary pages: the same bytes, so the same results.

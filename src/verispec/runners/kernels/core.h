@@ -19,7 +19,8 @@
 // Files: formats.cpp (decoding, the repacked tile layout), portable.cpp (reference), x86_avx512.cpp,
 // x86_avx2.cpp (AVX2, with AVX-VNNI where present), arm_neon.cpp (ARMv8.2 dotprod tile products),
 // arm_neon_float.cpp (NEON activation rows, attention, IQ4_NL scale search), attention.cpp,
-// requantize.cpp, dispatch.cpp (which path runs; the product loop), bindings.cpp (torch).
+// row_ops.cpp (SwiGLU, RMSNorm, softmax numerators), requantize.cpp, dispatch.cpp (which path
+// runs: the kernel tables; the product loop), bindings.cpp (torch).
 
 #pragma once
 
@@ -137,7 +138,8 @@ struct TileArgs {
 
 void tile_portable(int64_t qtype, const TileArgs& a);
 void tile_avx512(int64_t qtype, const TileArgs& a);
-void tile_avx2(int64_t qtype, const TileArgs& a, bool vnni);
+void tile_avx2(int64_t qtype, const TileArgs& a);     // vpmaddubsw + vpmaddwd
+void tile_avxvnni(int64_t qtype, const TileArgs& a);  // vpdpbusd (VEX)
 void tile_neon(int64_t qtype, const TileArgs& a);
 
 // The whole product for tiles t0 .. t1 - 1 and every row of `act` (rows in blocks of 64, whose
@@ -224,17 +226,18 @@ void check_attention(const AttentionArgs& a);
 void attention_items(const AttentionArgs& a, int64_t begin, int64_t end, Isa isa);
 
 // One row: out[j] = gate[j] / (1 + exp_clamped(-gate[j])) * up[j] (SwiGLU, Shazeer 2020), the
-// same bits on every path; silu_mul_row_avx2 (_neon) returns false where the AVX2 (NEON) path is
-// not compiled.
+// same bits on every path (row_ops.cpp; silu_mul_row: the path of `isa`).
 void silu_mul_row(const float* gate, const float* up, int64_t n, float* out, Isa isa);
-bool silu_mul_row_avx2(const float* gate, const float* up, int64_t n, float* out);
-bool silu_mul_row_neon(const float* gate, const float* up, int64_t n, float* out);
+void silu_mul_row_portable(const float* gate, const float* up, int64_t n, float* out);
+void silu_mul_row_avx2(const float* gate, const float* up, int64_t n, float* out);
+void silu_mul_row_neon(const float* gate, const float* up, int64_t n, float* out);
 // s[j] = exp_clamped(s[j] - max s) in place, the scalar operations lane by lane (the maximum is
-// the same value whatever the order: NaNs are skipped, and a zero's sign does not change s - max);
-// false where the AVX2 (NEON) path is not compiled. softmax_numerators: the path of `isa`.
+// the same value whatever the order: NaNs are skipped, and a zero's sign does not change s - max).
+// softmax_numerators: the path of `isa`.
 void softmax_numerators(float* s, int64_t count, Isa isa);
-bool softmax_numerators_avx2(float* s, int64_t count);
-bool softmax_numerators_neon(float* s, int64_t count);
+void softmax_numerators_portable(float* s, int64_t count);
+void softmax_numerators_avx2(float* s, int64_t count);
+void softmax_numerators_neon(float* s, int64_t count);
 
 // One row: out[j] = (x[j] * inv) * weight[j], inv = 1 / sqrt(sum(x^2) / n + eps) (RMSNorm, Zhang &
 // Sennrich 2019), the squares summed in 16 lanes (lane l: x[l], x[l + 16], ... in order) folded
@@ -254,5 +257,22 @@ void fit_iq4_nl_portable(const float* x, const float* w, float inv, float& sumqx
 void fit_iq4_nl_avx512(const float* x, const float* w, float inv, float& sumqx, float& sumq2);
 void fit_iq4_nl_avx2(const float* x, const float* w, float inv, float& sumqx, float& sumq2);
 void fit_iq4_nl_neon(const float* x, const float* w, float inv, float& sumqx, float& sumq2);
+
+// ---------------------------------------------------------------------------------------------
+// One instruction set's kernels in one table, chosen once per call instead of a switch at every
+// block (ggml's type_traits_cpu). Every entry gives the portable entry's bits (the argument above).
+
+struct KernelTable {
+    void (*quantize_block)(const float* xb, int block_k, int8_t* qb, float* d_out);
+    void (*tile)(int64_t qtype, const TileArgs& a);
+    ScoresFn scores;
+    WeightedSumFn weighted_sum;
+    void (*softmax_numerators)(float* s, int64_t count);
+    void (*silu_mul_row)(const float* gate, const float* up, int64_t n, float* out);
+    void (*fit_iq4_nl)(const float* x, const float* w, float inv, float& sumqx, float& sumq2);
+};
+
+// The table of `isa` (Auto: the best this CPU runs); fails as resolve_isa for an unsupported one.
+const KernelTable& kernel_table(Isa isa);
 
 }  // namespace vsk

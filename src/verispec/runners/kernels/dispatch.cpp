@@ -1,5 +1,5 @@
-// Which path runs: the CPU's features, the ISA names, forcing one, and the product loop that hands
-// tiles and row blocks to the chosen ISA. Knows nothing about torch.
+// Which path runs: the CPU's features, the ISA names, forcing one, each ISA's kernel table, and the
+// product loop that hands tiles and row blocks to the chosen ISA. Knows nothing about torch.
 
 #include <algorithm>
 
@@ -125,6 +125,24 @@ Isa resolve_isa(int64_t impl) {
     return isa;
 }
 
+const KernelTable& kernel_table(Isa isa) {
+    static const KernelTable tables[NUM_ISAS] = {
+        {},  // Auto: resolved below
+        {quantize_block_portable, tile_portable, scores_portable, weighted_sum_portable, softmax_numerators_portable,
+         silu_mul_row_portable, fit_iq4_nl_portable},
+        // AVX-512: the portable row ops, which GCC vectorises for AVX-512 (row_ops.cpp)
+        {quantize_block_avx512, tile_avx512, scores_avx512, weighted_sum_avx512, softmax_numerators_portable,
+         silu_mul_row_portable, fit_iq4_nl_avx512},
+        {quantize_block_avx2, tile_avx2, scores_avx2, weighted_sum_avx2, softmax_numerators_avx2, silu_mul_row_avx2,
+         fit_iq4_nl_avx2},
+        {quantize_block_avx2, tile_avxvnni, scores_avx2, weighted_sum_avx2, softmax_numerators_avx2, silu_mul_row_avx2,
+         fit_iq4_nl_avx2},
+        {quantize_block_neon, tile_neon, scores_neon, weighted_sum_neon, softmax_numerators_neon, silu_mul_row_neon,
+         fit_iq4_nl_neon},
+    };
+    return tables[(int)resolve_isa((int64_t)isa)];
+}
+
 void prepare_activations(Activations& a, int64_t rows, int64_t in, int block_k, bool offset) {
     a.rows = rows;
     a.in = in;
@@ -138,6 +156,7 @@ void prepare_activations(Activations& a, int64_t rows, int64_t in, int block_k, 
 
 void quantize_activation_rows(const float* x, Activations& a, int64_t r0, int64_t r1, Isa isa) {
     const int64_t in = a.in, nb = in / a.block_k;
+    const auto quantize_block = kernel_table(isa).quantize_block;
     for (int64_t r = r0; r < r1; ++r) {
         const float* xr = x + r * in;
         int8_t* qr = a.q.data() + r * in;
@@ -145,13 +164,7 @@ void quantize_activation_rows(const float* x, Activations& a, int64_t r0, int64_
             float* d = a.d.data() + r * nb + b;
             const float* xb = xr + b * a.block_k;
             int8_t* qb = qr + b * a.block_k;
-            switch (isa) {
-                case Isa::Avx512: quantize_block_avx512(xb, a.block_k, qb, d); break;
-                case Isa::Avx2:
-                case Isa::AvxVnni: quantize_block_avx2(xb, a.block_k, qb, d); break;
-                case Isa::Neon: quantize_block_neon(xb, a.block_k, qb, d); break;
-                default: quantize_block_portable(xb, a.block_k, qb, d); break;
-            }
+            quantize_block(xb, a.block_k, qb, d);
         }
         for (int64_t j = 0; j < in / 16; ++j) {
             int s = 0;
@@ -168,17 +181,12 @@ void quantize_activation_rows(const float* x, Activations& a, int64_t r0, int64_
 void linear_tiles(int64_t qtype, const uint8_t* packed, int64_t nblocks, const Activations& act, float* out, int64_t ldo,
                   int64_t row_begin, int64_t row_end, int64_t t0, int64_t t1, Isa isa) {
     const Format f = format_of(qtype);
+    const auto tile = kernel_table(isa).tile;
     for (int64_t t = t0; t < t1; ++t)
         for (int64_t r = row_begin; r < row_end; r += MAX_TILE_ROWS) {
             const TileArgs args{packed + t * nblocks * f.tile_bytes, nblocks, &act, r,
                                 (int)std::min<int64_t>(MAX_TILE_ROWS, row_end - r), out + r * ldo + t * TILE, ldo};
-            switch (isa) {
-                case Isa::Avx512: tile_avx512(qtype, args); break;
-                case Isa::Avx2: tile_avx2(qtype, args, false); break;
-                case Isa::AvxVnni: tile_avx2(qtype, args, true); break;
-                case Isa::Neon: tile_neon(qtype, args); break;
-                default: tile_portable(qtype, args); break;
-            }
+            tile(qtype, args);
         }
 }
 

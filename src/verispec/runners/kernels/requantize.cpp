@@ -69,15 +69,8 @@ void quantize_block_iq4_nl(const float* x, uint8_t* o, Isa isa) {
     if (amax >= 1e-15f) {
         float w[32];
         for (int i = 0; i < 32; ++i) w[i] = x[i] * x[i];
-        auto fit = [&](float inv, float& sumqx, float& sumq2) {
-            switch (isa) {
-                case Isa::Avx512: fit_iq4_nl_avx512(x, w, inv, sumqx, sumq2); break;
-                case Isa::Avx2:
-                case Isa::AvxVnni: fit_iq4_nl_avx2(x, w, inv, sumqx, sumq2); break;
-                case Isa::Neon: fit_iq4_nl_neon(x, w, inv, sumqx, sumq2); break;
-                default: fit_iq4_nl_portable(x, w, inv, sumqx, sumq2); break;
-            }
-        };
+        const auto fit_iq4_nl = kernel_table(isa).fit_iq4_nl;
+        auto fit = [&](float inv, float& sumqx, float& sumq2) { fit_iq4_nl(x, w, inv, sumqx, sumq2); };
         float sumqx, sumq2;
         fit(-(float)IQ4_NL_VALUES[0] / m, sumqx, sumq2);  // m near the top level, 113 (clamped)
         d = sumq2 > 0.0f ? sumqx / sumq2 : 0.0f;

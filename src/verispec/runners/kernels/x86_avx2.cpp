@@ -31,15 +31,11 @@ namespace {
 constexpr int ROWS = 4;             // rows per register tile, at most
 constexpr int HALF = 8;             // columns per register
 // One pass over a tile takes both halves (16 columns: two registers per row), so each broadcast
-// group of activations feeds two products and the unpacked weights serve every row (before, each
-// half had its own pass). One core, out = 8960, in = 1536, best of alternated runs, new / old
-// time: Q4_K k = 2 0.76, k = 4 0.89-0.91, k = 8 0.92-0.94; Q6_K 0.84-0.97, 0.94-0.96, 0.99; Q8_0 0.85,
-// 0.88, 0.84; Q5_0 0.84, 0.77, 0.83; IQ4_NL 0.93, 0.96, 0.92; Q4_0 0.67, 0.98, 0.97 (and with one
-// row: Q4_K 4.34 -> 3.98 ms, IQ4_NL 4.71 -> 3.99, Q8_0 9.05 -> 7.93 over 62 MB). Q6_K's one row
-// keeps a pass per half (one pass was no faster): the first fetches the tile's blocks
-// PREFETCH_BLOCKS ahead, the second reads the tile from cache and meanwhile fetches the next
-// tile's blocks, so the memory is busy during both (7.57 -> 6.26 ms). A call's rows go in groups
-// of at most ROWS, as even as can be (5 rows as 3 + 2: Q6_K 0.87 of 4 + 1's time, Q4_K 0.89).
+// group of activations feeds two products and the unpacked weights serve every row. Q6_K's one row
+// keeps a pass per half: the first fetches the tile's blocks PREFETCH_BLOCKS ahead, the second
+// reads the tile from cache and meanwhile fetches the next tile's blocks, so the memory is busy
+// during both. A call's rows go in groups of at most ROWS, as even as can be (5 rows as 3 + 2).
+// Why each choice, with its measurements: docs/kernel-measurements.md.
 constexpr int PREFETCH_BLOCKS = 2;     // prefetch distance of the 256-value formats, in blocks of the tile
 constexpr int PREFETCH_BLOCKS_32 = 8;  // of the 32-value formats
 
@@ -94,11 +90,8 @@ VS_AVX2 inline __m256 scaled_add(__m256 acc, __m256i total, float dx, __m256 d) 
 //
 // One sub-block of both halves: dot[i][r] = per column of half i the int16 (VNNI: int32) sums of
 // its 32 products with row r; each broadcast of activations feeds both halves. HIGH (a template
-// argument: the loop has no branch) picks the high nibbles. Before, the sub-block loop chose the
-// nibbles at run time and the group loop was unrolled 8 times, interleaving groups until the
-// int16 sums spilled; one core, out = 8960, in = 1536, alternated, new / old time: k = 1 0.95,
-// 2 1.00, 4 0.93 (0.94), 8 0.89 (0.93). (The halves one after the other, activations broadcast
-// twice, were slower: 1.26, 1.64, 1.28 at k = 2, 4, 8.) Unrolled 4 times: the same; 8: 1.20-1.27.
+// argument: the loop has no branch) picks the high nibbles; the group loop is unrolled twice, so
+// the int16 sums stay in registers (docs/kernel-measurements.md).
 template <int R, bool VNNI, bool HIGH>
 VS_AVX2 inline void q4k_sub(const uint8_t* qp, const int8_t* xj, int64_t stride, __m256i (&dot)[2][R]) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
@@ -396,9 +389,7 @@ VS_AVX2 inline float fold16(__m256 lo, __m256 hi) {
 }
 
 // NQ queries (a0 ..) times 16 columns (c0 ..) of the values, the portable order per element. Each
-// value row's 64 bytes are read once for the NQ queries (before, 2 queries x 32 columns per pass
-// read each row 12 times for 6 queries x 128 columns); one core, 8 rows x 2 KV heads x 6 queries,
-// new / old time: 1500 slots (values from L3) 0.56-0.64, 64 slots (in L1) 0.84.
+// value row's 64 bytes are read once for the NQ queries.
 template <int NQ>
 VS_AVX2 void weighted_sum_tile(const float* p, int a0, const float* values, int64_t head_dim, const int64_t* slots,
                                int64_t count, int64_t c0, float* out) {
@@ -421,10 +412,8 @@ VS_AVX2 void weighted_sum_tile(const float* p, int a0, const float* values, int6
 
 }  // namespace
 
-void tile_avx2(int64_t qtype, const TileArgs& a, bool vnni) {
-    if (vnni) tile_split<true>(qtype, a);
-    else tile_split<false>(qtype, a);
-}
+void tile_avx2(int64_t qtype, const TileArgs& a) { tile_split<false>(qtype, a); }
+void tile_avxvnni(int64_t qtype, const TileArgs& a) { tile_split<true>(qtype, a); }
 
 // exp_clamped (core.h) in 8 lanes: the same operations in the same order (no FMA), so the same
 // bits; the clamps as selects keep a NaN a NaN as the scalar ternaries do.
@@ -447,7 +436,7 @@ VS_AVX2 static inline __m256 exp_clamped8(__m256 x) {
     return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
 }
 
-VS_AVX2 bool silu_mul_row_avx2(const float* gate, const float* up, int64_t n, float* out) {
+VS_AVX2 void silu_mul_row_avx2(const float* gate, const float* up, int64_t n, float* out) {
     const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
     int64_t j = 0;
     for (; j + 8 <= n; j += 8) {
@@ -456,10 +445,9 @@ VS_AVX2 bool silu_mul_row_avx2(const float* gate, const float* up, int64_t n, fl
         _mm256_storeu_ps(out + j, _mm256_mul_ps(_mm256_div_ps(v, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + j)));
     }
     for (; j < n; ++j) out[j] = (gate[j] / (1.0f + exp_clamped(-gate[j]))) * up[j];
-    return true;
 }
 
-VS_AVX2 bool softmax_numerators_avx2(float* s, int64_t count) {
+VS_AVX2 void softmax_numerators_avx2(float* s, int64_t count) {
     // The maximum: per lane as std::max(best, x) does (vmaxps returns its second operand, best,
     // when either is NaN or both are zeros), then the lanes.
     __m256 best8 = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
@@ -473,7 +461,6 @@ VS_AVX2 bool softmax_numerators_avx2(float* s, int64_t count) {
     const __m256 b = _mm256_set1_ps(best);
     for (j = 0; j + 8 <= count; j += 8) _mm256_storeu_ps(s + j, exp_clamped8(_mm256_sub_ps(_mm256_loadu_ps(s + j), b)));
     for (; j < count; ++j) s[j] = exp_clamped(s[j] - best);
-    return true;
 }
 
 // quantize_block_portable with 8 lanes, the same values bit for bit (see x86_avx512.cpp; packing
@@ -551,8 +538,7 @@ VS_AVX2 void scores_avx2(const float* q, int nq, const float* keys, int64_t head
             // l + 1: lane 2i + 1 added to lane 2i
             const __m256 z = _mm256_add_ps(y, _mm256_shuffle_ps(y, y, 0xB1));
             const __m256 sums = _mm256_mul_ps(_mm256_permutevar8x32_ps(z, order), vscale);
-            // one 16-byte store (before, 8 lanes stored and n read back: store-forwarding stalls;
-            // now 0.80-0.82 of the time, one core, 8 rows, 64 or 1500 slots); the last keys masked
+            // one 16-byte store (8 lanes stored and n read back stall store forwarding); the last keys masked
             const __m128 four = _mm256_castps256_ps128(sums);
             if (n == KEYS) _mm_storeu_ps(scores + a * count + j0, four);
             else _mm_maskstore_ps(scores + a * count + j0, _mm_cmpgt_epi32(_mm_set1_epi32(n), _mm_setr_epi32(0, 1, 2, 3)), four);
@@ -575,9 +561,10 @@ void weighted_sum_avx2(const float* p, int nq, const float* values, int64_t head
 #else  // not x86-64: the path is not compiled in (isa_supported says so; these are never called)
 
 namespace vsk {
-void tile_avx2(int64_t, const TileArgs&, bool) { fail("the AVX2 path is not compiled for this CPU"); }
-bool silu_mul_row_avx2(const float*, const float*, int64_t, float*) { return false; }
-bool softmax_numerators_avx2(float*, int64_t) { return false; }
+void tile_avx2(int64_t, const TileArgs&) { fail("the AVX2 path is not compiled for this CPU"); }
+void tile_avxvnni(int64_t, const TileArgs&) { fail("the AVX2 path is not compiled for this CPU"); }
+void silu_mul_row_avx2(const float*, const float*, int64_t, float*) { fail("the AVX2 path is not compiled for this CPU"); }
+void softmax_numerators_avx2(float*, int64_t) { fail("the AVX2 path is not compiled for this CPU"); }
 void quantize_block_avx2(const float*, int, int8_t*, float*) { fail("the AVX2 path is not compiled for this CPU"); }
 void fit_iq4_nl_avx2(const float*, const float*, float, float&, float&) { fail("the AVX2 path is not compiled for this CPU"); }
 void scores_avx2(const float*, int, const float*, int64_t, const int64_t*, int64_t, float, float*) {

@@ -32,7 +32,7 @@ VS_AVX512 inline __m512i dpbusd_bcast(__m512i acc, __m512i w, const int8_t* p) {
 // with a pass that does so little per byte, and a burst of prefetches ahead only takes load slots
 // and miss buffers from it. Several rows: the 256-value formats fetch the block PREFETCH_BLOCKS
 // ahead into L2 (prefetcht1), the 32-value formats theirs into L1 as before. Measured on an AMD
-// EPYC (Zen 4) host: docs/benchmarks.md, "AVX-512 prefetch by rows".
+// EPYC (Zen 4) host: docs/kernel-measurements.md.
 constexpr int PREFETCH_BLOCKS = 2;     // the 256-value formats (Q4_K, Q6_K), into L2
 constexpr int PREFETCH_BLOCKS_32 = 8;  // the 32-value nibble formats (Q4_0, IQ4_NL, Q5_0), into L1
 constexpr int PREFETCH_BLOCKS_Q8 = 6;  // Q8_0, into L1
