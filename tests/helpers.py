@@ -10,6 +10,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from verispec.engine import SpeculativeEngine
 from verispec.proposers.draft_model import DraftModelProposer
+from verispec.runners import Runner
 from verispec.runners.torch_runner import TransformersRunner
 
 VOCAB = 96
@@ -82,7 +83,7 @@ def default_pieces(vocab_size: int = VOCAB) -> list[str]:
     return [chr(ord("!") + i) for i in range(vocab_size)]
 
 
-class BigramRunner:
+class BigramRunner(Runner):
     """Runner test double: row i of the logits is ``table[token_i]`` (depends on one token)."""
 
     def __init__(self, table: torch.Tensor, max_context_length: int = 512) -> None:

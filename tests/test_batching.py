@@ -14,7 +14,7 @@ from verispec.engine import SpeculativeConfig, SpeculativeEngine
 from verispec.errors import InvalidParameterError
 from verispec.proposers.draft_model import DraftModelProposer
 from verispec.proposers.draft_tree import DraftTreeProposer
-from verispec.runners import ForwardCall, forward_batch, prefill
+from verispec.runners import ForwardCall, Runner, forward_batch, prefill
 from verispec.runners.cpu.gguf_runner import GGUFRunner
 from verispec.runners.cpu.int8 import Int8Runner
 from verispec.runners.torch_runner import TransformersRunner
@@ -207,7 +207,7 @@ def test_scheduler_refuses_impossible_settings(gguf_files):
     assert not scheduler.waiting
 
 
-class OneSequenceRunner:
+class OneSequenceRunner(Runner):
     """A runner without new_sequence (llama.cpp's holds one context)."""
 
     vocab_size, max_context_length, num_cached_tokens = VOCAB, 64, 0

@@ -117,7 +117,7 @@ def test_real_pair_window_kv_bytes_and_a_4000_token_prompt_refused():
     app = create_app_for(pipe)
     with LiveServer(app) as server:
         wait_ready(server.url, timeout_s=300)
-        prompt = pipe.tokenizer.encode("x = 1\n" * 1000)[:4000]
-        response = httpx.post(server.url + C, json={"model": DEFAULT_TARGET, "prompt": prompt, "max_tokens": 200}, timeout=120)
+        prompt = pipe.tokenizer.encode("x = 1\n" * 1000)[:4050]  # max_tokens within the server's cap (64)
+        response = httpx.post(server.url + C, json={"model": DEFAULT_TARGET, "prompt": prompt, "max_tokens": 60}, timeout=120)
         assert response.status_code == 400, response.text
-        assert "4000 tokens and max_tokens is 200 (4200 in all) but the context window is 4096" in response.json()["error"]["message"]
+        assert "4050 tokens and max_tokens is 60 (4110 in all) but the context window is 4096" in response.json()["error"]["message"]

@@ -68,7 +68,7 @@ def commit(plan: Plan, logits: torch.Tensor, pass_s: float, base_rows: int, cost
         if state.num_prefilled < len(state.prompt):
             return None
         rows = process_logits(logits[-1:], params, state.prompt, [], allowed=state.constraints.masks(0))
-        state.pending = pick_token(rows, state.generator)
+        state.pending = pick_token(rows, state.generator, len(state.prompt))  # the first output position
         out.append(state.pending)
         state.record_logprobs(rows.logits, [state.pending])
         state.constraints.commit(out.token_ids)

@@ -66,6 +66,8 @@ class SpeculativeEngine:
         controller: ControllerConfig | None = None,
         max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
     ) -> None:
+        if not isinstance(target, Runner):
+            raise InvalidParameterError(f"the target is a {type(target).__name__}: runners subclass verispec.runners.Runner")
         self.target = target
         self.tokenizer = tokenizer
         self.eos_token_ids = tuple(eos_token_ids)
@@ -98,7 +100,7 @@ class SpeculativeEngine:
     @property
     def supports_batching(self) -> bool:
         """The target runner and every drafter can hold more sequences (:meth:`new_slot`)."""
-        return hasattr(self.target, "new_sequence") and all(p.holds_sequences for p in self.proposers.values())
+        return self.target.holds_sequences and all(p.holds_sequences for p in self.proposers.values())
 
     def new_slot(self) -> Slot:
         """Another sequence slot over the same models: a new target sequence, each drafter's own.
@@ -177,7 +179,7 @@ class SpeculativeEngine:
         self.check_request(prompt, spec)
         policy = make_policy(
             spec.method, slot.proposers, spec.schedule, spec.num_speculative_tokens, self.cost_model, self.controller,
-            trees=hasattr(self.target, "forward_tree"),
+            trees=self.target.supports_trees,
         )
         generator = torch.Generator()
         generator.manual_seed(params.seed) if params.seed is not None else generator.seed()
@@ -331,11 +333,11 @@ class SpeculativeEngine:
                 f"the prompt has {len(prompt)} tokens but the target's context window is "
                 f"{self.target.max_context_length}: shorten the prompt"
             )
-        if spec.method in ("tree", "eagle-tree") and not hasattr(self.target, "forward_tree"):
+        if spec.method in ("tree", "eagle-tree") and not self.target.supports_trees:
             raise InvalidParameterError(
                 f"the {type(self.target).__name__} cannot verify token trees: use a chain method or another runner"
             )
-        drafter_order(spec.method, list(self.proposers), hasattr(self.target, "forward_tree"))
+        drafter_order(spec.method, list(self.proposers), self.target.supports_trees)
 
 
 def capture_features(target: Runner, proposers) -> None:
@@ -351,13 +353,12 @@ def capture_features(target: Runner, proposers) -> None:
         return
     if len(layers) > 1:
         raise InvalidParameterError(f"the drafters read different target layers ({sorted(layers)}): load one feature drafter")
-    capture = getattr(target, "capture_features", None)
-    if capture is None:
+    if not target.supports_features:
         raise InvalidParameterError(
             f"the {type(target).__name__} cannot hand its hidden states to a feature drafter (EAGLE head): "
             "use the gguf, int8 or torch runner"
         )
-    capture(next(iter(layers)))
+    target.capture_features(next(iter(layers)))
 
 
 def check_draft_widths(target: Runner, proposers: Mapping[str, Proposer], tokenizer: Detokenizer) -> None:
@@ -373,10 +374,10 @@ def check_draft_widths(target: Runner, proposers: Mapping[str, Proposer], tokeni
     """
     size = len(tokenizer) if hasattr(tokenizer, "__len__") else None
     for name, proposer in proposers.items():
-        runner = getattr(proposer, "runner", None)
-        width = getattr(runner, "vocab_size", None)
-        if runner is None or runner is target or width is None or width == target.vocab_size:
+        runner = proposer.runner
+        if runner is None or runner is target or runner.vocab_size == target.vocab_size:
             continue
+        width = runner.vocab_size
         if size is None or min(width, target.vocab_size) < size:
             covered = "" if size is None else f" and the tokenizer has {size} tokens"
             raise IncompatibleDraftError(

@@ -226,6 +226,6 @@ def _shares_prompt(request: ScheduledRequest) -> bool:
     return (
         len(request.prompt_token_ids) >= 2
         and request.params.prompt_logprobs is None
-        and hasattr(request.slot.target, "copy_prefix")
+        and request.slot.target.shares_prompts
         and not request.slot.feature_readers
     )

@@ -42,11 +42,10 @@ class Slot:
 
     def release(self) -> None:
         """The slot's request left it: empty the target's cache and every drafter's per-sequence
-        state, and hand their memory back to the OS where the runner can (``release()``, see
-        :class:`verispec.runners.Runner`; else ``truncate(0)``). A slot waiting in the
+        state, and hand their memory back to the OS where the runner can (:meth:`verispec.runners.Runner.release`,
+        ``truncate(0)`` at least). A slot waiting in the
         scheduler's pool then holds no KV pages, and the next request starts from a clean state."""
-        release = getattr(self.target, "release", None)
-        release() if release is not None else self.target.truncate(0)
+        self.target.release()
         for proposer in {id(p): p for p in self.proposers.values()}.values():
             proposer.release()
 

@@ -18,6 +18,7 @@ import torch
 
 from verispec.algorithms.draft import DraftOutput
 from verispec.algorithms.sampling import SamplingParams
+from verispec.runners import Runner
 
 
 @dataclass
@@ -80,9 +81,12 @@ class Proposer:
         feature_layers / observe_features: the target layers whose hidden states the drafter
             reads (EAGLE heads), and the features of every token the target commits, after each
             pass (default: none, nothing).
+        runner: the draft model's runner, for drafters that run one (its logits width is
+            checked against the target's); None for the others (default).
     """
 
     feature_layers: tuple[int, ...] = ()
+    runner: Runner | None = None
 
     def propose(self, request: DraftRequest, num_speculative_tokens: int) -> DraftOutput:
         """Propose up to ``num_speculative_tokens`` tokens that continue ``request.context``."""
@@ -146,6 +150,8 @@ class DraftCacheSequences(Proposer):
     context can only lower acceptance, never change the output (the target verifies).
     """
 
+    runner: Runner
+    cached_token_ids: list[int]  # the token ids in the draft runner's cache, in order
     context_window: int | None = None
 
     def draft_context(self, request: DraftRequest) -> list[int]:
@@ -172,7 +178,7 @@ class DraftCacheSequences(Proposer):
     @property
     def holds_sequences(self) -> bool:
         """The draft runner can give another sequence."""
-        return hasattr(self.runner, "new_sequence")
+        return self.runner.holds_sequences
 
     def new_sequence(self):
         """This drafter for another request: the same draft weights, its own empty cache."""
@@ -182,10 +188,8 @@ class DraftCacheSequences(Proposer):
         return clone
 
     def release(self) -> None:
-        """Empty the draft cache and hand its memory back (the runner's ``release()`` where it
-        has one, else ``truncate(0)``)."""
-        release = getattr(self.runner, "release", None)
-        release() if release is not None else self.runner.truncate(0)
+        """Empty the draft cache and hand its memory back (the runner's ``release()``)."""
+        self.runner.release()
         self.cached_token_ids = []
 
 

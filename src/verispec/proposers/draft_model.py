@@ -14,7 +14,8 @@ import torch
 from verispec.proposers.base import DraftCacheSequences, DraftRequest
 from verispec.algorithms.draft import DraftOutput
 from verispec.runners import ForwardCall, Runner, forward_batch
-from verispec.algorithms.sampling import ProcessedRows, process_logits, sample_from
+from verispec.algorithms.sampling import ProcessedRows, process_logits
+from verispec.algorithms.step import pick_token
 
 
 class DraftModelProposer(DraftCacheSequences):
@@ -55,7 +56,7 @@ def propose_batch(items: Sequence[tuple[DraftModelProposer, DraftRequest, int]])
     drafting (the first also feeds what each draft cache has not seen yet), so on a batch-capable
     draft runner k draft tokens for N requests cost k draft passes, not N k. Each request gets
     the tokens :meth:`DraftModelProposer.propose` alone would give it: its rows are processed
-    with its own parameters and drawn with its own generator, and the runner's rows do not
+    with its own parameters and drawn with its own generator or coupling key, and the runner's rows do not
     depend on the batch (batch-invariant runners). ``items``: ``(proposer, request, k)``, the
     proposers distinct. Returns one :class:`DraftOutput` per item, in order (empty for k <= 0 or
     no room in the draft's context).
@@ -86,7 +87,9 @@ def propose_batch(items: Sequence[tuple[DraftModelProposer, DraftRequest, int]])
             if rows.probs is None:
                 token = int(rows.greedy_token_ids[0])
             else:
-                token = sample_from(rows.probs[0], request.generator)
+                # coupled: the draft's Gumbel-max with the target's noise at this position
+                position = len(request.prompt_token_ids) + len(request.output_token_ids) + len(draft_token_ids)
+                token = pick_token(rows, request.generator, position)
                 draft_rows.append(rows.probs[0])
             draft_token_ids.append(token)
             unsure = request.draft_stop_threshold > 0 and top_probability(row[0], rows) < request.draft_stop_threshold

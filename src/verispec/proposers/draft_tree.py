@@ -18,7 +18,9 @@ from torch import Tensor
 from verispec.errors import InvalidParameterError
 from verispec.proposers.base import DraftCacheSequences, DraftRequest
 from verispec.algorithms.draft import DraftOutput
+from verispec.algorithms.coupling import gumbel_noise
 from verispec.algorithms.sampling import process_logits
+from verispec.algorithms.step import coupling_key
 from verispec.algorithms.tree import TokenTree, tree_attention_mask, tree_position_ids
 
 
@@ -43,7 +45,12 @@ def top_children(request: DraftRequest, tree: TokenTree, node: int, logits: Tens
     """The ``count`` most probable draft tokens after ``node`` of ``tree`` (``logits``: ``[1,
     vocab]`` float32, the draft's row for the node, over the target's vocabulary), processed as
     the target's rows are (penalties, grammar, temperature, top-k/p): their log-probabilities
-    and ids, best first."""
+    and ids, best first.
+
+    Coupled sampling: the children are ranked by the draft's scores plus the target's noise at
+    the child's position (:mod:`verispec.algorithms.coupling`), so the first child is the draft's
+    own coupled sample, the one the target's most likely agrees with; the r-th child is scored
+    with the r-th highest draft log-probability (its rank, not its own probability)."""
     path = [tree.token_ids[i] for i in tree.path_to(node)]
     rows = process_logits(
         logits, request.params, request.prompt_token_ids, list(request.output_token_ids) + path,
@@ -51,7 +58,12 @@ def top_children(request: DraftRequest, tree: TokenTree, node: int, logits: Tens
     )
     dist = torch.log_softmax(rows.logits, -1)[0] if rows.probs is None else rows.probs[0].log()
     top = torch.topk(dist, min(count, dist.shape[-1]))
-    return top.values.tolist(), top.indices.tolist()
+    if rows.scores is None:
+        return top.values.tolist(), top.indices.tolist()
+    position = len(request.prompt_token_ids) + len(request.output_token_ids) + len(path)
+    noise = gumbel_noise(coupling_key(request.generator), position, dist.shape[-1])
+    perturbed = torch.topk(rows.scores[0].double() + noise, min(count, dist.shape[-1]))
+    return top.values.tolist(), perturbed.indices.tolist()
 
 
 def grow_dynamic_tree(
@@ -151,7 +163,8 @@ class DraftTreeProposer(DraftCacheSequences):
     frontier node, keep the best nodes by path probability, level by level.
 
     The children are a deterministic function of the draft's (processed) distribution, so
-    verification treats them as one-hot candidates (:func:`verispec.algorithms.tree.tree_rejection_sample`).
+    verification treats them as one-hot candidates (:func:`verispec.algorithms.tree.tree_rejection_sample`);
+    under coupled sampling the draft's own coupled sample comes first (:func:`top_children`).
 
     Args:
         runner: the draft runner; it must offer ``forward_tree`` (e.g. TransformersRunner).

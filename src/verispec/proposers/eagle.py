@@ -26,7 +26,8 @@ from verispec.proposers.base import DraftRequest, Proposer, common_prefix_length
 from verispec.proposers.draft_tree import dynamic_tree_levels
 from verispec.runners.eagle.head import EagleHead, HeadCall, forward_heads
 from verispec.algorithms.draft import DraftOutput
-from verispec.algorithms.sampling import process_logits, sample_from
+from verispec.algorithms.sampling import process_logits
+from verispec.algorithms.step import pick_token
 from verispec.algorithms.tree import TokenTree
 
 TREE_BRANCHING = 2  # eagle-tree: children expanded per frontier node (EAGLE-2's top-k) ...
@@ -242,7 +243,8 @@ class EagleProposer(Proposer):
             token = int(rows.greedy_token_ids[0])
             return token, float(torch.softmax(rows.logits[0], dim=-1)[token]) if request.draft_stop_threshold else 1.0
         draft_rows.append(rows.probs[0])
-        return sample_from(rows.probs[0], request.generator), float(rows.probs[0].max())
+        position = len(request.prompt_token_ids) + len(request.output_token_ids) + len(draft_token_ids)
+        return pick_token(rows, request.generator, position), float(rows.probs[0].max())
 
     def _target_row(self, draft_logits: Tensor) -> Tensor:
         """``[1, vocab]`` float32: the head's scores at their target ids, ``-inf`` elsewhere."""

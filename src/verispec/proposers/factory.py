@@ -133,7 +133,7 @@ def build_drafters(
     if tree_runner is not None:
         proposers["tree"] = DraftTreeProposer(tree_runner, choices=options.tree_choices, context_window=options.draft_context_window)
     if options.eagle_head is not None:
-        if target_runner is None or not hasattr(target_runner, "capture_features"):
+        if target_runner is None or not target_runner.supports_features:
             kind = type(target_runner).__name__ if target_runner is not None else "no runner"
             raise InvalidParameterError(f"--eagle-head needs a runner that hands out the target's features (gguf, int8, torch), not {kind}")
         head = EagleHead.load(options.eagle_head, target_runner)

@@ -1,64 +1,51 @@
-"""Model execution behind one small protocol the engine calls.
+"""Model execution behind one declared contract the engine calls.
 
-A runner owns one model and the KV cache of one sequence; :meth:`Runner.new_sequence` (where a
-runner offers it) gives another sequence over the same weights, and :func:`forward_batch` runs
-the new tokens of several sequences in one pass (one pass over the weights where the runner
-can: every row of every sequence through each linear layer at once). The engine never branches
-on the runner type: it prefills, forwards new tokens, and rolls back by moving a length. Knows
-nothing about drafting, verification or sampling.
+A runner owns one model and the KV cache of one sequence. :class:`Runner` declares everything
+the engine may ask of one: three required methods (``num_cached_tokens``, ``forward``,
+``truncate``) and every optional capability with a default (trees, more sequences, batched
+passes, hidden-state capture, prompt sharing, memory release), each with a ``supports_*`` /
+``holds_sequences`` property saying whether the runner implements it, so the engine asks and
+never looks names up. :func:`forward_batch` runs the new tokens of several sequences in one pass
+where the runner can. Knows nothing about drafting, verification or sampling.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Sequence
 
 from torch import Tensor
 
+from verispec.errors import InvalidParameterError
 
-@runtime_checkable
-class Runner(Protocol):
-    """One model + one KV cache.
+
+class Runner:
+    """Base of every runner: one model + one KV cache. Subclasses implement ``num_cached_tokens``,
+    :meth:`forward` and :meth:`truncate`; every other method has a default, and a capability is
+    on where the subclass implements its method (as :class:`verispec.proposers.Proposer` does).
 
     Attributes:
         vocab_size: width of the logits rows (may exceed the tokenizer's size by padding rows).
         max_context_length: positions the model supports (prompt + output).
+        num_cached_tokens: tokens currently held in the KV cache (= position of the next token).
+        kv_bytes_per_token: bytes one position takes in the K and V caches (layers x 2 x kv_heads
+            x head_dim x bytes per element), read by :func:`kv_cache_bytes`; None where unknown.
+        last_features: float32 ``[rows of this sequence's last pass, len(layers) * hidden_size]``
+            while capturing (:meth:`capture_features`), only this sequence's rows of a batched
+            pass; None when not capturing (or before the first pass).
 
-    Optional, on the runners that can hand out their hidden states to a feature drafter (EAGLE-3,
-    Li et al. 2025, arXiv 2503.01840; the int8, gguf and torch runners), not required here:
-
-    - ``capture_features(layers: Sequence[int]) -> None``: from now on every pass of this
-      sequence (``forward``, ``forward_tree``, a batched pass of :func:`forward_batch`) records,
-      for *every* row of the pass (not only the ``num_logits`` rows), the hidden state entering
-      each decoder layer in ``layers`` (transformers' ``hidden_states[i]``: 0 the embeddings,
-      ``i`` the output of layer ``i - 1``; :mod:`verispec.runners.features`). ``()`` stops it.
-      ``new_sequence()`` keeps the setting. Raises InvalidParameterError (a ValueError) for an
-      index outside ``0 .. num_layers - 1``.
-    - ``last_features: Tensor | None``: float32 ``[rows of this sequence's last pass,
-      len(layers) * hidden_size]``, the layers concatenated in the order given; only this
-      sequence's rows in a batched pass; None when not capturing (or before the first pass).
-
-    Capture is no extra pass: the states are those the pass computes anyway, and the logits are
-    bit-identical with it on or off.
-
-    Optional too: ``release() -> None``, ``truncate(0)`` that also hands the cache's memory back to
-    the OS (a static cache allocated at full capacity keeps the pages it was written to otherwise:
-    :meth:`verispec.runners.cpu.int8.Int8Runner.release`); the scheduler calls it when a request
-    leaves its sequence (:meth:`verispec.engine.state.Slot.release`), and falls back to
-    ``truncate(0)`` where a runner has none.
-
-    Optional too: ``kv_bytes_per_token: int``, the bytes one position takes in the sequence's K
-    and V caches (layers x 2 x kv_heads x head_dim x bytes per element), read by
-    :func:`kv_cache_bytes`.
+    Capabilities (each False by default; the engine checks them before calling):
+        supports_trees: :meth:`forward_tree` and :meth:`keep_tree_path` (token-tree verification).
+        holds_sequences: :meth:`new_sequence` (batching: one sequence per request).
+        supports_features: :meth:`capture_features` (hidden states for an EAGLE-3 head).
+        shares_prompts: :meth:`copy_prefix` (one prompt's cache copied to another sequence).
     """
 
     vocab_size: int
     max_context_length: int
-
-    @property
-    def num_cached_tokens(self) -> int:
-        """Tokens currently held in the KV cache (= position of the next token)."""
-        ...
+    num_cached_tokens: int
+    kv_bytes_per_token: int | None = None
+    last_features: Tensor | None = None
 
     def forward(self, token_ids: Sequence[int], num_logits: int | None = None) -> Tensor:
         """Append ``token_ids`` at positions ``num_cached_tokens ...`` and return their logits.
@@ -67,14 +54,102 @@ class Runner(Protocol):
             float32 ``[num_logits or len(token_ids), vocab_size]``: the rows of the *last*
             ``num_logits`` tokens; row i scores the token that follows token i.
         """
-        ...
+        raise NotImplementedError(f"{type(self).__name__} does not implement forward")
 
     def truncate(self, num_tokens: int) -> None:
         """Keep the first ``num_tokens`` cache entries and drop the rest (0 empties the cache).
 
         ``num_tokens == num_cached_tokens`` is a no-op. Raises ValueError beyond the length.
         """
-        ...
+        raise NotImplementedError(f"{type(self).__name__} does not implement truncate")
+
+    @property
+    def supports_trees(self) -> bool:
+        """This runner verifies token trees: it implements :meth:`forward_tree`."""
+        return type(self).forward_tree is not Runner.forward_tree
+
+    @property
+    def holds_sequences(self) -> bool:
+        """This runner gives more sequences over its weights: it implements :meth:`new_sequence`."""
+        return type(self).new_sequence is not Runner.new_sequence
+
+    @property
+    def supports_features(self) -> bool:
+        """This runner hands out hidden states: it implements :meth:`capture_features`."""
+        return type(self).capture_features is not Runner.capture_features
+
+    @property
+    def shares_prompts(self) -> bool:
+        """This runner copies a prompt's cache between sequences: it implements :meth:`copy_prefix`."""
+        return type(self).copy_prefix is not Runner.copy_prefix
+
+    def forward_tree(self, token_ids: Sequence[int], position_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """Append a token tree (:mod:`verispec.algorithms.tree`) and return one logits row per node:
+        float32 ``[num_nodes, vocab_size]``; ``position_ids`` ``[num_nodes]``, ``attention_mask``
+        bool ``[num_nodes, num_cached_tokens + num_nodes]``.
+
+        Raises:
+            InvalidParameterError: the runner cannot verify trees (:attr:`supports_trees`).
+        """
+        raise InvalidParameterError(f"the {type(self).__name__} cannot verify token trees")
+
+    def keep_tree_path(self, num_prefix_tokens: int, node_indices: Sequence[int]) -> None:
+        """After a tree pass, keep the first ``num_prefix_tokens`` entries and then the tree
+        nodes ``node_indices`` (the accepted path, in order); drop the rest.
+
+        Raises:
+            InvalidParameterError: the runner cannot verify trees (:attr:`supports_trees`).
+        """
+        raise InvalidParameterError(f"the {type(self).__name__} cannot verify token trees")
+
+    def new_sequence(self) -> Runner:
+        """Another sequence over the same weights, with its own empty cache; it keeps this
+        sequence's feature capture.
+
+        Raises:
+            InvalidParameterError: the runner holds one sequence only (:attr:`holds_sequences`).
+        """
+        raise InvalidParameterError(f"the {type(self).__name__} holds one sequence only")
+
+    def shares_weights_with(self, other: Runner) -> bool:
+        """``other`` is a sequence over this runner's weights, so :meth:`forward_many` may run
+        both in one pass. False by default (each sequence then runs on its own)."""
+        return False
+
+    @staticmethod
+    def forward_many(calls: Sequence[ForwardCall]) -> list[Tensor]:
+        """Each call's logits, for sequences that share weights (:meth:`shares_weights_with`); a
+        runner that can overrides this to run them in one pass. By default one after the other."""
+        return [forward_one(call) for call in calls]
+
+    def capture_features(self, layers: Sequence[int]) -> None:
+        """From now on every pass of this sequence (``forward``, ``forward_tree``, a batched pass)
+        records, for *every* row of the pass, the hidden state entering each decoder layer in
+        ``layers`` (transformers' ``hidden_states[i]``: 0 the embeddings, ``i`` the output of layer
+        ``i - 1``; :mod:`verispec.runners.features`) into :attr:`last_features`; ``()`` stops it.
+        No extra pass, and the logits are bit-identical with capture on or off (EAGLE-3, Li et al.
+        2025, arXiv 2503.01840).
+
+        Raises:
+            InvalidParameterError: an index outside ``0 .. num_layers - 1``, or a runner that
+                cannot hand out its hidden states (:attr:`supports_features`).
+        """
+        raise InvalidParameterError(f"the {type(self).__name__} cannot hand out its hidden states")
+
+    def copy_prefix(self, source: Runner, num_tokens: int) -> None:
+        """Make this sequence's cache the first ``num_tokens`` entries of ``source``'s (a sequence
+        over the same weights), so a shared prompt is not run twice.
+
+        Raises:
+            InvalidParameterError: the runner cannot copy caches (:attr:`shares_prompts`).
+        """
+        raise InvalidParameterError(f"the {type(self).__name__} cannot copy a cache between sequences")
+
+    def release(self) -> None:
+        """``truncate(0)``, and where the runner can, hand the cache's memory back to the OS too (a
+        static cache allocated at full capacity otherwise keeps the pages it was written to). The
+        scheduler calls it when a request leaves its sequence. By default ``truncate(0)``."""
+        self.truncate(0)
 
 
 @dataclass
@@ -104,9 +179,9 @@ class ForwardCall:
 def forward_batch(calls: Sequence[ForwardCall]) -> list[Tensor]:
     """Run every call's tokens; returns each call's logits (float32 ``[rows, vocab_size]``).
 
-    Sequences of one batch-capable runner (a class method ``forward_many`` and the same weights,
-    e.g. :class:`verispec.runners.cpu.int8.Int8Runner` and its ``new_sequence()`` s) go through one
-    pass; others run one after the other. Either way each sequence's rows equal what its own
+    Sequences over the same weights (:meth:`Runner.shares_weights_with`, e.g.
+    :class:`verispec.runners.cpu.int8.Int8Runner` and its ``new_sequence()`` s) go through their
+    runner's :meth:`Runner.forward_many`, one pass; others run one after the other. Either way each sequence's rows equal what its own
     ``forward`` / ``forward_tree`` would return on a batch-invariant runner.
 
     Raises:
@@ -117,17 +192,13 @@ def forward_batch(calls: Sequence[ForwardCall]) -> list[Tensor]:
     if len({id(call.runner) for call in calls}) != len(calls):
         raise ValueError("a sequence appears twice in one batch")
     first = calls[0].runner
-    many = getattr(type(first), "forward_many", None)
-    if len(calls) > 1 and many is not None and all(_same_model(first, call.runner) for call in calls):
-        return many(calls)
-    return [_forward_one(call) for call in calls]
+    if len(calls) > 1 and all(first.shares_weights_with(call.runner) for call in calls[1:]):
+        return type(first).forward_many(calls)
+    return [forward_one(call) for call in calls]
 
 
-def _same_model(a, b) -> bool:
-    return type(a) is type(b) and getattr(a, "weights", None) is getattr(b, "weights", object())
-
-
-def _forward_one(call: ForwardCall) -> Tensor:
+def forward_one(call: ForwardCall) -> Tensor:
+    """One call's logits through its runner's own ``forward`` / ``forward_tree``."""
     if call.is_tree:
         return call.runner.forward_tree(call.token_ids, call.position_ids, call.attention_mask)
     if call.num_logits == 0:  # a runner's forward returns at least one row
@@ -139,7 +210,7 @@ def kv_cache_bytes(runner: Runner, num_tokens: int | None = None) -> int | None:
     """Bytes of one sequence's K and V caches at ``num_tokens`` positions (default the runner's
     ``max_context_length``): layers x 2 x kv_heads x head_dim x bytes per element x tokens. None
     for a runner that does not declare ``kv_bytes_per_token``."""
-    per_token = getattr(runner, "kv_bytes_per_token", None)
+    per_token = runner.kv_bytes_per_token
     if per_token is None:
         return None
     return int(per_token) * int(runner.max_context_length if num_tokens is None else num_tokens)

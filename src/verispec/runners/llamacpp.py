@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from verispec.errors import InvalidParameterError, ModelIntegrityError
-from verispec.runners import check_new_tokens
+from verispec.runners import Runner, check_new_tokens
 
 INSTALL_HINT = "the llama.cpp runner needs its extra: pip install 'verispec[llamacpp]' (compiles llama.cpp, ~5 minutes)"
 DEFAULT_MAX_CONTEXT = 4096
@@ -62,7 +62,7 @@ def default_num_threads() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
 
 
-class LlamaCppRunner:
+class LlamaCppRunner(Runner):
     """:class:`verispec.runners.Runner` over a GGUF file run by llama.cpp.
 
     Args:

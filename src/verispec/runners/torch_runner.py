@@ -14,11 +14,11 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache
 
-from verispec.runners import check_new_tokens
+from verispec.runners import Runner, check_new_tokens
 from verispec.runners.features import check_feature_layers, concat_features
 
 
-class TransformersRunner:
+class TransformersRunner(Runner):
     """:class:`verispec.runners.Runner` over a transformers causal LM.
 
     Args:

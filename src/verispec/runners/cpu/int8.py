@@ -22,7 +22,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from verispec.runners import ForwardCall, check_new_tokens
+from verispec.runners import ForwardCall, Runner, check_new_tokens
 from verispec.runners.features import check_feature_layers, concat_features
 from verispec.runners.cpu.int8_weights import DEFAULT_MAX_CONTEXT, Int8Weights
 from verispec.runners.cpu.memory import release_pages
@@ -51,7 +51,7 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
-class Int8Runner:
+class Int8Runner(Runner):
     """:class:`verispec.runners.Runner` over :class:`Int8Weights` with a static KV cache.
 
     Args:
@@ -113,6 +113,10 @@ class Int8Runner:
         sequence = type(self)(self.weights, max_context_length=self.max_context_length)
         sequence.capture_features(self._feature_layers)
         return sequence
+
+    def shares_weights_with(self, other: Runner) -> bool:
+        """``other`` is a sequence of the same class over these very weights (one batched pass)."""
+        return type(other) is type(self) and other.weights is self.weights
 
     def capture_features(self, layers: Sequence[int]) -> None:
         """From now on every pass of this sequence (``forward``, ``forward_tree``, ``forward_many``)
