@@ -9,7 +9,7 @@ LLAMACPP_STAMP := $(VENV)/.verispec-llamacpp
 PROMPT ?= def fibonacci(n):
 LLAMACPP ?= 1
 
-.PHONY: install install-llamacpp demo test docs clean
+.PHONY: install install-llamacpp demo test docs lint clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,12 @@ test: install install-llamacpp
 docs: install
 	$(PY) -m pip install -q -e ".[docs]"
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
+# Lint: ruff check and ruff format --check (line length 120, [tool.ruff] in pyproject.toml); not in CI yet.
+lint: install
+	$(PY) -m pip install -q -e ".[lint]"
+	$(VENV)/bin/ruff check src tests scripts
+	$(VENV)/bin/ruff format --check src tests scripts
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache
