@@ -67,7 +67,9 @@ class SpeculativeEngine:
         max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
     ) -> None:
         if not isinstance(target, Runner):
-            raise InvalidParameterError(f"the target is a {type(target).__name__}: runners subclass verispec.runners.Runner")
+            raise InvalidParameterError(
+                f"the target is a {type(target).__name__}: runners subclass verispec.runners.Runner"
+            )
         self.target = target
         self.tokenizer = tokenizer
         self.eos_token_ids = tuple(eos_token_ids)

@@ -181,7 +181,8 @@ def forward_batch(calls: Sequence[ForwardCall]) -> list[Tensor]:
 
     Sequences over the same weights (:meth:`Runner.shares_weights_with`, e.g.
     :class:`verispec.runners.cpu.int8.Int8Runner` and its ``new_sequence()`` s) go through their
-    runner's :meth:`Runner.forward_many`, one pass; others run one after the other. Either way each sequence's rows equal what its own
+    runner's :meth:`Runner.forward_many`, one pass; others run one after the other. Either way
+    each sequence's rows equal what its own
     ``forward`` / ``forward_tree`` would return on a batch-invariant runner.
 
     Raises:
