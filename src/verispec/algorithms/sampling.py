@@ -21,6 +21,7 @@ from verispec.errors import InvalidParameterError
 MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-5, 100.0
 MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 100.0
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit on top_logprobs
+SAMPLING_MODES = ("coupled", "rejection")
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,14 @@ class SamplingParams:
             ``logit -= frequency_penalty * count + presence_penalty * (count > 0)``.
         max_tokens: >= 1, new tokens at most.
         stop: stop strings; output text ends before the earliest one found.
-        seed: seeds the request's ``torch.Generator``; None draws a fresh seed.
+        seed: the request's key: seeds its ``torch.Generator``, whose ``initial_seed()`` keys the
+            coupled noise; None draws a fresh one per request.
+        sampling: how a sampled request draws, ignored when greedy. ``"coupled"`` (default):
+            Gumbel-max with noise keyed by (seed, position) (:mod:`verispec.algorithms.coupling`),
+            so a seed gives the same tokens under every drafter, schedule and batch; speculation
+            accepts a draft token when it equals the target's coupled sample. ``"rejection"``:
+            ``torch.multinomial`` with the generator and modified rejection sampling under
+            speculation (its tokens depend on how many draws each step spent).
         ignore_eos: keep generating past EOS (benchmarks).
         min_tokens: the stop tokens (EOS) are masked while the output has fewer tokens; stop
             strings still end it (vLLM's semantics).
@@ -70,6 +78,7 @@ class SamplingParams:
     logprobs: int | None = None
     structured_output: object | None = None
     prompt_logprobs: int | None = None
+    sampling: str = "coupled"
 
     def __post_init__(self) -> None:
         if isinstance(self.logit_bias, Mapping):
@@ -105,6 +114,7 @@ class SamplingParams:
                 self.logprobs is None or 0 <= self.logprobs <= MAX_TOP_LOGPROBS,
                 f"logprobs (alternatives per token) must be in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs}",
             ),
+            (self.sampling in SAMPLING_MODES, f"sampling must be one of {SAMPLING_MODES}, got {self.sampling!r}"),
             (
                 self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_TOP_LOGPROBS,
                 f"prompt_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.prompt_logprobs}",
@@ -172,6 +182,13 @@ def logits_to_probs(logits: Tensor, params: SamplingParams) -> Tensor:
     Raises:
         InvalidParameterError: if called for greedy params (greedy never builds probabilities).
     """
+    return torch.softmax(logits_to_scores(logits, params), dim=-1)
+
+
+def logits_to_scores(logits: Tensor, params: SamplingParams) -> Tensor:
+    """:func:`logits_to_probs` before its softmax: ``[num_rows, vocab]`` float32 ``logits /
+    temperature`` with -inf where top-k or top-p drop a token (log-probabilities up to a
+    constant per row: what the coupled sample takes). Raises as :func:`logits_to_probs`."""
     if params.is_greedy:
         raise InvalidParameterError("greedy decoding takes the argmax; it has no sampling distribution")
     scores = logits / params.temperature
@@ -187,7 +204,7 @@ def logits_to_probs(logits: Tensor, params: SamplingParams) -> Tensor:
         drop_sorted[..., 0] = False  # the most likely token stays, even if top_p rounds to 0
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         scores = scores.masked_fill(drop, float("-inf"))
-    return torch.softmax(scores, dim=-1)
+    return scores
 
 
 def sample_from(probs: Tensor, generator: torch.Generator) -> int:
@@ -200,12 +217,15 @@ class ProcessedRows:
     """Target or draft rows after processing: ``token_ids`` for greedy, ``probs`` for sampling.
 
     ``logits``: ``[num_rows, vocab]`` float32 after penalties, ``logit_bias`` and masks, before
-    temperature, top-k and top-p (what :func:`token_logprobs` reports).
+    temperature, top-k and top-p (what :func:`token_logprobs` reports). ``scores``: coupled
+    sampling only (``params.sampling == "coupled"``), ``[num_rows, vocab]`` float32
+    :func:`logits_to_scores`, what :func:`verispec.algorithms.coupling.coupled_sample` takes.
     """
 
     greedy_token_ids: Tensor | None  # [num_rows] int64, greedy only
     probs: Tensor | None  # [num_rows, vocab] float32, sampling only
     logits: Tensor | None = None
+    scores: Tensor | None = None  # [num_rows, vocab] float32, coupled sampling only
 
 
 def apply_logit_bias(logits: Tensor, params: SamplingParams) -> Tensor:
@@ -234,7 +254,7 @@ def process_logits(
 
     Order: penalties (:func:`apply_penalties`), ``logit_bias``, the ``allowed`` mask (min_tokens
     and grammar: :class:`verispec.engine.constraints.TokenConstraints`) as ``-inf``, then greedy argmax
-    or temperature / top-k / top-p (:func:`logits_to_probs`). Row i is the step after
+    or temperature / top-k / top-p (:func:`logits_to_probs`; also the scores, when coupled). Row i is the step after
     ``output + appended[:i]``; the caller's ``allowed[i]`` must be that step's mask too.
     """
     logits = apply_penalties(logits.float(), params, prompt_token_ids, output_token_ids, appended_token_ids)
@@ -245,7 +265,9 @@ def process_logits(
         logits = logits.masked_fill(~allowed, float("-inf"))
     if params.is_greedy:
         return ProcessedRows(greedy_token_ids=torch.argmax(logits, dim=-1), probs=None, logits=logits)
-    return ProcessedRows(greedy_token_ids=None, probs=logits_to_probs(logits, params), logits=logits)
+    scores = logits_to_scores(logits, params)
+    coupled = scores if params.sampling == "coupled" else None
+    return ProcessedRows(greedy_token_ids=None, probs=torch.softmax(scores, dim=-1), logits=logits, scores=coupled)
 
 
 @dataclass(frozen=True)

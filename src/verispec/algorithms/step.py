@@ -1,24 +1,44 @@
 """One request's verification of one target pass: the rows processed as plain decoding would
-process them (penalties, temperature, top-k/top-p), then greedy or rejection verification of the
-chain or the tree (:mod:`verispec.algorithms.verify`, :mod:`verispec.algorithms.tree`). Knows nothing about runners,
-caches or batching.
+process them (penalties, temperature, top-k/top-p), then greedy, coupled or rejection verification of
+the chain or the tree (:mod:`verispec.algorithms.verify`, :mod:`verispec.algorithms.coupling`,
+:mod:`verispec.algorithms.tree`). Knows nothing about runners, caches or batching.
+
+Positions: row i of a chain's pass chooses the token at absolute position ``len(prompt) +
+len(output) + i``; a tree node's row, the token at ``len(prompt) + len(output) + depth``.
 """
 
 from __future__ import annotations
 
 import torch
 
+from verispec.algorithms.coupling import coupled_sample, coupled_tree_verify, coupled_verify_chain
 from verispec.algorithms.draft import DraftOutput
 from verispec.algorithms.sampling import ProcessedRows, SamplingParams, process_logits, sample_from
 from verispec.algorithms.tree import TokenTree, TreeVerifyResult, greedy_tree_verify, tree_rejection_sample
 from verispec.algorithms.verify import VerifyResult, greedy_verify, pad_vocab, rejection_sample
 
 
-def pick_token(rows: ProcessedRows, generator: torch.Generator) -> int:
-    """The token plain decoding takes from a single processed row."""
+def coupling_key(generator: torch.Generator) -> int:
+    """The request's coupling key: its generator's seed (the request's ``seed``, or the one drawn
+    for it), so one number fixes both modes' randomness."""
+    return int(generator.initial_seed())
+
+
+def pick_token(rows: ProcessedRows, generator: torch.Generator, position: int | None = None, row: int = 0) -> int:
+    """The token plain decoding (or a drafter) takes from processed row ``row``: the argmax
+    (greedy), the coupled sample at absolute ``position`` (coupled; required then), or a draw from
+    the probabilities with ``generator`` (rejection mode).
+
+    Raises:
+        ValueError: coupled rows without a ``position``.
+    """
     if rows.greedy_token_ids is not None:
-        return int(rows.greedy_token_ids[0])
-    return sample_from(rows.probs[0], generator)
+        return int(rows.greedy_token_ids[row])
+    if rows.scores is not None:
+        if position is None:
+            raise ValueError("coupled sampling needs the token's absolute position")
+        return coupled_sample(rows.scores[row], coupling_key(generator), position)
+    return sample_from(rows.probs[row], generator)
 
 
 def verify_chain(
@@ -38,6 +58,9 @@ def verify_chain(
     rows = process_logits(logits, params, prompt, output_token_ids, draft_token_ids, allowed)
     if rows.probs is None:
         return greedy_verify(draft_token_ids, rows.greedy_token_ids), rows.logits
+    if rows.scores is not None:
+        first = len(prompt) + len(output_token_ids)
+        return coupled_verify_chain(draft_token_ids, lambda i: pick_token(rows, generator, first + i, i)), rows.logits
     target_probs, draft_probs = rows.probs, draft.draft_probs
     if draft_probs is not None:
         draft_probs = draft_probs[: len(draft_token_ids)]
@@ -70,11 +93,15 @@ def verify_tree(
         greedy = rows[0].greedy_token_ids is not None
         processed = torch.cat([r.greedy_token_ids if greedy else r.probs for r in rows])
         processed_logits = torch.cat([r.logits for r in rows])
+        scores = torch.cat([r.scores for r in rows]) if rows[0].scores is not None else None
     else:
         rows1 = process_logits(logits, params, prompt, output_token_ids, allowed=allowed)
         greedy = rows1.greedy_token_ids is not None
         processed = rows1.greedy_token_ids if greedy else rows1.probs
-        processed_logits = rows1.logits
+        processed_logits, scores = rows1.logits, rows1.scores
     if greedy:
         return greedy_tree_verify(tree, processed), processed_logits
+    if scores is not None:
+        key, first, depths = coupling_key(generator), len(prompt) + len(output_token_ids), tree.depths()
+        return coupled_tree_verify(tree, lambda i: coupled_sample(scores[i], key, first + depths[i])), processed_logits
     return tree_rejection_sample(tree, processed, generator), processed_logits
