@@ -213,7 +213,8 @@ def test_tree_speculation_gives_plain_coupled_tokens():
     while len(out) < 16:
         paths = [plain[len(out) : len(out) + 3], [(plain[len(out)] + 1) % VOCAB, 0]]  # a right and a wrong branch
         tree = TokenTree.from_paths(prompt[-1] if not out else out[-1], paths)
-        logits = torch.cat([toy_logits(prompt + out + [tree.token_ids[j] for j in tree.path_to(i)]) for i in range(tree.num_nodes)])
+        paths = [[tree.token_ids[j] for j in tree.path_to(i)] for i in range(tree.num_nodes)]
+        logits = torch.cat([toy_logits(prompt + out + path) for path in paths])
         result, _ = verify_tree(tree, logits, params, prompt, out, torch.Generator().manual_seed(seed))
         out += result.token_ids
     assert out[:16] == plain

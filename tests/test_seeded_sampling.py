@@ -37,7 +37,9 @@ def make_engine(files) -> SpeculativeEngine:
     target = GGUFRunner.from_file(files["target"], max_context_length=256)
     proposers = {
         "draft": DraftModelProposer(GGUFRunner.from_file(files["draft"], max_context_length=256)),
-        "tree": DraftTreeProposer(GGUFRunner.from_file(files["draft"], max_context_length=256), branching=2, max_depth=4),
+        "tree": DraftTreeProposer(
+            GGUFRunner.from_file(files["draft"], max_context_length=256), branching=2, max_depth=4
+        ),
     }
     return SpeculativeEngine(target, PIECES, eos_token_ids=(0,), proposers=proposers)
 

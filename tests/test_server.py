@@ -271,3 +271,21 @@ def test_openai_client_raises_typed_errors(client):
     with pytest.raises(openai.BadRequestError, match="suffix"):
         client.completions.create(model=MODEL, prompt="hi", suffix="!")
     assert client.completions.create(model=MODEL, prompt="hi", max_tokens=3, temperature=0).choices[0].text
+
+
+def test_seed_gives_plain_text_under_every_method_alone_and_in_parallel(client):
+    def run(method: str, sampling: str | None = None) -> str:
+        extra = {"speculative": {"method": method, "num_speculative_tokens": 3}}
+        if sampling is not None:
+            extra["sampling"] = sampling
+        out = client.completions.create(model=MODEL, prompt="hi", max_tokens=24, temperature=0.8, top_p=0.9, seed=7,
+                                        extra_body=extra)
+        assert out.system_fingerprint.startswith("verispec-")  # version and model digest
+        return out.choices[0].text
+
+    methods = ["none", "draft", "ngram", "suffix", "auto"]
+    alone = [run(m) for m in methods]
+    with ThreadPoolExecutor(len(methods)) as pool:
+        parallel = list(pool.map(run, methods))
+    assert alone == parallel == [alone[0]] * len(methods)
+    assert run("none", "rejection") != alone[0] or run("draft", "rejection") != alone[0]  # another mode, other draws

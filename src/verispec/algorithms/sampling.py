@@ -114,7 +114,10 @@ class SamplingParams:
                 self.logprobs is None or 0 <= self.logprobs <= MAX_TOP_LOGPROBS,
                 f"logprobs (alternatives per token) must be in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs}",
             ),
-            (self.sampling in SAMPLING_MODES, f"sampling must be one of {SAMPLING_MODES}, got {self.sampling!r}"),
+            (
+                self.sampling in SAMPLING_MODES,
+                f"sampling must be one of {SAMPLING_MODES}, got {self.sampling!r}",
+            ),
             (
                 self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_TOP_LOGPROBS,
                 f"prompt_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.prompt_logprobs}",

@@ -81,6 +81,10 @@ def generate(
     repetition_penalty: float = typer.Option(1.0, help="CTRL repetition penalty (1 = off)."),
     max_tokens: int = typer.Option(128, help="New tokens at most."),
     seed: Optional[int] = typer.Option(None, help="Seed for sampling."),
+    sampling: str = typer.Option(
+        "coupled", help="coupled (Gumbel-max keyed by seed and position: a seed gives plain decoding's text under "
+        "every method) or rejection (modified rejection sampling: the text depends on the drafts).",
+    ),
     stop: Optional[List[str]] = typer.Option(None, help="Stop string (repeatable)."),
     chat: bool = typer.Option(False, help="Apply the model's chat template to the prompt."),
     dtype: str = dtype_option(),
@@ -101,7 +105,7 @@ def generate(
             raise InvalidParameterError("--method layer-skip with --layer-skip-layers 0: nothing would draft")
         params = SamplingParams(
             temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
-            max_tokens=max_tokens, seed=seed, stop=tuple(stop or ()),
+            max_tokens=max_tokens, seed=seed, stop=tuple(stop or ()), sampling=sampling,
         )
         auditor = QualityAuditor(audit_rate, seed=seed)
         spec = SpeculativeConfig(

@@ -47,6 +47,10 @@ def serve(
     schedule: str = typer.Option(
         "cost", help="Default draft-length schedule: cost (batch-aware cost model), heuristic or constant."
     ),
+    sampling: str = typer.Option(
+        "coupled", help="Default sampling mode: coupled (a seed gives the same text under every method, batched or "
+        "alone) or rejection (modified rejection sampling); requests may send \"sampling\".",
+    ),
     host: str = typer.Option("127.0.0.1", help="Address to bind; loopback unless you say otherwise."),
     port: int = typer.Option(8000, help="TCP port."),
     api_key: Optional[str] = typer.Option(None, envvar="VERISPEC_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1."),
@@ -122,7 +126,7 @@ def serve(
             api_key=api_key, max_tokens_cap=max_tokens_cap, max_queue=max_queue, max_body_bytes=max_body_bytes,
             default_spec=spec, audit_rate=audit_rate, max_num_seqs=max_num_seqs, max_kv_tokens=max_kv_tokens,
             suffix_cache=None if suffix_cache is None else str(suffix_cache), suffix_snapshot_s=suffix_snapshot_seconds,
-            record_traffic=None if record_traffic is None else str(record_traffic),
+            record_traffic=None if record_traffic is None else str(record_traffic), sampling=sampling,
         )
         scaling = ReplicaOptions(replicas, ray_address, min_replicas, max_replicas, target_ongoing_requests, replica_cpus)
         if spec.method in ("eagle", "eagle-tree") and eagle_head is None:

@@ -65,6 +65,7 @@ class _State:
         self.config = config
         self.model_name = config.model_name or pipeline.target.name
         self.created = int(time.time())
+        self.fingerprint = protocol.system_fingerprint(pipeline.target.path)
         self.metrics = ServerMetrics()
         self.metrics.describe_runner(pipeline.runner_kind, kernel_facts(pipeline.runner_kind))
         self.token_texts = logprobs.TokenText(pipeline.tokenizer)
@@ -196,7 +197,8 @@ def create_app(pipeline, config: ServerConfig | None = None, *, metrics_expositi
     async def completions(body: CompletionRequest, request: Request):
         _check_model(state, body.model)
         prompts = protocol.completion_prompts(pipeline, body.prompt)
-        return await _serve(state, request, body, prompts, protocol.ResponseHeader(chat=False, model=body.model))
+        header = protocol.ResponseHeader(chat=False, model=body.model, system_fingerprint=state.fingerprint)
+        return await _serve(state, request, body, prompts, header)
 
     @app.post(
         "/v1/chat/completions",
@@ -207,7 +209,8 @@ def create_app(pipeline, config: ServerConfig | None = None, *, metrics_expositi
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         _check_model(state, body.model)
         prompts = [protocol.chat_prompt_ids(pipeline, body)]
-        return await _serve(state, request, body, prompts, protocol.ResponseHeader(chat=True, model=body.model))
+        header = protocol.ResponseHeader(chat=True, model=body.model, system_fingerprint=state.fingerprint)
+        return await _serve(state, request, body, prompts, header)
 
     app.openapi = _openapi_without_422(app)
     return app
@@ -259,6 +262,7 @@ async def _serve(state: _State, request: Request, body, prompts: list[list[int]]
     max_tokens = fit_window(state.pipeline, body, prompts, max_tokens, "messages" if header.chat else "prompt")
     params = protocol.sampling_params(
         body, max_tokens=max_tokens, vocab_size=state.pipeline.target.vocab_size, structured=structured,
+        default_sampling=state.config.sampling,
     )
     spec = protocol.speculative_config(body.speculative, state.default_spec)
     check_method(state.pipeline, prompts[0], spec)

@@ -37,6 +37,9 @@ class ServerConfig:
             as the engine reports any health problem (:meth:`EngineWorker.health_problem`:
             replicas, which Ray replaces); False: only while it cannot run at all
             (:meth:`EngineWorker.stopped_problem`), other failures being each request's 500.
+        sampling: the sampling mode of requests that name none (``"coupled"``: a seed gives the
+            same text under every method, batched or alone; ``"rejection"``), see
+            :class:`verispec.algorithms.sampling.SamplingParams`.
     """
 
     api_key: str | None = None
@@ -52,3 +55,4 @@ class ServerConfig:
     suffix_snapshot_s: float = SNAPSHOT_INTERVAL_S
     record_traffic: str | None = None
     unhealthy_is_unavailable: bool = False
+    sampling: str = "coupled"

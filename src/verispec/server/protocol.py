@@ -11,8 +11,10 @@ Knows nothing about routes, queues or threads.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import time
 import uuid
+from pathlib import Path
 from typing import Any, Sequence
 
 from verispec.engine.constraints import StructuredOutput
@@ -37,8 +39,9 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
 
 
 def sampling_params(body: CompletionRequest | ChatCompletionRequest, *, max_tokens: int, vocab_size: int,
-                    structured: StructuredOutput | None = None) -> SamplingParams:
-    """SamplingParams of a request (``structured``: its grammar, :func:`structured_output`).
+                    structured: StructuredOutput | None = None, default_sampling: str = "coupled") -> SamplingParams:
+    """SamplingParams of a request (``structured``: its grammar, :func:`structured_output`;
+    ``default_sampling``: the mode of a request that names none, the server's ``--sampling``).
 
     Raises APIError 400 for a ``logit_bias`` id outside the vocabulary or an out-of-range value.
     """
@@ -72,6 +75,7 @@ def sampling_params(body: CompletionRequest | ChatCompletionRequest, *, max_toke
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
             structured_output=structured,
+            sampling=body.sampling or default_sampling,
         )
     except InvalidParameterError as exc:
         raise bad_request(str(exc)) from None
@@ -266,6 +270,7 @@ class ResponseHeader:
     model: str
     id: str = ""
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
+    system_fingerprint: str | None = None  # :func:`system_fingerprint`
 
     def __post_init__(self) -> None:
         self.id = self.id or ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex
@@ -304,6 +309,29 @@ class ResponseHeader:
 
     def _frame(self, kind: str, choices: list, usage_: dict | None = None) -> dict[str, Any]:
         frame = {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices}
+        if self.system_fingerprint is not None:
+            frame["system_fingerprint"] = self.system_fingerprint
         if usage_ is not None:
             frame["usage"] = usage_
         return frame
+
+
+def system_fingerprint(model_path: str | Path | None) -> str:
+    """OpenAI's ``system_fingerprint``: ``verispec-<version>-<digest>``, the digest the first 16
+    hex digits of the sha256 of the target's model file (a folder: of its files' names and bytes,
+    in name order; ``nodigest`` without a path). A seed gives the same text while it is unchanged
+    (coupled sampling); read once at start (about 1 s per GB)."""
+    from verispec import __version__
+
+    digest = hashlib.sha256()
+    if model_path is None:
+        return f"verispec-{__version__}-nodigest"
+    root = Path(model_path)
+    files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+    for path in files:
+        if path != root:
+            digest.update(str(path.relative_to(root)).encode())
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 22), b""):
+                digest.update(block)
+    return f"verispec-{__version__}-{digest.hexdigest()[:16]}"

@@ -119,6 +119,10 @@ class _SamplingRequest(_Request):
     logit_bias: dict[str, float] | None = Field(None, description="token id (as a string) -> bias in [-100, 100]")
     min_tokens: Integer = Field(0, ge=0, description="extension: EOS is masked until the output has this many tokens")
     ignore_eos: bool = Field(False, description="extension: keep generating past EOS")
+    sampling: Literal["coupled", "rejection"] | None = Field(
+        None, description="extension: coupled (a seed gives the same text under every method, batched or alone) or "
+        "rejection (modified rejection sampling); default: the server's --sampling",
+    )
     response_format: ResponseFormat | None = None
 
     @field_validator("logit_bias")
