@@ -34,6 +34,14 @@ def test_bench_schedule_reaches_every_participant():
         BenchConfig(schedule="sometimes")
 
 
+def test_bench_sampling_mode_reaches_every_prompts_params():
+    # sampled runs carry the mode (coupled: a seed fixes the text; rejection: the drafts shape it)
+    assert BenchConfig(temperature=0.7, sampling="rejection").params(3).sampling == "rejection"
+    assert BenchConfig(temperature=0.7).params(3).sampling == "coupled" and BenchConfig(temperature=0.7).params(3).seed == 3
+    with pytest.raises(VerispecError, match="sampling must be one of"):
+        BenchConfig(sampling="sometimes")
+
+
 def test_bench_passes_the_draft_options_to_every_pipeline(monkeypatch, tmp_path):
     from verispec.bench import command
 

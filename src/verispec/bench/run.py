@@ -72,6 +72,7 @@ class BenchConfig:
     max_tokens: int = 128
     temperature: float = 0.0
     seed: int = 0
+    sampling: str = "coupled"
     threads: int | None = None
     warmup: bool = True
     chat: bool | None = None
@@ -88,14 +89,14 @@ class BenchConfig:
         if self.threads is not None and self.threads < 1:
             raise InvalidParameterError(f"threads must be >= 1, got {self.threads}")
         SpeculativeConfig(num_speculative_tokens=self.num_speculative_tokens, schedule=self.schedule)  # validates k and schedule
-        SamplingParams(temperature=self.temperature, max_tokens=self.max_tokens)  # validates both
+        SamplingParams(temperature=self.temperature, max_tokens=self.max_tokens, sampling=self.sampling)  # validates
         if not 0.0 <= self.audit_rate <= 1.0:
             raise InvalidParameterError(f"audit rate must be in [0, 1], got {self.audit_rate}")
 
     def params(self, prompt_index: int) -> SamplingParams:
         """Sampling parameters of one prompt: the same for every runner (seed + index when sampling)."""
         seed = self.seed + prompt_index if self.temperature > 0 else None
-        return SamplingParams(temperature=self.temperature, max_tokens=self.max_tokens, seed=seed)
+        return SamplingParams(temperature=self.temperature, max_tokens=self.max_tokens, seed=seed, sampling=self.sampling)
 
 
 @dataclass

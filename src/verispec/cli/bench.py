@@ -49,6 +49,8 @@ def bench(
     max_tokens: int = typer.Option(128, help="New tokens at most per prompt."),
     temperature: float = typer.Option(0.0, help="0 = greedy (checks exactness); > 0 samples."),
     seed: int = typer.Option(0, help="Seed of sampling runs (prompt i uses seed + i) and of the audit draws."),
+    sampling: str = typer.Option("coupled", help="Sampled runs: coupled (a seed fixes the text under every method) "
+                                 "or rejection (modified rejection sampling)."),
     threads: Optional[int] = typer.Option(None, help="CPU threads for every runner (default: torch's)."),
     chat: Optional[bool] = chat_template_option(),
     audit_rate: float = typer.Option(0.0, help="Fraction of speculative runs audited against plain decoding."),
@@ -94,6 +96,7 @@ def bench(
             max_tokens=max_tokens,
             temperature=temperature,
             seed=seed,
+            sampling=sampling,
             threads=threads,
             warmup=warmup,
             chat=chat,
