@@ -231,3 +231,24 @@ def test_rejection_mode_is_kept_and_unknown_modes_refused():
     assert rows.scores is None and rows.probs is not None
     with pytest.raises(Exception, match="sampling must be one of"):
         SamplingParams(temperature=1.0, sampling="gumbel")
+
+
+def test_tokens_far_below_the_best_are_skipped_without_changing_a_sample(monkeypatch):
+    # scores spread over ~120 nats: most tokens lie more than GUMBEL_SPAN below the best and get
+    # no noise; every sample still equals the argmax over the whole vocabulary's noise
+    from verispec.algorithms import coupling
+
+    scores = torch.randn(3000, generator=torch.Generator().manual_seed(5)) * 20.0
+    scores[7] = float("-inf")
+    full = [torch.argmax(scores.double() + coupling.gumbel_noise(key, 9, 3000)).item() for key in range(200)]
+    computed = []
+    real_bits = coupling.noise_bits_vector
+
+    def counting_bits(key, position, vocab_size, token_ids=None):
+        bits = real_bits(key, position, vocab_size, token_ids)
+        computed.append(bits.numel())
+        return bits
+
+    monkeypatch.setattr(coupling, "noise_bits_vector", counting_bits)
+    assert [coupling.coupled_sample(scores, key, 9) for key in range(200)] == full
+    assert len(computed) == 200 and max(computed) == int((scores >= scores.max() - coupling.GUMBEL_SPAN).sum()) < 1500

@@ -33,6 +33,10 @@ MASK64 = (1 << 64) - 1
 GOLDEN = 0x9E3779B97F4A7C15  # SplitMix64's increment: 2**64 / golden ratio, odd
 MIX1, MIX2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB  # SplitMix64's finalizer (Stafford's Mix13)
 SCREEN_MARGIN = 1e-6  # nats; torch's float64 log is within ~1e-14 of portable_log on these inputs
+# The noise's range: G(1 - 2**-53) - G(2**-53) = 36.737 + 3.604 < 40.35 nats. A token whose score is
+# more than this below the best score can never win (the best-scored token's G is >= -3.604), so
+# its noise is never computed: masked tokens (-inf: top-k, top-p, grammars) and the far tail.
+GUMBEL_SPAN = 40.5
 NOISE_CACHE_SIZE = 32  # noise vectors kept (drafter and verifier ask for the same positions)
 _LN2_HI, _LN2_LO = 6.93147180369123816490e-01, 1.90821492927058770002e-10  # ln 2 = HI + LO (fdlibm)
 
@@ -71,13 +75,15 @@ def _shift_right(z: Tensor, bits: int) -> Tensor:
     return (z >> bits) & ((1 << (64 - bits)) - 1)
 
 
-def noise_bits_vector(key: int, position: int, vocab_size: int) -> Tensor:
-    """:func:`noise_bits` for every token id: ``[vocab_size]`` int64 in [0, 2**52).
+def noise_bits_vector(key: int, position: int, vocab_size: int, token_ids: Tensor | None = None) -> Tensor:
+    """:func:`noise_bits` for every token id (``[vocab_size]`` int64 in [0, 2**52)), or for the
+    ``token_ids`` given (int64 ``[n]``: ``[n]`` int64, the same values as the full vector's there).
 
     int64 multiplication in torch wraps mod 2**64 (two's complement), which is the uint64
     arithmetic of SplitMix64; ``tests/test_coupling.py`` checks it against the Python reference.
     """
-    z = _token_offsets(vocab_size) + _signed(row_key(key, position))
+    offsets = _token_offsets(vocab_size) if token_ids is None else (token_ids + 1) * _signed(GOLDEN)
+    z = offsets + _signed(row_key(key, position))
     z = (z ^ _shift_right(z, 30)) * _signed(MIX1)
     z = (z ^ _shift_right(z, 27)) * _signed(MIX2)
     return _shift_right(z ^ _shift_right(z, 31), 12)
@@ -87,7 +93,16 @@ def noise_bits_vector(key: int, position: int, vocab_size: int) -> Tensor:
 def gumbel_noise(key: int, position: int, vocab_size: int) -> Tensor:
     """``[vocab_size]`` float64 Gumbel(0, 1) noise of one position with torch's logarithm: for
     screening and for drafters (within 1e-14 of :func:`exact_gumbel`). Cached; do not modify it."""
-    u = (noise_bits_vector(key, position, vocab_size) * 2 + 1).double() * 2.0**-53
+    return _gumbel_of_bits(noise_bits_vector(key, position, vocab_size))
+
+
+def gumbel_noise_at(key: int, position: int, token_ids: Tensor) -> Tensor:
+    """:func:`gumbel_noise` at ``token_ids`` (int64 ``[n]``) only: ``[n]`` float64, the same values."""
+    return _gumbel_of_bits(noise_bits_vector(key, position, 0, token_ids))
+
+
+def _gumbel_of_bits(bits: Tensor) -> Tensor:
+    u = (bits * 2 + 1).double() * 2.0**-53
     return -torch.log(-torch.log(u))
 
 
@@ -140,11 +155,13 @@ def coupled_argmax(scores: Tensor, key: int, positions: Sequence[int]) -> Tensor
     scores64 = scores.double()
     chosen = []
     for row, position in enumerate(positions):
-        screened = scores64[row] + gumbel_noise(key, position, scores.shape[-1])
+        top = float(scores64[row].max())
+        if top == float("-inf") or math.isnan(top):
+            raise ValueError(f"row {row}: no token has a finite score (all masked or NaN), nothing to sample")
+        candidates = torch.nonzero(scores64[row] >= top - GUMBEL_SPAN).flatten()  # the others never win
+        screened = scores64[row, candidates] + gumbel_noise_at(key, position, candidates)
         best = float(screened.max())
-        if best == float("-inf"):
-            raise ValueError(f"row {row}: every token is masked, nothing to sample")
-        finalists = torch.nonzero(screened >= best - SCREEN_MARGIN).flatten().tolist()
+        finalists = candidates[screened >= best - SCREEN_MARGIN].tolist()
         exact = [(float(scores64[row, v]) + exact_gumbel(key, position, v), -v) for v in finalists]
         chosen.append(-max(exact)[1])
     return torch.tensor(chosen, dtype=torch.long)
