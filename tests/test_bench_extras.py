@@ -13,12 +13,16 @@ from verispec.bench.report import prefill_rows, quality_rows
 from verispec.bench.run import BenchConfig
 
 
-def test_a_timed_prefill_runs_once_from_an_empty_cache_and_empties_it_again():
+def test_a_timed_prefill_runs_once_from_an_empty_cache_and_empties_it_again(monkeypatch):
+    from verispec.bench import extras
+
+    clock = iter([10.0, 12.5])  # the prefill starts at 10 s and ends at 12.5 s
+    monkeypatch.setattr(extras.time, "perf_counter", lambda: next(clock))
     runner = BigramRunner(torch.zeros(16, 16), max_context_length=64)
     runner.forward([1, 2, 3])
     entry = time_prefill(runner, list(range(10)))
-    assert runner.num_cached_tokens == 0 and runner.num_forwards == 2
-    assert entry["tokens_per_s"] == 10 / entry["seconds"]
+    assert runner.num_cached_tokens == 0 and runner.num_forwards == 2  # one prefill, cache emptied again
+    assert entry == {"seconds": 2.5, "tokens_per_s": 4.0}  # 10 tokens in 2.5 s
 
 
 def test_prefill_and_quality_tables():
@@ -28,8 +32,21 @@ def test_prefill_and_quality_tables():
     assert rows == [["int8", "64", "0.9844", "0.00123"]]
 
 
-def test_bench_schedule_reaches_every_participant():
-    assert BenchConfig(schedule="cost").schedule == "cost"
+def test_bench_schedule_reaches_every_participant(monkeypatch):
+    from types import SimpleNamespace
+
+    from verispec.bench import run
+    from verispec.bench.run import build_participants
+
+    monkeypatch.setattr(run, "kernel_facts", lambda kind: {})  # no kernel build for fake pipelines
+
+    engine = SimpleNamespace(proposers={"draft": None, "ngram": None})
+    engine.with_own_suffix_cache = lambda: engine
+    pipes = {"gguf": SimpleNamespace(engine=engine), "int8": SimpleNamespace(engine=engine)}
+    config = BenchConfig(methods=("draft", "ngram"), peers=(), schedule="constant", num_speculative_tokens=7)
+    participants, _ = build_participants(pipes, config)
+    assert len(participants) == 6  # none, draft, ngram on each runner
+    assert {(p.spec.schedule, p.spec.num_speculative_tokens) for p in participants} == {("constant", 7)}
     with pytest.raises(VerispecError, match="unknown schedule 'sometimes'"):
         BenchConfig(schedule="sometimes")
 

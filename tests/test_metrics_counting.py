@@ -145,3 +145,20 @@ def test_sigint_exits_130(tmp_path, command):
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_usage_of_several_choices_queue_is_the_longest_wait_and_ttft_the_mean():
+    from verispec.metrics import RequestMetrics, SpecDecodeStats
+    from verispec.server.protocol import usage
+
+    def metrics(ttft_ms, output_tokens, accepted):
+        spec = SpecDecodeStats(num_drafts=2, num_draft_tokens=8, num_accepted_tokens=accepted)
+        return RequestMetrics(prompt_tokens=5, output_tokens=output_tokens, ttft_ms=ttft_ms, tpot_ms=10.0,
+                              decode_tokens_per_s=100.0, total_tokens_per_s=50.0, e2e_ms=100.0, draft_ms=1.0,
+                              target_ms=2.0, num_target_forwards=3, spec=spec)
+
+    # two choices of one prompt, waiting 0.25 s and 0.5 s for the engine
+    got = usage([(0, metrics(40.0, 7, 4), 0.25), (0, metrics(60.0, 9, 6), 0.5)])
+    assert got.queue_ms == 500.0  # the longest wait, not the sum or the mean
+    assert got.ttft_ms == 50.0 and got.prompt_tokens == 5 and got.completion_tokens == 16
+    assert (got.num_draft_tokens, got.num_accepted_tokens, got.acceptance_rate) == (16, 10, 10 / 16)
