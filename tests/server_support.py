@@ -277,6 +277,18 @@ def reference() -> SpeculativePipeline:
 
 
 @pytest.fixture
+def gated():
+    """A server whose engine advances one pass per released permit; one request runs, one may wait."""
+    pipeline = tiny_pipeline()
+    engine = pipeline.engine = GatedEngine(pipeline.engine)
+    with LiveServer(create_app(pipeline, max_queue=1, max_tokens_cap=200, max_num_seqs=1)) as server:
+        wait_ready(server.url)
+        server.engine = engine
+        yield server
+        engine.permits.release(10_000)  # let anything still running finish
+
+
+@pytest.fixture
 def client(served) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", max_retries=0, timeout=60)
 

@@ -16,36 +16,22 @@ from pathlib import Path
 import httpx
 import pytest
 
-from server_support import (
+from server_support import (  # noqa: F401 (gated: a fixture)
     CONTEXT_LENGTH,
-    GatedEngine,
-    LiveServer,
+    gated,
     _loaded,
     bigram_qwen2,
     build_tokenizer,
     metric_value,
     successor_table,
     tiny_pipeline,
-    wait_ready,
 )
 from verispec.engine import SpeculativeConfig
 from verispec.engine.loader import SpeculativePipeline
-from verispec.server import create_app
 from verispec.algorithms.sampling import SamplingParams
 
 C = "/v1/completions"
 OK = {"model": "tiny-target", "prompt": "hi", "max_tokens": 2, "temperature": 0}
-
-
-@pytest.fixture()
-def gated():
-    pipeline = tiny_pipeline()
-    engine = pipeline.engine = GatedEngine(pipeline.engine)
-    with LiveServer(create_app(pipeline, max_queue=1, max_tokens_cap=200, max_num_seqs=1)) as server:
-        wait_ready(server.url)
-        server.engine = engine
-        yield server
-        engine.permits.release(10_000)
 
 
 def _wait_until(condition, timeout_s: float = 20.0) -> None:

@@ -15,6 +15,7 @@ from server_support import (  # noqa: F401
     MAX_TOKENS_CAP,
     GatedEngine,
     LiveServer,
+    gated,
     http,
     metric_value,
     served,
@@ -155,16 +156,6 @@ def test_api_key_guards_v1_only():
             openai.OpenAI(base_url=f"{server.url}/v1", api_key="wrong", max_retries=0).models.list()
 
 
-@pytest.fixture
-def gated():
-    """A server whose engine advances one pass per released permit; one request runs, one may wait."""
-    pipeline = tiny_pipeline()
-    engine = pipeline.engine = GatedEngine(pipeline.engine)
-    with LiveServer(create_app(pipeline, max_queue=1, max_tokens_cap=200, max_num_seqs=1)) as server:
-        wait_ready(server.url)
-        server.engine = engine
-        yield server
-        engine.permits.release(10_000)  # let anything still running finish
 
 
 def _in_flight(server) -> float:
