@@ -24,7 +24,7 @@ LONG = [(5 * i + 1) % 90 + 3 for i in range(40)]  # a 40-token prompt
 
 def kv_tensors(slot) -> list[torch.Tensor]:
     """The KV caches of a slot: its target's and its model drafters'."""
-    runners = [slot.target] + [p.runner for p in slot.proposers.values() if hasattr(p, "runner")]
+    runners = [slot.target] + [p.runner for p in slot.proposers.values() if p.runner is not None]
     return [t for r in runners for t in (r._keys, r._values)]
 
 
