@@ -223,16 +223,6 @@ def chat_prompt_ids(pipeline, body: ChatCompletionRequest) -> list[int]:
     return list(ids)
 
 
-def check_context(prompt_token_ids: Sequence[int], context_length: int, param: str) -> None:
-    """Raises APIError 400 (context_length_exceeded) unless one token fits after the prompt."""
-    if len(prompt_token_ids) >= context_length:
-        raise bad_request(
-            f"the prompt has {len(prompt_token_ids)} tokens but the model's context window is {context_length}: shorten it",
-            param,
-            "context_length_exceeded",
-        )
-
-
 def usage(results: Sequence[tuple[int, RequestMetrics, float]]) -> Usage:
     """Usage of one response: ``(prompt index, metrics, queue seconds)`` per choice.
 
