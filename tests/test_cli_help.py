@@ -77,3 +77,14 @@ def test_version_prints_the_package_version():
 
     result = cli.invoke(app, ["--version"])
     assert result.exit_code == 0 and result.output == f"verispec {version('verispec')}\n"
+
+
+def test_generate_and_serve_share_one_default_method():
+    # issue 44, item 14: one default for both commands (auto: plain where speculation would cost more)
+    import typer
+
+    from verispec.cli import app
+
+    commands = typer.main.get_command(app).commands
+    defaults = {name: next(p.default for p in commands[name].params if p.name == "method") for name in ("generate", "serve")}
+    assert defaults == {"generate": "auto", "serve": "auto"}
