@@ -98,11 +98,7 @@ def _draft_position(ax, summary: Sequence[SummaryRow]) -> None:
             ax.plot(range(1, len(r.acceptance_per_position) + 1), r.acceptance_per_position, marker="o", label=r.runner)
     ax.set_xlabel("draft position")
     ax.xaxis.get_major_locator().set_params(integer=True)
-    ax.set_ylabel("acceptance rate")
-    ax.set_ylim(0, 1.05)
-    ax.set_title("Acceptance by draft position")
-    if ax.lines:
-        ax.legend(fontsize=8)
+    _acceptance_axis(ax, "Acceptance by draft position")
 
 
 def _output_position(ax, summary: Sequence[SummaryRow]) -> None:
@@ -116,9 +112,14 @@ def _output_position(ax, summary: Sequence[SummaryRow]) -> None:
     if num_buckets <= 16:
         ax.set_xticks(range(0, (num_buckets + 1) * OUTPUT_BUCKET_TOKENS, OUTPUT_BUCKET_TOKENS))
     ax.set_xlabel(f"output position (tokens; each point a {OUTPUT_BUCKET_TOKENS}-token bucket, at its middle)")
+    _acceptance_axis(ax, "Acceptance by output position")
+
+
+def _acceptance_axis(ax, title: str) -> None:
+    """The acceptance plots' y axis (0 to 1), title and legend (when anything was drawn)."""
     ax.set_ylabel("acceptance rate")
     ax.set_ylim(0, 1.05)
-    ax.set_title("Acceptance by output position")
+    ax.set_title(title)
     if ax.lines:
         ax.legend(fontsize=8)
 
