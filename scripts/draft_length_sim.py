@@ -41,38 +41,58 @@ MAX_K = 8
 def dump(source: str, out: str, window: int = 64) -> None:
     import torch
 
-    from verispec.engine.loader import SpeculativePipeline
     from verispec.bench.workload import load_workload
+    from verispec.engine.loader import SpeculativePipeline
     from verispec.runners.select import RunnerOptions
 
-    pipe = SpeculativePipeline.load("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct", runners=RunnerOptions(kind="gguf"))
+    pipe = SpeculativePipeline.load(
+        "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct", runners=RunnerOptions(kind="gguf")
+    )
     cases = []  # (id, task, prompt ids, answer ids)
     if source == "specbench":
-        questions = [json.loads(line) for line in (ROOT.parent / "shared" / "data" / "specbench_questions.jsonl").open()]
+        questions = [
+            json.loads(line) for line in (ROOT.parent / "shared" / "data" / "specbench_questions.jsonl").open()
+        ]
         by_task: dict[str, list] = {}
         for line in (ROOT / "bench_results" / "specbench_auto.jsonl").open():
             row = json.loads(line)
             if row["config"] == "none" and len(by_task.setdefault(row["category"], [])) < 8:
                 by_task[row["category"]].append(row)
         for task, rows in by_task.items():
-            cases += [(row["question"], task, pipe.encode(questions[row["question"]]["turns"][0], chat=True),
-                       row["output_token_ids"]) for row in rows]
+            cases += [
+                (
+                    row["question"],
+                    task,
+                    pipe.encode(questions[row["question"]]["turns"][0], chat=True),
+                    row["output_token_ids"],
+                )
+                for row in rows
+            ]
     else:
         data = json.loads(Path(source).read_text())
         records = [r for r in data["records"] if r["runner"] == "gguf:none"]
         items = {item.id: item for item in load_workload(data["config"]["workload"], None, None, len(records))}
-        cases = [(r["prompt_id"], r["category"], pipe.encode(items[r["prompt_id"]].text, chat=items[r["prompt_id"]].chat),
-                  r["token_ids"]) for r in records]
+        cases = [
+            (
+                r["prompt_id"],
+                r["category"],
+                pipe.encode(items[r["prompt_id"]].text, chat=items[r["prompt_id"]].chat),
+                r["token_ids"],
+            )
+            for r in records
+        ]
     result = []
     for case_id, task, prompt, answer in cases:
         prompt = prompt[-window:]
         pipe.draft_runner.truncate(0)
-        logits = pipe.draft_runner.forward(prompt + answer)[len(prompt) - 1:-1]
+        logits = pipe.draft_runner.forward(prompt + answer)[len(prompt) - 1 : -1]
         agree = (logits.argmax(-1) == torch.tensor(answer)).int().tolist()
         result.append({"id": case_id, "task": task, "agree": agree})
     Path(out).write_text(json.dumps(result))
     total = sum(len(r["agree"]) for r in result)
-    print(f"{len(result)} answers, {total} positions, draft argmax == target token {sum(sum(r['agree']) for r in result) / total:.4f}")
+    print(
+        f"{len(result)} answers, {total} positions, draft argmax == target token {sum(sum(r['agree']) for r in result) / total:.4f}"
+    )
 
 
 def verify_ratios(curve: dict[int, float]) -> list[float]:
@@ -129,7 +149,11 @@ def simulate(paths: list[str]) -> None:
         for name, (curve, c) in COSTS.items():
             verify = verify_ratios(curve)
             print(f"{path}, {name}: verify ratios k = 0..4 {[round(v, 2) for v in verify[:5]]}, draft {c} per token")
-            print("  task            " + "".join(f"   k={k}" for k in range(1, 5)) + "".join(f"  w={w:<4}" for w in WEIGHTS))
+            print(
+                "  task            "
+                + "".join(f"   k={k}" for k in range(1, 5))
+                + "".join(f"  w={w:<4}" for w in WEIGHTS)
+            )
             for task, answers in groups.items():
                 row = [f"{replay(answers, verify, c, None, k):6.3f}" for k in range(1, 5)]
                 row += [f"{replay(answers, verify, c, w):7.3f}" for w in WEIGHTS]

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from verispec.engine.loader import SpeculativePipeline
 from verispec.bench.workload import load_workload
+from verispec.engine.loader import SpeculativePipeline
 from verispec.runners.cpu.reduced_vocab import corpus_counts, rank_counts, select_vocabulary
 from verispec.runners.select import RunnerOptions
 
@@ -41,7 +41,9 @@ def main(results_path: str, workload: str = "humaneval") -> None:
         prompt = pipe.encode(item.text, chat=item.chat)
         answer = torch.tensor(record["token_ids"])
         pipe.draft_runner.truncate(0)
-        logits = pipe.draft_runner.forward(prompt + record["token_ids"])[len(prompt) - 1:-1]  # predicts each answer token
+        logits = pipe.draft_runner.forward(prompt + record["token_ids"])[
+            len(prompt) - 1 : -1
+        ]  # predicts each answer token
         total += len(answer)
         agree["full"] += int((logits.argmax(-1) == answer).sum())
         for name, kept in subsets.items():

@@ -34,12 +34,20 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from load_bench import HUMANEVAL, free_port  # noqa: E402
-from verispec.server.soak_checks import (  # noqa: E402
-    INVALID_PARAMS, Outage, Outcome, by_kind, fault_schedule, greedy_mismatches, is_openai_error, tally,
+from load_bench import HUMANEVAL, free_port
+from soak_server import ServerSide, metric, plot_rss, rss_figures
+
+from verispec.server.soak_checks import (
+    INVALID_PARAMS,
+    Outage,
+    Outcome,
+    by_kind,
+    fault_schedule,
+    greedy_mismatches,
+    is_openai_error,
+    tally,
     unexpected_answers,
 )
-from soak_server import ServerSide, metric, plot_rss, rss_figures  # noqa: E402
 
 GREEDY_MAX_TOKENS = 32
 
@@ -69,8 +77,17 @@ class Soak(ServerSide):
 
     # --- one request, recorded ---
 
-    def send(self, kind: str, path: str, *, body=None, content: bytes | None = None, stream: bool = False,
-             close_after: int | None = None, variant: int = 0) -> Outcome:
+    def send(
+        self,
+        kind: str,
+        path: str,
+        *,
+        body=None,
+        content: bytes | None = None,
+        stream: bool = False,
+        close_after: int | None = None,
+        variant: int = 0,
+    ) -> Outcome:
         """POST and record the outcome; ``close_after``: hang up after that many stream events."""
         outcome = Outcome(kind, self.now(), variant=variant)
         with self.lock:
@@ -134,12 +151,21 @@ class Soak(ServerSide):
         while not self.stop.is_set():
             prompt = prompts[i % len(prompts)]
             if i % 2 == 0:
-                body = {"model": model, "prompt": prompt, "max_tokens": self.args.max_tokens, "temperature": 0,
-                        "stream": True}
+                body = {
+                    "model": model,
+                    "prompt": prompt,
+                    "max_tokens": self.args.max_tokens,
+                    "temperature": 0,
+                    "stream": True,
+                }
                 outcome = self.send("normal", "/v1/completions", body=body, stream=True)
             else:
-                body = {"model": model, "messages": [{"role": "user", "content": prompt}],
-                        "max_tokens": self.args.max_tokens, "temperature": 0}
+                body = {
+                    "model": model,
+                    "messages": [{"role": "user", "content": prompt}],
+                    "max_tokens": self.args.max_tokens,
+                    "temperature": 0,
+                }
                 outcome = self.send("normal", "/v1/chat/completions", body=body)
             if outcome.result == "connection_error":
                 time.sleep(0.5)  # the server is down: do not spin
@@ -149,7 +175,9 @@ class Soak(ServerSide):
         """One request fault (run in its own thread)."""
         base = {"model": model, "prompt": prompts[variant % len(prompts)], "max_tokens": 16}
         if kind == "disconnect":
-            self.send(kind, "/v1/completions", body={**base, "max_tokens": 200, "stream": True}, stream=True, close_after=3)
+            self.send(
+                kind, "/v1/completions", body={**base, "max_tokens": 200, "stream": True}, stream=True, close_after=3
+            )
         elif kind == "malformed_json":
             self.send(kind, "/v1/completions", content=b'{"model": "' + model.encode() + b'", "prompt": "hi", "max_')
         elif kind == "oversized_body":
@@ -167,6 +195,7 @@ class Soak(ServerSide):
         with self.lock:
             return [o for o in self.outcomes if o.end_s is None]
 
+
 def greedy_body(model: str, prompt: str) -> dict:
     return {"model": model, "prompt": prompt, "max_tokens": GREEDY_MAX_TOKENS, "temperature": 0}
 
@@ -175,7 +204,7 @@ def run(args) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     prompts = [json.loads(line)["prompt"] for line in HUMANEVAL.read_text().splitlines() if line.strip()]
-    greedy = prompts[-args.greedy_prompts:]
+    greedy = prompts[-args.greedy_prompts :]
     port = args.port or free_port()
     command = [str(Path(sys.executable).parent / "verispec"), "serve", "--port", str(port), *args.server_args.split()]
     command += [f"--{name}={value}" for name, value in (("target", args.target), ("draft", args.draft)) if value]
@@ -192,8 +221,14 @@ def run(args) -> dict:
             reply = httpx.post(soak.url + "/v1/completions", json=greedy_body(model, prompt), timeout=600)
             reply.raise_for_status()
             reference[variant] = reply.json()["choices"][0]["text"]
-        schedule = fault_schedule(args.seed, args.seconds, args.fault_every, args.kills,
-                                  "replica_kill" if args.replicas else "kill", len(greedy))
+        schedule = fault_schedule(
+            args.seed,
+            args.seconds,
+            args.fault_every,
+            args.kills,
+            "replica_kill" if args.replicas else "kill",
+            len(greedy),
+        )
         soak.start = time.perf_counter()
         threads = [threading.Thread(target=soak.client, args=(i, prompts, model)) for i in range(args.clients)]
         threads.append(threading.Thread(target=soak.sample_rss))
@@ -225,8 +260,12 @@ def run(args) -> dict:
         outcomes = list(soak.outcomes)
     counts = tally(outcomes, soak.outages)
     report = {
-        "seconds": args.seconds, "wall_s": round(wall_s, 1), "clients": args.clients, "seed": args.seed,
-        "server": command, **counts,
+        "seconds": args.seconds,
+        "wall_s": round(wall_s, 1),
+        "clients": args.clients,
+        "seed": args.seed,
+        "server": command,
+        **counts,
         "faults_injected": dict(sorted(Counter(f.kind for f in schedule).items())),
         "by_kind": by_kind(outcomes),
         "unexpected_answers": unexpected_answers(outcomes),
@@ -235,7 +274,9 @@ def run(args) -> dict:
         "greedy_mismatches": greedy_mismatches(reference, [o for o in outcomes if o.kind == "greedy"]),
         "in_flight_after": in_flight_after,
         "rss": rss_figures(soak),
-        "answered_latency_p50_s": _median([o.end_s - o.sent_s for o in outcomes if o.kind == "normal" and o.result == "answered"]),
+        "answered_latency_p50_s": _median(
+            [o.end_s - o.sent_s for o in outcomes if o.kind == "normal" and o.result == "answered"]
+        ),
     }
     report["checks"] = {
         "no_request_lost": counts["lost"] == 0,
@@ -259,24 +300,51 @@ def _median(values: list[float]) -> float | None:
 
 def print_report(report: dict, out: Path) -> None:
     rows = [
-        ("requests sent", report["sent"]), ("answered (2xx, complete)", report["answered"]),
+        ("requests sent", report["sent"]),
+        ("answered (2xx, complete)", report["answered"]),
         ("latency p50 of answered client requests s", report["answered_latency_p50_s"]),
         ("HTTP errors by status", report["http_errors_by_status"]),
         ("error events inside streams", report["stream_error_events"]),
-        ("connection errors (most while down)", report["connection_errors"]), ("closed by the client", report["closed_by_client"]),
-        ("lost", report["lost"]), ("5xx / error events outside kills", report["server_faults_outside_kills"]),
+        ("connection errors (most while down)", report["connection_errors"]),
+        ("closed by the client", report["closed_by_client"]),
+        ("lost", report["lost"]),
+        ("5xx / error events outside kills", report["server_faults_outside_kills"]),
         ("faults injected", report["faults_injected"]),
-        ("kills: at s / in flight / ended within 5 s / back after s",
-         [(k.get("kill_s"), k.get("in_flight"), k.get("ended_in_time"), k.get("restart_s", k.get("replica_back_s")))
-          for k in report["kills"]]),
-        ("replica kills: in flight answered in full by the other replicas", [k.get("answered_by_others") for k in report["kills"]]),
-        ("suffix snapshot entries -> restored", [(k.get("snapshot_entries"), k.get("restored_entries")) for k in report["kills"]]),
+        (
+            "kills: at s / in flight / ended within 5 s / back after s",
+            [
+                (
+                    k.get("kill_s"),
+                    k.get("in_flight"),
+                    k.get("ended_in_time"),
+                    k.get("restart_s", k.get("replica_back_s")),
+                )
+                for k in report["kills"]
+            ],
+        ),
+        (
+            "replica kills: in flight answered in full by the other replicas",
+            [k.get("answered_by_others") for k in report["kills"]],
+        ),
+        (
+            "suffix snapshot entries -> restored",
+            [(k.get("snapshot_entries"), k.get("restored_entries")) for k in report["kills"]],
+        ),
         ("greedy probes (mismatches)", f"{report['greedy_probes']} ({len(report['greedy_mismatches'])})"),
         ("in flight after the soak", report["in_flight_after"]),
-        ("RSS first / max / last MiB", f"{report['rss'].get('first_mib')} / {report['rss'].get('max_mib')} / {report['rss'].get('last_mib')}"),
+        (
+            "RSS first / max / last MiB",
+            f"{report['rss'].get('first_mib')} / {report['rss'].get('max_mib')} / {report['rss'].get('last_mib')}",
+        ),
         ("RSS growth after 1st minute MiB (last - first sample)", report["rss"]["growth_after_first_minute_mib"]),
-        ("RSS growth after 1st minute MiB (median of last minute - of 2nd)", report["rss"]["median_growth_after_first_minute_mib"]),
-        ("  the same, per process of the tree", {k: v for k, v in report["rss"]["median_growth_by_process_mib"].items() if v is not None}),
+        (
+            "RSS growth after 1st minute MiB (median of last minute - of 2nd)",
+            report["rss"]["median_growth_after_first_minute_mib"],
+        ),
+        (
+            "  the same, per process of the tree",
+            {k: v for k, v in report["rss"]["median_growth_by_process_mib"].items() if v is not None},
+        ),
     ]
     print(f"\nfault soak: {report['clients']} clients, {report['wall_s']} s, seed {report['seed']}")
     print("| figure | value |\n|---|---|")

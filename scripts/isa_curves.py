@@ -37,7 +37,9 @@ def curve(runner, reps: int) -> list[float]:
 
 
 def show(label: str, row: list[float]) -> None:
-    print(f"{label:24s} " + " ".join(f"{v:7.1f}" for v in row) + f"   cost(8)/cost(1) {row[3] / row[0]:.2f}", flush=True)
+    print(
+        f"{label:24s} " + " ".join(f"{v:7.1f}" for v in row) + f"   cost(8)/cost(1) {row[3] / row[0]:.2f}", flush=True
+    )
 
 
 def main() -> None:
@@ -45,7 +47,9 @@ def main() -> None:
     isas = sys.argv[1].split(",") if len(sys.argv) > 1 else [i for i in kernels.supported_isas() if i != "portable"]
     reps = int(sys.argv[2]) if len(sys.argv) > 2 else 5
     path = ModelStore().fetch("qwen2.5-coder-1.5b-instruct")
-    print(f"CPU features: {kernels.cpu_features()}; ms per pass of k = {', '.join(map(str, KS))} new tokens after {len(CONTEXT)}")
+    print(
+        f"CPU features: {kernels.cpu_features()}; ms per pass of k = {', '.join(map(str, KS))} new tokens after {len(CONTEXT)}"
+    )
     runner = GGUFRunner.from_file(path, max_context_length=512)
     for isa in isas:
         set_kernel_isa(isa)

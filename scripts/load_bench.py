@@ -87,8 +87,13 @@ def one_request(client: openai.OpenAI, model: str, prompt: str, max_tokens: int,
     start = time.perf_counter()
     first, usage = None, None
     stream = client.completions.create(
-        model=model, prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True,
-        stream_options={"include_usage": True}, extra_body=extra,
+        model=model,
+        prompt=prompt,
+        max_tokens=max_tokens,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body=extra,
     )
     for chunk in stream:
         if chunk.choices and chunk.choices[0].text and first is None:
@@ -101,8 +106,16 @@ def one_request(client: openai.OpenAI, model: str, prompt: str, max_tokens: int,
     return {"ttft_s": (first or end) - start, "latency_s": end - start, "tokens": usage.completion_tokens}
 
 
-def run_level(url: str, model: str, prompts: list[str], num_clients: int, num_requests: int, max_tokens: int,
-              extra: dict, deadline_s: float | None = None) -> dict:
+def run_level(
+    url: str,
+    model: str,
+    prompts: list[str],
+    num_clients: int,
+    num_requests: int,
+    max_tokens: int,
+    extra: dict,
+    deadline_s: float | None = None,
+) -> dict:
     """Closed-loop clients until ``num_requests`` are done (or ``deadline_s`` passes)."""
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=600)
     lock, results, errors, next_index = threading.Lock(), [], [], [0]
@@ -111,7 +124,9 @@ def run_level(url: str, model: str, prompts: list[str], num_clients: int, num_re
         while True:
             with lock:
                 i = next_index[0]
-                if (deadline_s is None and i >= num_requests) or (deadline_s is not None and time.perf_counter() > deadline_s):
+                if (deadline_s is None and i >= num_requests) or (
+                    deadline_s is not None and time.perf_counter() > deadline_s
+                ):
                     return
                 next_index[0] += 1
             try:
@@ -142,9 +157,15 @@ def summarise(results: list[dict], errors: list[str], wall_s: float, num_clients
     ttft = [r["ttft_s"] for r in results]
     latency = [r["latency_s"] for r in results]
     return {
-        "clients": num_clients, "requests": len(results), "errors": len(errors), "error_samples": errors[:3],
-        "output_tokens": tokens, "wall_s": round(wall_s, 2), "tokens_per_s": round(tokens / wall_s, 2) if wall_s else 0.0,
-        "ttft_p50_s": round(statistics.median(ttft), 3) if ttft else None, "ttft_p95_s": round(percentile(ttft, 0.95), 3),
+        "clients": num_clients,
+        "requests": len(results),
+        "errors": len(errors),
+        "error_samples": errors[:3],
+        "output_tokens": tokens,
+        "wall_s": round(wall_s, 2),
+        "tokens_per_s": round(tokens / wall_s, 2) if wall_s else 0.0,
+        "ttft_p50_s": round(statistics.median(ttft), 3) if ttft else None,
+        "ttft_p95_s": round(percentile(ttft, 0.95), 3),
         "latency_p50_s": round(statistics.median(latency), 3) if latency else None,
         "latency_p95_s": round(percentile(latency, 0.95), 3),
     }
@@ -152,21 +173,32 @@ def summarise(results: list[dict], errors: list[str], wall_s: float, num_clients
 
 def print_table(title: str, rows: list[dict]) -> None:
     print(f"\n{title}")
-    print("| clients | requests | errors | output tokens | wall s | tokens/s | TTFT p50 s | TTFT p95 s | latency p50 s | latency p95 s |")
+    print(
+        "| clients | requests | errors | output tokens | wall s | tokens/s | TTFT p50 s | TTFT p95 s | latency p50 s | latency p95 s |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['clients']} | {r['requests']} | {r['errors']} | {r['output_tokens']} | {r['wall_s']} | {r['tokens_per_s']} "
-              f"| {r['ttft_p50_s']} | {r['ttft_p95_s']} | {r['latency_p50_s']} | {r['latency_p95_s']} |")
+        print(
+            f"| {r['clients']} | {r['requests']} | {r['errors']} | {r['output_tokens']} | {r['wall_s']} | {r['tokens_per_s']} "
+            f"| {r['ttft_p50_s']} | {r['ttft_p95_s']} | {r['latency_p50_s']} | {r['latency_p95_s']} |"
+        )
     sys.stdout.flush()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", default="1,2,4,8", help="concurrency levels")
-    parser.add_argument("--requests-per-client", type=int, default=3, help="requests per client at each level (at least 8 per level)")
+    parser.add_argument(
+        "--requests-per-client", type=int, default=3, help="requests per client at each level (at least 8 per level)"
+    )
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--verispec-args", default="--runner gguf --method auto", help="extra `verispec serve` flags")
-    parser.add_argument("--target-gguf", default=str(Path.home() / ".cache/verispec/models/qwen2.5-coder-1.5b-instruct/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"))
+    parser.add_argument(
+        "--target-gguf",
+        default=str(
+            Path.home() / ".cache/verispec/models/qwen2.5-coder-1.5b-instruct/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+        ),
+    )
     parser.add_argument("--llama-server", default=None, help="path to llama-server (omit to skip the peer)")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--soak-seconds", type=float, default=0.0)
@@ -180,14 +212,22 @@ def main() -> None:
 
     if args.only in (None, "verispec"):
         port = free_port()
-        command = [str(Path(sys.executable).parent / "verispec"), "serve", "--port", str(port), *args.verispec_args.split()]
+        command = [
+            str(Path(sys.executable).parent / "verispec"),
+            "serve",
+            "--port",
+            str(port),
+            *args.verispec_args.split(),
+        ]
         server = Server("verispec", command, port, "/health", Path(f"{logs}-verispec.log"))
         try:
             server.wait_ready()
             model = httpx.get(server.url + "/v1/models").json()["data"][0]["id"]
             run_level(server.url, model, prompts[-4:], 1, 2, 16, {})  # warm-up, not timed
             for n in levels:
-                row = run_level(server.url, model, prompts, n, max(8, n * args.requests_per_client), args.max_tokens, {})
+                row = run_level(
+                    server.url, model, prompts, n, max(8, n * args.requests_per_client), args.max_tokens, {}
+                )
                 report["verispec"].append(row)
                 print_table(f"verispec ({args.verispec_args})", report["verispec"])
             if args.soak_seconds > 0:
@@ -199,13 +239,29 @@ def main() -> None:
     if args.llama_server and args.only in (None, "llama-server"):
         for n in levels:
             port = free_port()
-            command = [args.llama_server, "-m", args.target_gguf, "--port", str(port), "-np", str(n),
-                       "-c", str(4096 * n), "-t", str(args.threads), "--host", "127.0.0.1", "--no-webui"]
+            command = [
+                args.llama_server,
+                "-m",
+                args.target_gguf,
+                "--port",
+                str(port),
+                "-np",
+                str(n),
+                "-c",
+                str(4096 * n),
+                "-t",
+                str(args.threads),
+                "--host",
+                "127.0.0.1",
+                "--no-webui",
+            ]
             server = Server("llama-server", command, port, "/health", Path(f"{logs}-llama-server-{n}.log"))
             try:
                 server.wait_ready()
                 run_level(server.url, "target", prompts[-4:], 1, 2, 16, {})  # warm-up
-                row = run_level(server.url, "target", prompts, n, max(8, n * args.requests_per_client), args.max_tokens, {})
+                row = run_level(
+                    server.url, "target", prompts, n, max(8, n * args.requests_per_client), args.max_tokens, {}
+                )
                 report["llama_server"].append(row)
                 print_table("llama-server (plain decoding, -np = clients)", report["llama_server"])
             finally:
@@ -232,8 +288,11 @@ def soak(server: Server, model: str, prompts: list[str], args) -> dict:
     sampler.join()
     after = [rss for t, rss in samples if t >= 60.0] or [rss for _, rss in samples]
     return {
-        **row, "seconds": args.soak_seconds, "rss_mib_first": round(samples[0][1] / 2**20, 1),
-        "rss_mib_after_warmup_min": round(min(after) / 2**20, 1), "rss_mib_after_warmup_max": round(max(after) / 2**20, 1),
+        **row,
+        "seconds": args.soak_seconds,
+        "rss_mib_first": round(samples[0][1] / 2**20, 1),
+        "rss_mib_after_warmup_min": round(min(after) / 2**20, 1),
+        "rss_mib_after_warmup_max": round(max(after) / 2**20, 1),
         "rss_growth_after_warmup_mib": round((after[-1] - after[0]) / 2**20, 1),
     }
 

@@ -12,19 +12,21 @@ import collections
 import sys
 import time
 
+from verispec.algorithms.sampling import SamplingParams
+from verispec.bench.workload import load_workload
 from verispec.engine.loader import SpeculativePipeline
 from verispec.engine.request import SpeculativeConfig
-from verispec.bench.workload import load_workload
 from verispec.runners.cpu import int8
 from verispec.runners.select import RunnerOptions
-from verispec.algorithms.sampling import SamplingParams
 
 TIMES: dict[str, float] = collections.defaultdict(float)
 PASSES: collections.Counter = collections.Counter()
 
 
 def main(method: str = "draft", count: int = 3) -> None:
-    pipe = SpeculativePipeline.load("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct", runners=RunnerOptions(kind="gguf"))
+    pipe = SpeculativePipeline.load(
+        "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct", runners=RunnerOptions(kind="gguf")
+    )
     target_weights, run_segments = pipe.target_runner.weights, int8._run_segments
 
     def timed(segments):
@@ -44,12 +46,20 @@ def main(method: str = "draft", count: int = 3) -> None:
             TIMES.clear()
             PASSES.clear()
             start = time.perf_counter()
-            out = pipe.generate(item.text, SamplingParams(max_tokens=128, temperature=0.0), SpeculativeConfig(method=name), chat=item.chat)
+            out = pipe.generate(
+                item.text,
+                SamplingParams(max_tokens=128, temperature=0.0),
+                SpeculativeConfig(method=name),
+                chat=item.chat,
+            )
             wall = time.perf_counter() - start
             passes = sum(v for k, v in TIMES.items() if " " not in k)
             parts = ", ".join(f"{k} {TIMES[k] * 1e3:.0f} ms/{PASSES[k]}" for k in sorted(TIMES))
-            print(f"{item.id} {name:6s} wall {wall * 1e3:7.0f} ms, {len(out.token_ids)} tokens, {parts}, "
-                  f"outside passes {(wall - passes) * 1e3:.0f} ms", flush=True)
+            print(
+                f"{item.id} {name:6s} wall {wall * 1e3:7.0f} ms, {len(out.token_ids)} tokens, {parts}, "
+                f"outside passes {(wall - passes) * 1e3:.0f} ms",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

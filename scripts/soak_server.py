@@ -13,8 +13,8 @@ from pathlib import Path
 
 import httpx
 import psutil
-
 from load_bench import Server
+
 from verispec.server.soak_checks import Outage, kill_check, process_trends, rss_growth_mib, rss_trend_mib
 
 LOADED = re.compile(r"suffix cache: (\d+) past requests from")
@@ -46,9 +46,15 @@ class ServerSide:
         self.generation_start.append(ready_s)
         self.outages.append(Outage(kill_s, ready_s))
         restored = loaded_entries(Path(self.server.log.name))
-        self.kills.append({**check, "restart_s": round(ready_s - kill_s, 1), "snapshot_entries": snapshot_entries,
-                           "restored_entries": restored,
-                           "snapshot_ok": snapshot_entries is None or (restored or 0) >= snapshot_entries})
+        self.kills.append(
+            {
+                **check,
+                "restart_s": round(ready_s - kill_s, 1),
+                "snapshot_entries": snapshot_entries,
+                "restored_entries": restored,
+                "snapshot_ok": snapshot_entries is None or (restored or 0) >= snapshot_entries,
+            }
+        )
 
     def kill_replica(self) -> None:
         """kill -9 one Ray Serve replica's process (Ray restarts it); its requests must fail fast."""
@@ -64,8 +70,14 @@ class ServerSide:
             time.sleep(1.0)
         self.outages.append(Outage(kill_s, self.now()))
         # the requests on the replicas that lived go on for a while: judged once all have ended
-        self.kills.append({"kill_s": round(kill_s, 2), "in_flight_outcomes": in_flight, "replica_pid": victims[0].pid,
-                           "replica_back_s": round(self.now() - kill_s, 1)})
+        self.kills.append(
+            {
+                "kill_s": round(kill_s, 2),
+                "in_flight_outcomes": in_flight,
+                "replica_pid": victims[0].pid,
+                "replica_back_s": round(self.now() - kill_s, 1),
+            }
+        )
 
     def judge_replica_kills(self) -> None:
         """After the soak: each replica kill's check (:func:`verispec.server.soak_checks.kill_check`, requests
@@ -177,9 +189,15 @@ def rss_figures(soak) -> dict:
     if soak.rss:
         figures["first_mib"], figures["last_mib"] = round(soak.rss[0][1] / 2**20, 1), round(soak.rss[-1][1] / 2**20, 1)
         figures["max_mib"] = round(max(b for _, b, _ in soak.rss) / 2**20, 1)
-    per_process = [[(t - soak.generation_start[g], b) for t, b, gen in soak.rss if gen == g] for g in range(soak.generation + 1)]
-    figures["growth_after_first_minute_mib"] = {str(g): rss_growth_mib(samples) for g, samples in enumerate(per_process)}
-    figures["median_growth_after_first_minute_mib"] = {str(g): rss_trend_mib(samples) for g, samples in enumerate(per_process)}
+    per_process = [
+        [(t - soak.generation_start[g], b) for t, b, gen in soak.rss if gen == g] for g in range(soak.generation + 1)
+    ]
+    figures["growth_after_first_minute_mib"] = {
+        str(g): rss_growth_mib(samples) for g, samples in enumerate(per_process)
+    }
+    figures["median_growth_after_first_minute_mib"] = {
+        str(g): rss_trend_mib(samples) for g, samples in enumerate(per_process)
+    }
     figures["median_growth_by_process_mib"] = process_trends(soak.rss_processes)
     figures["samples_s_mib_process"] = [(round(t, 1), round(b / 2**20, 1), g) for t, b, g in soak.rss]
     return figures

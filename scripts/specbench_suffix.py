@@ -32,12 +32,12 @@ import json
 import time
 from pathlib import Path
 
+from verispec.algorithms.sampling import SamplingParams
 from verispec.engine import SpeculativeEngine
 from verispec.engine.loader import SpeculativePipeline
-from verispec.proposers.suffix import SuffixCache, SuffixProposer
 from verispec.engine.request import SpeculativeConfig
+from verispec.proposers.suffix import SuffixCache, SuffixProposer
 from verispec.runners.select import RunnerOptions
-from verispec.algorithms.sampling import SamplingParams
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "specbench_questions.jsonl"
 CONFIGS = ("none", "ngram", "suffix", "auto-ngram", "auto-suffix", "auto-unpriced")
@@ -61,8 +61,9 @@ def engines(pipe: SpeculativePipeline, names) -> dict[str, tuple[SpeculativeEngi
         if name == "auto-ngram":  # auto's lookup drafter is whatever is loaded as "suffix"
             proposers["suffix"] = models["ngram"]
         controller = dataclasses.replace(base.controller, price_catch_up=name != "auto-unpriced")
-        engine = SpeculativeEngine(base.target, base.tokenizer, eos_token_ids=base.eos_token_ids,
-                                   proposers=proposers, controller=controller)
+        engine = SpeculativeEngine(
+            base.target, base.tokenizer, eos_token_ids=base.eos_token_ids, proposers=proposers, controller=controller
+        )
         method = {"auto-ngram": "auto", "auto-suffix": "auto", "auto-unpriced": "auto"}.get(name, name)
         out[name] = (engine, cache, SpeculativeConfig(method=method, schedule="cost", num_speculative_tokens=8))
     return out
@@ -94,14 +95,19 @@ def summarize(records: list[dict], names) -> list[dict]:
     rows = []
     for (key, name), a in agg.items():
         plain = agg[(key, "none")]
-        rows.append({
-            "category": key, "config": name, "questions": a["n"], "tokens": a["tokens"],
-            "decode_tokens_per_s": round(a["tokens"] / a["decode_s"], 2),
-            "decode_speedup": round((a["tokens"] / a["decode_s"]) / (plain["tokens"] / plain["decode_s"]), 3),
-            "e2e_speedup": round((a["tokens"] / a["e2e_s"]) / (plain["tokens"] / plain["e2e_s"]), 3),
-            "acceptance_rate": round(a["accepted"] / a["drafted"], 3) if a["drafted"] else None,
-            "identical": f"{a['identical']}/{a['n']}",
-        })
+        rows.append(
+            {
+                "category": key,
+                "config": name,
+                "questions": a["n"],
+                "tokens": a["tokens"],
+                "decode_tokens_per_s": round(a["tokens"] / a["decode_s"], 2),
+                "decode_speedup": round((a["tokens"] / a["decode_s"]) / (plain["tokens"] / plain["decode_s"]), 3),
+                "e2e_speedup": round((a["tokens"] / a["e2e_s"]) / (plain["tokens"] / plain["e2e_s"]), 3),
+                "acceptance_rate": round(a["accepted"] / a["drafted"], 3) if a["drafted"] else None,
+                "identical": f"{a['identical']}/{a['n']}",
+            }
+        )
     order = {n: i for i, n in enumerate(names)}
     cats = list(dict.fromkeys(task(r["category"]) for r in records)) + ["all"]
     return sorted(rows, key=lambda r: (cats.index(r["category"]), order[r["config"]]))
@@ -113,7 +119,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--limit", type=int, default=None, help="only the first N questions (a smoke run)")
     parser.add_argument("--configs", default=",".join(CONFIGS))
-    parser.add_argument("--tasks", default=None, help="only these tasks, comma-separated (e.g. translation,qa: a quick check)")
+    parser.add_argument(
+        "--tasks", default=None, help="only these tasks, comma-separated (e.g. translation,qa: a quick check)"
+    )
     parser.add_argument("--out", default="specbench_suffix.jsonl")
     args = parser.parse_args()
     names = args.configs.split(",")
@@ -125,7 +133,9 @@ def main() -> None:
         questions = [q if task(q["category"]) in wanted else None for q in questions]
     out = Path(args.out)
     done = [json.loads(line) for line in out.open()] if out.exists() else []
-    complete = {q for q in {r["question"] for r in done} if {r["config"] for r in done if r["question"] == q} >= set(names)}
+    complete = {
+        q for q in {r["question"] for r in done} if {r["config"] for r in done if r["question"] == q} >= set(names)
+    }
     done = [r for r in done if r["question"] in complete]  # a question cut short is asked again, whole
     if out.exists():
         out.write_text("".join(json.dumps(r) + "\n" for r in done))
@@ -159,9 +169,15 @@ def main() -> None:
                 result, e2e = results[name]
                 m = result.metrics
                 record = {
-                    "question": index, "category": q["category"], "config": name, "prompt_tokens": len(ids),
-                    "tokens": len(result.token_ids), "e2e_s": e2e, "decode_s": (m.e2e_ms - m.ttft_ms) / 1e3,
-                    "drafted": m.spec.num_draft_tokens, "accepted": m.spec.num_accepted_tokens,
+                    "question": index,
+                    "category": q["category"],
+                    "config": name,
+                    "prompt_tokens": len(ids),
+                    "tokens": len(result.token_ids),
+                    "e2e_s": e2e,
+                    "decode_s": (m.e2e_ms - m.ttft_ms) / 1e3,
+                    "drafted": m.spec.num_draft_tokens,
+                    "accepted": m.spec.num_accepted_tokens,
                     "identical": result.token_ids == plain_ids,
                 }
                 if name == "none":
@@ -171,11 +187,15 @@ def main() -> None:
             sink.flush()
             print(f"{index + 1}/{len(questions)} {q['category']}", flush=True)
     rows = summarize(done, names)
-    print("| category | config | questions | output tokens | decode tokens/s | decode speedup | e2e speedup | acceptance rate | identical to plain |")
+    print(
+        "| category | config | questions | output tokens | decode tokens/s | decode speedup | e2e speedup | acceptance rate | identical to plain |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['category']} | {r['config']} | {r['questions']} | {r['tokens']} | {r['decode_tokens_per_s']} | "
-              f"{r['decode_speedup']} | {r['e2e_speedup']} | {r['acceptance_rate']} | {r['identical']} |")
+        print(
+            f"| {r['category']} | {r['config']} | {r['questions']} | {r['tokens']} | {r['decode_tokens_per_s']} | "
+            f"{r['decode_speedup']} | {r['e2e_speedup']} | {r['acceptance_rate']} | {r['identical']} |"
+        )
     out.with_suffix(".summary.json").write_text(json.dumps(rows, indent=1))
 
 

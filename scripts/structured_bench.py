@@ -20,25 +20,45 @@ from pathlib import Path
 
 import jsonschema
 
-from verispec.engine.constraints import StructuredOutput
+from verispec.algorithms.sampling import SamplingParams
 from verispec.engine import SpeculativeConfig
+from verispec.engine.constraints import StructuredOutput
 from verispec.engine.loader import SpeculativePipeline
 from verispec.runners.select import RunnerOptions
-from verispec.algorithms.sampling import SamplingParams
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "specbench_questions.jsonl"
 TEXT = {"type": "string", "maxLength": 600}
 SCHEMAS = {
-    "translation": {"type": "object", "properties": {"source_language": TEXT, "target_language": TEXT, "translation": TEXT},
-                    "required": ["source_language", "target_language", "translation"], "additionalProperties": False},
-    "summarization": {"type": "object", "properties": {"summary": TEXT, "key_points": {"type": "array", "items": TEXT, "maxItems": 5}},
-                      "required": ["summary", "key_points"], "additionalProperties": False},
-    "qa": {"type": "object", "properties": {"answer": TEXT, "confidence": {"enum": ["low", "medium", "high"]}},
-           "required": ["answer", "confidence"], "additionalProperties": False},
-    "math_reasoning": {"type": "object", "properties": {"steps": {"type": "array", "items": TEXT, "maxItems": 8}, "answer": {"type": "number"}},
-                       "required": ["steps", "answer"], "additionalProperties": False},
-    "rag": {"type": "object", "properties": {"answer": TEXT, "uses_the_context": {"type": "boolean"}},
-            "required": ["answer", "uses_the_context"], "additionalProperties": False},
+    "translation": {
+        "type": "object",
+        "properties": {"source_language": TEXT, "target_language": TEXT, "translation": TEXT},
+        "required": ["source_language", "target_language", "translation"],
+        "additionalProperties": False,
+    },
+    "summarization": {
+        "type": "object",
+        "properties": {"summary": TEXT, "key_points": {"type": "array", "items": TEXT, "maxItems": 5}},
+        "required": ["summary", "key_points"],
+        "additionalProperties": False,
+    },
+    "qa": {
+        "type": "object",
+        "properties": {"answer": TEXT, "confidence": {"enum": ["low", "medium", "high"]}},
+        "required": ["answer", "confidence"],
+        "additionalProperties": False,
+    },
+    "math_reasoning": {
+        "type": "object",
+        "properties": {"steps": {"type": "array", "items": TEXT, "maxItems": 8}, "answer": {"type": "number"}},
+        "required": ["steps", "answer"],
+        "additionalProperties": False,
+    },
+    "rag": {
+        "type": "object",
+        "properties": {"answer": TEXT, "uses_the_context": {"type": "boolean"}},
+        "required": ["answer", "uses_the_context"],
+        "additionalProperties": False,
+    },
 }
 
 
@@ -75,9 +95,14 @@ def run(pipe, items, method: str, grammar: bool, max_tokens: int) -> dict:
     accepted = sum(o.metrics.spec.num_accepted_tokens for o in outputs)
     drafts = sum(o.metrics.spec.num_drafts for o in outputs)
     return {
-        "method": method, "grammar": grammar, "tokens": tokens, "wall_s": round(wall, 2),
-        "tokens_per_s": round(tokens / wall, 2), "decode_tokens_per_s": round(decode_tokens / decode_s, 2),
-        "valid": valid, "n": len(items),
+        "method": method,
+        "grammar": grammar,
+        "tokens": tokens,
+        "wall_s": round(wall, 2),
+        "tokens_per_s": round(tokens / wall, 2),
+        "decode_tokens_per_s": round(decode_tokens / decode_s, 2),
+        "valid": valid,
+        "n": len(items),
         "acceptance_rate": round(accepted / drafted, 3) if drafted else None,
         "mean_acceptance_length": round(1 + accepted / drafts, 3) if drafts else None,
         "_outputs": outputs,
@@ -106,14 +131,18 @@ def main() -> None:
         spec["speedup_vs_plain"] = round(spec["tokens_per_s"] / plain["tokens_per_s"], 3)
         spec["decode_speedup_vs_plain"] = round(spec["decode_tokens_per_s"] / plain["decode_tokens_per_s"], 3)
         rows += [plain, spec]
-    print("| method | grammar | outputs valid | output tokens | wall s | tokens/s (prefill included) | speedup vs plain | "
-          "decode tokens/s | decode speedup | acceptance rate | mean acceptance length | identical to plain |")
+    print(
+        "| method | grammar | outputs valid | output tokens | wall s | tokens/s (prefill included) | speedup vs plain | "
+        "decode tokens/s | decode speedup | acceptance rate | mean acceptance length | identical to plain |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['method']} | {'json_schema' if r['grammar'] else 'none'} | {r['valid']}/{r['n']} | {r['tokens']} | {r['wall_s']} | "
-              f"{r['tokens_per_s']} | {r.get('speedup_vs_plain', '')} | {r['decode_tokens_per_s']} | {r.get('decode_speedup_vs_plain', '')} | "
-              f"{r['acceptance_rate']} | {r['mean_acceptance_length']} | "
-              f"{str(r['identical_to_plain']) + '/' + str(r['n']) if 'identical_to_plain' in r else ''} |")
+        print(
+            f"| {r['method']} | {'json_schema' if r['grammar'] else 'none'} | {r['valid']}/{r['n']} | {r['tokens']} | {r['wall_s']} | "
+            f"{r['tokens_per_s']} | {r.get('speedup_vs_plain', '')} | {r['decode_tokens_per_s']} | {r.get('decode_speedup_vs_plain', '')} | "
+            f"{r['acceptance_rate']} | {r['mean_acceptance_length']} | "
+            f"{str(r['identical_to_plain']) + '/' + str(r['n']) if 'identical_to_plain' in r else ''} |"
+        )
     Path(args.out).write_text(json.dumps([{k: v for k, v in r.items() if k != "_outputs"} for r in rows], indent=1))
     print(f"wrote {args.out}")
 

@@ -15,12 +15,12 @@ import json
 import time
 from pathlib import Path
 
+from verispec.algorithms.sampling import SamplingParams
 from verispec.engine import SpeculativeConfig
 from verispec.engine.loader import SpeculativePipeline
 from verispec.proposers.datastore import Datastore
 from verispec.proposers.suffix import SuffixCache
 from verispec.runners.select import RunnerOptions
-from verispec.algorithms.sampling import SamplingParams
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "humaneval_dev.jsonl"
 
@@ -31,7 +31,9 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=10)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--methods", default="none,ngram,suffix")
-    parser.add_argument("--datastore", default=None, help="also run suffix with this datastore (verispec datastore build)")
+    parser.add_argument(
+        "--datastore", default=None, help="also run suffix with this datastore (verispec datastore build)"
+    )
     parser.add_argument("--out", default="suffix_bench.json")
     args = parser.parse_args()
     pipe = SpeculativePipeline.load(runners=RunnerOptions(kind=args.runner))
@@ -61,18 +63,25 @@ def main() -> None:
             if method == "none":
                 plain[p] = (tokens / seconds[p], [o.token_ids for o in outs])
             row = {
-                "method": method + ("+datastore" if datastore else ""), "pass": p, "tokens": tokens, "seconds": round(seconds[p], 2),
+                "method": method + ("+datastore" if datastore else ""),
+                "pass": p,
+                "tokens": tokens,
+                "seconds": round(seconds[p], 2),
                 "tokens_per_s": round(tokens / seconds[p], 2),
                 "speedup_vs_plain": round(tokens / seconds[p] / plain[p][0], 3) if p in plain else None,
                 "acceptance_rate": round(accepted / drafted, 3) if drafted else None,
                 "identical_to_plain": sum(o.token_ids == t for o, t in zip(outs, plain[p][1])) if p in plain else None,
             }
             rows.append(row)
-    print("| method | pass | output tokens | seconds | tokens/s | speedup vs plain (same pass) | acceptance rate | identical to plain |")
+    print(
+        "| method | pass | output tokens | seconds | tokens/s | speedup vs plain (same pass) | acceptance rate | identical to plain |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['method']} | {r['pass']} | {r['tokens']} | {r['seconds']} | {r['tokens_per_s']} | {r['speedup_vs_plain']} | "
-              f"{r['acceptance_rate']} | {r['identical_to_plain']}/{len(prompts)} |")
+        print(
+            f"| {r['method']} | {r['pass']} | {r['tokens']} | {r['seconds']} | {r['tokens_per_s']} | {r['speedup_vs_plain']} | "
+            f"{r['acceptance_rate']} | {r['identical_to_plain']}/{len(prompts)} |"
+        )
     Path(args.out).write_text(json.dumps(rows, indent=1))
 
 

@@ -19,12 +19,12 @@ import argparse
 import json
 from pathlib import Path
 
+from verispec.algorithms.control import CostModel, interpolate
+from verispec.algorithms.sampling import SamplingParams
 from verispec.engine import SpeculativeConfig
 from verispec.engine.loader import SpeculativePipeline
 from verispec.proposers.suffix import SuffixCache
-from verispec.algorithms.control import CostModel, interpolate
 from verispec.runners.select import RunnerOptions
-from verispec.algorithms.sampling import SamplingParams
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "humaneval_dev.jsonl"
 XEON_AVX512_MS = "68.9,52.4,59.6,74.4,115.7"  # k = 1, 2, 4, 8, 16 new tokens (issue 48, 2026-12-05)
@@ -38,8 +38,12 @@ def frozen_costs(text: str) -> CostModel:
     points = {tokens - 1: v / 1e3 for tokens, v in zip((1, 2, 4, 8, 16), ms)}
     verify_s = {k: interpolate(points, k) for k in range(17)}
     lookups = {name: 0.0005 for name in ("suffix", "suffix-tree")}
-    return CostModel(weight=0.0, verify_s=verify_s, draft_ratio=dict(lookups),
-                     draft_token_s={name: ratio * verify_s[0] for name, ratio in lookups.items()})
+    return CostModel(
+        weight=0.0,
+        verify_s=verify_s,
+        draft_ratio=dict(lookups),
+        draft_token_s={name: ratio * verify_s[0] for name, ratio in lookups.items()},
+    )
 
 
 def main() -> None:
@@ -51,8 +55,13 @@ def main() -> None:
     parser.add_argument("--asks", type=int, default=3)
     parser.add_argument("--schedules", default="cost,constant")
     parser.add_argument("--verbose", action="store_true", help="also the draft length chosen at each step")
-    parser.add_argument("--frozen-costs", nargs="?", const=XEON_AVX512_MS, default=None,
-                        help="ms per pass of 1,2,4,8,16 new tokens, kept fixed (bare flag: a Xeon's AVX-512 curve)")
+    parser.add_argument(
+        "--frozen-costs",
+        nargs="?",
+        const=XEON_AVX512_MS,
+        default=None,
+        help="ms per pass of 1,2,4,8,16 new tokens, kept fixed (bare flag: a Xeon's AVX-512 curve)",
+    )
     args = parser.parse_args()
     pipe = SpeculativePipeline.load(draft=None, runners=RunnerOptions(kind=args.runner))
     prompt = [json.loads(line)["prompt"] for line in DATA.open()][args.prompt_index]
@@ -74,8 +83,10 @@ def main() -> None:
             drafters = ",".join(sorted(s.per_drafter)) or "-"
             length = s.num_draft_tokens / s.num_drafts if s.num_drafts else 0.0
             per_pass = 1.0 + s.num_accepted_tokens / s.num_drafts if s.num_drafts else 1.0
-            print(f"{schedule} | {ask} | {drafters} | {s.num_drafts} | {s.num_draft_tokens} | {s.num_accepted_tokens} | "
-                  f"{length:.2f} | {per_pass:.2f} | {out.token_ids == plain}")
+            print(
+                f"{schedule} | {ask} | {drafters} | {s.num_drafts} | {s.num_draft_tokens} | {s.num_accepted_tokens} | "
+                f"{length:.2f} | {per_pass:.2f} | {out.token_ids == plain}"
+            )
             if args.verbose:
                 print("   chosen k per step:", s.chosen_k)
 

@@ -20,18 +20,54 @@ HIDDEN = 256
 FFN = 512
 
 # which block type each weight gets: every type appears in a linear layer of some model
-MIXED = {"attn_q": T.Q4_K, "attn_k": T.Q4_K, "attn_v": T.Q6_K, "attn_output": T.Q8_0, "ffn_gate": T.Q5_0,
-         "ffn_up": T.Q5_0, "ffn_down": T.Q6_K, "output": T.Q6_K, "token_embd": T.Q4_K}
-Q4_0_MIX = {"attn_q": T.Q4_0, "attn_k": T.Q4_0, "attn_v": T.Q8_0, "attn_output": T.Q4_0, "ffn_gate": T.Q4_0,
-            "ffn_up": T.Q4_0, "ffn_down": T.Q6_K, "output": T.Q4_0, "token_embd": T.Q4_0}  # a llama.cpp Q4_0 file
-DRAFT_LIKE = {"attn_q": T.Q5_0, "attn_k": T.Q5_0, "attn_v": T.Q8_0, "attn_output": T.Q5_0, "ffn_gate": T.Q5_0,
-              "ffn_up": T.Q5_0, "ffn_down": T.Q4_K, "output": T.Q8_0, "token_embd": T.Q5_0}
+MIXED = {
+    "attn_q": T.Q4_K,
+    "attn_k": T.Q4_K,
+    "attn_v": T.Q6_K,
+    "attn_output": T.Q8_0,
+    "ffn_gate": T.Q5_0,
+    "ffn_up": T.Q5_0,
+    "ffn_down": T.Q6_K,
+    "output": T.Q6_K,
+    "token_embd": T.Q4_K,
+}
+Q4_0_MIX = {
+    "attn_q": T.Q4_0,
+    "attn_k": T.Q4_0,
+    "attn_v": T.Q8_0,
+    "attn_output": T.Q4_0,
+    "ffn_gate": T.Q4_0,
+    "ffn_up": T.Q4_0,
+    "ffn_down": T.Q6_K,
+    "output": T.Q4_0,
+    "token_embd": T.Q4_0,
+}  # a llama.cpp Q4_0 file
+DRAFT_LIKE = {
+    "attn_q": T.Q5_0,
+    "attn_k": T.Q5_0,
+    "attn_v": T.Q8_0,
+    "attn_output": T.Q5_0,
+    "ffn_gate": T.Q5_0,
+    "ffn_up": T.Q5_0,
+    "ffn_down": T.Q4_K,
+    "output": T.Q8_0,
+    "token_embd": T.Q5_0,
+}
 TOKENS = ["<|endoftext|>", "<|im_end|>", "ab"] + [chr(ord("!") + i) for i in range(VOCAB - 3)]
 
 
-def write_gguf_model(path: Path, types: dict = MIXED, *, arch: str = "qwen2", num_layers: int = 2, heads: int = 4,
-                     kv_heads: int = 2, seed: int = 0, layer_types: list[dict] | None = None,
-                     tokens: list[str] = TOKENS) -> Path:
+def write_gguf_model(
+    path: Path,
+    types: dict = MIXED,
+    *,
+    arch: str = "qwen2",
+    num_layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    seed: int = 0,
+    layer_types: list[dict] | None = None,
+    tokens: list[str] = TOKENS,
+) -> Path:
     """Write a random ``arch`` (qwen2 with q/k/v biases, or llama) model to ``path``.
 
     ``types`` maps a weight role to its block type; ``layer_types`` overrides it per layer;
@@ -41,13 +77,22 @@ def write_gguf_model(path: Path, types: dict = MIXED, *, arch: str = "qwen2", nu
     writer = gguf.GGUFWriter(str(path), arch)
     head_dim = HIDDEN // heads
     for add, value in [
-        (writer.add_context_length, 512), (writer.add_embedding_length, HIDDEN), (writer.add_block_count, num_layers),
-        (writer.add_feed_forward_length, FFN), (writer.add_head_count, heads), (writer.add_head_count_kv, kv_heads),
-        (writer.add_rope_freq_base, 10000.0), (writer.add_layer_norm_rms_eps, 1e-6),
+        (writer.add_context_length, 512),
+        (writer.add_embedding_length, HIDDEN),
+        (writer.add_block_count, num_layers),
+        (writer.add_feed_forward_length, FFN),
+        (writer.add_head_count, heads),
+        (writer.add_head_count_kv, kv_heads),
+        (writer.add_rope_freq_base, 10000.0),
+        (writer.add_layer_norm_rms_eps, 1e-6),
         (writer.add_rope_dimension_count, head_dim),
-        (writer.add_tokenizer_model, "gpt2"), (writer.add_tokenizer_pre, "qwen2"),
-        (writer.add_token_list, tokens), (writer.add_token_types, [3, 3] + [1] * (VOCAB - 2)),
-        (writer.add_token_merges, ["a b"]), (writer.add_eos_token_id, 1), (writer.add_bos_token_id, 0),
+        (writer.add_tokenizer_model, "gpt2"),
+        (writer.add_tokenizer_pre, "qwen2"),
+        (writer.add_token_list, tokens),
+        (writer.add_token_types, [3, 3] + [1] * (VOCAB - 2)),
+        (writer.add_token_merges, ["a b"]),
+        (writer.add_eos_token_id, 1),
+        (writer.add_bos_token_id, 0),
         (writer.add_pad_token_id, 0),
     ]:
         add(value)

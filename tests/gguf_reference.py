@@ -12,13 +12,21 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from gguf import quantize as gguf_quantize
 
-BLOCK = {T.Q4_K: (256, 144), T.Q6_K: (256, 210), T.Q4_0: (32, 18), T.IQ4_NL: (32, 18), T.Q5_0: (32, 22), T.Q8_0: (32, 34)}
+BLOCK = {
+    T.Q4_K: (256, 144),
+    T.Q6_K: (256, 210),
+    T.Q4_0: (32, 18),
+    T.IQ4_NL: (32, 18),
+    T.Q5_0: (32, 22),
+    T.Q8_0: (32, 34),
+}
 IQ4_NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int32)
 TYPES = tuple(BLOCK)
 
 
-def random_blocks(qtype: T, out_features: int, in_features: int, rng: np.random.Generator, scale: float = 1e-3,
-                  centred: bool = False) -> np.ndarray:
+def random_blocks(
+    qtype: T, out_features: int, in_features: int, rng: np.random.Generator, scale: float = 1e-3, centred: bool = False
+) -> np.ndarray:
     """``[out_features, in_features / block * bytes]`` uint8: valid raw blocks with random bits
     (K-quants: super-block scales ``d``, ``dmin`` uniform in [0.2, 1] * ``scale``). ``centred``:
     Q4_K mins equal to 7.5 scale steps, so weights have mean ~0 like a real model's."""
@@ -37,9 +45,19 @@ def random_blocks(qtype: T, out_features: int, in_features: int, rng: np.random.
             raw[..., 4:16] = encode_q4k_scales(sc, sc)
         raw[..., 2:4] = dmin.astype(np.float16).view(np.uint8).reshape(*raw.shape[:2], 2)
     elif qtype == T.IQ4_NL:  # random levels, d so that weights are about 50 * scale
-        raw[..., 0:2] = (rng.uniform(0.2, 1.0, raw.shape[:2]) * scale / 1.5).astype(np.float16).view(np.uint8).reshape(*raw.shape[:2], 2)
+        raw[..., 0:2] = (
+            (rng.uniform(0.2, 1.0, raw.shape[:2]) * scale / 1.5)
+            .astype(np.float16)
+            .view(np.uint8)
+            .reshape(*raw.shape[:2], 2)
+        )
     else:
-        raw[..., 208:210] = (rng.uniform(0.2, 1.0, raw.shape[:2]) * scale / 16).astype(np.float16).view(np.uint8).reshape(*raw.shape[:2], 2)
+        raw[..., 208:210] = (
+            (rng.uniform(0.2, 1.0, raw.shape[:2]) * scale / 16)
+            .astype(np.float16)
+            .view(np.uint8)
+            .reshape(*raw.shape[:2], 2)
+        )
     return raw.reshape(out_features, -1)
 
 
@@ -86,8 +104,11 @@ def decode(qtype: T, raw: np.ndarray, in_features: int) -> dict:
     qh = b[..., 128:192].astype(np.int32).reshape(out, -1, 2, 32)
     low = np.stack([ql & 0xF, ql >> 4], axis=3).reshape(out, -1, 256)
     high = np.stack([(qh >> s) & 3 for s in (0, 2, 4, 6)], axis=3).reshape(out, -1, 256)
-    return {"q": (low | (high << 4)).reshape(out, in_features), "d": _half(b[..., 208:210]),
-            "sc": b[..., 192:208].view(np.int8).astype(np.int32)}
+    return {
+        "q": (low | (high << 4)).reshape(out, in_features),
+        "d": _half(b[..., 208:210]),
+        "sc": b[..., 192:208].view(np.int8).astype(np.int32),
+    }
 
 
 def dequantize(qtype: T, raw: np.ndarray, in_features: int) -> np.ndarray:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import pytest
 import torch
@@ -48,7 +48,9 @@ def tiny_qwen2(seed: int, vocab_size: int = VOCAB, num_layers: int = 2) -> Qwen2
     return model.eval()
 
 
-def greedy_continuations(model: Qwen2ForCausalLM, seed: int, num: int = 48, prompt_tokens: int = 4, new_tokens: int = 28) -> list[list[int]]:
+def greedy_continuations(
+    model: Qwen2ForCausalLM, seed: int, num: int = 48, prompt_tokens: int = 4, new_tokens: int = 28
+) -> list[list[int]]:
     """``num`` sequences: random ``prompt_tokens``-token prompts and ``model``'s greedy continuation
     of ``new_tokens`` tokens (its own outputs: what an EAGLE head trains on)."""
     ids = torch.randint(0, model.config.vocab_size, (num, prompt_tokens), generator=torch.Generator().manual_seed(seed))

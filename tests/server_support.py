@@ -13,7 +13,6 @@ speculation accepts some tokens and rejects others.
 from __future__ import annotations
 
 import json
-
 import socket
 import threading
 import time
@@ -27,9 +26,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from verispec.models.loading import LoadedModel
-from verispec.engine.loader import SpeculativePipeline
 from verispec.engine import SpeculativeConfig
+from verispec.engine.loader import SpeculativePipeline
+from verispec.models.loading import LoadedModel
 from verispec.server import create_app
 
 # the test servers' default speculation: the draft model at the constant schedule's k = 5 (the
@@ -263,8 +262,13 @@ MAX_BODY_BYTES = 64 * 1024
 def served():
     """The shared server over the tiny pair: cap 64 tokens, 16 queued requests, 64 KiB bodies,
     draft lengths fixed (:data:`FIXED_DRAFT`) so its usage figures equal the reference engine's."""
-    app = create_app(tiny_pipeline(), max_tokens_cap=MAX_TOKENS_CAP, max_queue=16, max_body_bytes=MAX_BODY_BYTES,
-                     default_spec=FIXED_DRAFT)
+    app = create_app(
+        tiny_pipeline(),
+        max_tokens_cap=MAX_TOKENS_CAP,
+        max_queue=16,
+        max_body_bytes=MAX_BODY_BYTES,
+        default_spec=FIXED_DRAFT,
+    )
     with LiveServer(app) as server:
         wait_ready(server.url)
         yield server
@@ -312,7 +316,10 @@ def save_tiny_pair(root, prompts) -> object:
     """The bigram pair saved as Hugging Face checkpoint folders ``root/target`` and ``root/draft``
     (so the CLI loads it by path) and ``prompts`` (dicts) as ``root/prompts.jsonl``; returns ``root``."""
     tokenizer = build_tokenizer()
-    for name, table, seed in (("target", successor_table(tokenizer), 0), ("draft", successor_table(tokenizer, num_changed=2), 1)):
+    for name, table, seed in (
+        ("target", successor_table(tokenizer), 0),
+        ("draft", successor_table(tokenizer, num_changed=2), 1),
+    ):
         bigram_qwen2(tokenizer, table, seed=seed).save_pretrained(root / name)
         tokenizer.save_pretrained(root / name)
     (root / "prompts.jsonl").write_text("\n".join(json.dumps(p) for p in prompts) + "\n")

@@ -79,7 +79,9 @@ def test_kv_cache_bytes_of_the_real_pair():
 
 
 def test_memory_advice_budget_and_overhead():
-    config = SimpleNamespace(num_hidden_layers=1, num_attention_heads=1, hidden_size=4)  # KV = 2 * 1 * 1 * 4 * 10 * 1 = 80 bytes
+    config = SimpleNamespace(
+        num_hidden_layers=1, num_attention_heads=1, hidden_size=4
+    )  # KV = 2 * 1 * 1 * 4 * 10 * 1 = 80 bytes
     memory = memory_advice(config, config, 920, 120, context_length=10, bytes_per_element=1, budget_bytes=1100)
     assert memory["total_bytes"] == 920 + 80 + 120 + 80
     assert memory["draft_overhead_pct"] == pytest.approx(20.0)
@@ -88,7 +90,6 @@ def test_memory_advice_budget_and_overhead():
 
 def test_kv_geometry_of_a_gguf_runner_comes_from_the_header(tmp_path):
     from gguf_models import write_gguf_model
-
     from verispec.bench.advise import kv_geometry
 
     path = write_gguf_model(tmp_path / "m.gguf", num_layers=2, heads=4, kv_heads=2)  # hidden 256: head_dim 64
@@ -112,7 +113,12 @@ def test_equivalent_settings():
     assert draft["vllm"] == {"method": "draft_model", "model": "/models/draft.gguf", "num_speculative_tokens": 4}
     assert draft["transformers"]["assistant_generation_config"]["num_assistant_tokens"] == 4
     ngram = equivalent_settings("ngram", 6, None, 2, 4)
-    assert ngram["vllm"] == {"method": "ngram", "num_speculative_tokens": 6, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    assert ngram["vllm"] == {
+        "method": "ngram",
+        "num_speculative_tokens": 6,
+        "prompt_lookup_min": 2,
+        "prompt_lookup_max": 4,
+    }
     assert ngram["transformers"] == {"prompt_lookup_num_tokens": 6, "max_matching_ngram_size": 4}
     assert equivalent_settings("layer-skip", 3, None) == {"transformers": None, "vllm": None}
 
@@ -150,11 +156,14 @@ def test_measure_verify_curve_times_each_length_and_empties_the_cache():
 
 def test_memory_advice_prices_an_eagle_head():
     config = SimpleNamespace(num_hidden_layers=1, num_attention_heads=1, hidden_size=4)  # target KV: 80 bytes
-    memory = memory_advice(config, None, 920, 0, context_length=10, bytes_per_element=1, budget_bytes=None,
-                           head_param_bytes=60, head_kv=40)
+    memory = memory_advice(
+        config, None, 920, 0, context_length=10, bytes_per_element=1, budget_bytes=None, head_param_bytes=60, head_kv=40
+    )
     assert memory["total_bytes"] == 920 + 80 + 60 + 40
     assert memory["head_overhead_pct"] == pytest.approx(10.0) and memory["head_within_limit"] is True
-    over = memory_advice(config, None, 920, 0, context_length=10, bytes_per_element=1, budget_bytes=None, head_param_bytes=61, head_kv=40)
+    over = memory_advice(
+        config, None, 920, 0, context_length=10, bytes_per_element=1, budget_bytes=None, head_param_bytes=61, head_kv=40
+    )
     assert over["head_within_limit"] is False
     plain = memory_advice(config, None, 920, 0, context_length=10, bytes_per_element=1, budget_bytes=None)
     assert plain["head_overhead_pct"] is None and plain["head_within_limit"] is None
@@ -162,14 +171,15 @@ def test_memory_advice_prices_an_eagle_head():
 
 def test_head_bytes_count_its_own_weights_and_one_layer_of_kv():
     from helpers import tiny_qwen2
-
     from verispec.bench.advise import head_kv_bytes
     from verispec.runners.eagle.blocks import head_nbytes, quantize_head_
     from verispec.runners.eagle.head import EagleHead
 
     target = tiny_qwen2(0)
     head = EagleHead.from_target(target, draft_token_ids=torch.arange(64), seed=0)
-    own = sum(p.numel() * 4 for p in head.parameters()) + sum(b.numel() * b.element_size() for b in head.buffers())  # d2t, RoPE
+    own = sum(p.numel() * 4 for p in head.parameters()) + sum(
+        b.numel() * b.element_size() for b in head.buffers()
+    )  # d2t, RoPE
     assert head_nbytes(head) == own  # the borrowed target embedding is not counted
     assert own < sum(p.numel() * 4 for p in target.parameters())
     quantize_head_(head, "q8_0")

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from helpers import make_engine
+from verispec.algorithms.sampling import SamplingParams
 from verispec.bench.audit import QualityAuditor, describe_audit, first_difference, target_logprobs
 from verispec.engine import SpeculativeConfig
 from verispec.errors import InvalidParameterError
-from verispec.algorithms.sampling import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=12)
 DRAFT = SpeculativeConfig(method="draft", num_speculative_tokens=4)
@@ -86,7 +86,9 @@ def test_a_full_queue_drops_the_audit_instead_of_waiting(target_model):
 def test_a_differing_output_is_counted_with_where_it_differs(target_model):
     engine = make_engine(target_model)
     output = engine.generate(PROMPT, GREEDY, SpeculativeConfig(method="none"))
-    wrong = dataclasses.replace(output, token_ids=output.token_ids[:3] + [(output.token_ids[3] + 1) % 96] + output.token_ids[4:])
+    wrong = dataclasses.replace(
+        output, token_ids=output.token_ids[:3] + [(output.token_ids[3] + 1) % 96] + output.token_ids[4:]
+    )
     auditor = QualityAuditor(1.0)
     result = auditor.audit(engine, PROMPT, GREEDY, wrong, request_id="bad")
     assert (result.agreed, result.first_difference) == (False, 3)
@@ -103,7 +105,9 @@ def test_target_logprobs_match_a_plain_forward(target_model):
     ids = torch.tensor([PROMPT + output.token_ids[:-1]])
     with torch.no_grad():
         logits = target_model(ids).logits[0, len(PROMPT) - 1 :]
-    expected = torch.log_softmax(logits / 0.7, dim=-1)[torch.arange(len(output.token_ids)), torch.tensor(output.token_ids)]
+    expected = torch.log_softmax(logits / 0.7, dim=-1)[
+        torch.arange(len(output.token_ids)), torch.tensor(output.token_ids)
+    ]
     assert torch.allclose(got, expected, atol=1e-4)
     assert engine.target.num_cached_tokens == 0
     with pytest.raises(InvalidParameterError):

@@ -4,14 +4,14 @@ import time
 
 import pytest
 
-from helpers import BigramRunner, CharTokenizer, chain_table, make_engine, single_thread  # noqa: F401 (autouse fixture)
+from helpers import BigramRunner, CharTokenizer, chain_table, make_engine, single_thread
 from verispec.algorithms.control import ControllerConfig, CostModel
+from verispec.algorithms.sampling import SamplingParams
 from verispec.engine import SpeculativeConfig, SpeculativeEngine
-from verispec.errors import InvalidParameterError
 from verispec.engine.policy import drafter_order
+from verispec.errors import InvalidParameterError
 from verispec.proposers.draft_model import DraftModelProposer
 from verispec.proposers.layer_skip import LayerSkipProposer
-from verispec.algorithms.sampling import SamplingParams
 
 SERVING = [ord(c) % 96 for c in "serving " * 48]  # "serving " x 48, one token id per character
 PROMPTS = {
@@ -46,7 +46,9 @@ def test_missing_drafter_is_refused():
 @pytest.fixture(scope="module")
 def plain_outputs(target_model):
     engine = make_engine(target_model, max_context_length=512)
-    return {name: engine.generate(p, GREEDY_32, SpeculativeConfig(method="none")).token_ids for name, p in PROMPTS.items()}
+    return {
+        name: engine.generate(p, GREEDY_32, SpeculativeConfig(method="none")).token_ids for name, p in PROMPTS.items()
+    }
 
 
 @pytest.mark.parametrize("k", range(1, 9))
@@ -73,7 +75,9 @@ def test_schedules_greedy_equal_plain(schedule, method, target_model, partial_dr
 
 
 def test_auto_falls_back_to_layer_skip(target_model, plain_outputs):
-    engine = make_engine(target_model, max_context_length=512, proposers={"layer-skip": LayerSkipProposer(target_model, 1)})
+    engine = make_engine(
+        target_model, max_context_length=512, proposers={"layer-skip": LayerSkipProposer(target_model, 1)}
+    )
     out = engine.generate(PROMPTS["no-repeats"], GREEDY_32, SpeculativeConfig(method="auto", num_speculative_tokens=4))
     assert out.token_ids == plain_outputs["no-repeats"]
     assert out.metrics.spec.per_drafter["layer-skip"].num_drafts > 0
@@ -96,7 +100,9 @@ def cycle_engine(draft_type=DraftModelProposer, **kwargs):
 
 
 def test_auto_records_which_drafter_produced_each_token():
-    out = cycle_engine().generate([4], SamplingParams(max_tokens=20), SpeculativeConfig(method="auto", num_speculative_tokens=3))
+    out = cycle_engine().generate(
+        [4], SamplingParams(max_tokens=20), SpeculativeConfig(method="auto", num_speculative_tokens=3)
+    )
     assert out.token_ids == [5, 6, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3]
     sources = out.token_sources
     assert len(sources) == len(out.token_ids) and sources[0] == "target"
@@ -124,7 +130,9 @@ def test_cost_schedule_switches_off_a_hopeless_drafter():
     engine.cost_model.record_draft("draft", 1, 0.005)  # a drafted token 5 ms
     engine.cost_model.draft_ratio["draft"] = 0.5  # the same, as the per-step ratio (else the first real sample sets it)
     engine.cost_model.weight = 0.0  # freeze the costs: the bigram doubles take microseconds
-    out = engine.generate([4], SamplingParams(max_tokens=30), SpeculativeConfig(method="draft", num_speculative_tokens=8, schedule="cost"))
+    out = engine.generate(
+        [4], SamplingParams(max_tokens=30), SpeculativeConfig(method="draft", num_speculative_tokens=8, schedule="cost")
+    )
     chosen = out.metrics.spec.chosen_k
     # the prior alpha (0.6) and, after one rejection, 0.54 (weight 0.1) make one drafted token look
     # worthwhile (1.6 / 1.5, 1.54 / 1.5) ...
@@ -139,7 +147,9 @@ def test_acceptance_estimate_carries_to_the_next_request():
     for k in range(4):
         engine.cost_model.record_verify(k, 0.010)  # frozen costs: drafting is cheap (c = 0.05)
     engine.cost_model.record_draft("draft", 1, 0.0005)
-    engine.cost_model.draft_ratio["draft"] = 0.05  # frozen too: a first real-time sample of microsecond doubles is noise
+    engine.cost_model.draft_ratio["draft"] = (
+        0.05  # frozen too: a first real-time sample of microsecond doubles is noise
+    )
     engine.cost_model.weight = 0.0
     spec = SpeculativeConfig(method="draft", num_speculative_tokens=3, schedule="cost")
     engine.generate([4], SamplingParams(max_tokens=12), spec)
@@ -161,7 +171,9 @@ class SlowFirstProposer(DraftModelProposer):
 
 def test_draft_cost_is_measured_in_steady_state_only():
     engine = cycle_engine(SlowFirstProposer)
-    out = engine.generate([4], SamplingParams(max_tokens=8), SpeculativeConfig(method="draft", num_speculative_tokens=2))
+    out = engine.generate(
+        [4], SamplingParams(max_tokens=8), SpeculativeConfig(method="draft", num_speculative_tokens=2)
+    )
     assert out.metrics.draft_ms > 200  # the slow first proposal did happen ...
     assert engine.cost_model.draft_token_s["draft"] < 0.02  # ... but is not a per-token cost
 
@@ -218,7 +230,9 @@ def test_without_catch_up_pricing_the_draft_drafts_from_the_first_step():
 def test_user_chosen_draft_lengths_draft_whatever_the_prefill_costs():
     engine = frozen_cycle_engine([8] * 4)
     params = SamplingParams(max_tokens=8)
-    out = engine.generate(NO_REPEATS, params, SpeculativeConfig(method="draft", num_speculative_tokens=4, schedule="constant"))
+    out = engine.generate(
+        NO_REPEATS, params, SpeculativeConfig(method="draft", num_speculative_tokens=4, schedule="constant")
+    )
     assert out.token_sources[1] == "draft"  # the constant schedule is the user's choice, not priced
 
 
@@ -249,7 +263,7 @@ def test_a_catch_up_is_timed_beyond_the_steady_cost():
     assert "draft" not in engine.cost_model.catch_up_s  # the first request's first proposal: no steady cost yet
     assert engine.cost_model.draft_token_s["draft"] < 0.005  # steady proposals feed 1-2 tokens: no sleep
     engine.generate([1, 2, 3, 4, 5, 6, 4, 5], SamplingParams(max_tokens=8), spec)  # 9 tokens the draft has not seen
-    (bucket, seconds), = engine.cost_model.catch_up_s["draft"].items()
+    ((bucket, seconds),) = engine.cost_model.catch_up_s["draft"].items()
     assert bucket == 8 and seconds >= 0.5 * 0.090 * 8 / 9  # slept 90 ms feeding 9 tokens, scaled to the bucket of 8
 
 

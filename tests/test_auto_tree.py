@@ -1,15 +1,15 @@
 """``auto`` with a tree-capable target: the draft model's chain or tree, chosen per step by realised rate."""
 
 import pytest
-from helpers import make_engine, single_thread  # noqa: F401 (autouse fixture)
 
+from helpers import make_engine, single_thread
 from verispec.algorithms.control import ControllerConfig, CostModel
+from verispec.algorithms.sampling import SamplingParams
 from verispec.engine import SpeculativeConfig
 from verispec.engine.policy import DraftPolicy, drafter_order
 from verispec.proposers import DraftOutput, Proposer
 from verispec.proposers.draft_tree import DraftTreeProposer
 from verispec.runners.torch_runner import TransformersRunner
-from verispec.algorithms.sampling import SamplingParams
 
 
 @pytest.mark.parametrize(
@@ -53,8 +53,13 @@ def test_an_unrated_alternative_is_tried_first():
 
 def test_a_weak_head_loses_its_steps_to_the_draft_model_once_both_are_rated():
     costs = CostModel(verify_s={0: 1.0}, drafter_rate={"eagle": 0.6, "draft": 1.3, "tree": 1.1})
-    policy = DraftPolicy([("eagle", Fixed()), ("draft", Fixed()), ("tree", Fixed())], "constant", 2, costs,
-                         ControllerConfig(probe_interval=4))
+    policy = DraftPolicy(
+        [("eagle", Fixed()), ("draft", Fixed()), ("tree", Fixed())],
+        "constant",
+        2,
+        costs,
+        ControllerConfig(probe_interval=4),
+    )
     steps = [policy.draft(None, 2).drafter for _ in range(12)]
     # best first; every 4th choice one of the others (in turn) goes first for two steps
     assert steps == ["draft"] * 3 + ["tree"] * 2 + ["draft"] * 2 + ["eagle"] * 2 + ["draft"] * 2 + ["tree"]

@@ -9,12 +9,12 @@ memory-bound one (a pass costs the same whatever its rows: drafting pays)."""
 
 import pytest
 
-from test_batching import PIECES, PROMPTS, gguf_engine, gguf_files  # noqa: F401 (fixture)
+from test_batching import PIECES, PROMPTS, gguf_engine, gguf_files
+from verispec.algorithms.control import CostModel
+from verispec.algorithms.sampling import SamplingParams
 from verispec.engine import SpeculativeConfig
 from verispec.engine.policy import DraftPolicy
 from verispec.engine.scheduler import Scheduler
-from verispec.algorithms.control import CostModel
-from verispec.algorithms.sampling import SamplingParams
 
 NUM_REQUESTS = 8
 MAX_TOKENS = 24
@@ -61,7 +61,7 @@ def run(engine, spec: SpeculativeConfig) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def plain(gguf_files):  # noqa: F811
+def plain(gguf_files):
     return run(gguf_engine(gguf_files), SpeculativeConfig(method="none"))
 
 
@@ -70,7 +70,7 @@ def test_the_library_default_schedule_is_cost():
     assert SpeculativeConfig(method="auto").schedule == "cost"
 
 
-def test_a_compute_bound_batch_of_auto_requests_does_not_draft(gguf_files, plain, monkeypatch):  # noqa: F811
+def test_a_compute_bound_batch_of_auto_requests_does_not_draft(gguf_files, plain, monkeypatch):
     engine = gguf_engine(gguf_files)
     fixed_costs(engine, monkeypatch, lambda rows: 0.01 * rows)
     seen = watch_drafts(monkeypatch)
@@ -80,7 +80,7 @@ def test_a_compute_bound_batch_of_auto_requests_does_not_draft(gguf_files, plain
     assert sum(drafted for _, drafted in batched) == 0
 
 
-def test_a_memory_bound_batch_drafts_and_only_where_its_estimate_beats_plain(gguf_files, plain, monkeypatch):  # noqa: F811
+def test_a_memory_bound_batch_drafts_and_only_where_its_estimate_beats_plain(gguf_files, plain, monkeypatch):
     engine = gguf_engine(gguf_files)
     fixed_costs(engine, monkeypatch, lambda rows: 0.01)
     seen = watch_drafts(monkeypatch)
@@ -90,7 +90,7 @@ def test_a_memory_bound_batch_drafts_and_only_where_its_estimate_beats_plain(ggu
     assert all(speedup is not None and speedup >= 1.0 for size, speedup in drafting if size >= 2)
 
 
-def test_the_constant_schedule_drafts_into_a_compute_bound_batch(gguf_files, plain, monkeypatch):  # noqa: F811
+def test_the_constant_schedule_drafts_into_a_compute_bound_batch(gguf_files, plain, monkeypatch):
     """What the default avoids: the same batch with ``constant`` drafts at an estimate below plain."""
     engine = gguf_engine(gguf_files)
     fixed_costs(engine, monkeypatch, lambda rows: 0.01 * rows)

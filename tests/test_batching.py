@@ -9,8 +9,12 @@ import pytest
 import torch
 
 from gguf_models import MIXED, VOCAB, perturbed_copy, write_gguf_model
-from helpers import CharTokenizer, default_pieces, perturbed_copy as perturbed_module, single_thread, tiny_qwen2  # noqa: F401
+from helpers import CharTokenizer, default_pieces, single_thread, tiny_qwen2
+from helpers import perturbed_copy as perturbed_module
+from verispec.algorithms.sampling import SamplingParams
+from verispec.algorithms.tree import TokenTree, tree_attention_mask, tree_position_ids
 from verispec.engine import SpeculativeConfig, SpeculativeEngine
+from verispec.engine.scheduler import Scheduler
 from verispec.errors import InvalidParameterError
 from verispec.proposers.draft_model import DraftModelProposer
 from verispec.proposers.draft_tree import DraftTreeProposer
@@ -18,13 +22,18 @@ from verispec.runners import ForwardCall, Runner, forward_batch, prefill
 from verispec.runners.cpu.gguf_runner import GGUFRunner
 from verispec.runners.cpu.int8 import Int8Runner
 from verispec.runners.torch_runner import TransformersRunner
-from verispec.algorithms.sampling import SamplingParams
-from verispec.engine.scheduler import Scheduler
-from verispec.algorithms.tree import TokenTree, tree_attention_mask, tree_position_ids
 
 PIECES = CharTokenizer(default_pieces(VOCAB))
-PROMPTS = [[5, 17, 33, 2, 9], [70, 3], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20], [40] * 12, [8, 9, 8, 9, 8, 9, 8],
-           [60, 61, 62], [1 + i % 50 for i in range(37)], [90, 4, 22, 4, 90, 4]]
+PROMPTS = [
+    [5, 17, 33, 2, 9],
+    [70, 3],
+    [11, 12, 13, 14, 15, 16, 17, 18, 19, 20],
+    [40] * 12,
+    [8, 9, 8, 9, 8, 9, 8],
+    [60, 61, 62],
+    [1 + i % 50 for i in range(37)],
+    [90, 4, 22, 4, 90, 4],
+]
 # (method, max_tokens, stop, penalties): a mix of what requests ask for, one row per request
 REQUESTS = [
     ("draft", 30, (), {}),
@@ -49,7 +58,9 @@ def gguf_engine(files, **options) -> SpeculativeEngine:
     target = GGUFRunner.from_file(files["target"], max_context_length=256)
     proposers = {
         "draft": DraftModelProposer(GGUFRunner.from_file(files["draft"], max_context_length=256)),
-        "tree": DraftTreeProposer(GGUFRunner.from_file(files["draft"], max_context_length=256), branching=2, max_depth=4),
+        "tree": DraftTreeProposer(
+            GGUFRunner.from_file(files["draft"], max_context_length=256), branching=2, max_depth=4
+        ),
     }
     return SpeculativeEngine(target, PIECES, eos_token_ids=(0,), proposers=proposers, **options)
 
@@ -95,7 +106,9 @@ def test_gguf_sampled_with_seed_batched_equals_alone(gguf_files):
     for i in range(6):
         prompt, params, _ = request(i, seed=100 + i, temperature=0.9)
         # a seed fixes the tokens for fixed draft lengths (the cost schedule's depend on measured times)
-        requests.append((prompt, params, SpeculativeConfig(method="draft", num_speculative_tokens=3, schedule="constant")))
+        requests.append(
+            (prompt, params, SpeculativeConfig(method="draft", num_speculative_tokens=3, schedule="constant"))
+        )
     alone = [engine.generate(*r).token_ids for r in requests]
     batched, _ = run_batched(engine, requests)
     assert batched == alone
@@ -123,10 +136,13 @@ def test_chunked_prefill_of_a_long_prompt_beside_decoding_requests(gguf_files):
 def test_int8_runner_greedy_batched_equals_alone():
     target = Int8Runner.from_module(tiny_qwen2(0), max_context_length=256)
     draft = Int8Runner.from_module(perturbed_module(tiny_qwen2(0), 0.2, seed=1), max_context_length=256)
-    engine = SpeculativeEngine(target, CharTokenizer(default_pieces(96)), eos_token_ids=(),
-                               proposers={"draft": DraftModelProposer(draft)})
-    requests = [(PROMPTS[i], SamplingParams(max_tokens=25), SpeculativeConfig(method=("draft", "ngram", "none", "auto")[i % 4]))
-                for i in range(8)]
+    engine = SpeculativeEngine(
+        target, CharTokenizer(default_pieces(96)), eos_token_ids=(), proposers={"draft": DraftModelProposer(draft)}
+    )
+    requests = [
+        (PROMPTS[i], SamplingParams(max_tokens=25), SpeculativeConfig(method=("draft", "ngram", "none", "auto")[i % 4]))
+        for i in range(8)
+    ]
     alone = [engine.generate(*r).token_ids for r in requests]
     batched, largest = run_batched(engine, requests)
     assert batched == alone and largest == 8
@@ -135,11 +151,15 @@ def test_int8_runner_greedy_batched_equals_alone():
 def test_torch_runner_batches_one_sequence_after_the_other():
     model = tiny_qwen2(0)
     engine = SpeculativeEngine(
-        TransformersRunner(model), CharTokenizer(default_pieces(96)), eos_token_ids=(),
+        TransformersRunner(model),
+        CharTokenizer(default_pieces(96)),
+        eos_token_ids=(),
         proposers={"draft": DraftModelProposer(TransformersRunner(perturbed_module(model, 0.2, seed=1)))},
     )
-    requests = [(PROMPTS[i], SamplingParams(max_tokens=15), SpeculativeConfig(method="draft", num_speculative_tokens=3))
-                for i in range(4)]
+    requests = [
+        (PROMPTS[i], SamplingParams(max_tokens=15), SpeculativeConfig(method="draft", num_speculative_tokens=3))
+        for i in range(4)
+    ]
     alone = [engine.generate(*r).token_ids for r in requests]
     batched, largest = run_batched(engine, requests)
     assert batched == alone and largest == 4
@@ -156,7 +176,9 @@ def test_forward_batch_rows_are_each_sequences_own_rows(gguf_files):
         ForwardCall(sequences[0], [4, 5, 6]),  # a chain
         ForwardCall(sequences[1], [7]),  # a plain step
         ForwardCall(sequences[2], list(range(20, 32)), num_logits=0),  # a prefill chunk: no rows
-        ForwardCall(sequences[3], list(tree.token_ids), None, tree_position_ids(tree, cached), tree_attention_mask(tree, cached)),
+        ForwardCall(
+            sequences[3], list(tree.token_ids), None, tree_position_ids(tree, cached), tree_attention_mask(tree, cached)
+        ),
     ]
     batched = forward_batch(calls)
     assert [b.shape[0] for b in batched] == [3, 1, 0, 5]
@@ -185,7 +207,9 @@ def test_kv_budget_makes_the_queue_wait_first_come_first_served(gguf_files):
     first = scheduler.add(PROMPTS[0], params, SpeculativeConfig(method="none"))  # reserves 5 + 100 + 6
     second = scheduler.add(PROMPTS[1], params, SpeculativeConfig(method="none"))  # 108: fits beside the first
     third = scheduler.add(PROMPTS[2], params, SpeculativeConfig(method="none"))  # 116: must wait
-    fourth = scheduler.add(PROMPTS[1], SamplingParams(max_tokens=2), SpeculativeConfig(method="none"))  # small, behind it
+    fourth = scheduler.add(
+        PROMPTS[1], SamplingParams(max_tokens=2), SpeculativeConfig(method="none")
+    )  # small, behind it
     scheduler.step()
     assert [first.running, second.running, third.running, fourth.running] == [True, True, False, False]
     assert scheduler.reserved_kv_tokens == first.kv_tokens + second.kv_tokens <= 256
@@ -227,12 +251,19 @@ def test_batched_drafts_equal_each_requests_own_drafts(gguf_files):
 
     base = DraftModelProposer(GGUFRunner.from_file(gguf_files["draft"], max_context_length=256))
     # (prompt, output so far, temperature, draft_stop_threshold, k): greedy, sampled, an early stop, no room
-    cases = [(PROMPTS[0], [3, 4], 0.0, 0.0, 5), (PROMPTS[2], [], 0.8, 0.0, 4), (PROMPTS[6], [9], 0.0, 0.9, 6),
-             (PROMPTS[1], [], 1.0, 0.0, 1), ([5] * 255, [], 0.0, 0.0, 3)]
+    cases = [
+        (PROMPTS[0], [3, 4], 0.0, 0.0, 5),
+        (PROMPTS[2], [], 0.8, 0.0, 4),
+        (PROMPTS[6], [9], 0.0, 0.9, 6),
+        (PROMPTS[1], [], 1.0, 0.0, 1),
+        ([5] * 255, [], 0.0, 0.0, 3),
+    ]
 
     def requests():
-        return [DraftRequest(p, o, SamplingParams(temperature=t, seed=1), torch.Generator().manual_seed(7 + i), thr)
-                for i, (p, o, t, thr, _) in enumerate(cases)]
+        return [
+            DraftRequest(p, o, SamplingParams(temperature=t, seed=1), torch.Generator().manual_seed(7 + i), thr)
+            for i, (p, o, t, thr, _) in enumerate(cases)
+        ]
 
     alone = [base.new_sequence().propose(r, c[4]) for r, c in zip(requests(), cases)]
     batched = propose_batch([(base.new_sequence(), r, c[4]) for r, c in zip(requests(), cases)])
@@ -253,7 +284,10 @@ def test_a_request_the_engine_cannot_start_fails_alone(gguf_files):
 
     engine.start = picky
     scheduler = Scheduler(engine, max_num_seqs=4)
-    handles = [scheduler.add(PROMPTS[i], SamplingParams(max_tokens=6), SpeculativeConfig(method="draft"), tag=i) for i in range(3)]
+    handles = [
+        scheduler.add(PROMPTS[i], SamplingParams(max_tokens=6), SpeculativeConfig(method="draft"), tag=i)
+        for i in range(3)
+    ]
     done = {}
     while scheduler.running or scheduler.waiting:
         for handle, chunk in scheduler.step():

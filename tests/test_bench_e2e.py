@@ -19,15 +19,34 @@ PROMPTS = [
     {"prompt": "Hello 你好", "category": "greeting"},
     {"turns": ["世界é!"], "category": "chat"},
 ]
-TOP_KEYS = {"schema", "schema_version", "created_at", "output_bucket_tokens", "config", "environment", "models",
-            "memory", "runners", "records", "summary", "exactness", "audit", "plots", "curves", "prefill", "quality"}
+TOP_KEYS = {
+    "schema",
+    "schema_version",
+    "created_at",
+    "output_bucket_tokens",
+    "config",
+    "environment",
+    "models",
+    "memory",
+    "runners",
+    "records",
+    "summary",
+    "exactness",
+    "audit",
+    "plots",
+    "curves",
+    "prefill",
+    "quality",
+}
 
 
 @pytest.fixture(scope="module")
 def bench_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     items = parse_jsonl([json.dumps(p) for p in PROMPTS])
-    config = BenchConfig(methods=("none", "draft", "ngram"), peers=("transformers", "llama.cpp"), max_tokens=16, audit_rate=1.0)
+    config = BenchConfig(
+        methods=("none", "draft", "ngram"), peers=("transformers", "llama.cpp"), max_tokens=16, audit_rate=1.0
+    )
     results = run_and_report(tiny_pipeline(), items, config, out, workload="tiny", dtype="float32")
     return out, results
 
@@ -92,16 +111,48 @@ def test_cli_bench_and_advise(model_dirs, tmp_path):
     runner = CliRunner()
     models = ["--target", str(model_dirs / "target"), "--draft", str(model_dirs / "draft")]
     out = tmp_path / "results"
-    bench = runner.invoke(app, ["bench", "--prompts", str(model_dirs / "prompts.jsonl"), "--methods", "none,draft",
-                                "--peers", "none", "--max-tokens", "8", "--no-warmup", "--out", str(out), *models])
+    bench = runner.invoke(
+        app,
+        [
+            "bench",
+            "--prompts",
+            str(model_dirs / "prompts.jsonl"),
+            "--methods",
+            "none,draft",
+            "--peers",
+            "none",
+            "--max-tokens",
+            "8",
+            "--no-warmup",
+            "--out",
+            str(out),
+            *models,
+        ],
+    )
     assert bench.exit_code == 0, bench.output
     data = json.loads((out / RESULTS_FILE).read_text())
     # auto on a CPU: the int8 runner where its kernel is exact (AVX-512 VNNI), else the torch runner (said once)
     kind = "int8" if int8_warning(auto=True) is None else "torch"
     assert {r["runner"] for r in data["records"]} == {f"{kind}:none", f"{kind}:draft"}
     assert data["memory"]["rss_after_draft_bytes"] is not None
-    advise = runner.invoke(app, ["advise", "--prompts", str(model_dirs / "prompts.jsonl"), "--max-tokens", "8", "--max-k", "4",
-                                 "--memory-budget", "1", "--gpu-cost-per-month", "1000", "--json", *models])
+    advise = runner.invoke(
+        app,
+        [
+            "advise",
+            "--prompts",
+            str(model_dirs / "prompts.jsonl"),
+            "--max-tokens",
+            "8",
+            "--max-k",
+            "4",
+            "--memory-budget",
+            "1",
+            "--gpu-cost-per-month",
+            "1000",
+            "--json",
+            *models,
+        ],
+    )
     assert advise.exit_code == 0, advise.output
     advice = json.loads(advise.stdout.strip().splitlines()[-1])
     assert [v["category"] for v in advice["verdicts"]] == ["greeting", "chat", "all"]
@@ -132,7 +183,9 @@ def test_cli_bench_user_errors_exit_2(model_dirs, args, message, tmp_path):
 
 def test_cli_generate_audits_after_the_response(model_dirs):
     models = ["--target", str(model_dirs / "target"), "--draft", str(model_dirs / "draft")]
-    result = CliRunner().invoke(app, ["generate", "Hello", "--method", "draft", "--max-tokens", "8", "--audit-rate", "1", *models])
+    result = CliRunner().invoke(
+        app, ["generate", "Hello", "--method", "draft", "--max-tokens", "8", "--audit-rate", "1", *models]
+    )
     assert result.exit_code == 0, result.output
     assert "audit: output equals plain decoding token for token" in result.output
     assert result.output.index("verispec · method") < result.output.index("audit:")  # stats (after the text) first

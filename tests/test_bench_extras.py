@@ -3,14 +3,14 @@ former bench-runners command (draft quantization, reduced draft head, schedule).
 
 import pytest
 import torch
-from helpers import BigramRunner
 from typer.testing import CliRunner
 
-from verispec.cli import app
-from verispec.errors import VerispecError
+from helpers import BigramRunner
 from verispec.bench.extras import time_prefill
 from verispec.bench.report import prefill_rows, quality_rows
 from verispec.bench.run import BenchConfig
+from verispec.cli import app
+from verispec.errors import VerispecError
 
 
 def test_a_timed_prefill_runs_once_from_an_empty_cache_and_empties_it_again(monkeypatch):
@@ -26,7 +26,12 @@ def test_a_timed_prefill_runs_once_from_an_empty_cache_and_empties_it_again(monk
 
 
 def test_prefill_and_quality_tables():
-    header, rows = prefill_rows({"gguf": {512: {"seconds": 2.0, "tokens_per_s": 256.0}}, "llama.cpp": {"512": {"seconds": 1.0, "tokens_per_s": 512.0}}})
+    header, rows = prefill_rows(
+        {
+            "gguf": {512: {"seconds": 2.0, "tokens_per_s": 256.0}},
+            "llama.cpp": {"512": {"seconds": 1.0, "tokens_per_s": 512.0}},
+        }
+    )
     assert header == ["runner", "512 tokens: tok/s"] and rows == [["gguf", "256.0"], ["llama.cpp", "512.0"]]
     header, rows = quality_rows({"int8": {"positions": 64, "top1_agreement": 0.984375, "mean_kl_nats": 0.0012345}})
     assert rows == [["int8", "64", "0.9844", "0.00123"]]
@@ -54,7 +59,10 @@ def test_bench_schedule_reaches_every_participant(monkeypatch):
 def test_bench_sampling_mode_reaches_every_prompts_params():
     # sampled runs carry the mode (coupled: a seed fixes the text; rejection: the drafts shape it)
     assert BenchConfig(temperature=0.7, sampling="rejection").params(3).sampling == "rejection"
-    assert BenchConfig(temperature=0.7).params(3).sampling == "coupled" and BenchConfig(temperature=0.7).params(3).seed == 3
+    assert (
+        BenchConfig(temperature=0.7).params(3).sampling == "coupled"
+        and BenchConfig(temperature=0.7).params(3).seed == 3
+    )
     with pytest.raises(VerispecError, match="sampling must be one of"):
         BenchConfig(sampling="sometimes")
 
@@ -71,8 +79,22 @@ def test_bench_passes_the_draft_options_to_every_pipeline(monkeypatch, tmp_path)
     monkeypatch.setattr(command, "load_pipelines", fake_load)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "def f():"}\n')
-    result = CliRunner().invoke(app, ["bench", "--prompts", str(prompts), "--runner", "gguf,int8", "--draft-quantization", "q4_0",
-                                      "--draft-vocab", "4096", "--draft-vocab-corpus", "a.txt"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "--prompts",
+            str(prompts),
+            "--runner",
+            "gguf,int8",
+            "--draft-quantization",
+            "q4_0",
+            "--draft-vocab",
+            "4096",
+            "--draft-vocab-corpus",
+            "a.txt",
+        ],
+    )
     assert result.exit_code == 2 and "error: stop here" in result.output
     assert seen["runners"] == ["gguf", "int8"]
     assert seen["drafters"].draft_quantization == "q4_0"

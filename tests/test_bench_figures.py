@@ -12,18 +12,38 @@ from verispec.bench.run import RunRecord, mark_exactness
 def record(runner, prompt, tps, category="c", spec=None, tokens=(1, 2, 3), forwards=3, decode=None):
     family, method = runner.split(":")
     return RunRecord(
-        prompt_id=prompt, category=category, runner=runner, family=family, method=method, prompt_tokens=5,
-        output_tokens=len(tokens), finish_reason="length", ttft_ms=10.0, tpot_ms=5.0,
-        decode_tokens_per_s=decode if decode is not None else tps, total_tokens_per_s=tps, e2e_ms=100.0,
-        draft_ms=0.0, target_ms=90.0, num_target_forwards=forwards, spec=spec or {}, token_ids=list(tokens),
+        prompt_id=prompt,
+        category=category,
+        runner=runner,
+        family=family,
+        method=method,
+        prompt_tokens=5,
+        output_tokens=len(tokens),
+        finish_reason="length",
+        ttft_ms=10.0,
+        tpot_ms=5.0,
+        decode_tokens_per_s=decode if decode is not None else tps,
+        total_tokens_per_s=tps,
+        e2e_ms=100.0,
+        draft_ms=0.0,
+        target_ms=90.0,
+        num_target_forwards=forwards,
+        spec=spec or {},
+        token_ids=list(tokens),
     )
 
 
 def spec(drafts, drafted, accepted, per_position, by_bucket):
     return {
-        "num_drafts": drafts, "num_draft_tokens": drafted, "num_accepted_tokens": accepted,
-        "num_bonus_tokens": 0, "num_recovered_tokens": drafts, "accepted_per_position": per_position[0],
-        "drafted_per_position": per_position[1], "accepted_length_histogram": [], "accepted_by_output_bucket": by_bucket[0],
+        "num_drafts": drafts,
+        "num_draft_tokens": drafted,
+        "num_accepted_tokens": accepted,
+        "num_bonus_tokens": 0,
+        "num_recovered_tokens": drafts,
+        "accepted_per_position": per_position[0],
+        "drafted_per_position": per_position[1],
+        "accepted_length_histogram": [],
+        "accepted_by_output_bucket": by_bucket[0],
         "drafted_by_output_bucket": by_bucket[1],
     }
 
@@ -66,7 +86,9 @@ RECORDS = [
     record("transformers:plain", "p1", 5.0),
     record("transformers:assisted", "p1", 10.0),
     record("verispec:none", "p2", 10.0, category="d"),
-    record("verispec:draft", "p2", 5.0, category="d", spec=spec(1, 4, 0, ([0, 0, 0, 0], [1, 1, 1, 1]), ([0, 0], [0, 4]))),
+    record(
+        "verispec:draft", "p2", 5.0, category="d", spec=spec(1, 4, 0, ([0, 0, 0, 0], [1, 1, 1, 1]), ([0, 0], [0, 4]))
+    ),
     record("transformers:plain", "p2", 20.0, category="d"),
     record("transformers:assisted", "p2", 10.0, category="d"),
 ]
@@ -97,8 +119,12 @@ def test_summary_rows_pool_counters_and_take_geometric_means():
 
 
 def test_exactness_flags_and_mismatch_list():
-    batch = [record("verispec:none", "p", 1.0), record("verispec:draft", "p", 1.0, tokens=(1, 2, 4)),
-             record("transformers:plain", "p", 1.0), record("transformers:assisted", "p", 1.0)]
+    batch = [
+        record("verispec:none", "p", 1.0),
+        record("verispec:draft", "p", 1.0, tokens=(1, 2, 4)),
+        record("transformers:plain", "p", 1.0),
+        record("transformers:assisted", "p", 1.0),
+    ]
     mark_exactness(batch)
     flags = {r.runner: (r.matches_plain, r.matches_reference) for r in batch}
     assert flags == {
@@ -107,7 +133,14 @@ def test_exactness_flags_and_mismatch_list():
         "transformers:plain": (None, True),  # checked against verispec plain as the reference only
         "transformers:assisted": (True, True),
     }
-    assert exactness(batch, greedy=True) == {"greedy": True, "all_equal": False, "mismatches": [{"runner": "verispec:draft", "prompt_id": "p", "category": "c"}]}
+    assert exactness(batch, greedy=True) == {
+        "greedy": True,
+        "all_equal": False,
+        "mismatches": [{"runner": "verispec:draft", "prompt_id": "p", "category": "c"}],
+    }
     assert exactness(batch, greedy=False)["all_equal"] is None
     summary = {(r.runner, r.category): r for r in summarize(batch)}
-    assert (summary[("verispec:draft", ALL)].exact_checked, summary[("verispec:draft", ALL)].mismatched_prompts) == (1, ["p"])
+    assert (summary[("verispec:draft", ALL)].exact_checked, summary[("verispec:draft", ALL)].mismatched_prompts) == (
+        1,
+        ["p"],
+    )

@@ -5,13 +5,17 @@ not over them; the output-position axis spanning the buckets, even a single one.
 import pytest
 
 from test_bench_figures import record, spec
-from verispec.metrics import OUTPUT_BUCKET_TOKENS
 from verispec.bench.figures import summarize
 from verispec.bench.plots import PLOT_FILES, draw_figures, plot_caption, write_plots
+from verispec.metrics import OUTPUT_BUCKET_TOKENS
 
 CONFIG = {"workload": "specbench", "num_prompts": 26, "runner": "gguf", "max_tokens": 128}
-ENVIRONMENT = {"cpu_model": "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz", "kernel_isa": "avx512", "threads": 2,
-               "machine": "x86_64"}
+ENVIRONMENT = {
+    "cpu_model": "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz",
+    "kernel_isa": "avx512",
+    "threads": 2,
+    "machine": "x86_64",
+}
 CAPTION = plot_caption(CONFIG, ENVIRONMENT, "2026-12-05T10:00:00+00:00")
 
 
@@ -23,8 +27,15 @@ def one_bucket_records():
             name = f"{category}-{prompt}"
             rows.append(record("gguf:none", name, 10.0, category=category))
             for method, tps in (("draft", 19.0), ("ngram", 18.0), ("auto", 20.0)):
-                rows.append(record(f"gguf:{method}", name, tps, category=category,
-                                   spec=spec(2, 8, 6, ([2, 2, 1, 1], [2, 2, 2, 2]), ([6], [8]))))
+                rows.append(
+                    record(
+                        f"gguf:{method}",
+                        name,
+                        tps,
+                        category=category,
+                        spec=spec(2, 8, 6, ([2, 2, 1, 1], [2, 2, 2, 2]), ([6], [8])),
+                    )
+                )
     return rows
 
 
@@ -39,8 +50,10 @@ def figures():
 
 
 def test_caption_names_date_host_kernels_workload_and_prompts():
-    assert CAPTION == ("2026-12-05 · Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz, gguf kernels avx512, 2 threads · "
-                       "workload specbench, 26 prompts · runner gguf · max 128 new tokens")
+    assert CAPTION == (
+        "2026-12-05 · Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz, gguf kernels avx512, 2 threads · "
+        "workload specbench, 26 prompts · runner gguf · max 128 new tokens"
+    )
     assert plot_caption({}, {}, "") == "undated · unknown CPU"  # an old results file: nothing invented
 
 

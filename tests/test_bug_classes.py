@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import CharTokenizer, default_pieces, perturbed_copy, single_thread, tiny_qwen2  # noqa: F401
+from helpers import CharTokenizer, default_pieces, perturbed_copy, single_thread, tiny_qwen2
 from server_support import bigram_qwen2, build_tokenizer, successor_table
+from verispec.algorithms.sampling import SamplingParams
 from verispec.engine import SpeculativeConfig, SpeculativeEngine
 from verispec.engine.loader import SpeculativePipeline
 from verispec.engine.scheduler import Scheduler
@@ -29,10 +30,15 @@ from verispec.proposers.draft_tree import DraftTreeProposer
 from verispec.proposers.layer_skip import LayerSkipProposer
 from verispec.proposers.ngram import NgramProposer, copy_continuation, find_ngram_match
 from verispec.runners.torch_runner import TransformersRunner
-from verispec.algorithms.sampling import SamplingParams
 
 VOCAB = 96
-PROMPTS = [[5, 17, 33, 2, 9, 5, 17], [8, 9, 8, 9, 8, 9, 8], [60, 61, 62], [90, 4, 22, 4, 90, 4], [11, 12, 13, 14, 15, 16]]
+PROMPTS = [
+    [5, 17, 33, 2, 9, 5, 17],
+    [8, 9, 8, 9, 8, 9, 8],
+    [60, 61, 62],
+    [90, 4, 22, 4, 90, 4],
+    [11, 12, 13, 14, 15, 16],
+]
 METHODS = ["draft", "tree", "ngram", "suffix", "layer-skip"]  # every drafter kind of the engine
 # positive and negative values of each penalty (repetition: > 1 discourages, < 1 encourages)
 PENALTIES = [
@@ -57,20 +63,26 @@ def make_engine(target, draft, *, draft_context_length: int | None = None, ngram
     """The target with every kind of drafter: the draft model's chain and tree, layer skip (the
     target's first layer), and the n-gram and suffix lookups the engine adds itself."""
     proposers = {
-        "draft": DraftModelProposer(TransformersRunner(draft, max_context_length=draft_context_length), context_window=None),
+        "draft": DraftModelProposer(
+            TransformersRunner(draft, max_context_length=draft_context_length), context_window=None
+        ),
         "tree": DraftTreeProposer(TransformersRunner(draft), branching=2, max_depth=3),
         "layer-skip": LayerSkipProposer(target, 1),
     }
     if ngram is not None:
         proposers["ngram"] = ngram
-    return SpeculativeEngine(TransformersRunner(target), CharTokenizer(default_pieces(VOCAB)), eos_token_ids=(), proposers=proposers)
+    return SpeculativeEngine(
+        TransformersRunner(target), CharTokenizer(default_pieces(VOCAB)), eos_token_ids=(), proposers=proposers
+    )
 
 
 def draft_counts(output) -> dict:
     """What a request's drafting did, without its timings: per drafter and per position."""
     stats = output.metrics.spec
     return {
-        "per_drafter": {name: (d.num_drafts, d.num_draft_tokens, d.num_accepted_tokens) for name, d in stats.per_drafter.items()},
+        "per_drafter": {
+            name: (d.num_drafts, d.num_draft_tokens, d.num_accepted_tokens) for name, d in stats.per_drafter.items()
+        },
         "accepted_per_position": stats.accepted_per_position,
         "drafted_per_position": stats.drafted_per_position,
         "chosen_k": stats.chosen_k,
@@ -136,12 +148,15 @@ def test_a_draft_that_is_the_target_has_every_token_accepted_under_penalties(tar
         assert stats.num_draft_tokens > 20 and stats.num_accepted_tokens == stats.num_draft_tokens, prompt
 
 
-@pytest.mark.parametrize("penalties", [
-    {"repetition_penalty": 0.0},  # CTRL's penalty divides a seen token's logit: 0 has no meaning
-    {"repetition_penalty": -1.3},  # nor has a negative one (below 1 already encourages repeats)
-    {"presence_penalty": -2.5},  # OpenAI's range is [-2, 2]
-    {"frequency_penalty": 2.5},
-])
+@pytest.mark.parametrize(
+    "penalties",
+    [
+        {"repetition_penalty": 0.0},  # CTRL's penalty divides a seen token's logit: 0 has no meaning
+        {"repetition_penalty": -1.3},  # nor has a negative one (below 1 already encourages repeats)
+        {"presence_penalty": -2.5},  # OpenAI's range is [-2, 2]
+        {"frequency_penalty": 2.5},
+    ],
+)
 def test_penalties_outside_their_range_are_refused(penalties):
     with pytest.raises(InvalidParameterError, match=next(iter(penalties))):
         SamplingParams(**penalties)
@@ -149,8 +164,14 @@ def test_penalties_outside_their_range_are_refused(penalties):
 
 def test_penalties_under_the_scheduler_beside_other_requests(target, draft):
     engine = make_engine(target, draft)
-    requests = [(PROMPTS[i % len(PROMPTS)], SamplingParams(max_tokens=24, **PENALTIES[i]), spec(METHODS[i % len(METHODS)], 1 + i % 4))
-                for i in range(len(PENALTIES))]
+    requests = [
+        (
+            PROMPTS[i % len(PROMPTS)],
+            SamplingParams(max_tokens=24, **PENALTIES[i]),
+            spec(METHODS[i % len(METHODS)], 1 + i % 4),
+        )
+        for i in range(len(PENALTIES))
+    ]
     alone = [make_engine(target, draft).generate(*r) for r in requests]
     batched, largest = run_scheduler(engine, requests)
     assert largest == 4  # they shared passes
@@ -162,12 +183,20 @@ def test_penalties_under_the_scheduler_beside_other_requests(target, draft):
 
 
 def test_a_seeded_sampled_request_gives_the_same_tokens_alone_and_batched(target, draft):
-    seeded = [(PROMPTS[0], SamplingParams(max_tokens=30, temperature=0.9, seed=11), spec("draft", 3)),
-              (PROMPTS[1], SamplingParams(max_tokens=30, temperature=0.7, top_k=20, seed=12, presence_penalty=0.5), spec("tree", 4)),
-              (PROMPTS[3], SamplingParams(max_tokens=30, temperature=1.1, top_p=0.9, seed=13), spec("ngram", 3))]
-    others = [(PROMPTS[2], SamplingParams(max_tokens=40), spec("draft", 5)),  # greedy
-              (PROMPTS[4], SamplingParams(max_tokens=12, temperature=1.0), spec("layer-skip", 2)),  # unseeded
-              (PROMPTS[0], SamplingParams(max_tokens=30, temperature=0.9, seed=99), spec("draft", 3))]  # the first, another seed
+    seeded = [
+        (PROMPTS[0], SamplingParams(max_tokens=30, temperature=0.9, seed=11), spec("draft", 3)),
+        (
+            PROMPTS[1],
+            SamplingParams(max_tokens=30, temperature=0.7, top_k=20, seed=12, presence_penalty=0.5),
+            spec("tree", 4),
+        ),
+        (PROMPTS[3], SamplingParams(max_tokens=30, temperature=1.1, top_p=0.9, seed=13), spec("ngram", 3)),
+    ]
+    others = [
+        (PROMPTS[2], SamplingParams(max_tokens=40), spec("draft", 5)),  # greedy
+        (PROMPTS[4], SamplingParams(max_tokens=12, temperature=1.0), spec("layer-skip", 2)),  # unseeded
+        (PROMPTS[0], SamplingParams(max_tokens=30, temperature=0.9, seed=99), spec("draft", 3)),
+    ]  # the first, another seed
     alone = [make_engine(target, draft).generate(*r).token_ids for r in seeded]
     assert alone == [make_engine(target, draft).generate(*r).token_ids for r in seeded]  # a seed is reproducible
     engine = make_engine(target, draft)
@@ -193,7 +222,9 @@ class RecordingNgram(NgramProposer):
 
     def propose(self, request, num_speculative_tokens):
         draft = super().propose(request, num_speculative_tokens)
-        self.log.append((tuple(request.prompt_token_ids), request.context, num_speculative_tokens, draft.draft_token_ids))
+        self.log.append(
+            (tuple(request.prompt_token_ids), request.context, num_speculative_tokens, draft.draft_token_ids)
+        )
         return draft
 
 
@@ -201,8 +232,10 @@ def test_concurrent_ngram_drafts_come_from_each_requests_own_context(target, dra
     log: list = []
     engine = make_engine(target, draft, ngram=RecordingNgram(log))
     # both prompts repeat themselves (so lookup drafts) and share the n-gram (8, 9) with other continuations
-    requests = [([8, 9, 8, 9, 8, 9, 8], SamplingParams(max_tokens=40), spec("ngram")),
-                ([40, 8, 9, 41, 8, 9, 41, 8], SamplingParams(max_tokens=40), spec("ngram"))]
+    requests = [
+        ([8, 9, 8, 9, 8, 9, 8], SamplingParams(max_tokens=40), spec("ngram")),
+        ([40, 8, 9, 41, 8, 9, 41, 8], SamplingParams(max_tokens=40), spec("ngram")),
+    ]
     batched, largest = run_scheduler(engine, requests, max_num_seqs=2)
     assert largest == 2
     assert [b.token_ids for b in batched] == [engine.generate(p, params, PLAIN).token_ids for p, params, _ in requests]
@@ -218,14 +251,19 @@ def test_batched_drafters_keep_their_own_state_per_sequence(target, draft):
     engine = make_engine(target, draft)
     # two requests per drafter in one batch; a shared draft cache or lookup index would change
     # what each drafted (its counts), never its tokens (the target verifies)
-    requests = [(PROMPTS[(i + j) % len(PROMPTS)], SamplingParams(max_tokens=28), spec(method, 3))
-                for i, method in enumerate(["draft", "tree", "layer-skip", "ngram"]) for j in (0, 2)]
+    requests = [
+        (PROMPTS[(i + j) % len(PROMPTS)], SamplingParams(max_tokens=28), spec(method, 3))
+        for i, method in enumerate(["draft", "tree", "layer-skip", "ngram"])
+        for j in (0, 2)
+    ]
     alone = [make_engine(target, draft).generate(*r) for r in requests]
     batched, largest = run_scheduler(engine, requests, max_num_seqs=8)
     assert largest == 8
     assert [b.token_ids for b in batched] == [engine.generate(p, params, PLAIN).token_ids for p, params, _ in requests]
     assert [draft_counts(b) for b in batched] == [draft_counts(a) for a in alone]
-    suffix = [(p, SamplingParams(max_tokens=28), spec("suffix", 3)) for p in PROMPTS[:4]]  # one cache for all, by design
+    suffix = [
+        (p, SamplingParams(max_tokens=28), spec("suffix", 3)) for p in PROMPTS[:4]
+    ]  # one cache for all, by design
     batched, _ = run_scheduler(make_engine(target, draft), suffix)
     assert [b.token_ids for b in batched] == [engine.generate(p, params, PLAIN).token_ids for p, params, _ in suffix]
 
@@ -236,7 +274,11 @@ def test_batched_drafters_keep_their_own_state_per_sequence(target, draft):
 @pytest.mark.parametrize("method", METHODS)
 def test_a_request_after_a_cancelled_one_on_the_same_slot_equals_a_fresh_engine(target, draft, method):
     params = SamplingParams(max_tokens=30)
-    first = (PROMPTS[1], SamplingParams(max_tokens=60, presence_penalty=-1.0), spec(method, 5))  # cancelled after 4 passes
+    first = (
+        PROMPTS[1],
+        SamplingParams(max_tokens=60, presence_penalty=-1.0),
+        spec(method, 5),
+    )  # cancelled after 4 passes
     # the second shares the first's first three tokens, so a stale draft cache would look reusable
     second = (PROMPTS[1][:3] + [70, 71, 70, 71], params, spec(method))
     fresh = make_engine(target, draft).generate(*second)
@@ -275,11 +317,17 @@ def test_a_drafter_that_is_asked_for_but_not_loaded_is_refused_before_anything_r
             scheduler.add(PROMPTS[0], SamplingParams(max_tokens=4), spec(method))
     assert not scheduler.waiting and not scheduler.running  # nothing queued
     with pytest.raises(InvalidParameterError, match="subclass verispec.proposers.Proposer"):
-        SpeculativeEngine(TransformersRunner(target), CharTokenizer(default_pieces(VOCAB)), eos_token_ids=(),
-                          proposers={"draft": TransformersRunner(target)})  # a runner where a drafter belongs
+        SpeculativeEngine(
+            TransformersRunner(target),
+            CharTokenizer(default_pieces(VOCAB)),
+            eos_token_ids=(),
+            proposers={"draft": TransformersRunner(target)},
+        )  # a runner where a drafter belongs
 
 
-@pytest.mark.parametrize("options", [{"num_speculative_tokens": 0}, {"num_speculative_tokens": 65}, {"method": "medusa"}])
+@pytest.mark.parametrize(
+    "options", [{"num_speculative_tokens": 0}, {"num_speculative_tokens": 65}, {"method": "medusa"}]
+)
 def test_a_draft_length_or_method_that_cannot_be_is_refused(options):
     with pytest.raises(InvalidParameterError):
         SpeculativeConfig(**options)
@@ -287,9 +335,17 @@ def test_a_draft_length_or_method_that_cannot_be_is_refused(options):
 
 def loaded_model(model, tokenizer, *, eos: int | None = None, vocab_size: int | None = None):
     """``model`` as loaded with ``tokenizer`` (the pipeline checks the pair's compatibility)."""
-    return LoadedModel(name="m", model=model, tokenizer=tokenizer, path=None, load_time_s=0.0, param_bytes=0,
-                       eos_token_ids=(tokenizer.eos_token_id if eos is None else eos,), context_length=64,
-                       vocab_size=vocab_size or len(tokenizer))
+    return LoadedModel(
+        name="m",
+        model=model,
+        tokenizer=tokenizer,
+        path=None,
+        load_time_s=0.0,
+        param_bytes=0,
+        eos_token_ids=(tokenizer.eos_token_id if eos is None else eos,),
+        context_length=64,
+        vocab_size=vocab_size or len(tokenizer),
+    )
 
 
 def test_a_draft_with_another_vocabulary_or_eos_is_refused_at_load():
@@ -322,9 +378,13 @@ def test_a_draft_with_padding_rows_past_the_targets_never_drafts_them():
 
     successors = successor_table(tokenizer)
     hello = tokenizer.encode("Hello", add_special_tokens=False)
-    draft = bigram_qwen2(WiderHead(), {**successors, hello[1]: size + 3}, seed=1)  # its favourite after "ll": a padding row
-    pipe = SpeculativePipeline(loaded_model(bigram_qwen2(tokenizer, successors, seed=0), tokenizer),
-                               loaded_model(draft, tokenizer, vocab_size=size + 8))
+    draft = bigram_qwen2(
+        WiderHead(), {**successors, hello[1]: size + 3}, seed=1
+    )  # its favourite after "ll": a padding row
+    pipe = SpeculativePipeline(
+        loaded_model(bigram_qwen2(tokenizer, successors, seed=0), tokenizer),
+        loaded_model(draft, tokenizer, vocab_size=size + 8),
+    )
     proposer = pipe.engine.proposers["draft"]
     request = DraftRequest(hello[:2], [], SamplingParams(), None)
     assert proposer.propose(request, 1).draft_token_ids == [size + 3]  # what it drafts unbounded
@@ -337,13 +397,16 @@ def test_a_draft_with_padding_rows_past_the_targets_never_drafts_them():
         assert temperature > 0 or got.token_ids == pipe.generate("Hello", params, PLAIN).token_ids
 
 
-@pytest.mark.parametrize("num_tokens, capacity, start", [
-    (15, 16, 0),  # one draft token still fits: all of it
-    (16, 16, 8),  # full: from the middle on
-    (23, 16, 8),  # the start stays while tokens come (the cached prefix is reused)
-    (24, 16, 16),  # then moves on by half a window
-    (1, 1, 0),  # a one-token cache still reads the last token (and cannot draft)
-])
+@pytest.mark.parametrize(
+    "num_tokens, capacity, start",
+    [
+        (15, 16, 0),  # one draft token still fits: all of it
+        (16, 16, 8),  # full: from the middle on
+        (23, 16, 8),  # the start stays while tokens come (the cached prefix is reused)
+        (24, 16, 16),  # then moves on by half a window
+        (1, 1, 0),  # a one-token cache still reads the last token (and cannot draft)
+    ],
+)
 def test_a_draft_reads_the_latest_part_of_a_context_longer_than_its_window(num_tokens, capacity, start):
     assert window_start(num_tokens, capacity) == start
 
@@ -363,7 +426,9 @@ def test_a_missing_drafter_error_says_what_loads_it():
     from verispec.engine.policy import drafter_order
 
     loaded = ["ngram", "ngram-tree", "suffix", "suffix-tree"]  # what the gguf runner has without a draft
-    with pytest.raises(InvalidParameterError, match=r"loaded: ngram, ngram-tree, suffix, suffix-tree\): layer skip .*--runner torch"):
+    with pytest.raises(
+        InvalidParameterError, match=r"loaded: ngram, ngram-tree, suffix, suffix-tree\): layer skip .*--runner torch"
+    ):
         drafter_order("layer-skip", loaded)
     with pytest.raises(InvalidParameterError, match="--eagle-head FILE"):
         drafter_order("eagle", loaded)

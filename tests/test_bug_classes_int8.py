@@ -15,20 +15,30 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import pytest
 
-from helpers import VOCAB, CharTokenizer, default_pieces, perturbed_copy, single_thread, tiny_qwen2  # noqa: F401
+from helpers import VOCAB, CharTokenizer, default_pieces, perturbed_copy, single_thread, tiny_qwen2
+from server_support import (
+    FIXED_DRAFT,
+    GatedEngine,
+    LiveServer,
+    bigram_qwen2,
+    build_tokenizer,
+    metric_value,
+    reference,
+    successor_table,
+    tiny_pipeline,
+    wait_ready,
+)
 from test_server_features import WEATHER
+from verispec.algorithms.sampling import SamplingParams
 from verispec.engine import SpeculativeConfig, SpeculativeEngine
-from verispec.engine.scheduler import Scheduler
-from server_support import (FIXED_DRAFT, GatedEngine, LiveServer, bigram_qwen2, build_tokenizer, metric_value,  # noqa: F401
-                            reference, successor_table, tiny_pipeline, wait_ready)
 from verispec.engine.loader import SpeculativePipeline
+from verispec.engine.scheduler import Scheduler
 from verispec.errors import IncompatibleDraftError, InvalidParameterError
 from verispec.models.loading import LoadedModel
-from verispec.server import create_app
 from verispec.proposers.draft_model import DraftModelProposer
 from verispec.proposers.draft_tree import DraftTreeProposer
 from verispec.runners.cpu.int8 import Int8Runner
-from verispec.algorithms.sampling import SamplingParams
+from verispec.server import create_app
 
 PIECES = CharTokenizer(default_pieces(VOCAB))
 PLAIN = SpeculativeConfig(method="none")
@@ -49,8 +59,9 @@ def int8_engine(pair) -> SpeculativeEngine:
         "draft": DraftModelProposer(Int8Runner.from_module(draft, max_context_length=256)),
         "tree": DraftTreeProposer(Int8Runner.from_module(draft, max_context_length=256), branching=2, max_depth=4),
     }
-    return SpeculativeEngine(Int8Runner.from_module(target, max_context_length=256), PIECES, eos_token_ids=(0,),
-                             proposers=proposers)
+    return SpeculativeEngine(
+        Int8Runner.from_module(target, max_context_length=256), PIECES, eos_token_ids=(0,), proposers=proposers
+    )
 
 
 def constant(method: str, k: int = 4) -> SpeculativeConfig:
@@ -99,7 +110,10 @@ PENALTY_CASES = [
 
 
 def penalty_requests():
-    return [(prompt, SamplingParams(max_tokens=36, **penalties), constant(method)) for prompt, method, penalties in PENALTY_CASES]
+    return [
+        (prompt, SamplingParams(max_tokens=36, **penalties), constant(method))
+        for prompt, method, penalties in PENALTY_CASES
+    ]
 
 
 def test_penalties_apply_to_draft_rows_as_to_plain_decoding_alone_and_batched(pair):
@@ -111,7 +125,9 @@ def test_penalties_apply_to_draft_rows_as_to_plain_decoding_alone_and_batched(pa
     batched, largest = run_batched(engine, requests, max_num_seqs=len(requests))
     assert tokens(batched) == plain and largest == len(requests)
     assert all(o.metrics.spec.num_draft_tokens > 0 for o in alone + batched)  # every request really drafted
-    assert all(o.metrics.spec.num_accepted_tokens < o.metrics.spec.num_draft_tokens for o in alone[:2])  # rejections too
+    assert all(
+        o.metrics.spec.num_accepted_tokens < o.metrics.spec.num_draft_tokens for o in alone[:2]
+    )  # rejections too
     assert sum(o.metrics.spec.num_accepted_tokens for o in alone) > 0  # and some drafts were kept
     # the penalties really changed the output (else this would test nothing)
     unpenalised = [engine.generate(prompt, SamplingParams(max_tokens=36), PLAIN).token_ids for prompt, _, _ in requests]
@@ -127,7 +143,11 @@ def test_a_seeded_sampled_request_gives_its_alone_tokens_beside_other_requests(p
         ([5, 17, 33, 2, 9], SamplingParams(max_tokens=30, temperature=0.9, seed=7), constant("draft", 3)),
         ([8, 9, 8, 9, 8, 9, 8], SamplingParams(max_tokens=30, temperature=0.7, top_k=20, seed=8), constant("ngram", 4)),
         ([60, 61, 62], SamplingParams(max_tokens=30, temperature=1.2, top_p=0.9, seed=9), constant("tree", 6)),
-        ([11, 12, 13, 14], SamplingParams(max_tokens=30, temperature=0.8, seed=7, presence_penalty=0.5), constant("draft", 5)),
+        (
+            [11, 12, 13, 14],
+            SamplingParams(max_tokens=30, temperature=0.8, seed=7, presence_penalty=0.5),
+            constant("draft", 5),
+        ),
     ]
     others = [  # what shares the passes: greedy, unseeded sampling, the same seed on another prompt, plain
         ([70, 3], SamplingParams(max_tokens=40), constant("draft", 2)),
@@ -140,21 +160,31 @@ def test_a_seeded_sampled_request_gives_its_alone_tokens_beside_other_requests(p
     batched, largest = run_batched(engine, mine + others)
     assert tokens(batched[: len(mine)]) == alone and largest == len(mine) + len(others)
     reordered, _ = run_batched(engine, others[::-1] + mine[::-1])  # other neighbours, other rows of the pass
-    assert tokens(reordered[len(others):][::-1]) == alone
+    assert tokens(reordered[len(others) :][::-1]) == alone
     unseeded = [(p, SamplingParams(max_tokens=30, temperature=0.9), s) for p, _, s in mine]
     assert tokens(engine.generate(*r) for r in unseeded) != alone  # sampling really varies without the seed
 
 
 # ----- 3. drafter state of one sequence leaking into another -----
 
-PROMPTS = [[5, 17, 33, 2, 9], [70, 3], [8, 9, 8, 9, 8, 9, 8], [40] * 12, [60, 61, 62], [90, 4, 22, 4, 90, 4],
-           [1 + i % 50 for i in range(37)], [11, 12, 13, 14, 15, 16]]
+PROMPTS = [
+    [5, 17, 33, 2, 9],
+    [70, 3],
+    [8, 9, 8, 9, 8, 9, 8],
+    [40] * 12,
+    [60, 61, 62],
+    [90, 4, 22, 4, 90, 4],
+    [1 + i % 50 for i in range(37)],
+    [11, 12, 13, 14, 15, 16],
+]
 
 
 @pytest.mark.parametrize("method", ["ngram", "suffix", "draft", "tree"])
 def test_batched_sequences_each_draft_from_their_own_context(pair, method):
     engine = int8_engine(pair)
-    requests = [(prompt, SamplingParams(max_tokens=32), constant(method, 2 + i % 4)) for i, prompt in enumerate(PROMPTS)]
+    requests = [
+        (prompt, SamplingParams(max_tokens=32), constant(method, 2 + i % 4)) for i, prompt in enumerate(PROMPTS)
+    ]
     plain = [engine.generate(prompt, params, PLAIN).token_ids for prompt, params, _ in requests]
     batched, largest = run_batched(engine, requests)
     assert tokens(batched) == plain and largest == len(PROMPTS)
@@ -209,8 +239,17 @@ def _wait_until(condition, timeout_s: float = 20.0) -> None:
 
 
 def _complete(client, prompt: str, method: str, max_tokens: int = 30) -> str:
-    return client.completions.create(model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0,
-                                     extra_body={"speculative": {"method": method, "schedule": "constant"}}).choices[0].text
+    return (
+        client.completions.create(
+            model=MODEL,
+            prompt=prompt,
+            max_tokens=max_tokens,
+            temperature=0,
+            extra_body={"speculative": {"method": method, "schedule": "constant"}},
+        )
+        .choices[0]
+        .text
+    )
 
 
 def _plain(reference, prompt: str, max_tokens: int = 30) -> str:
@@ -225,12 +264,17 @@ def test_a_client_leaving_during_its_draft_pass_leaves_the_others_and_the_next_r
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=60)
         others = [("hello", "draft"), ("世界", "ngram"), ("hi hi", "draft")]
         host, port = server.url.removeprefix("http://").split(":")
-        body = (b'{"model": "tiny-target", "prompt": "hi", "max_tokens": 150, "temperature": 0, "stream": true,'
-                b' "speculative": {"method": "draft", "schedule": "constant", "num_speculative_tokens": 5}}')
+        body = (
+            b'{"model": "tiny-target", "prompt": "hi", "max_tokens": 150, "temperature": 0, "stream": true,'
+            b' "speculative": {"method": "draft", "schedule": "constant", "num_speculative_tokens": 5}}'
+        )
         with ThreadPoolExecutor(len(others)) as pool:
             with socket.create_connection((host, int(port)), timeout=30) as sock:
-                sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-                             f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+                sock.sendall(
+                    f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {len(body)}\r\n\r\n".encode()
+                    + body
+                )
                 _wait_until(lambda: metric_value(server.url, "verispec_num_requests_running") == 1)  # its pass is held
                 futures = [pool.submit(_complete, client, prompt, method) for prompt, method in others]
                 _wait_until(lambda: metric_value(server.url, "verispec_num_requests_waiting") == len(others))
@@ -257,11 +301,24 @@ def test_a_client_leaving_during_its_draft_pass_leaves_the_others_and_the_next_r
 
 def _stream_completion(client, prompt, method, **kwargs) -> tuple[list[str], str]:
     """(the streamed deltas, the text of the same request not streamed)."""
-    deltas = [c.choices[0].text for c in client.completions.create(
-        model=MODEL, prompt=prompt, stream=True, extra_body={"speculative": {"method": method, "schedule": "constant"}},
-        **kwargs) if c.choices]
-    whole = client.completions.create(model=MODEL, prompt=prompt, extra_body={"speculative": {"method": method, "schedule": "constant"}},
-                                      **kwargs).choices[0].text
+    deltas = [
+        c.choices[0].text
+        for c in client.completions.create(
+            model=MODEL,
+            prompt=prompt,
+            stream=True,
+            extra_body={"speculative": {"method": method, "schedule": "constant"}},
+            **kwargs,
+        )
+        if c.choices
+    ]
+    whole = (
+        client.completions.create(
+            model=MODEL, prompt=prompt, extra_body={"speculative": {"method": method, "schedule": "constant"}}, **kwargs
+        )
+        .choices[0]
+        .text
+    )
     return deltas, whole
 
 
@@ -286,7 +343,11 @@ def test_streamed_deltas_concatenate_to_the_whole_text_without_broken_characters
         deltas, whole = _stream_completion(wide, prompt, method, max_tokens=50, temperature=0)
         assert "".join(deltas) == whole == _plain(reference, prompt, max_tokens=50)
         assert whole_characters(deltas), deltas
-        assert len(deltas) > 3 and any(ord(ch) > 0xFFFF for ch in whole) and any("\u4e00" <= ch <= "\u9fff" for ch in whole)
+        assert (
+            len(deltas) > 3
+            and any(ord(ch) > 0xFFFF for ch in whole)
+            and any("\u4e00" <= ch <= "\u9fff" for ch in whole)
+        )
     if method != "none":
         assert any(len(d.encode()) > 4 for d in deltas)  # multi-token steps: several tokens in one delta
 
@@ -296,15 +357,26 @@ def test_sampled_stream_and_chat_deltas_keep_whole_characters(wide):
         deltas, whole = _stream_completion(wide, "你", "draft", max_tokens=40, temperature=0.8, seed=seed)
         assert "".join(deltas) == whole and "".join(deltas).count("\ufffd") == whole.count("\ufffd")
     spec = {"speculative": {"method": "draft", "schedule": "constant"}}
-    kwargs = dict(model=MODEL, messages=[{"role": "user", "content": "你好"}], max_tokens=40, temperature=0, extra_body=spec)
-    streamed = [c.choices[0].delta.content or "" for c in wide.chat.completions.create(stream=True, **kwargs) if c.choices]
+    kwargs = dict(
+        model=MODEL, messages=[{"role": "user", "content": "你好"}], max_tokens=40, temperature=0, extra_body=spec
+    )
+    streamed = [
+        c.choices[0].delta.content or "" for c in wide.chat.completions.create(stream=True, **kwargs) if c.choices
+    ]
     assert "".join(streamed) == wide.chat.completions.create(**kwargs).choices[0].message.content
     assert whole_characters(streamed)
 
 
 def test_streamed_tool_call_arguments_equal_the_whole_response(wide):
-    kwargs = dict(model=MODEL, messages=[{"role": "user", "content": "weather?"}], tools=[WEATHER], tool_choice="required",
-                  max_tokens=200, temperature=0, extra_body={"speculative": {"method": "draft", "schedule": "constant"}})
+    kwargs = dict(
+        model=MODEL,
+        messages=[{"role": "user", "content": "weather?"}],
+        tools=[WEATHER],
+        tool_choice="required",
+        max_tokens=200,
+        temperature=0,
+        extra_body={"speculative": {"method": "draft", "schedule": "constant"}},
+    )
     whole = wide.chat.completions.create(**kwargs).choices[0].message.tool_calls
     streamed: dict[int, list[str]] = {}
     names = {}
@@ -317,8 +389,6 @@ def test_streamed_tool_call_arguments_equal_the_whole_response(wide):
     assert set(json.loads(whole[0].function.arguments)) == {"city", "unit"}
 
 
-
-
 # ----- 7. misconfigurations: a clear verispec error, never a run that silently drafts nothing -----
 
 
@@ -328,21 +398,42 @@ def _draft_loaded(vocab_shrink: int = 0, other_merges: bool = False) -> LoadedMo
     if other_merges:
         tokenizer.add_tokens(["zz-only-in-the-draft"])
     model = bigram_qwen2(tokenizer, successor_table(tokenizer, num_changed=2), seed=1)
-    return LoadedModel(name="tiny-draft", model=model, tokenizer=tokenizer, path=None, load_time_s=0.0, param_bytes=0,
-                       eos_token_ids=(tokenizer.eos_token_id,), context_length=256, vocab_size=len(tokenizer) - vocab_shrink)
+    return LoadedModel(
+        name="tiny-draft",
+        model=model,
+        tokenizer=tokenizer,
+        path=None,
+        load_time_s=0.0,
+        param_bytes=0,
+        eos_token_ids=(tokenizer.eos_token_id,),
+        context_length=256,
+        vocab_size=len(tokenizer) - vocab_shrink,
+    )
 
 
 def _target_loaded() -> LoadedModel:
     tokenizer = build_tokenizer()
     model = bigram_qwen2(tokenizer, successor_table(tokenizer), seed=0)
-    return LoadedModel(name="tiny-target", model=model, tokenizer=tokenizer, path=None, load_time_s=0.0, param_bytes=0,
-                       eos_token_ids=(tokenizer.eos_token_id,), context_length=256, vocab_size=len(tokenizer))
+    return LoadedModel(
+        name="tiny-target",
+        model=model,
+        tokenizer=tokenizer,
+        path=None,
+        load_time_s=0.0,
+        param_bytes=0,
+        eos_token_ids=(tokenizer.eos_token_id,),
+        context_length=256,
+        vocab_size=len(tokenizer),
+    )
 
 
-@pytest.mark.parametrize("draft", [
-    dict(vocab_shrink=5),  # the draft's logits cannot score the target's last tokens
-    dict(other_merges=True),  # a token the target does not have
-])
+@pytest.mark.parametrize(
+    "draft",
+    [
+        dict(vocab_shrink=5),  # the draft's logits cannot score the target's last tokens
+        dict(other_merges=True),  # a token the target does not have
+    ],
+)
 def test_a_draft_with_another_vocabulary_is_refused_at_load(draft):
     with pytest.raises(IncompatibleDraftError, match="draft"):
         SpeculativePipeline(_target_loaded(), _draft_loaded(**draft))
@@ -350,7 +441,9 @@ def test_a_draft_with_another_vocabulary_is_refused_at_load(draft):
 
 @pytest.mark.parametrize("method", ["draft", "layer-skip", "eagle"])
 def test_a_method_whose_drafter_is_not_loaded_is_refused_before_it_runs(method):
-    engine = SpeculativeEngine(Int8Runner.from_module(tiny_qwen2(0), max_context_length=256), PIECES, eos_token_ids=(0,))
+    engine = SpeculativeEngine(
+        Int8Runner.from_module(tiny_qwen2(0), max_context_length=256), PIECES, eos_token_ids=(0,)
+    )
     spec = constant(method)
     with pytest.raises(InvalidParameterError, match=f"method '{method}' needs its drafter loaded"):
         engine.generate([5, 17, 33, 2, 9], SamplingParams(max_tokens=8), spec)
@@ -364,12 +457,15 @@ def test_an_impossible_draft_length_is_refused(k):
         SpeculativeConfig(method="draft", num_speculative_tokens=k)
 
 
-@pytest.mark.parametrize("speculative, message", [
-    ({"method": "eagle"}, "needs its drafter loaded"),  # the tiny pair has no EAGLE head
-    ({"method": "draft", "num_speculative_tokens": 0}, "num_speculative_tokens"),
-    ({"method": "draft", "num_speculative_tokens": 65}, "num_speculative_tokens"),
-    ({"method": "medusa"}, "method"),
-])
+@pytest.mark.parametrize(
+    "speculative, message",
+    [
+        ({"method": "eagle"}, "needs its drafter loaded"),  # the tiny pair has no EAGLE head
+        ({"method": "draft", "num_speculative_tokens": 0}, "num_speculative_tokens"),
+        ({"method": "draft", "num_speculative_tokens": 65}, "num_speculative_tokens"),
+        ({"method": "medusa"}, "method"),
+    ],
+)
 def test_the_server_refuses_a_speculation_it_cannot_run(wide, speculative, message):
     with pytest.raises(openai.BadRequestError, match=message):
         wide.completions.create(model=MODEL, prompt="hi", max_tokens=4, extra_body={"speculative": speculative})
@@ -381,4 +477,3 @@ def test_an_engine_refuses_a_draft_runner_of_another_vocabulary(draft_vocab):
     draft = DraftModelProposer(Int8Runner.from_module(tiny_qwen2(1, vocab_size=draft_vocab), max_context_length=256))
     with pytest.raises(IncompatibleDraftError, match=f"draft drafter's logits are {draft_vocab} wide, the target's 96"):
         SpeculativeEngine(target, PIECES, eos_token_ids=(0,), proposers={"draft": draft})  # before any request
-

@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from server_support import (  # noqa: F401
+from server_support import (
     FIXED_DRAFT,
     GatedEngine,
     LiveServer,
@@ -27,16 +27,25 @@ from server_support import (  # noqa: F401
     tiny_pipeline,
     wait_ready,
 )
+from verispec.algorithms.sampling import SamplingParams
 from verispec.engine import SpeculativeConfig
 from verispec.errors import InvalidParameterError
 from verispec.server import create_app
-from verispec.algorithms.sampling import SamplingParams
 
 MODEL = "tiny-target"
 PLAIN = SpeculativeConfig(method="none")
-WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}, "unit": {"enum": ["C", "F"]}},
-    "required": ["city", "unit"], "additionalProperties": False}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"enum": ["Paris", "Oslo"]}, "unit": {"enum": ["C", "F"]}},
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
 
 
 def speculative(method: str = "draft", k: int = 5) -> dict:
@@ -80,8 +89,14 @@ def complete(client, prompt, *, method="draft", stream=False, **kwargs):
         answer = client.completions.create(model=MODEL, prompt=prompt, extra_body=speculative(method), **kwargs)
         return answer.choices[0].text, answer.usage
     deltas, usage = [], None
-    for chunk in client.completions.create(model=MODEL, prompt=prompt, stream=True, stream_options={"include_usage": True},
-                                           extra_body=speculative(method), **kwargs):
+    for chunk in client.completions.create(
+        model=MODEL,
+        prompt=prompt,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body=speculative(method),
+        **kwargs,
+    ):
         deltas += [c.text for c in chunk.choices if c.text]
         usage = chunk.usage or usage
     return deltas, usage
@@ -92,11 +107,18 @@ def complete(client, prompt, *, method="draft", stream=False, **kwargs):
 
 def test_a_seeded_request_batched_by_the_server_gets_its_alone_tokens(reference):
     # (prompt, temperature, seed, method): two seeded, a greedy and an unseeded request share passes
-    rows = [("Hello", 0.8, 7, "draft"), ("你好", 1.0, 8, "ngram"), ("世界", 0.0, None, "draft"), ("hi", 0.9, None, "draft")]
+    rows = [
+        ("Hello", 0.8, 7, "draft"),
+        ("你好", 1.0, 8, "ngram"),
+        ("世界", 0.0, None, "draft"),
+        ("hi", 0.9, None, "draft"),
+    ]
     with gated_server() as (server, engine, client):
         with ThreadPoolExecutor(len(rows)) as pool:
             futures = [pool.submit(complete, client, p, method=m, temperature=t, seed=s) for p, t, s, m in rows]
-            _wait_until(lambda: sum(metric_value(server.url, f"verispec_num_requests_{g}") for g in ("running", "waiting")) == 4)
+            _wait_until(
+                lambda: sum(metric_value(server.url, f"verispec_num_requests_{g}") for g in ("running", "waiting")) == 4
+            )
             engine.permits.release(100_000)
             texts = [f.result()[0] for f in futures]
         passes = metric_value(server.url, "verispec_batch_size_count")
@@ -113,8 +135,11 @@ def _open_stream(server, body: dict) -> socket.socket:
     host, port = server.url.removeprefix("http://").split(":")
     data = json.dumps(body).encode()
     sock = socket.create_connection((host, int(port)), timeout=30)
-    sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-                 f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    sock.sendall(
+        f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\n\r\n".encode()
+        + data
+    )
     return sock
 
 
@@ -123,7 +148,14 @@ def test_a_client_leaving_mid_speculative_step_leaves_the_others_and_the_engine_
     with gated_server(max_tokens_cap=200) as (server, engine, client):
         scheduler = server.app.state.verispec.worker.scheduler
         with ThreadPoolExecutor(len(others)) as pool:
-            body = {"model": MODEL, "prompt": "Hello", "max_tokens": 150, "temperature": 0, "stream": True, **speculative()}
+            body = {
+                "model": MODEL,
+                "prompt": "Hello",
+                "max_tokens": 150,
+                "temperature": 0,
+                "stream": True,
+                **speculative(),
+            }
             sock = _open_stream(server, body)
             _wait_until(lambda: metric_value(server.url, "verispec_num_requests_running") == 1)  # its prefill is held
             engine.permits.release(1)
@@ -143,7 +175,9 @@ def test_a_client_leaving_mid_speculative_step_leaves_the_others_and_the_engine_
         prompts = ["Hello", "你好", "abc", "é!"]
         with ThreadPoolExecutor(4) as pool:
             again = list(pool.map(lambda p: complete(client, p, max_tokens=30)[0], prompts))
-        assert again == [reference.engine.generate(reference.encode(p), SamplingParams(max_tokens=30), PLAIN).text for p in prompts]
+        assert again == [
+            reference.engine.generate(reference.encode(p), SamplingParams(max_tokens=30), PLAIN).text for p in prompts
+        ]
         _wait_until(lambda: not scheduler.running and not scheduler.waiting)
         assert scheduler.reserved_kv_tokens == 0 and scheduler.num_free_seqs == scheduler.max_num_seqs  # nothing leaked
         assert metric_value(server.url, "verispec_num_requests_running") == 0
@@ -192,20 +226,34 @@ def test_a_stop_string_inside_an_accepted_block_streams_what_the_whole_answer_sa
 
 def test_streamed_chat_content_equals_the_whole_message(live):
     def chat(method, stream):
-        kwargs = dict(model=MODEL, messages=[{"role": "user", "content": "你好"}], max_tokens=40, temperature=0,
-                      extra_body=speculative(method))
+        kwargs = dict(
+            model=MODEL,
+            messages=[{"role": "user", "content": "你好"}],
+            max_tokens=40,
+            temperature=0,
+            extra_body=speculative(method),
+        )
         if not stream:
             return live.client.chat.completions.create(**kwargs).choices[0].message.content
-        return "".join(c.choices[0].delta.content or "" for c in live.client.chat.completions.create(stream=True, **kwargs)
-                       if c.choices)
+        return "".join(
+            c.choices[0].delta.content or ""
+            for c in live.client.chat.completions.create(stream=True, **kwargs)
+            if c.choices
+        )
 
     assert chat("draft", True) == chat("draft", False) == chat("none", False)
 
 
 def test_streamed_tool_call_arguments_equal_the_whole_answers(live):
     choice = {"type": "function", "function": {"name": "get_weather"}}
-    kwargs = dict(model=MODEL, messages=[{"role": "user", "content": "你好"}], tools=[WEATHER], tool_choice=choice,
-                  max_tokens=160, temperature=0)
+    kwargs = dict(
+        model=MODEL,
+        messages=[{"role": "user", "content": "你好"}],
+        tools=[WEATHER],
+        tool_choice=choice,
+        max_tokens=160,
+        temperature=0,
+    )
     whole = live.client.chat.completions.create(extra_body=speculative(), **kwargs).choices[0].message.tool_calls
     plain = live.client.chat.completions.create(extra_body=speculative("none"), **kwargs).choices[0].message.tool_calls
     names, arguments = {}, {}
@@ -231,11 +279,14 @@ def test_a_default_method_whose_drafter_is_not_loaded_is_refused_at_load(referen
     assert create_app(no_draft).state.verispec.default_spec.method == "none"  # nothing asked for: plain
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"method": "eagle"}, "method 'eagle' needs its drafter loaded"),  # no head loaded
-    ({"num_speculative_tokens": 0}, "num_speculative_tokens must be in [1, 64]"),  # cannot draft at all
-    ({"num_speculative_tokens": 65}, "num_speculative_tokens must be in [1, 64]"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"method": "eagle"}, "method 'eagle' needs its drafter loaded"),  # no head loaded
+        ({"num_speculative_tokens": 0}, "num_speculative_tokens must be in [1, 64]"),  # cannot draft at all
+        ({"num_speculative_tokens": 65}, "num_speculative_tokens must be in [1, 64]"),
+    ],
+)
 def test_a_request_asking_for_what_cannot_draft_gets_a_400(live, options, message):
     body = {"model": MODEL, "prompt": "Hello", "max_tokens": 4, "speculative": options}
     response = httpx.post(f"{live.url}/v1/completions", json=body, timeout=60)

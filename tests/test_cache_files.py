@@ -45,13 +45,17 @@ def reports(capsys) -> list[str]:
 
 # --- the checked format and atomic writes -------------------------------------------------------
 
-@pytest.mark.parametrize("damage, error, message", [
-    (lambda p: truncate(p), CacheFileError, "after its header, not 1000 .truncated"),  # cut in the payload
-    (lambda p: truncate(p, keep=30), CacheFileError, "within its header .truncated"),    # cut in the header
-    (lambda p: truncate(p, keep=4), ForeignFileError, "no verispec header"),  # too short to tell whose it was
-    (flip_last_byte, CacheFileError, "sha256"),                                # same size, one byte changed
-    (lambda p: p.write_bytes(b'{"a": 1}'), ForeignFileError, "no verispec header"),  # another format
-])
+
+@pytest.mark.parametrize(
+    "damage, error, message",
+    [
+        (lambda p: truncate(p), CacheFileError, "after its header, not 1000 .truncated"),  # cut in the payload
+        (lambda p: truncate(p, keep=30), CacheFileError, "within its header .truncated"),  # cut in the header
+        (lambda p: truncate(p, keep=4), ForeignFileError, "no verispec header"),  # too short to tell whose it was
+        (flip_last_byte, CacheFileError, "sha256"),  # same size, one byte changed
+        (lambda p: p.write_bytes(b'{"a": 1}'), ForeignFileError, "no verispec header"),  # another format
+    ],
+)
 def test_a_damaged_checked_file_is_refused_saying_why(tmp_path, damage, error, message):
     path = tmp_path / "file"
     write_checked(path, "kind/1", b"x" * 1000)
@@ -84,8 +88,10 @@ def test_damage_is_reported_once_per_file_and_problem(capsys, tmp_path):
     for _ in range(3):
         report_damaged(tmp_path / "a", "is cut", "rebuilt")
     report_damaged(tmp_path / "a", "is other", "rebuilt")
-    assert reports(capsys) == [f"verispec: cache file {tmp_path / 'a'} is cut; rebuilt",
-                               f"verispec: cache file {tmp_path / 'a'} is other; rebuilt"]
+    assert reports(capsys) == [
+        f"verispec: cache file {tmp_path / 'a'} is cut; rebuilt",
+        f"verispec: cache file {tmp_path / 'a'} is other; rebuilt",
+    ]
 
 
 # --- cost curves ---------------------------------------------------------------------------------
@@ -128,12 +134,15 @@ def load_weights(gguf_path: Path, directory: Path, computed: list[str]) -> dict:
     return arrays
 
 
-@pytest.mark.parametrize("damage, problem", [
-    (lambda bin_, index: truncate(bin_), "truncated"),            # the arrays cut short
-    (lambda bin_, index: flip_last_byte(bin_), "crc32"),          # one weight changed, size kept
-    (lambda bin_, index: truncate(index), "truncated"),           # the index cut short
-    (lambda bin_, index: index.write_text('{"matrices": {}}'), "no verispec header"),  # an older verispec's index
-])
+@pytest.mark.parametrize(
+    "damage, problem",
+    [
+        (lambda bin_, index: truncate(bin_), "truncated"),  # the arrays cut short
+        (lambda bin_, index: flip_last_byte(bin_), "crc32"),  # one weight changed, size kept
+        (lambda bin_, index: truncate(index), "truncated"),  # the index cut short
+        (lambda bin_, index: index.write_text('{"matrices": {}}'), "no verispec header"),  # an older verispec's index
+    ],
+)
 def test_a_damaged_weight_cache_is_reported_once_and_rebuilt_equal(tmp_path, capsys, damage, problem):
     gguf_path = tmp_path / "model.gguf"
     gguf_path.write_bytes(b"GGUF")
@@ -203,6 +212,7 @@ def test_the_server_reports_a_damaged_suffix_cache_once_and_writes_it_anew(tmp_p
 
 # --- the kernels' build --------------------------------------------------------------------------
 
+
 def fake_build(directory: Path) -> Path:
     from verispec.runners.kernels import _record_build
 
@@ -214,12 +224,15 @@ def fake_build(directory: Path) -> Path:
     return library
 
 
-@pytest.mark.parametrize("damage, problem", [
-    (lambda lib, d: truncate(lib), "truncated"),
-    (lambda lib, d: flip_last_byte(lib), "sha256"),
-    (lambda lib, d: (d / "verispec-build.json").unlink(), "without a build record"),
-    (lambda lib, d: truncate(d / "verispec-build.json"), "damaged build record"),
-])
+@pytest.mark.parametrize(
+    "damage, problem",
+    [
+        (lambda lib, d: truncate(lib), "truncated"),
+        (lambda lib, d: flip_last_byte(lib), "sha256"),
+        (lambda lib, d: (d / "verispec-build.json").unlink(), "without a build record"),
+        (lambda lib, d: truncate(d / "verispec-build.json"), "damaged build record"),
+    ],
+)
 def test_a_damaged_kernel_library_is_reported_once_and_removed_for_relinking(tmp_path, capsys, damage, problem):
     from verispec.runners.kernels import check_build
 
@@ -255,11 +268,18 @@ def test_a_truncated_kernel_library_is_linked_again_and_computes_the_same(tmp_pa
     (library,) = copy.glob("*.so")
     truncate(library)
     gate_up = torch.linspace(-4, 4, 2 * 3 * 40).reshape(3, 80)
-    script = ("import sys, torch; from verispec.runners.kernels import gguf_kernels; "
-              "torch.save(gguf_kernels().silu_mul(torch.load(sys.argv[1]), 0), sys.argv[2])")
+    script = (
+        "import sys, torch; from verispec.runners.kernels import gguf_kernels; "
+        "torch.save(gguf_kernels().silu_mul(torch.load(sys.argv[1]), 0), sys.argv[2])"
+    )
     torch.save(gate_up, tmp_path / "in.pt")
-    result = subprocess.run([sys.executable, "-c", script, str(tmp_path / "in.pt"), str(tmp_path / "out.pt")],
-                            env={**os.environ, "VERISPEC_HOME": str(home)}, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "in.pt"), str(tmp_path / "out.pt")],
+        env={**os.environ, "VERISPEC_HOME": str(home)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     damaged = [line for line in result.stderr.splitlines() if line.startswith("verispec: cache file")]
     assert len(damaged) == 1 and "truncated" in damaged[0] and "Traceback" not in result.stderr

@@ -46,7 +46,15 @@ def test_json_none_and_draft_give_identical_token_ids(checkpoints):
 
 
 def test_prompt_from_stdin_streams_text_and_stats(checkpoints):
-    args = ["generate", "--target", str(checkpoints["target"]), "--draft", str(checkpoints["draft"]), "--max-tokens", "8"]
+    args = [
+        "generate",
+        "--target",
+        str(checkpoints["target"]),
+        "--draft",
+        str(checkpoints["draft"]),
+        "--max-tokens",
+        "8",
+    ]
     result = runner.invoke(app, args, input="print(1)")
     assert result.exit_code == 0, result.output
     assert "acceptance rate" in result.output and "TTFT" in result.output
@@ -128,8 +136,9 @@ def test_serve_passes_the_prefill_budget_to_load(monkeypatch):
     assert seen["max_num_batched_tokens"] == 64
 
 
-@pytest.mark.parametrize("args", [["advise", "--export", "nope"], ["bench", "--prefill-tokens", "0"],
-                                  ["serve", "--log-level", "loud"]])
+@pytest.mark.parametrize(
+    "args", [["advise", "--export", "nope"], ["bench", "--prefill-tokens", "0"], ["serve", "--log-level", "loud"]]
+)
 def test_argument_checks_are_user_errors(args):
     result = runner.invoke(app, args)
     assert result.exit_code == 2 and result.output.startswith("error: --") and "Traceback" not in result.output

@@ -52,7 +52,7 @@ def test_models_list_is_one_line_per_model_at_80_columns(home):
     result = cli.invoke(app, ["models", "list"], env=NARROW)
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    table = lines[:next(i for i, line in enumerate(lines) if line.startswith("files"))]
+    table = lines[: next(i for i, line in enumerate(lines) if line.startswith("files"))]
     assert max(len(line) for line in table) <= 80 and "…" not in result.output, result.output
     for name, entry in BUILTIN_MODELS.items():
         row = [line for line in table if name in line]
@@ -86,5 +86,7 @@ def test_generate_and_serve_share_one_default_method():
     from verispec.cli import app
 
     commands = typer.main.get_command(app).commands
-    defaults = {name: next(p.default for p in commands[name].params if p.name == "method") for name in ("generate", "serve")}
+    defaults = {
+        name: next(p.default for p in commands[name].params if p.name == "method") for name in ("generate", "serve")
+    }
     assert defaults == {"generate": "auto", "serve": "auto"}

@@ -5,7 +5,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from helpers import perturbed_copy, single_thread, tiny_qwen2  # noqa: F401 (autouse fixture)
+from helpers import perturbed_copy, single_thread, tiny_qwen2
 from server_support import build_tokenizer, save_checkpoint
 from verispec.cli import app
 
@@ -54,7 +54,17 @@ def test_every_method_gives_plain_decodings_tokens(checkpoints, extra):
 
 def test_auto_is_the_default_and_reports_per_drafter_stats(checkpoints):
     result = runner.invoke(
-        app, ["generate", PROMPT, "--target", str(checkpoints["target"]), "--draft", str(checkpoints["draft"]), "--max-tokens", "12"]
+        app,
+        [
+            "generate",
+            PROMPT,
+            "--target",
+            str(checkpoints["target"]),
+            "--draft",
+            str(checkpoints["draft"]),
+            "--max-tokens",
+            "12",
+        ],
     )
     assert result.exit_code == 0, result.output
     assert "method=auto" in result.output and "chosen k histogram" in result.output

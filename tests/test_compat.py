@@ -23,7 +23,7 @@ def make_tokenizer(tokens: list[str]) -> PreTrainedTokenizerFast:
 
 
 def replaced(tokens: list[str], token_id: int, token: str) -> list[str]:
-    return tokens[:token_id] + [token] + tokens[token_id + 1:]
+    return tokens[:token_id] + [token] + tokens[token_id + 1 :]
 
 
 N = len(BASE_TOKENS)
@@ -31,25 +31,66 @@ N = len(BASE_TOKENS)
 # (why, draft tokens, target logits width, draft logits width, target eos, draft eos)
 COMPATIBLE = [
     ("same tokenizer, same widths", BASE_TOKENS, N, N, (EOS,), (EOS,)),
-    ("padding rows only: widths differ but both cover the tokenizer", BASE_TOKENS, N + 6, N + 2,
-     (EOS,), (EOS,)),
+    ("padding rows only: widths differ but both cover the tokenizer", BASE_TOKENS, N + 6, N + 2, (EOS,), (EOS,)),
     ("same EOS set in another order", BASE_TOKENS, N, N, (EOS, 2), (2, EOS)),
 ]
 
 INCOMPATIBLE = [
-    ("token 5 spelled differently", replaced(BASE_TOKENS, 5, "xyz"), N, N, (EOS,), (EOS,),
-     "id 5 is 'abc' in the target and 'xyz' in the draft"),
-    ("draft has an extra token", BASE_TOKENS + ["extra"], N, N + 1, (EOS,), (EOS,),
-     "draft tokenizer has 11 tokens but the target's has 10"),
-    ("different tokenizer and size", ["<s>"] + BASE_TOKENS, N, N + 1, (EOS,), (EOS,),
-     r"id 0 is '<unk>' in the target and '<s>' in the draft \(and it has 11 tokens"),
-    ("different EOS ids", BASE_TOKENS, N, N, (EOS,), (2,),
-     r"draft EOS token ids \[2 '<eot>'\] differ from the target's \[1 '<eos>'\]"),
+    (
+        "token 5 spelled differently",
+        replaced(BASE_TOKENS, 5, "xyz"),
+        N,
+        N,
+        (EOS,),
+        (EOS,),
+        "id 5 is 'abc' in the target and 'xyz' in the draft",
+    ),
+    (
+        "draft has an extra token",
+        BASE_TOKENS + ["extra"],
+        N,
+        N + 1,
+        (EOS,),
+        (EOS,),
+        "draft tokenizer has 11 tokens but the target's has 10",
+    ),
+    (
+        "different tokenizer and size",
+        ["<s>"] + BASE_TOKENS,
+        N,
+        N + 1,
+        (EOS,),
+        (EOS,),
+        r"id 0 is '<unk>' in the target and '<s>' in the draft \(and it has 11 tokens",
+    ),
+    (
+        "different EOS ids",
+        BASE_TOKENS,
+        N,
+        N,
+        (EOS,),
+        (2,),
+        r"draft EOS token ids \[2 '<eot>'\] differ from the target's \[1 '<eos>'\]",
+    ),
     ("draft stops on one more id", BASE_TOKENS, N, N, (EOS,), (EOS, 2), "draft EOS token ids"),
-    ("draft logits narrower than the tokenizer", BASE_TOKENS, N, N - 1, (EOS,), (EOS,),
-     "draft logits width 9 is smaller than its tokenizer"),
-    ("target logits narrower than the tokenizer", BASE_TOKENS, N - 3, N, (EOS,), (EOS,),
-     "target logits width 7 is smaller than its tokenizer"),
+    (
+        "draft logits narrower than the tokenizer",
+        BASE_TOKENS,
+        N,
+        N - 1,
+        (EOS,),
+        (EOS,),
+        "draft logits width 9 is smaller than its tokenizer",
+    ),
+    (
+        "target logits narrower than the tokenizer",
+        BASE_TOKENS,
+        N - 3,
+        N,
+        (EOS,),
+        (EOS,),
+        "target logits width 7 is smaller than its tokenizer",
+    ),
 ]
 
 
@@ -64,15 +105,19 @@ def check(draft_tokens, target_width, draft_width, target_eos, draft_eos, target
     )
 
 
-@pytest.mark.parametrize("why, draft_tokens, target_width, draft_width, target_eos, draft_eos",
-                         COMPATIBLE, ids=[case[0] for case in COMPATIBLE])
+@pytest.mark.parametrize(
+    "why, draft_tokens, target_width, draft_width, target_eos, draft_eos",
+    COMPATIBLE,
+    ids=[case[0] for case in COMPATIBLE],
+)
 def test_compatible(why, draft_tokens, target_width, draft_width, target_eos, draft_eos):
     assert check(draft_tokens, target_width, draft_width, target_eos, draft_eos) is None
 
 
 @pytest.mark.parametrize(
     "why, draft_tokens, target_width, draft_width, target_eos, draft_eos, message",
-    INCOMPATIBLE, ids=[case[0] for case in INCOMPATIBLE],
+    INCOMPATIBLE,
+    ids=[case[0] for case in INCOMPATIBLE],
 )
 def test_incompatible(why, draft_tokens, target_width, draft_width, target_eos, draft_eos, message):
     with pytest.raises(IncompatibleDraftError, match=message):
@@ -84,10 +129,21 @@ def test_qwen_sized_vocabulary_is_checked_quickly():
     tokens = ["<unk>", "<eos>"] + [f"t{i}" for i in range(2, 151_936)]
     target, draft = make_tokenizer(tokens), make_tokenizer(replaced(tokens, 151_935, "other"))
     start = time.perf_counter()
-    check_draft_compatibility(target, target, target_vocab_size=152_064, draft_vocab_size=151_936,
-                              target_eos_token_ids=(1,), draft_eos_token_ids=(1,))
+    check_draft_compatibility(
+        target,
+        target,
+        target_vocab_size=152_064,
+        draft_vocab_size=151_936,
+        target_eos_token_ids=(1,),
+        draft_eos_token_ids=(1,),
+    )
     with pytest.raises(IncompatibleDraftError, match="id 151935 is 't151935' in the target"):
-        check_draft_compatibility(target, draft, target_vocab_size=152_064,
-                                  draft_vocab_size=152_064, target_eos_token_ids=(1,),
-                                  draft_eos_token_ids=(1,))
+        check_draft_compatibility(
+            target,
+            draft,
+            target_vocab_size=152_064,
+            draft_vocab_size=152_064,
+            target_eos_token_ids=(1,),
+            draft_eos_token_ids=(1,),
+        )
     assert time.perf_counter() - start < 2.0  # ~0.3 s here for both checks

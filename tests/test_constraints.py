@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from server_support import build_tokenizer
+from verispec.algorithms.sampling import SamplingParams, process_logits
 from verispec.engine.constraints import GrammarCompiler, StructuredOutput, TokenConstraints
 from verispec.errors import InvalidParameterError
-from verispec.algorithms.sampling import SamplingParams, process_logits
 
 EOS = 7
 

@@ -26,7 +26,9 @@ def tiny_gguf(tmp_path_factory):
 
 def _generate(tiny_gguf, *args):
     target, draft = tiny_gguf
-    return CliRunner().invoke(cli.app, ["generate", "--target", str(target), "--draft", str(draft), "--runner", "gguf", *args])
+    return CliRunner().invoke(
+        cli.app, ["generate", "--target", str(target), "--draft", str(draft), "--runner", "gguf", *args]
+    )
 
 
 def test_generate_refuses_a_prompt_plus_max_tokens_over_max_context(tiny_gguf):
@@ -40,7 +42,10 @@ def test_generate_refuses_a_prompt_plus_max_tokens_over_max_context(tiny_gguf):
 def test_generate_refuses_max_context_above_the_trained_context(tiny_gguf):
     result = _generate(tiny_gguf, "ab", "--max-context", str(TRAINED + 1), "--max-tokens", "2", "--method", "none")
     assert result.exit_code == 2, result.output
-    assert f"--max-context {TRAINED + 1} exceeds" in result.output and f"trained context of {TRAINED} tokens" in result.output
+    assert (
+        f"--max-context {TRAINED + 1} exceeds" in result.output
+        and f"trained context of {TRAINED} tokens" in result.output
+    )
 
 
 def test_max_context_sets_the_window_and_its_kv_bytes(tiny_gguf):
@@ -52,9 +57,14 @@ def test_max_context_sets_the_window_and_its_kv_bytes(tiny_gguf):
     # 2 layers x 2 (K, V) x 2 kv heads x 64 head_dim x 4 bytes (float32) per token
     assert pipe.target_runner.kv_bytes_per_token == 2 * 2 * 2 * 64 * 4
     assert kv_cache_bytes(pipe.target_runner) == 2 * 2 * 2 * 64 * 4 * 128
-    assert pipe.window_summary(8).startswith("context window 128 tokens; KV cache per sequence: target 0 MiB + draft 0 MiB")
+    assert pipe.window_summary(8).startswith(
+        "context window 128 tokens; KV cache per sequence: target 0 MiB + draft 0 MiB"
+    )
     pipe.check_window(100, 28)  # exactly the window: fits
-    with pytest.raises(ContextLengthError, match="the prompt has 100 tokens and max_tokens is 29 .129 in all. but the context window is 128"):
+    with pytest.raises(
+        ContextLengthError,
+        match="the prompt has 100 tokens and max_tokens is 29 .129 in all. but the context window is 128",
+    ):
         pipe.check_window(100, 29)
     default = SpeculativePipeline.load(str(target), None, runners=RunnerOptions(kind="gguf"))
     assert default.context_window == TRAINED  # min(trained, 4096)
@@ -84,17 +94,26 @@ def create_app_for(pipe):
 
 def test_server_refuses_prompt_plus_max_tokens_over_the_window(narrow):
     # 50 prompt tokens + max_tokens 20 = 70 > 64: before, the answer stopped at 14 tokens ("length")
-    response = httpx.post(narrow.url + C, json={"model": "tiny-target", "prompt": [1] * 50, "max_tokens": 20}, timeout=60)
+    response = httpx.post(
+        narrow.url + C, json={"model": "tiny-target", "prompt": [1] * 50, "max_tokens": 20}, timeout=60
+    )
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["code"] == "context_length_exceeded" and error["param"] == "prompt"
-    assert error["message"].startswith("the prompt has 50 tokens and max_tokens is 20 (70 in all) but the context window is 64")
+    assert error["message"].startswith(
+        "the prompt has 50 tokens and max_tokens is 20 (70 in all) but the context window is 64"
+    )
     assert "at most 14 tokens" in error["message"]
 
 
 def test_server_lowers_a_default_max_tokens_to_the_room_left(narrow):
     # chat's default max_tokens is the server's cap (200 here): lowered to the 64 - prompt room, not refused
-    body = {"model": "tiny-target", "messages": [{"role": "user", "content": "Hello " * 5}], "temperature": 0, "ignore_eos": True}
+    body = {
+        "model": "tiny-target",
+        "messages": [{"role": "user", "content": "Hello " * 5}],
+        "temperature": 0,
+        "ignore_eos": True,
+    }
     response = httpx.post(narrow.url + "/v1/chat/completions", json=body, timeout=60)
     assert response.status_code == 200, response.text
     usage = response.json()["usage"]
@@ -118,6 +137,11 @@ def test_real_pair_window_kv_bytes_and_a_4000_token_prompt_refused():
     with LiveServer(app) as server:
         wait_ready(server.url, timeout_s=300)
         prompt = pipe.tokenizer.encode("x = 1\n" * 1000)[:4050]  # max_tokens within the server's cap (64)
-        response = httpx.post(server.url + C, json={"model": DEFAULT_TARGET, "prompt": prompt, "max_tokens": 60}, timeout=120)
+        response = httpx.post(
+            server.url + C, json={"model": DEFAULT_TARGET, "prompt": prompt, "max_tokens": 60}, timeout=120
+        )
         assert response.status_code == 400, response.text
-        assert "4050 tokens and max_tokens is 60 (4110 in all) but the context window is 4096" in response.json()["error"]["message"]
+        assert (
+            "4050 tokens and max_tokens is 60 (4110 in all) but the context window is 4096"
+            in response.json()["error"]["message"]
+        )

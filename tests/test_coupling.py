@@ -66,7 +66,9 @@ def test_torch_noise_bits_equal_the_python_reference(key, position, vocab):
 def test_noise_values_are_pinned():
     # a change of generator changes every seeded output: it must be deliberate
     assert [noise_bits(0, 0, 0), noise_bits(11, 5, 7), noise_bits(2**64 - 1, 10**9, 151935)] == [
-        2938366760112535, 3173912344064199, 2486878285535807,
+        2938366760112535,
+        3173912344064199,
+        2486878285535807,
     ]
 
 

@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import pytest
 
-from test_batching import PROMPTS, gguf_engine, gguf_files  # noqa: F401
-from verispec.engine import SpeculativeConfig
-from verispec.errors import InvalidParameterError
-from verispec.engine.loader import DrafterOptions
-from verispec.proposers import DraftRequest
+from test_batching import PROMPTS, gguf_engine, gguf_files
 from verispec.algorithms.sampling import SamplingParams
+from verispec.engine import SpeculativeConfig
+from verispec.engine.loader import DrafterOptions
+from verispec.errors import InvalidParameterError
+from verispec.proposers import DraftRequest
 
 
 @pytest.mark.parametrize("method", ["draft", "tree", "auto"])
 @pytest.mark.parametrize("window", [1, 4, None])
-def test_a_short_draft_context_keeps_the_output(gguf_files, method, window):  # noqa: F811
+def test_a_short_draft_context_keeps_the_output(gguf_files, method, window):
     engine = gguf_engine(gguf_files)
     for name in ("draft", "tree"):
         engine.proposers[name].context_window = window
@@ -27,7 +27,7 @@ def test_a_short_draft_context_keeps_the_output(gguf_files, method, window):  # 
     assert got.metrics.spec.num_draft_tokens > 0
 
 
-def test_the_draft_sees_the_prompts_last_tokens_and_the_output(gguf_files):  # noqa: F811
+def test_the_draft_sees_the_prompts_last_tokens_and_the_output(gguf_files):
     proposer = gguf_engine(gguf_files).proposers["draft"]
     proposer.context_window = 3
     request = DraftRequest([1, 2, 3, 4, 5], [6, 7], SamplingParams(), None)

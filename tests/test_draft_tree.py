@@ -2,8 +2,9 @@
 
 import pytest
 import torch
-from helpers import make_engine
 
+from helpers import make_engine
+from verispec.algorithms.sampling import SamplingParams
 from verispec.engine import SpeculativeConfig
 from verispec.proposers import DraftRequest
 from verispec.proposers.draft_tree import (
@@ -12,7 +13,6 @@ from verispec.proposers.draft_tree import (
     select_candidates,
 )
 from verispec.runners.torch_runner import TransformersRunner
-from verispec.algorithms.sampling import SamplingParams
 
 
 def test_select_candidates_keeps_best_in_topological_order():
@@ -44,7 +44,6 @@ PROMPTS = [[5, 17, 33, 2, 9], [70, 3], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20]]
 
 def tree_engine(target_model, draft_model, branching=2):
     from helpers import CharTokenizer, default_pieces
-
     from verispec.engine import SpeculativeEngine
 
     return SpeculativeEngine(
@@ -57,13 +56,21 @@ def tree_engine(target_model, draft_model, branching=2):
 
 @pytest.mark.parametrize("draft_kind", ["target", "random", "partial"])
 @pytest.mark.parametrize("num_nodes", [1, 3, 8, 16])
-def test_greedy_tree_speculation_equals_plain(draft_kind, num_nodes, target_model, random_draft_model, partial_draft_model):
+def test_greedy_tree_speculation_equals_plain(
+    draft_kind, num_nodes, target_model, random_draft_model, partial_draft_model
+):
     draft = {"target": target_model, "random": random_draft_model, "partial": partial_draft_model}[draft_kind]
     plain_engine = make_engine(target_model)
     engine = tree_engine(target_model, draft)
     for prompt in PROMPTS:
-        expected = plain_engine.generate(prompt, SamplingParams(max_tokens=30), SpeculativeConfig(method="none")).token_ids
-        out = engine.generate(prompt, SamplingParams(max_tokens=30), SpeculativeConfig(method="tree", num_speculative_tokens=num_nodes, schedule="constant"))
+        expected = plain_engine.generate(
+            prompt, SamplingParams(max_tokens=30), SpeculativeConfig(method="none")
+        ).token_ids
+        out = engine.generate(
+            prompt,
+            SamplingParams(max_tokens=30),
+            SpeculativeConfig(method="tree", num_speculative_tokens=num_nodes, schedule="constant"),
+        )
         assert out.token_ids == expected
         if draft_kind == "target":
             assert out.metrics.spec.mean_acceptance_length > 1.5  # the best path is always right
@@ -75,7 +82,14 @@ def test_tree_beats_chain_in_acceptance_length_with_a_partial_draft(target_model
     tree = tree_engine(target_model, partial_draft_model, branching=3)
     lengths = {}
     for name, engine, method in (("chain", chain, "draft"), ("tree", tree, "tree")):
-        stats = [engine.generate(p, SamplingParams(max_tokens=30), SpeculativeConfig(method=method, num_speculative_tokens=6, schedule="constant")).metrics.spec for p in PROMPTS]
+        stats = [
+            engine.generate(
+                p,
+                SamplingParams(max_tokens=30),
+                SpeculativeConfig(method=method, num_speculative_tokens=6, schedule="constant"),
+            ).metrics.spec
+            for p in PROMPTS
+        ]
         lengths[name] = sum(s.num_accepted_tokens for s in stats) / sum(s.num_drafts for s in stats)
     assert lengths["tree"] > lengths["chain"], lengths
 
@@ -85,11 +99,12 @@ def test_tree_sampling_follows_target_distribution():
     from helpers import BigramTreeRunner
     from test_engine import sequence_distribution
 
-    target_table = torch.tensor([[0.0, 1.0, 2.0, 0.5], [2.0, 0.0, 1.0, 1.5], [1.0, 1.0, 0.0, 2.0], [0.0, 2.0, 1.0, 0.0]])
+    target_table = torch.tensor(
+        [[0.0, 1.0, 2.0, 0.5], [2.0, 0.0, 1.0, 1.5], [1.0, 1.0, 0.0, 2.0], [0.0, 2.0, 1.0, 0.0]]
+    )
     draft_table = torch.tensor([[2.0, 0.0, 0.0, 1.0], [0.0, 2.0, 1.0, 0.0], [1.0, 0.0, 2.0, 0.0], [2.0, 1.0, 0.0, 1.0]])
 
     from helpers import CharTokenizer
-
     from verispec.engine import SpeculativeEngine
 
     engine = SpeculativeEngine(
@@ -101,7 +116,11 @@ def test_tree_sampling_follows_target_distribution():
     params = SamplingParams(temperature=1.0, max_tokens=3)
     counts = {}
     for seed in range(20000):
-        out = engine.generate([0], SamplingParams(temperature=1.0, max_tokens=3, seed=seed), SpeculativeConfig(method="tree", num_speculative_tokens=4))
+        out = engine.generate(
+            [0],
+            SamplingParams(temperature=1.0, max_tokens=3, seed=seed),
+            SpeculativeConfig(method="tree", num_speculative_tokens=4),
+        )
         counts[tuple(out.token_ids)] = counts.get(tuple(out.token_ids), 0) + 1
     exact = sequence_distribution(target_table, params, first=0, length=3)
     tv = 0.5 * sum(abs(counts.get(seq, 0) / 20000 - p) for seq, p in exact.items())

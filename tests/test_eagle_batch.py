@@ -5,15 +5,15 @@ engine's batched steps, one head pass per draft step: test_eagle_drafter.py)."""
 
 import pytest
 import torch
-from test_eagle_drafter import target, trained_head  # noqa: F401  (fixtures)
 
+from test_eagle_drafter import target, trained_head
+from verispec.algorithms.sampling import SamplingParams
 from verispec.errors import InvalidParameterError
 from verispec.proposers import DraftRequest
 from verispec.proposers.eagle import EagleProposer
 from verispec.runners.eagle.blocks import quantize_head_
 from verispec.runners.eagle.head import EagleHead, HeadCall, forward_heads
 from verispec.runners.torch_runner import TransformersRunner
-from verispec.algorithms.sampling import SamplingParams
 
 
 @pytest.fixture(scope="module")

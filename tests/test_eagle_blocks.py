@@ -6,16 +6,16 @@ import copy
 
 import pytest
 import torch
-from gguf_models import write_gguf_model
-from helpers import VOCAB
-from test_eagle_drafter import engine_with, generate_all, gguf_head, target, trained_head  # noqa: F401 (fixtures)
 from torch import nn
 
+from gguf_models import write_gguf_model
+from helpers import VOCAB
+from test_eagle_drafter import engine_with, generate_all, gguf_head, target, trained_head
 from verispec.errors import InvalidParameterError
 from verispec.proposers.factory import DrafterOptions, build_drafters
-from verispec.runners.eagle.blocks import HEAD_LINEARS, BlockLinear, quantize_head_
 from verispec.runners.cpu.gguf_runner import GGUFRunner
 from verispec.runners.cpu.int8 import Int8Runner
+from verispec.runners.eagle.blocks import HEAD_LINEARS, BlockLinear, quantize_head_
 
 
 def relative_error(got, want):
@@ -46,8 +46,11 @@ def test_a_quantized_head_drafts_nearly_as_well_and_the_output_stays_plain(targe
     quantized = quantize_head_(copy.deepcopy(trained_head), "q8_0")
     blocks = generate_all(engine_with(runner, quantized, VOCAB), "eagle")
     assert [r.token_ids for r in blocks] == [r.token_ids for r in plain]
+
     def accepted(results):
-        return sum(r.metrics.spec.num_accepted_tokens for r in results) / sum(r.metrics.spec.num_draft_tokens for r in results)
+        return sum(r.metrics.spec.num_accepted_tokens for r in results) / sum(
+            r.metrics.spec.num_draft_tokens for r in results
+        )
 
     assert accepted(floats) > 0.15  # the trained head's figure (test_eagle_drafter: 0.263)
     assert accepted(blocks) >= 0.8 * accepted(floats)
@@ -80,7 +83,9 @@ def test_the_factory_quantizes_the_head_over_the_gguf_runner_only(tmp_path):
         options = DrafterOptions(eagle_head=tmp_path / "head.pt", head_quantization=choice, layer_skip_layers=0)
         return build_drafters(options, loaded, target_runner=runner)["eagle"].head.down_proj
 
-    assert isinstance(head_layer("auto", gguf), BlockLinear) and head_layer("auto", gguf).linear.parts[0][1] == 8  # Q8_0
+    assert (
+        isinstance(head_layer("auto", gguf), BlockLinear) and head_layer("auto", gguf).linear.parts[0][1] == 8
+    )  # Q8_0
     assert isinstance(head_layer("none", gguf), nn.Linear)
     assert head_layer("iq4_nl", gguf).linear.parts[0][1] == 20  # IQ4_NL
     with pytest.raises(InvalidParameterError, match="unknown head quantization 'q3'"):

@@ -7,25 +7,25 @@ import dataclasses
 
 import pytest
 import torch
+from torch import nn
+
 from gguf_models import HIDDEN as GGUF_HIDDEN
 from gguf_models import VOCAB as GGUF_VOCAB
 from gguf_models import write_gguf_model
-from helpers import VOCAB, BigramRunner, CharTokenizer, default_pieces, greedy_continuations, single_thread, tiny_qwen2  # noqa: F401
+from helpers import VOCAB, BigramRunner, CharTokenizer, default_pieces, greedy_continuations, single_thread, tiny_qwen2
 from test_engine import sequence_distribution
-from torch import nn
-
+from verispec.algorithms.sampling import SamplingParams
 from verispec.engine import SpeculativeConfig, SpeculativeEngine
 from verispec.engine.policy import drafter_order
 from verispec.errors import InvalidParameterError, ModelIntegrityError, ModelNotFoundError
-from verispec.training.loop import TrainOptions, train_head
 from verispec.proposers import DraftRequest
 from verispec.proposers.eagle import EagleProposer
 from verispec.proposers.factory import DrafterOptions, build_drafters
-from verispec.runners.eagle.head import EagleHead, HeadShape
 from verispec.runners.cpu.gguf_runner import GGUFRunner
 from verispec.runners.cpu.int8 import Int8Runner
+from verispec.runners.eagle.head import EagleHead, HeadShape
 from verispec.runners.torch_runner import TransformersRunner
-from verispec.algorithms.sampling import SamplingParams
+from verispec.training.loop import TrainOptions, train_head
 
 PROMPTS = [[5, 17, 33, 2, 9], [70, 3, 11, 40], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], [88]]
 GREEDY = SamplingParams(max_tokens=40)
@@ -40,7 +40,12 @@ def target():
 def trained_head(target):
     """A head trained 60 steps on the target's own greedy continuations of random prompts."""
     head = EagleHead.from_target(target, seed=0)
-    train_head(head, target, greedy_continuations(target, seed=11), TrainOptions(steps=60, lr=3e-3, batch_positions=128, held_out=0.0, seed=0))
+    train_head(
+        head,
+        target,
+        greedy_continuations(target, seed=11),
+        TrainOptions(steps=60, lr=3e-3, batch_positions=128, held_out=0.0, seed=0),
+    )
     return head
 
 
@@ -60,18 +65,34 @@ def runner_of(kind, target, gguf_path):
 def gguf_head(runner, seed=0):
     """An untrained head for the tiny GGUF model (hidden 256, 96 tokens, 2 layers), borrowing the
     runner's embedding as the file stores it."""
-    shape = HeadShape(hidden_size=GGUF_HIDDEN, num_attention_heads=4, num_key_value_heads=2, head_dim=64, intermediate_size=512,
-                      rope_theta=10000.0, rms_norm_eps=1e-6, vocab_size=GGUF_VOCAB, num_target_layers=2, feature_layers=(1, 1, 0),
-                      draft_vocab_size=GGUF_VOCAB, target_model_type="qwen2")
+    shape = HeadShape(
+        hidden_size=GGUF_HIDDEN,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        intermediate_size=512,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-6,
+        vocab_size=GGUF_VOCAB,
+        num_target_layers=2,
+        feature_layers=(1, 1, 0),
+        draft_vocab_size=GGUF_VOCAB,
+        target_model_type="qwen2",
+    )
     return EagleHead(shape, runner.weights.embed, torch.arange(GGUF_VOCAB), seed=seed)
 
 
 def engine_with(runner, head, vocab):
-    return SpeculativeEngine(runner, CharTokenizer(default_pieces(vocab)), eos_token_ids=(), proposers={"eagle": EagleProposer(head)})
+    return SpeculativeEngine(
+        runner, CharTokenizer(default_pieces(vocab)), eos_token_ids=(), proposers={"eagle": EagleProposer(head)}
+    )
 
 
 def generate_all(engine, method, params=GREEDY, k=4):
-    return [engine.generate(p, params, SpeculativeConfig(method=method, num_speculative_tokens=k, schedule="constant")) for p in PROMPTS]
+    return [
+        engine.generate(p, params, SpeculativeConfig(method=method, num_speculative_tokens=k, schedule="constant"))
+        for p in PROMPTS
+    ]
 
 
 @pytest.mark.parametrize("kind", ["torch", "int8", "gguf"])
@@ -91,9 +112,14 @@ def test_greedy_eagle_equals_plain_token_for_token(kind, target, trained_head, g
 
 def test_trained_head_is_accepted_more_often_than_untrained(target, trained_head):
     rates = {}
-    for name, head in {"untrained": EagleHead.from_target(target, seed=0), "trained": trained_head.new_sequence()}.items():
+    for name, head in {
+        "untrained": EagleHead.from_target(target, seed=0),
+        "trained": trained_head.new_sequence(),
+    }.items():
         outs = generate_all(engine_with(TransformersRunner(target, max_context_length=128), head, VOCAB), "eagle")
-        rates[name] = sum(o.metrics.spec.num_accepted_tokens for o in outs) / sum(o.metrics.spec.num_draft_tokens for o in outs)
+        rates[name] = sum(o.metrics.spec.num_accepted_tokens for o in outs) / sum(
+            o.metrics.spec.num_draft_tokens for o in outs
+        )
     print(f"acceptance rate untrained {rates['untrained']:.3f} trained {rates['trained']:.3f}")
     assert rates["trained"] > rates["untrained"] + 0.15
 
@@ -138,16 +164,29 @@ class ToyFeatureRunner(BigramRunner):
 
 
 def toy_head(vocab=4, draft_ids=(0, 1, 3), seed=0):
-    shape = HeadShape(hidden_size=vocab, num_attention_heads=2, num_key_value_heads=1, head_dim=2, intermediate_size=8,
-                      rope_theta=10000.0, rms_norm_eps=1e-6, vocab_size=vocab, num_target_layers=2, feature_layers=(0, 1),
-                      draft_vocab_size=len(draft_ids), target_model_type="qwen2")
+    shape = HeadShape(
+        hidden_size=vocab,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=2,
+        intermediate_size=8,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-6,
+        vocab_size=vocab,
+        num_target_layers=2,
+        feature_layers=(0, 1),
+        draft_vocab_size=len(draft_ids),
+        target_model_type="qwen2",
+    )
     head = EagleHead(shape, nn.Embedding(vocab, vocab), torch.tensor(draft_ids), seed=seed)
     with torch.no_grad():
         head.lm_head.weight.mul_(60.0)  # a peaked draft distribution, unlike the target's
     return head
 
 
-@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0, max_tokens=3), SamplingParams(temperature=0.8, top_p=0.9, max_tokens=3)])
+@pytest.mark.parametrize(
+    "params", [SamplingParams(temperature=1.0, max_tokens=3), SamplingParams(temperature=0.8, top_p=0.9, max_tokens=3)]
+)
 def test_sampled_eagle_sequences_follow_the_target_distribution(params):
     """20,000 three-token samples, the bound of the draft model's test (test_engine.py); the head
     never drafts token 2 (outside its draft vocabulary), so those tokens are always recovered."""
@@ -198,7 +237,9 @@ def test_draft_probs_are_the_target_rows_of_the_draft_vocabulary():
 def test_the_head_drafts_only_from_features_it_has(observed, context, drafts):
     proposer = EagleProposer(toy_head())
     for position, rows in observed:
-        proposer.observe_features(torch.eye(4)[[context[(position + i) % len(context)] for i in range(rows)]].repeat(1, 2), position)
+        proposer.observe_features(
+            torch.eye(4)[[context[(position + i) % len(context)] for i in range(rows)]].repeat(1, 2), position
+        )
     request = DraftRequest(context[:2], context[2:], SamplingParams(), torch.Generator())
     assert bool(proposer.propose(request, 3).draft_token_ids) == drafts
 
@@ -206,8 +247,12 @@ def test_the_head_drafts_only_from_features_it_has(observed, context, drafts):
 def test_a_context_changed_under_the_heads_rows_restarts_it():
     proposer = EagleProposer(toy_head())
     proposer.observe_features(torch.eye(4)[[0, 1, 3]].repeat(1, 2), 0)
-    assert proposer.propose(DraftRequest([0, 1], [3, 1], SamplingParams(), torch.Generator()), 3).draft_token_ids  # rows 0..2 built
-    assert not proposer.propose(DraftRequest([0, 3], [3, 1], SamplingParams(), torch.Generator()), 3).draft_token_ids  # token 1 changed
+    assert proposer.propose(
+        DraftRequest([0, 1], [3, 1], SamplingParams(), torch.Generator()), 3
+    ).draft_token_ids  # rows 0..2 built
+    assert not proposer.propose(
+        DraftRequest([0, 3], [3, 1], SamplingParams(), torch.Generator()), 3
+    ).draft_token_ids  # token 1 changed
     assert proposer.head.num_cached_tokens == 0  # restarted: nothing of the old rows is attended
 
 
@@ -216,7 +261,11 @@ def test_auto_drafts_with_the_head_or_the_draft_model_when_the_lookup_fails():
     assert drafter_order("auto", ["ngram", "eagle", "draft", "tree"], trees=True) == ["ngram", "eagle", "draft", "tree"]
     loaded = ["ngram", "eagle", "eagle-tree", "draft", "tree"]
     assert drafter_order("auto", loaded, trees=True) == ["ngram", "eagle", "eagle-tree", "draft", "tree"]
-    assert drafter_order("auto", loaded, trees=False) == ["ngram", "eagle", "draft"]  # no trees where the runner verifies none
+    assert drafter_order("auto", loaded, trees=False) == [
+        "ngram",
+        "eagle",
+        "draft",
+    ]  # no trees where the runner verifies none
     assert drafter_order("eagle-tree", loaded, trees=True) == ["eagle-tree"]
     assert drafter_order("auto", ["ngram", "eagle", "layer-skip"]) == ["ngram", "eagle"]
 
@@ -232,7 +281,9 @@ def test_a_head_for_another_target_or_a_damaged_file_is_refused(target, trained_
     (tmp_path / "cut.pt").write_bytes((tmp_path / "head.pt").read_bytes()[:500])
     with pytest.raises(ModelIntegrityError, match="not a readable EAGLE head"):
         EagleHead.load(tmp_path / "cut.pt", target)
-    assert torch.equal(EagleHead.load(tmp_path / "head.pt", TransformersRunner(target)).lm_head.weight, trained_head.lm_head.weight)
+    assert torch.equal(
+        EagleHead.load(tmp_path / "head.pt", TransformersRunner(target)).lm_head.weight, trained_head.lm_head.weight
+    )
 
 
 def test_the_factory_builds_the_eagle_drafter_over_the_target_runner(target, trained_head, tmp_path):
@@ -240,7 +291,10 @@ def test_the_factory_builds_the_eagle_drafter_over_the_target_runner(target, tra
     options = DrafterOptions(eagle_head=tmp_path / "head.pt", layer_skip_layers=0)
     loaded = type("Loaded", (), {"model": target, "context_length": 128})()
     drafters = build_drafters(options, loaded, target_runner=Int8Runner.from_module(target, max_context_length=64))
-    assert isinstance(drafters["eagle"], EagleProposer) and drafters["eagle"].feature_layers == trained_head.shape.feature_layers
+    assert (
+        isinstance(drafters["eagle"], EagleProposer)
+        and drafters["eagle"].feature_layers == trained_head.shape.feature_layers
+    )
     with pytest.raises(InvalidParameterError, match="--eagle-head needs a runner that hands out the target's features"):
         build_drafters(options, loaded, target_runner=BigramRunner(torch.zeros(4, 4)))
 
@@ -258,7 +312,13 @@ def test_the_gguf_runner_lends_its_lm_head_rows_to_a_shared_head(gguf_path, tmp_
     want = torch.from_numpy(quants.dequantize(output.data, output.tensor_type).astype("float32"))[ids]
     assert rows.dtype == torch.float32 and torch.equal(rows, want)
     head = gguf_head(runner)
-    head = EagleHead(dataclasses.replace(head.shape, lm_head_from_target=True, draft_vocab_size=5), runner.weights.embed, ids, rows, seed=0)
+    head = EagleHead(
+        dataclasses.replace(head.shape, lm_head_from_target=True, draft_vocab_size=5),
+        runner.weights.embed,
+        ids,
+        rows,
+        seed=0,
+    )
     head.save(tmp_path / "shared.gguf", "q8_0")
     loaded = EagleHead.load(tmp_path / "shared.gguf", runner)
     assert torch.equal(loaded.lm_head.weight, rows)

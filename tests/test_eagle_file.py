@@ -6,9 +6,9 @@ import copy
 
 import pytest
 import torch
+
 from gguf_models import write_gguf_model
 from helpers import tiny_qwen2
-
 from verispec.errors import InvalidParameterError, ModelIntegrityError
 from verispec.runners.eagle.blocks import quantize_head_
 from verispec.runners.eagle.file import is_gguf
@@ -23,7 +23,11 @@ def target():
 @pytest.fixture
 def head(target):
     head = EagleHead.from_target(target, draft_token_ids=torch.tensor([0, 3, 5, 7, 11, 13, 17, 19]), seed=4)
-    head.training_record = {"command": "verispec train-head --target t", "seed": 4, "runs": [{"steps": 2, "held_out_top1": 0.25}]}
+    head.training_record = {
+        "command": "verispec train-head --target t",
+        "seed": 4,
+        "runs": [{"steps": 2, "held_out_top1": 0.25}],
+    }
     return head
 
 

@@ -4,17 +4,17 @@ unroll against inference, learning, determinism, save/load."""
 
 import pytest
 import torch
-from helpers import VOCAB, greedy_continuations, single_thread, tiny_qwen2  # noqa: F401 (single_thread: autouse fixture, one thread)
 from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 
+from helpers import VOCAB, greedy_continuations, single_thread, tiny_qwen2
 from verispec.errors import InvalidParameterError
-from verispec.training.loop import TrainOptions, make_optimizer, teacher, train_head, ttt_unroll
+from verispec.runners.cpu.reduced_vocab import token_counts
 from verispec.runners.eagle.head import (
     EagleHead,
     choose_draft_vocabulary,
     default_feature_layers,
 )
-from verispec.runners.cpu.reduced_vocab import token_counts
+from verispec.training.loop import TrainOptions, make_optimizer, teacher, train_head, ttt_unroll
 
 EOS = 95
 HIDDEN = 32
@@ -64,7 +64,9 @@ def test_choose_draft_vocabulary(counts, size, eos, expected):
     assert choose_draft_vocabulary(torch.tensor(counts), size, eos).tolist() == expected
 
 
-@pytest.mark.parametrize("size, eos", [(0, ()), (6, ()), (1, (0, 1)), (2, (7,))])  # empty, too big, EOS overflow, unknown id
+@pytest.mark.parametrize(
+    "size, eos", [(0, ()), (6, ()), (1, (0, 1)), (2, (7,))]
+)  # empty, too big, EOS overflow, unknown id
 def test_choose_draft_vocabulary_refuses(size, eos):
     with pytest.raises(InvalidParameterError):
         choose_draft_vocabulary(torch.ones(5), size, eos)
@@ -110,7 +112,9 @@ def test_d2t_maps_draft_rows_to_target_ids(target, draft_ids):
     assert head.d2t.dtype == torch.long and head.d2t.tolist() == draft_ids.tolist()
     assert EOS in head.d2t.tolist()
     assert head.draft_to_target(torch.tensor([0, 63])).tolist() == [draft_ids[0].item(), draft_ids[63].item()]
-    torch.testing.assert_close(head.lm_head.weight, target.lm_head.weight[draft_ids])  # initialised from the target's rows
+    torch.testing.assert_close(
+        head.lm_head.weight, target.lm_head.weight[draft_ids]
+    )  # initialised from the target's rows
     assert not any("embed" in key for key in head.state_dict())  # the embedding is borrowed, not stored
     assert head.config["draft_vocab_size"] == 64 and head.config["feature_layers"] == [1, 1, 0]
 
@@ -118,8 +122,16 @@ def test_d2t_maps_draft_rows_to_target_ids(target, draft_ids):
 def test_refuses_another_target(target, tmp_path):
     head = EagleHead.from_target(target)
     head.save(tmp_path / "head.pt")
-    wider = Qwen2ForCausalLM(Qwen2Config(vocab_size=VOCAB, hidden_size=48, intermediate_size=64, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2))
+    wider = Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=VOCAB,
+            hidden_size=48,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    )
     with pytest.raises(InvalidParameterError, match="hidden_size 32 != 48"):
         EagleHead.load(tmp_path / "head.pt", wider)
     with pytest.raises(InvalidParameterError, match="hidden size 32"):
@@ -150,7 +162,9 @@ def test_refuses_a_target_of_the_same_shapes_with_other_weights(target, tmp_path
         EagleHead.load(tmp_path / "head.gguf", other)
     with pytest.raises(InvalidParameterError, match="another target of the same shapes"):
         EagleHead.load(tmp_path / "head.gguf", Int8Runner.from_module(other, max_context_length=32))
-    same = EagleHead.load(tmp_path / "head.gguf", Int8Runner.from_module(target, max_context_length=32))  # another runner, same target
+    same = EagleHead.load(
+        tmp_path / "head.gguf", Int8Runner.from_module(target, max_context_length=32)
+    )  # another runner, same target
     assert same.shape == head.shape
     old = EagleHead(replace(head.shape, target_norm_sha256=""), target.get_input_embeddings(), head.d2t)
     old.load_state_dict(head.state_dict())
@@ -178,10 +192,14 @@ def test_training_lowers_loss_and_raises_agreement(target, sequences, draft_ids)
     head = EagleHead.from_target(target, draft_token_ids=draft_ids, seed=0)
     seen = []
     options = TrainOptions(steps=40, lr=3e-3, batch_positions=128, held_out=0.25, seed=0)
-    report = train_head(head, target, sequences, options, on_step=lambda step, loss, top1, rate: seen.append((step, loss, top1, rate)))
-    print(f"loss {report.losses[0]:.2f} -> {report.losses[-1]:.2f}; held-out loss {report.held_out_loss_before:.2f} -> "
-          f"{report.held_out_loss:.2f}; held-out top-1 {report.held_out_top1_before:.3f} -> {report.held_out_top1:.3f} "
-          f"(by step {[round(x, 3) for x in report.held_out_top1_by_step]})")
+    report = train_head(
+        head, target, sequences, options, on_step=lambda step, loss, top1, rate: seen.append((step, loss, top1, rate))
+    )
+    print(
+        f"loss {report.losses[0]:.2f} -> {report.losses[-1]:.2f}; held-out loss {report.held_out_loss_before:.2f} -> "
+        f"{report.held_out_loss:.2f}; held-out top-1 {report.held_out_top1_before:.3f} -> {report.held_out_top1:.3f} "
+        f"(by step {[round(x, 3) for x in report.held_out_top1_by_step]})"
+    )
     assert report.steps == 40 and [s for s, _, _, _ in seen] == list(range(1, 41))
     assert all(rate > 0 for *_, rate in seen)  # anchors per second of the loop
     assert sum(report.losses[-5:]) / 5 < 0.6 * sum(report.losses[:5]) / 5  # the training loss falls
@@ -193,7 +211,9 @@ def test_training_lowers_loss_and_raises_agreement(target, sequences, draft_ids)
 def test_training_is_deterministic(target, sequences, draft_ids):
     def run():
         head = EagleHead.from_target(target, draft_token_ids=draft_ids, seed=1)
-        report = train_head(head, target, sequences[:12], TrainOptions(steps=3, lr=1e-3, batch_positions=64, held_out=0.25, seed=2))
+        report = train_head(
+            head, target, sequences[:12], TrainOptions(steps=3, lr=1e-3, batch_positions=64, held_out=0.25, seed=2)
+        )
         return report.losses, head.state_dict()
 
     (losses_a, state_a), (losses_b, state_b) = run(), run()
@@ -214,7 +234,9 @@ def test_a_resumed_run_continues_as_if_never_stopped(target, sequences, draft_id
     first = train_head(split, target, sequences[:12], first_options, optimizer=optimizer).losses
     state = optimizer.state_dict()
     second_options = TrainOptions(steps=3, steps_before=3, **options)
-    second = train_head(split, target, sequences[:12], second_options, optimizer=make_optimizer(split, second_options, state)).losses
+    second = train_head(
+        split, target, sequences[:12], second_options, optimizer=make_optimizer(split, second_options, state)
+    ).losses
     assert first + second == whole_losses
     for key, value in whole.state_dict().items():
         assert torch.equal(split.state_dict()[key], value), key
@@ -222,8 +244,11 @@ def test_a_resumed_run_continues_as_if_never_stopped(target, sequences, draft_id
 
 def test_an_optimiser_state_of_another_head_is_refused(target, draft_ids):
     with pytest.raises(InvalidParameterError, match="optimiser state is not one of this head's"):
-        make_optimizer(EagleHead.from_target(target, draft_token_ids=draft_ids, seed=1), TrainOptions(),
-                       {"state": {}, "param_groups": [{"params": [0]}]})  # one parameter, the head has many
+        make_optimizer(
+            EagleHead.from_target(target, draft_token_ids=draft_ids, seed=1),
+            TrainOptions(),
+            {"state": {}, "param_groups": [{"params": [0]}]},
+        )  # one parameter, the head has many
 
 
 @pytest.mark.parametrize("options", [TrainOptions(steps=None), TrainOptions(ttt_steps=0), TrainOptions(held_out=1.0)])

@@ -8,24 +8,34 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from gguf_models import VOCAB as GGUF_VOCAB
-from gguf_models import write_gguf_model
-from helpers import single_thread, tiny_qwen2  # noqa: F401 (single_thread: autouse fixture, one thread)
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
+from gguf_models import VOCAB as GGUF_VOCAB
+from gguf_models import write_gguf_model
+from helpers import single_thread, tiny_qwen2
+from verispec.bench.export_head import default_export_folder, export_head, trained_context
 from verispec.cli import app
 from verispec.errors import InvalidParameterError
-from verispec.bench.export_head import default_export_folder, export_head, trained_context
+from verispec.runners.cpu.gguf_runner import GGUFRunner
 from verispec.runners.eagle.blocks import quantize_head_
 from verispec.runners.eagle.head import EagleHead, HeadShape
 from verispec.runners.eagle.hf import hf_config, write_hf_checkpoint
-from verispec.runners.cpu.gguf_runner import GGUFRunner
 
 LAYER_NAMES = {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"} | {
-    f"midlayer.{name}.weight" for name in (
-        "input_layernorm", "hidden_norm", "post_attention_layernorm", "self_attn.q_proj", "self_attn.k_proj",
-        "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+    f"midlayer.{name}.weight"
+    for name in (
+        "input_layernorm",
+        "hidden_norm",
+        "post_attention_layernorm",
+        "self_attn.q_proj",
+        "self_attn.k_proj",
+        "self_attn.v_proj",
+        "self_attn.o_proj",
+        "mlp.gate_proj",
+        "mlp.up_proj",
+        "mlp.down_proj",
+    )
 }
 
 
@@ -47,7 +57,12 @@ def reference_logits(tensors, config, embedding, features, token_ids):
     """The engines' EAGLE-3 draft forward (vLLM Eagle3LlamaForCausalLM / SGLang LlamaForCausalLMEagle3,
     written out): rows at positions 0..T-1, causal; full-vocabulary scores, -inf off the draft rows."""
     w = {name: t.float() for name, t in tensors.items()}
-    eps, heads, kv_heads, dim = config["rms_norm_eps"], config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
+    eps, heads, kv_heads, dim = (
+        config["rms_norm_eps"],
+        config["num_attention_heads"],
+        config["num_key_value_heads"],
+        config["head_dim"],
+    )
 
     def rms(x, gain):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * gain
@@ -55,7 +70,13 @@ def reference_logits(tensors, config, embedding, features, token_ids):
     rows = features.shape[0]
     hidden = features @ w["fc.weight"].T
     residual = hidden
-    x = torch.cat([rms(embedding(token_ids), w["midlayer.input_layernorm.weight"]), rms(hidden, w["midlayer.hidden_norm.weight"])], -1)
+    x = torch.cat(
+        [
+            rms(embedding(token_ids), w["midlayer.input_layernorm.weight"]),
+            rms(hidden, w["midlayer.hidden_norm.weight"]),
+        ],
+        -1,
+    )
     q = (x @ w["midlayer.self_attn.q_proj.weight"].T).view(rows, heads, dim)
     k = (x @ w["midlayer.self_attn.k_proj.weight"].T).view(rows, kv_heads, dim)
     v = (x @ w["midlayer.self_attn.v_proj.weight"].T).view(rows, kv_heads, dim)
@@ -74,7 +95,11 @@ def reference_logits(tensors, config, embedding, features, token_ids):
     attended = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(rows, -1)
     hidden = residual + attended @ w["midlayer.self_attn.o_proj.weight"].T
     y = rms(hidden, w["midlayer.post_attention_layernorm.weight"])
-    hidden = hidden + (F.silu(y @ w["midlayer.mlp.gate_proj.weight"].T) * (y @ w["midlayer.mlp.up_proj.weight"].T)) @ w["midlayer.mlp.down_proj.weight"].T
+    hidden = (
+        hidden
+        + (F.silu(y @ w["midlayer.mlp.gate_proj.weight"].T) * (y @ w["midlayer.mlp.up_proj.weight"].T))
+        @ w["midlayer.mlp.down_proj.weight"].T
+    )
     draft = rms(hidden, w["norm.weight"]) @ w["lm_head.weight"].T
     full = torch.full((rows, config["vocab_size"]), float("-inf"))
     full[:, torch.arange(config["draft_vocab_size"]) + tensors["d2t"]] = draft  # d2t: offsets
@@ -106,7 +131,11 @@ def test_the_config_is_a_llama_eagle3_config_transformers_reads(tmp_path, target
     head = head_of(target, True)
     folder = write_hf_checkpoint(head, tmp_path / "ckpt", max_position_embeddings=256)
     config = AutoConfig.from_pretrained(folder)
-    assert (config.architectures, config.model_type, config.num_hidden_layers) == (["LlamaForCausalLMEagle3"], "llama", 1)
+    assert (config.architectures, config.model_type, config.num_hidden_layers) == (
+        ["LlamaForCausalLMEagle3"],
+        "llama",
+        1,
+    )
     assert (config.hidden_size, config.intermediate_size, config.vocab_size, config.draft_vocab_size) == (32, 64, 96, 8)
     assert (config.num_attention_heads, config.num_key_value_heads, config.head_dim) == (4, 2, 8)
     assert config.max_position_embeddings == 256 and config.tie_word_embeddings is False
@@ -140,7 +169,12 @@ def test_fused_layers_are_named_for_each_engine(target, layers, vllm_ids, sglang
 def test_what_the_engines_cannot_load_is_refused(tmp_path, target, change, message):
     head = head_of(target, True, change.get("layers"))
     with pytest.raises(InvalidParameterError, match=message):
-        write_hf_checkpoint(head, tmp_path / "ckpt", max_position_embeddings=change.get("context", 256), dtype=change.get("dtype", "bfloat16"))
+        write_hf_checkpoint(
+            head,
+            tmp_path / "ckpt",
+            max_position_embeddings=change.get("context", 256),
+            dtype=change.get("dtype", "bfloat16"),
+        )
     assert not (tmp_path / "ckpt").exists()
 
 
@@ -161,9 +195,21 @@ def gguf_head_file(tmp_path_factory):
     folder = tmp_path_factory.mktemp("export")
     gguf_path = write_gguf_model(folder / "target.gguf")
     runner = GGUFRunner.from_file(gguf_path, max_context_length=64)
-    shape = HeadShape(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64, intermediate_size=64,
-                      rope_theta=10000.0, rms_norm_eps=1e-6, vocab_size=GGUF_VOCAB, num_target_layers=2, feature_layers=(1, 1, 1),
-                      draft_vocab_size=16, target_model_type="qwen2", lm_head_from_target=True)
+    shape = HeadShape(
+        hidden_size=256,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        intermediate_size=64,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-6,
+        vocab_size=GGUF_VOCAB,
+        num_target_layers=2,
+        feature_layers=(1, 1, 1),
+        draft_vocab_size=16,
+        target_model_type="qwen2",
+        lm_head_from_target=True,
+    )
     d2t = torch.arange(16) * 5
     head = EagleHead(shape, runner.weights.embed, d2t, runner.weights.output_rows(d2t), seed=0)
     head.save(folder / "head.gguf", weights="q8_0")
@@ -177,7 +223,9 @@ def test_export_head_lends_the_targets_rows_and_context(gguf_head_file):
     assert folder == default_export_folder(head_path) == head_path.with_name("head-eagle3")
     config, tensors = json.loads((folder / "config.json").read_text()), load_file(folder / "model.safetensors")
     assert config["max_position_embeddings"] == 512 and config["verispec"]["head_file"] == "head.gguf"
-    assert config["eagle_aux_hidden_state_layer_ids"] == [1, 1, 1] and config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 0, 0]
+    assert config["eagle_aux_hidden_state_layer_ids"] == [1, 1, 1] and config["eagle_config"][
+        "eagle_aux_hidden_state_layer_ids"
+    ] == [0, 0, 0]
     rows = runner.weights.output_rows(torch.arange(16) * 5)
     assert torch.equal(tensors["lm_head.weight"], rows.bfloat16())  # the target's rows, as its file holds them
     with pytest.raises(InvalidParameterError, match="not an empty folder"):
@@ -187,10 +235,14 @@ def test_export_head_lends_the_targets_rows_and_context(gguf_head_file):
 def test_cli_export_head_writes_the_folder_and_refuses_a_wrong_path(tmp_path, gguf_head_file):
     gguf_path, head_path, _ = gguf_head_file
     out = tmp_path / "for-vllm"
-    result = CliRunner().invoke(app, ["export-head", str(head_path), "--target", str(gguf_path), "--out", str(out), "--runner", "gguf"])
+    result = CliRunner().invoke(
+        app, ["export-head", str(head_path), "--target", str(gguf_path), "--out", str(out), "--runner", "gguf"]
+    )
     assert result.exit_code == 0, result.output
     assert "eagle3" in result.output and sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
-    missing = CliRunner().invoke(app, ["export-head", str(tmp_path / "nope.gguf"), "--target", str(gguf_path), "--out", str(tmp_path / "x")])
+    missing = CliRunner().invoke(
+        app, ["export-head", str(tmp_path / "nope.gguf"), "--target", str(gguf_path), "--out", str(tmp_path / "x")]
+    )
     assert missing.exit_code != 0 and "no EAGLE head at" in missing.output and "Traceback" not in missing.output
     assert not (tmp_path / "x").exists()
 
@@ -210,9 +262,30 @@ def test_advise_export_of_an_eagle_verdict_writes_the_checkpoint_it_names(tmp_pa
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"prompt": "ab!"}) + "\n")
     exported, folder = tmp_path / "vllm.json", tmp_path / "heads" / "mine"
-    result = CliRunner().invoke(app, ["advise", "--prompts", str(prompts), "--target", str(gguf_path), "--draft", "none",
-                                      "--runner", "gguf", "--methods", "eagle", "--eagle-head", str(head_path), "--export", "vllm",
-                                      "--export-file", str(exported), "--export-head-dir", str(folder)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "advise",
+            "--prompts",
+            str(prompts),
+            "--target",
+            str(gguf_path),
+            "--draft",
+            "none",
+            "--runner",
+            "gguf",
+            "--methods",
+            "eagle",
+            "--eagle-head",
+            str(head_path),
+            "--export",
+            "vllm",
+            "--export-file",
+            str(exported),
+            "--export-head-dir",
+            str(folder),
+        ],
+    )
     assert result.exit_code == 0, result.output
     spec = json.loads(exported.read_text())["config"]["speculative_config"]
     assert spec == {"method": "eagle3", "model": str(folder), "num_speculative_tokens": 3}

@@ -5,18 +5,30 @@ distribution; a runner without trees and a missing head are refused clearly."""
 
 import pytest
 import torch
+
 from gguf_models import VOCAB as GGUF_VOCAB
 from helpers import VOCAB, BigramTreeRunner, CharTokenizer, default_pieces
-from test_eagle_drafter import GREEDY, PROMPTS, ToyFeatureRunner, engine_with, gguf_head, runner_of, sampled_distance, stepped_together, toy_head  # noqa: F401
-from test_eagle_drafter import gguf_path, target, trained_head  # noqa: F401  (fixtures)
-
+from test_eagle_drafter import (
+    GREEDY,
+    PROMPTS,
+    ToyFeatureRunner,
+    engine_with,
+    gguf_head,
+    gguf_path,
+    runner_of,
+    sampled_distance,
+    stepped_together,
+    target,
+    toy_head,
+    trained_head,
+)
+from verispec.algorithms.sampling import SamplingParams
 from verispec.engine import SpeculativeConfig, SpeculativeEngine
 from verispec.errors import InvalidParameterError
 from verispec.proposers import DraftRequest
 from verispec.proposers.eagle import EagleProposer, EagleTreeProposer
 from verispec.proposers.factory import for_new_sequence, with_lookup_drafters
 from verispec.runners.torch_runner import TransformersRunner
-from verispec.algorithms.sampling import SamplingParams
 
 
 def fed_proposer(target, head, context):
@@ -34,7 +46,9 @@ def test_the_tree_holds_the_heads_chain_and_leaves_its_cache_as_found(target, tr
     request = DraftRequest(context[:4], context[4:], SamplingParams(), torch.Generator())
     chain = fed_proposer(target, trained_head, context).propose(request, 4).draft_token_ids
     # branching 1: the tree is the chain itself (tree-masked rows score as the causal ones)
-    assert fed_proposer(target, trained_head, context).propose_tree(request, 4, branching=1, max_depth=4).token_ids[1:] == tuple(chain)
+    assert fed_proposer(target, trained_head, context).propose_tree(request, 4, branching=1, max_depth=4).token_ids[
+        1:
+    ] == tuple(chain)
     proposer = fed_proposer(target, trained_head, context)
     tree = proposer.propose_tree(request, 6, branching=2, max_depth=4)
     assert tree.token_ids[0] == context[-1] and 3 <= tree.num_nodes - 1 <= 6
@@ -48,7 +62,7 @@ def test_the_tree_holds_the_heads_chain_and_leaves_its_cache_as_found(target, tr
 
 
 @pytest.mark.parametrize("kind", ["torch", "int8", "gguf"])
-def test_greedy_eagle_tree_equals_plain_token_for_token(kind, target, trained_head, gguf_path):  # noqa: F811
+def test_greedy_eagle_tree_equals_plain_token_for_token(kind, target, trained_head, gguf_path):
     runner = runner_of(kind, target, gguf_path)
     head = gguf_head(runner) if kind == "gguf" else trained_head.new_sequence()
     engine = engine_with(runner, head, GGUF_VOCAB if kind == "gguf" else VOCAB)
@@ -69,15 +83,24 @@ def test_a_one_branch_tree_drafts_and_accepts_as_the_chain_does(target, trained_
     head = trained_head.new_sequence()
     chain = EagleProposer(head)
     drafters = {"eagle": chain, "eagle-tree": EagleTreeProposer(chain, branching=1, max_depth=6)}
-    engine = SpeculativeEngine(TransformersRunner(target, max_context_length=128), CharTokenizer(default_pieces(VOCAB)),
-                               eos_token_ids=(), proposers=drafters)
+    engine = SpeculativeEngine(
+        TransformersRunner(target, max_context_length=128),
+        CharTokenizer(default_pieces(VOCAB)),
+        eos_token_ids=(),
+        proposers=drafters,
+    )
     slot = engine.new_slot()
     assert slot.proposers["eagle-tree"].branching == 1 and slot.proposers["eagle-tree"].eagle is slot.proposers["eagle"]
     for prompt in PROMPTS:
-        outs = [engine.generate(prompt, GREEDY, SpeculativeConfig(method=m, num_speculative_tokens=6, schedule="constant"))
-                for m in ("eagle", "eagle-tree")]
+        outs = [
+            engine.generate(prompt, GREEDY, SpeculativeConfig(method=m, num_speculative_tokens=6, schedule="constant"))
+            for m in ("eagle", "eagle-tree")
+        ]
         assert outs[0].token_ids == outs[1].token_ids
-        counts = [(o.metrics.spec.num_drafts, o.metrics.spec.num_draft_tokens, o.metrics.spec.num_accepted_tokens) for o in outs]
+        counts = [
+            (o.metrics.spec.num_drafts, o.metrics.spec.num_draft_tokens, o.metrics.spec.num_accepted_tokens)
+            for o in outs
+        ]
         assert counts[0] == counts[1] and counts[0][2] > 0, counts
 
 
@@ -96,7 +119,9 @@ class ToyTreeFeatureRunner(ToyFeatureRunner, BigramTreeRunner):
         return self.forward(token_ids)
 
 
-@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0, max_tokens=3), SamplingParams(temperature=0.8, top_p=0.9, max_tokens=3)])
+@pytest.mark.parametrize(
+    "params", [SamplingParams(temperature=1.0, max_tokens=3), SamplingParams(temperature=0.8, top_p=0.9, max_tokens=3)]
+)
 def test_sampled_eagle_tree_sequences_follow_the_target_distribution(params):
     """20,000 three-token samples, the bound of the draft model's test (test_engine.py)."""
     tv, accepted, drafted = sampled_distance(ToyTreeFeatureRunner, "eagle-tree", 3, params)
@@ -134,7 +159,13 @@ def test_trees_of_several_requests_grow_in_shared_head_passes(target, trained_he
     proposers = [fed_proposer(target, trained_head, c) for c in contexts]
     together = EagleProposer.propose_trees([(p, r, n, 2, 4) for p, r, n in zip(proposers, requests, budgets)])
     assert [(t.token_ids, t.parents) for t in together] == [(t.token_ids, t.parents) for t in alone]
-    assert all(t.num_nodes > 2 for t in alone) and len(set(passes_alone)) > 1  # real trees, growing for different numbers of levels
-    assert passes[0] == 3 and passes == sorted(passes, reverse=True)  # the catch-ups together; trees drop out as they finish
-    assert len(passes) == max(passes_alone)  # a pass per level of the longest-growing tree, not one per request and level
+    assert (
+        all(t.num_nodes > 2 for t in alone) and len(set(passes_alone)) > 1
+    )  # real trees, growing for different numbers of levels
+    assert passes[0] == 3 and passes == sorted(
+        passes, reverse=True
+    )  # the catch-ups together; trees drop out as they finish
+    assert len(passes) == max(
+        passes_alone
+    )  # a pass per level of the longest-growing tree, not one per request and level
     assert [p.head.num_cached_tokens for p in proposers] == [len(c) - 1 for c in contexts]  # draft rows gone

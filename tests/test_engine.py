@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from helpers import BigramRunner, CharTokenizer, chain_table, make_engine
+from verispec.algorithms.sampling import SamplingParams, logits_to_probs
 from verispec.engine import SpeculativeConfig, SpeculativeEngine
 from verispec.errors import ContextLengthError, InvalidParameterError
 from verispec.proposers.draft_model import DraftModelProposer
-from verispec.algorithms.sampling import SamplingParams, logits_to_probs
 
 PROMPTS = [[5, 17, 33, 2, 9], [70, 3], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20]]
 GREEDY_40 = SamplingParams(max_tokens=40)
@@ -23,7 +23,9 @@ def plain_outputs(target_model):
 
 @pytest.mark.parametrize("draft_kind", ["target", "random", "partial"])
 @pytest.mark.parametrize("k", range(1, 9))
-def test_greedy_speculative_equals_plain(draft_kind, k, target_model, random_draft_model, partial_draft_model, plain_outputs):
+def test_greedy_speculative_equals_plain(
+    draft_kind, k, target_model, random_draft_model, partial_draft_model, plain_outputs
+):
     draft = {"target": target_model, "random": random_draft_model, "partial": partial_draft_model}[draft_kind]
     engine = make_engine(target_model, draft)
     for prompt, expected in zip(PROMPTS, plain_outputs):
@@ -38,7 +40,10 @@ def test_greedy_speculative_equals_plain(draft_kind, k, target_model, random_dra
 
 def test_partial_draft_is_really_partial(target_model, partial_draft_model):
     engine = make_engine(target_model, partial_draft_model)
-    stats = [engine.generate(p, GREEDY_40, SpeculativeConfig(num_speculative_tokens=2, schedule="constant")).metrics.spec for p in PROMPTS]
+    stats = [
+        engine.generate(p, GREEDY_40, SpeculativeConfig(num_speculative_tokens=2, schedule="constant")).metrics.spec
+        for p in PROMPTS
+    ]
     accepted = sum(s.num_accepted_tokens for s in stats) / sum(s.num_draft_tokens for s in stats)
     assert 0.15 < accepted < 0.9
 
@@ -48,13 +53,17 @@ def test_plain_decoding_matches_transformers_generate(target_model):
     prompt = PROMPTS[0]
     ours = engine.generate(prompt, SamplingParams(max_tokens=20), SpeculativeConfig(method="none")).token_ids
     with torch.no_grad():
-        ref = target_model.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0)
+        ref = target_model.generate(
+            torch.tensor([prompt]), max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
     assert ours == ref[0, len(prompt) :].tolist()
 
 
 def test_speculative_counts_and_metrics(target_model):
     engine = make_engine(target_model, target_model)
-    out = engine.generate(PROMPTS[0], SamplingParams(max_tokens=21), SpeculativeConfig(num_speculative_tokens=4, schedule="constant"))
+    out = engine.generate(
+        PROMPTS[0], SamplingParams(max_tokens=21), SpeculativeConfig(num_speculative_tokens=4, schedule="constant")
+    )
     spec = out.metrics.spec
     # 1 token from prefill, then 4 steps of 4 accepted + 1 bonus = 21 tokens, 5 target forwards
     assert (len(out.token_ids), spec.num_drafts, spec.num_accepted_tokens, spec.num_bonus_tokens) == (21, 4, 16, 4)
@@ -65,7 +74,9 @@ def test_speculative_counts_and_metrics(target_model):
 
 def test_stream_chunks_concatenate_to_output(target_model, partial_draft_model):
     engine = make_engine(target_model, partial_draft_model)
-    chunks = list(engine.stream(PROMPTS[1], GREEDY_40, SpeculativeConfig(num_speculative_tokens=3, schedule="constant")))
+    chunks = list(
+        engine.stream(PROMPTS[1], GREEDY_40, SpeculativeConfig(num_speculative_tokens=3, schedule="constant"))
+    )
     output = chunks[-1].output
     assert "".join(c.text for c in chunks) == output.text
     assert list(itertools.chain.from_iterable(c.token_ids for c in chunks)) == output.token_ids
@@ -99,7 +110,9 @@ CHAIN = {1: 4, 4: 5, 5: 2, 2: 3, 3: 6, 6: 0}  # s -> x y E ND z <eos>
 def test_stops_inside_accepted_blocks(params, text, ids, reason):
     for method in ("none", "draft"):
         engine = bigram_engine(CHAIN, draft_next_of=CHAIN)
-        out = engine.generate([1], params, SpeculativeConfig(method=method, num_speculative_tokens=8, schedule="constant"))
+        out = engine.generate(
+            [1], params, SpeculativeConfig(method=method, num_speculative_tokens=8, schedule="constant")
+        )
         assert (out.text, out.token_ids, out.finish_reason) == (text, ids, reason), method
         if method == "draft":
             assert out.metrics.num_target_forwards == 2  # prefill + one verify pass covered the block
@@ -108,7 +121,9 @@ def test_stops_inside_accepted_blocks(params, text, ids, reason):
 def test_context_window_ends_with_length():
     engine = bigram_engine({1: 4, 4: 4}, draft_next_of={1: 4, 4: 4}, max_context_length=6)
     for method in ("none", "draft"):
-        out = engine.generate([1, 1], SamplingParams(max_tokens=50), SpeculativeConfig(method=method, schedule="constant"))
+        out = engine.generate(
+            [1, 1], SamplingParams(max_tokens=50), SpeculativeConfig(method=method, schedule="constant")
+        )
         assert out.token_ids == [4, 4, 4, 4] and out.finish_reason == "length"
 
 
@@ -145,16 +160,21 @@ def sequence_distribution(table: torch.Tensor, params: SamplingParams, first: in
     return dist
 
 
-@pytest.mark.parametrize("params", [
-    SamplingParams(temperature=1.0, max_tokens=3),  # coupled (the default)
-    SamplingParams(temperature=0.7, top_p=0.9, max_tokens=3),
-    SamplingParams(temperature=0.7, top_p=0.9, max_tokens=3, sampling="rejection"),  # modified rejection sampling
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=1.0, max_tokens=3),  # coupled (the default)
+        SamplingParams(temperature=0.7, top_p=0.9, max_tokens=3),
+        SamplingParams(temperature=0.7, top_p=0.9, max_tokens=3, sampling="rejection"),  # modified rejection sampling
+    ],
+)
 def test_sampled_sequences_follow_target_distribution(params):
     """20,000 three-token samples through the whole loop (prefill + one 2-token draft), in both
     sampling modes: each gives the target's distribution whatever the draft."""
     vocab = 4
-    target_table = torch.tensor([[0.0, 1.0, 2.0, 0.5], [2.0, 0.0, 1.0, 1.5], [1.0, 1.0, 0.0, 2.0], [0.0, 2.0, 1.0, 0.0]])
+    target_table = torch.tensor(
+        [[0.0, 1.0, 2.0, 0.5], [2.0, 0.0, 1.0, 1.5], [1.0, 1.0, 0.0, 2.0], [0.0, 2.0, 1.0, 0.0]]
+    )
     draft_table = torch.tensor([[2.0, 0.0, 0.0, 1.0], [0.0, 2.0, 1.0, 0.0], [1.0, 0.0, 2.0, 0.0], [2.0, 1.0, 0.0, 1.0]])
     engine = SpeculativeEngine(
         BigramRunner(target_table),

@@ -10,8 +10,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from transformers import GenerationConfig
 
-from verispec.errors import InvalidParameterError
 from verispec.bench.export import export_setup, model_id
+from verispec.errors import InvalidParameterError
 
 
 class VLLMSpeculativeConfig(BaseModel):
@@ -35,9 +35,15 @@ class VLLMSpeculativeConfig(BaseModel):
 
 # SGLang's ServerArgs fields for speculative decoding (python/sglang/srt/server_args.py)
 SGLANG_FIELDS = {
-    "model_path", "speculative_algorithm", "speculative_draft_model_path", "speculative_num_steps",
-    "speculative_eagle_topk", "speculative_num_draft_tokens", "speculative_ngram_min_match_window_size",
-    "speculative_ngram_max_match_window_size", "speculative_ngram_max_bfs_breadth",
+    "model_path",
+    "speculative_algorithm",
+    "speculative_draft_model_path",
+    "speculative_num_steps",
+    "speculative_eagle_topk",
+    "speculative_num_draft_tokens",
+    "speculative_ngram_min_match_window_size",
+    "speculative_ngram_max_match_window_size",
+    "speculative_ngram_max_bfs_breadth",
 }
 
 
@@ -56,7 +62,9 @@ def test_vllm_export_validates_against_its_speculative_config(method):
         assert spec.suffix_decoding_max_spec_factor == 2.0
     # the command carries the same JSON, quoted for a shell
     assert setup.command.startswith("vllm serve Qwen/Qwen2.5-Coder-1.5B-Instruct --speculative-config '")
-    assert json.loads(setup.command.split("--speculative-config ", 1)[1].strip("'")) == setup.config["speculative_config"]
+    assert (
+        json.loads(setup.command.split("--speculative-config ", 1)[1].strip("'")) == setup.config["speculative_config"]
+    )
 
 
 def test_vllm_refuses_an_unknown_field_so_the_check_can_fail():
@@ -91,9 +99,11 @@ def test_transformers_export_reaches_what_generate_drafts_with(method, monkeypat
     GenerationConfig(**setup.config["generate_kwargs"]).validate(strict=True)
     seen = {}
     for cls in (cg.AssistedCandidateGenerator, cg.PromptLookupCandidateGenerator):
+
         def spy(self, *args, __init=cls.__init__, **kwargs):
             __init(self, *args, **kwargs)
             seen[type(self).__name__] = self
+
         monkeypatch.setattr(cls, "__init__", spy)
     target = copy.deepcopy(target_model)
     ids = torch.tensor([[5, 6, 7, 5, 6, 7, 5, 6]])
@@ -101,7 +111,9 @@ def test_transformers_export_reaches_what_generate_drafts_with(method, monkeypat
         assistant = copy.deepcopy(partial_draft_model)
         for key, value in setup.config["assistant_generation_config"].items():
             setattr(assistant.generation_config, key, value)
-        target.generate(ids, assistant_model=assistant, max_new_tokens=4, do_sample=False, **setup.config["generate_kwargs"])
+        target.generate(
+            ids, assistant_model=assistant, max_new_tokens=4, do_sample=False, **setup.config["generate_kwargs"]
+        )
         made = seen["AssistedCandidateGenerator"]
         assert made.num_assistant_tokens == 7 and made.assistant_confidence_threshold == 0.0
         assert setup.config["assistant_model"] == "Qwen/Qwen2.5-Coder-0.5B-Instruct"
@@ -125,10 +137,12 @@ def test_transformers_ignores_a_draft_length_passed_to_generate(monkeypatch, tar
     def spy(self, *args, **kwargs):
         init(self, *args, **kwargs)
         seen["made"] = self
+
     monkeypatch.setattr(cg.AssistedCandidateGenerator, "__init__", spy)
     assistant = copy.deepcopy(partial_draft_model)
-    copy.deepcopy(target_model).generate(torch.tensor([[5, 6, 7]]), assistant_model=assistant, max_new_tokens=2,
-                                         do_sample=False, num_assistant_tokens=7)
+    copy.deepcopy(target_model).generate(
+        torch.tensor([[5, 6, 7]]), assistant_model=assistant, max_new_tokens=2, do_sample=False, num_assistant_tokens=7
+    )
     assert seen["made"].num_assistant_tokens != 7
 
 
@@ -157,7 +171,10 @@ def test_vllm_eagle_export_names_the_heads_checkpoint(method, k, depth):
 def test_sglang_eagle_export_uses_its_eagle3_algorithm(method, k, steps, topk):
     setup = export_setup("sglang", method, k, "qwen2.5-coder-1.5b-instruct", None, eagle_dir="/heads/h-eagle3")
     assert set(setup.config) <= SGLANG_FIELDS
-    assert setup.config["speculative_algorithm"] == "EAGLE3" and setup.config["speculative_draft_model_path"] == "/heads/h-eagle3"
+    assert (
+        setup.config["speculative_algorithm"] == "EAGLE3"
+        and setup.config["speculative_draft_model_path"] == "/heads/h-eagle3"
+    )
     assert (setup.config["speculative_num_steps"], setup.config["speculative_eagle_topk"]) == (steps, topk)
     assert setup.config["speculative_num_draft_tokens"] == k + 1  # the drafts and the token they follow
     assert "--speculative-draft-model-path /heads/h-eagle3" in setup.command
@@ -169,19 +186,24 @@ def test_a_no_go_exports_plain_decoding():
     assert any("did not pay" in note for note in setup.notes)
 
 
-@pytest.mark.parametrize("tool, method, draft, message", [
-    ("tgi", "ngram", None, "unknown export target"),
-    ("sglang", "suffix", None, "no suffix drafting"),
-    ("transformers", "suffix", None, "no suffix drafting"),
-    ("vllm", "layer-skip", None, "no equivalent"),
-    ("vllm", "draft", None, "needs a draft model"),
-    ("vllm", "eagle", None, "needs the head's EAGLE-3 checkpoint"),
-    ("transformers", "eagle", None, "no EAGLE-3 drafting"),  # said first: advise writes no checkpoint for it
-])
+@pytest.mark.parametrize(
+    "tool, method, draft, message",
+    [
+        ("tgi", "ngram", None, "unknown export target"),
+        ("sglang", "suffix", None, "no suffix drafting"),
+        ("transformers", "suffix", None, "no suffix drafting"),
+        ("vllm", "layer-skip", None, "no equivalent"),
+        ("vllm", "draft", None, "needs a draft model"),
+        ("vllm", "eagle", None, "needs the head's EAGLE-3 checkpoint"),
+        ("transformers", "eagle", None, "no EAGLE-3 drafting"),  # said first: advise writes no checkpoint for it
+    ],
+)
 def test_what_a_tool_cannot_do_is_a_clear_error(tool, method, draft, message):
     eagle_dir = draft if method == "eagle" else None
     with pytest.raises(InvalidParameterError, match=message):
-        export_setup(tool, method, 4, "qwen2.5-coder-1.5b-instruct", None if method == "eagle" else draft, eagle_dir=eagle_dir)
+        export_setup(
+            tool, method, 4, "qwen2.5-coder-1.5b-instruct", None if method == "eagle" else draft, eagle_dir=eagle_dir
+        )
 
 
 def test_model_names_map_to_the_checkpoints_gpu_engines_load():

@@ -36,7 +36,10 @@ def files(tmp_path_factory) -> dict[str, Path]:
     with open(truncated, "r+b") as handle:
         handle.truncate(target.stat().st_size - 5000)
     return {
-        "target": target, "text": text, "txt": directory / "not-a-model.txt", "truncated": truncated,
+        "target": target,
+        "text": text,
+        "txt": directory / "not-a-model.txt",
+        "truncated": truncated,
         "draft": perturbed_copy(target, directory / "draft.gguf", "output.weight", 0.3),
         "other": write_gguf_model(directory / "other.gguf", DRAFT_LIKE, seed=5, tokens=other_tokens),
     }
@@ -53,6 +56,7 @@ def fresh_home(tmp_path, monkeypatch):
 @pytest.fixture
 def nothing_loads(monkeypatch):
     """Any model load, or any download, fails the test."""
+
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded or downloaded before the checks")
 
@@ -93,8 +97,12 @@ def test_an_incompatible_gguf_draft_is_refused_from_the_headers(files, nothing_l
 
 def test_a_built_in_draft_of_another_vocabulary_is_refused_before_its_download(files, nothing_loads, fresh_home):
     result = cli.invoke(app, ["generate", "x", "--target", str(files["target"]), "--draft", "smollm2-135m-instruct"])
-    one_line_error(result, "the draft smollm2-135m-instruct has 49152 tokens", f"target {files['target']} 96",
-                   "nothing was downloaded")
+    one_line_error(
+        result,
+        "the draft smollm2-135m-instruct has 49152 tokens",
+        f"target {files['target']} 96",
+        "nothing was downloaded",
+    )
     assert not (fresh_home / "models" / "smollm2-135m-instruct").exists()
 
 
@@ -111,8 +119,10 @@ def test_a_compatible_pair_passes_the_checks(files):
 
 
 def test_the_registry_records_each_built_in_token_list(user_verispec_home):
-    target, draft, small = (BUILTIN_MODELS[name] for name in
-                            ("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"))
+    target, draft, small = (
+        BUILTIN_MODELS[name]
+        for name in ("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct")
+    )
     assert target.tokens_sha256 == draft.tokens_sha256 and target.vocab_size == draft.vocab_size == 151936
     assert small.tokens_sha256 != target.tokens_sha256 and small.vocab_size == 49152
     store = ModelStore(home=user_verispec_home)
@@ -129,8 +139,9 @@ def test_registry_judgement_never_downloads(files, tmp_path):
         raise AssertionError("downloaded")
 
     header = read_gguf_header(files["target"])
-    same = BuiltinModel("same", "qwen2", "Q4_K_M", "same.gguf", (), "0" * 64, 1, vocab_size=96,
-                        tokens_sha256=header.tokens_digest)
+    same = BuiltinModel(
+        "same", "qwen2", "Q4_K_M", "same.gguf", (), "0" * 64, 1, vocab_size=96, tokens_sha256=header.tokens_digest
+    )
     other = BuiltinModel("other", "llama", "Q4_1", "other.gguf", (), "1" * 64, 1, vocab_size=50, tokens_sha256="f" * 64)
     store = ModelStore(home=tmp_path, readonly=(), registry={"same": same, "other": other}, downloader=refuse)
     check_before_loading(str(files["target"]), "same", store=store)
@@ -145,8 +156,11 @@ def test_a_truncated_gguf_says_its_size_and_what_its_tensors_need(files, nothing
     size = files["truncated"].stat().st_size
     args = ["generate", "x", "--target", str(files["truncated"]), "--draft", "none", "--runner", "torch"]
     result = cli.invoke(app, args)
-    one_line_error(result, f"{files['truncated']} is truncated: it has {size} bytes and its tensor table needs "
-                   f"{size + 5000}", "download or copy it again")
+    one_line_error(
+        result,
+        f"{files['truncated']} is truncated: it has {size} bytes and its tensor table needs {size + 5000}",
+        "download or copy it again",
+    )
 
 
 def test_a_truncated_built_in_file_names_the_fetch_command(files, tmp_path):
@@ -162,8 +176,20 @@ def test_a_truncated_built_in_file_names_the_fetch_command(files, tmp_path):
 
 
 def test_explicit_layer_skip_on_the_gguf_runner_is_one_line(files):
-    args = ["generate", "abc", "--target", str(files["target"]), "--draft", str(files["draft"]),
-            "--method", "layer-skip", "--layer-skip-layers", "1", "--max-tokens", "4"]
+    args = [
+        "generate",
+        "abc",
+        "--target",
+        str(files["target"]),
+        "--draft",
+        str(files["draft"]),
+        "--method",
+        "layer-skip",
+        "--layer-skip-layers",
+        "1",
+        "--max-tokens",
+        "4",
+    ]
     result = cli.invoke(app, args)  # the first gguf test of a session also says it compiles the kernels
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
     errors = [line for line in result.output.splitlines() if "error" in line.lower()]

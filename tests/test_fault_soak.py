@@ -7,8 +7,21 @@ from __future__ import annotations
 import pytest
 
 from verispec.server.soak_checks import (
-    INVALID_PARAMS, REQUEST_FAULTS, Fault, Outage, Outcome, by_kind, fault_schedule, greedy_mismatches,
-    is_openai_error, kill_check, process_trends, rss_growth_mib, rss_trend_mib, tally, unexpected_answers,
+    INVALID_PARAMS,
+    REQUEST_FAULTS,
+    Fault,
+    Outage,
+    Outcome,
+    by_kind,
+    fault_schedule,
+    greedy_mismatches,
+    is_openai_error,
+    kill_check,
+    process_trends,
+    rss_growth_mib,
+    rss_trend_mib,
+    tally,
+    unexpected_answers,
 )
 
 # ----- the schedule -----
@@ -44,11 +57,14 @@ def test_every_greedy_prompt_is_probed_even_on_a_short_run():
     assert all(0.5 <= f.at_s <= 4.5 for f in faults)
 
 
-@pytest.mark.parametrize("seconds, every_s, kill_kind", [
-    (0, 3.0, "kill"),        # no run
-    (60, 0, "kill"),         # faults without a gap
-    (60, 3.0, "sigterm"),    # not a kill the soak knows
-])
+@pytest.mark.parametrize(
+    "seconds, every_s, kill_kind",
+    [
+        (0, 3.0, "kill"),  # no run
+        (60, 0, "kill"),  # faults without a gap
+        (60, 3.0, "sigterm"),  # not a kill the soak knows
+    ],
+)
 def test_a_schedule_that_cannot_be_is_refused(seconds, every_s, kill_kind):
     with pytest.raises(ValueError):
         fault_schedule(seed=0, seconds=seconds, every_s=every_s, kills=1, kill_kind=kill_kind)
@@ -60,17 +76,17 @@ KILL = Outage(kill_s=30.0, ready_s=45.0)
 OUTCOMES = [
     Outcome("normal", 1.0, 3.0, "answered", 200, text="a"),
     Outcome("normal", 2.0, 4.0, "answered", 200, text="b"),
-    Outcome("invalid_params", 5.0, 5.1, "http_error", 400, error_json=True),   # a refusal, not a fault
+    Outcome("invalid_params", 5.0, 5.1, "http_error", 400, error_json=True),  # a refusal, not a fault
     Outcome("oversized_body", 6.0, 6.2, "http_error", 413, error_json=True),
-    Outcome("normal", 10.0, 12.0, "http_error", 500, error_json=True),         # a 5xx nobody injected
-    Outcome("normal", 20.0, 21.0, "stream_error", 200),                        # an error event, no kill near
-    Outcome("normal", 28.0, 30.5, "connection_error"),                         # cut by the kill
-    Outcome("normal", 35.0, 35.0, "connection_error"),                         # refused while down
-    Outcome("normal", 40.0, 40.5, "http_error", 503, error_json=True),         # during the outage: allowed
-    Outcome("n16", 50.0, None),                                                # never answered: lost
-    Outcome("greedy", 52.0, 232.0, "lost"),                                    # timed out: lost
+    Outcome("normal", 10.0, 12.0, "http_error", 500, error_json=True),  # a 5xx nobody injected
+    Outcome("normal", 20.0, 21.0, "stream_error", 200),  # an error event, no kill near
+    Outcome("normal", 28.0, 30.5, "connection_error"),  # cut by the kill
+    Outcome("normal", 35.0, 35.0, "connection_error"),  # refused while down
+    Outcome("normal", 40.0, 40.5, "http_error", 503, error_json=True),  # during the outage: allowed
+    Outcome("n16", 50.0, None),  # never answered: lost
+    Outcome("greedy", 52.0, 232.0, "lost"),  # timed out: lost
     Outcome("disconnect", 55.0, 56.0, "closed", 200),
-    Outcome("normal", 57.0, 58.0, "http_error", 502, error_json=False),        # a proxy's HTML page
+    Outcome("normal", 57.0, 58.0, "http_error", 502, error_json=False),  # a proxy's HTML page
 ]
 
 
@@ -93,8 +109,15 @@ def test_without_outages_the_503_is_a_fault_too():
 
 def test_by_kind_splits_results_and_statuses():
     table = by_kind(OUTCOMES)
-    assert table["normal"] == {"answered": 2, "connection_error": 2, "http_500": 1, "http_502": 1, "http_503": 1,
-                               "sent": 8, "stream_error": 1}
+    assert table["normal"] == {
+        "answered": 2,
+        "connection_error": 2,
+        "http_500": 1,
+        "http_502": 1,
+        "http_503": 1,
+        "sent": 8,
+        "stream_error": 1,
+    }
     assert table["n16"] == {"lost": 1, "sent": 1}
 
 
@@ -107,16 +130,21 @@ def test_bad_input_answered_and_short_n16_answers_are_unexpected():
         Outcome("malformed_json", 1.0, 2.0, "http_error", 400),
     ]
     assert unexpected_answers(outcomes) == [
-        "over_context (variant 0) answered 200", "invalid_params (variant 3) answered 200", "n16 answered with 1 choices",
+        "over_context (variant 0) answered 200",
+        "invalid_params (variant 3) answered 200",
+        "n16 answered with 1 choices",
     ]
 
 
-@pytest.mark.parametrize("body, expected", [
-    ({"error": {"message": "bad", "type": "invalid_request_error", "code": None}}, True),
-    ({"error": "bad"}, False),                    # a string, not OpenAI's object
-    ({"detail": [{"msg": "field required"}]}, False),  # FastAPI's default 422
-    ([1, 2], False),
-])
+@pytest.mark.parametrize(
+    "body, expected",
+    [
+        ({"error": {"message": "bad", "type": "invalid_request_error", "code": None}}, True),
+        ({"error": "bad"}, False),  # a string, not OpenAI's object
+        ({"detail": [{"msg": "field required"}]}, False),  # FastAPI's default 422
+        ([1, 2], False),
+    ],
+)
 def test_openai_error_shape(body, expected):
     assert is_openai_error(body) is expected
 
@@ -126,15 +154,21 @@ def test_openai_error_shape(body, expected):
 
 def test_kill_check_needs_every_in_flight_request_to_end_within_5_s():
     in_flight = [
-        Outcome("normal", 28.0, 30.1, "connection_error"),                 # cut at once
+        Outcome("normal", 28.0, 30.1, "connection_error"),  # cut at once
         Outcome("normal", 29.0, 34.9, "http_error", 503, error_json=True),  # 4.9 s: in time
-        Outcome("greedy", 29.5, 30.0, "answered", 200),                     # its answer was already written
+        Outcome("greedy", 29.5, 30.0, "answered", 200),  # its answer was already written
         Outcome("disconnect", 29.6, 30.2, "stream_error", 200),
     ]
-    assert kill_check(in_flight, kill_s=30.0) == {"kill_s": 30.0, "in_flight": 4, "ended_in_time": 4, "late": [], "ok": True}
+    assert kill_check(in_flight, kill_s=30.0) == {
+        "kill_s": 30.0,
+        "in_flight": 4,
+        "ended_in_time": 4,
+        "late": [],
+        "ok": True,
+    }
     late = in_flight + [
-        Outcome("normal", 29.0, 35.5, "connection_error"),                  # 5.5 s: late
-        Outcome("n16", 29.0, None),                                         # still hanging
+        Outcome("normal", 29.0, 35.5, "connection_error"),  # 5.5 s: late
+        Outcome("n16", 29.0, None),  # still hanging
         Outcome("normal", 29.0, 31.0, "http_error", 500, error_json=False),  # not OpenAI's JSON
     ]
     result = kill_check(late, kill_s=30.0)
@@ -145,13 +179,18 @@ def test_kill_check_needs_every_in_flight_request_to_end_within_5_s():
 def test_a_replica_kill_lets_the_other_replicas_answer_their_requests_in_full():
     in_flight = [
         Outcome("normal", 28.0, 30.2, "http_error", 503, error_json=True),  # on the killed replica: 503 at once
-        Outcome("normal", 28.5, 30.2, "stream_error", 200),                 # its stream ended with an error event
-        Outcome("n16", 20.0, 60.0, "answered", 200),                        # on a replica that lived: answered later
+        Outcome("normal", 28.5, 30.2, "stream_error", 200),  # its stream ended with an error event
+        Outcome("n16", 20.0, 60.0, "answered", 200),  # on a replica that lived: answered later
         Outcome("normal", 29.0, 70.0, "http_error", 503, error_json=True),  # an error 40 s later: late
-        Outcome("greedy", 29.0, None),                                      # never ended: late
+        Outcome("greedy", 29.0, None),  # never ended: late
     ]
     result = kill_check(in_flight, kill_s=30.0, others_may_answer=True)
-    assert (result["ended_in_time"], result["answered_by_others"], len(result["late"]), result["ok"]) == (2, 1, 2, False)
+    assert (result["ended_in_time"], result["answered_by_others"], len(result["late"]), result["ok"]) == (
+        2,
+        1,
+        2,
+        False,
+    )
     assert kill_check(in_flight[:3], kill_s=30.0, others_may_answer=True)["ok"]
     assert not kill_check(in_flight[:3], kill_s=30.0)["ok"]  # a server kill: nothing may answer later
 
@@ -161,7 +200,7 @@ def test_greedy_probes_must_equal_the_idle_servers_texts():
     probes = [
         Outcome("greedy", 3.0, 4.0, "answered", 200, text="def f():", variant=0),
         Outcome("greedy", 5.0, 6.0, "answered", 200, text="return 2", variant=1),  # differs
-        Outcome("greedy", 7.0, 8.0, "connection_error", variant=1),               # killed: no text to compare
+        Outcome("greedy", 7.0, 8.0, "connection_error", variant=1),  # killed: no text to compare
     ]
     assert greedy_mismatches(reference, probes) == ["greedy prompt 1 at 5.0 s: 'return 2' != 'return 1'"]
     assert greedy_mismatches(reference, probes[:1]) == []

@@ -3,13 +3,13 @@ tokens the target keeps, at their positions: prefill chunks, chain and tree veri
 
 import pytest
 import torch
-from helpers import BigramTreeRunner, CharTokenizer, chain_table, default_pieces
 
+from helpers import BigramTreeRunner, CharTokenizer, chain_table, default_pieces
+from verispec.algorithms.sampling import SamplingParams
 from verispec.engine import SpeculativeConfig, SpeculativeEngine
 from verispec.engine.scheduler import Scheduler
 from verispec.errors import InvalidParameterError
 from verispec.proposers import DraftOutput, Proposer
-from verispec.algorithms.sampling import SamplingParams
 
 VOCAB = 24
 
@@ -33,7 +33,9 @@ class FeatureRunner(BigramTreeRunner):
     def forward_tree(self, token_ids, position_ids, attention_mask):
         start = len(self.token_ids)
         logits = super().forward_tree(token_ids, position_ids, attention_mask)
-        self.last_features = torch.tensor([[float(t), float(start + int(p) - int(position_ids[0]))] for t, p in zip(token_ids, position_ids)])
+        self.last_features = torch.tensor(
+            [[float(t), float(start + int(p) - int(position_ids[0]))] for t, p in zip(token_ids, position_ids)]
+        )
         return logits
 
 
@@ -58,9 +60,14 @@ class Recorder(Proposer):
 
 
 def engine(recorder, table=None):
-    table = table if table is not None else chain_table({i: (i + (2 if i % 4 == 3 else 1)) % VOCAB for i in range(VOCAB)}, VOCAB)
-    return SpeculativeEngine(FeatureRunner(table), CharTokenizer(default_pieces(VOCAB)), eos_token_ids=(),
-                             proposers={"draft": recorder})
+    table = (
+        table
+        if table is not None
+        else chain_table({i: (i + (2 if i % 4 == 3 else 1)) % VOCAB for i in range(VOCAB)}, VOCAB)
+    )
+    return SpeculativeEngine(
+        FeatureRunner(table), CharTokenizer(default_pieces(VOCAB)), eos_token_ids=(), proposers={"draft": recorder}
+    )
 
 
 def assert_aligned(recorder, prompt, output):
@@ -74,7 +81,11 @@ def test_every_kept_token_reaches_the_feature_drafter_at_its_position(method):
     recorder = Recorder()
     eng = engine(recorder)
     prompt = [3, 4, 5, 3, 4, 9, 10]
-    out = eng.generate(prompt, SamplingParams(max_tokens=30), SpeculativeConfig(method=method, num_speculative_tokens=4, schedule="constant"))
+    out = eng.generate(
+        prompt,
+        SamplingParams(max_tokens=30),
+        SpeculativeConfig(method=method, num_speculative_tokens=4, schedule="constant"),
+    )
     assert_aligned(recorder, prompt, out.token_ids)
     if method == "draft":
         assert 0 < out.metrics.spec.num_accepted_tokens < out.metrics.spec.num_draft_tokens  # some rows rolled back
@@ -87,8 +98,15 @@ def test_chunked_prefills_and_batched_requests_each_feed_their_own_drafter():
     eng = engine(recorder)
     eng.max_num_batched_tokens = 3  # prompts prefilled in chunks while the other request decodes
     prompts = [[3, 4, 5, 3, 4, 9, 10, 11], [7, 8, 12, 13, 7, 8]]
-    states = [eng.start(p, SamplingParams(max_tokens=20), SpeculativeConfig(method="draft", num_speculative_tokens=3), eng.new_slot())
-              for p in prompts]
+    states = [
+        eng.start(
+            p,
+            SamplingParams(max_tokens=20),
+            SpeculativeConfig(method="draft", num_speculative_tokens=3),
+            eng.new_slot(),
+        )
+        for p in prompts
+    ]
     while not all(s.finished for s in states):
         eng.step(states)
     for state, prompt in zip(states, prompts):
@@ -98,5 +116,9 @@ def test_chunked_prefills_and_batched_requests_each_feed_their_own_drafter():
 
 def test_a_runner_without_features_is_refused_for_a_feature_drafter():
     with pytest.raises(InvalidParameterError, match="cannot hand its hidden states to a feature drafter"):
-        SpeculativeEngine(BigramTreeRunner(torch.zeros(VOCAB, VOCAB)), CharTokenizer(default_pieces(VOCAB)), eos_token_ids=(),
-                          proposers={"draft": Recorder()})
+        SpeculativeEngine(
+            BigramTreeRunner(torch.zeros(VOCAB, VOCAB)),
+            CharTokenizer(default_pieces(VOCAB)),
+            eos_token_ids=(),
+            proposers={"draft": Recorder()},
+        )

@@ -6,21 +6,21 @@ they equal transformers' ``output_hidden_states``."""
 
 import pytest
 import torch
+
 from gguf_models import HIDDEN as GGUF_HIDDEN
 from gguf_models import write_gguf_model
-from helpers import CharTokenizer, default_pieces, single_thread, tiny_qwen2  # noqa: F401  (single_thread: autouse)
-
+from helpers import CharTokenizer, default_pieces, single_thread, tiny_qwen2
+from verispec.algorithms.sampling import SamplingParams
+from verispec.algorithms.tree import TokenTree, tree_attention_mask, tree_position_ids
 from verispec.engine import SpeculativeConfig, SpeculativeEngine
 from verispec.errors import InvalidParameterError
 from verispec.proposers import DraftOutput, Proposer
 from verispec.runners import ForwardCall, forward_batch, prefill
-from verispec.runners.eagle import head as eagle_head
-from verispec.runners.features import default_feature_layers
 from verispec.runners.cpu.gguf_runner import GGUFRunner
 from verispec.runners.cpu.int8 import Int8Runner
+from verispec.runners.eagle import head as eagle_head
+from verispec.runners.features import default_feature_layers
 from verispec.runners.torch_runner import TransformersRunner
-from verispec.algorithms.sampling import SamplingParams
-from verispec.algorithms.tree import TokenTree, tree_attention_mask, tree_position_ids
 
 NUM_LAYERS = 4
 LAYERS = (3, 0, 2)  # out of order, the embeddings and the last layer's input included
@@ -85,7 +85,9 @@ def test_capture_changes_no_logit_bit(make, kind):
     for r in (plain, capturing):  # prefill, a verify chain with fewer logits rows, a tree
         r.outputs = [prefill(r, PROMPT), r.forward(DRAFT, num_logits=2), r.forward([7, 8, 9])]
         cached = r.num_cached_tokens
-        r.outputs.append(r.forward_tree(list(TREE.token_ids), tree_position_ids(TREE, cached), tree_attention_mask(TREE, cached)))
+        r.outputs.append(
+            r.forward_tree(list(TREE.token_ids), tree_position_ids(TREE, cached), tree_attention_mask(TREE, cached))
+        )
     assert all(torch.equal(a, b) for a, b in zip(plain.outputs, capturing.outputs))
     assert plain.last_features is None
     assert capturing.last_features.shape == (TREE.num_nodes, len(LAYERS) * hidden_size(kind))
@@ -207,8 +209,12 @@ def test_engine_hands_the_drafter_the_features_of_one_plain_pass(make, method):
     """Through the engine (chain or tree verifies, rollbacks), every kept token's features equal
     those of one pass over the final text: what an EAGLE head would have been trained on."""
     recorder = Recorder()
-    engine = SpeculativeEngine(make("int8", ()), CharTokenizer(default_pieces(96)), eos_token_ids=(), proposers={"draft": recorder})
-    out = engine.generate(PROMPT, SamplingParams(max_tokens=24), SpeculativeConfig(method=method, num_speculative_tokens=3))
+    engine = SpeculativeEngine(
+        make("int8", ()), CharTokenizer(default_pieces(96)), eos_token_ids=(), proposers={"draft": recorder}
+    )
+    out = engine.generate(
+        PROMPT, SamplingParams(max_tokens=24), SpeculativeConfig(method=method, num_speculative_tokens=3)
+    )
     tokens = PROMPT + list(out.token_ids)
     reference = make("int8", Recorder.feature_layers)
     reference.forward(tokens[:-1])

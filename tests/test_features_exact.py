@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from test_batching import PROMPTS, gguf_engine, gguf_files  # noqa: F401
-from verispec.engine import SpeculativeConfig
+from test_batching import PROMPTS, gguf_engine, gguf_files
 from verispec.algorithms.sampling import SamplingParams
+from verispec.engine import SpeculativeConfig
 from verispec.engine.scheduler import Scheduler
 
 METHODS = ["draft", "ngram", "auto", "tree"]
@@ -19,7 +19,7 @@ def generate(engine, prompt, method, **params):
 
 
 @pytest.fixture(scope="module")
-def engine(gguf_files):  # noqa: F811
+def engine(gguf_files):
     return gguf_engine(gguf_files)
 
 
@@ -48,7 +48,11 @@ def test_min_tokens_masks_eos_until_the_output_is_long_enough(engine):
 
 def test_logprobs_batched_equal_alone(engine):
     requests = [
-        (prompt, SamplingParams(max_tokens=20, logprobs=2, logit_bias={3: 2.0}, min_tokens=i), SpeculativeConfig(method=m))
+        (
+            prompt,
+            SamplingParams(max_tokens=20, logprobs=2, logit_bias={3: 2.0}, min_tokens=i),
+            SpeculativeConfig(method=m),
+        )
         for i, (prompt, m) in enumerate(zip(PROMPTS, ["draft", "ngram", "auto", "tree", "none", "draft"]))
     ]
     alone = [engine.generate(*r).logprobs for r in requests]

@@ -11,7 +11,7 @@ import torch
 from typer.testing import CliRunner
 
 from gguf_models import DRAFT_LIKE, MIXED, TOKENS, perturbed_copy, write_gguf_model
-from helpers import single_thread  # noqa: F401  (fixture)
+from helpers import single_thread
 from verispec.cli import app
 from verispec.runners.cpu.int8 import Int8Runner
 from verispec.runners.kernels import gguf_kernels, kernel_isa
@@ -39,7 +39,17 @@ def home(tmp_path, monkeypatch):
 
 
 def generate_json(files, *extra):
-    args = ["generate", "ab!c", "--target", str(files["target"]), "--draft", str(files["draft"]), "--json", "--max-tokens", "16"]
+    args = [
+        "generate",
+        "ab!c",
+        "--target",
+        str(files["target"]),
+        "--draft",
+        str(files["draft"]),
+        "--json",
+        "--max-tokens",
+        "16",
+    ]
     result = cli.invoke(app, args + list(extra))
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -52,7 +62,8 @@ def test_compare_plain_measures_both_and_checks_the_tokens(files):
     assert comparison["identical"] is True
     assert comparison["plain_decode_tokens_per_s"] > 0 and comparison["speculative_decode_tokens_per_s"] > 0
     assert comparison["measured_speedup"] == pytest.approx(
-        comparison["speculative_decode_tokens_per_s"] / comparison["plain_decode_tokens_per_s"])
+        comparison["speculative_decode_tokens_per_s"] / comparison["plain_decode_tokens_per_s"]
+    )
 
 
 def test_sampling_comparison_does_not_claim_identity(files):
@@ -71,8 +82,18 @@ def test_models_report_the_runner_load_time_and_held_bytes(files):
 
 
 def test_stats_table_labels_the_speedup_an_estimate(files):
-    args = ["generate", "ab!c", "--target", str(files["target"]), "--draft", str(files["draft"]), "--max-tokens", "12",
-            "--method", "draft"]
+    args = [
+        "generate",
+        "ab!c",
+        "--target",
+        str(files["target"]),
+        "--draft",
+        str(files["draft"]),
+        "--max-tokens",
+        "12",
+        "--method",
+        "draft",
+    ]
     result = cli.invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "speedup estimate" in result.output and "realised speedup" not in result.output
@@ -87,7 +108,9 @@ def test_incompatible_draft_is_refused_before_any_weight_is_read(files, monkeypa
         raise AssertionError("weights were read before the tokenizer check")
 
     monkeypatch.setattr(gguf_weights.GGUFWeights, "from_file", no_weights)
-    result = cli.invoke(app, ["generate", "ab", "--target", str(files["target"]), "--draft", str(files["other"]), "--max-tokens", "4"])
+    result = cli.invoke(
+        app, ["generate", "ab", "--target", str(files["target"]), "--draft", str(files["other"]), "--max-tokens", "4"]
+    )
     assert result.exit_code == 2, result.output
     assert "error:" in result.output and "Traceback" not in result.output
 
@@ -115,10 +138,10 @@ def test_skip_reasons_name_commands_that_exist():
 
 @pytest.mark.parametrize("name", ["target", "llama"])
 def test_int8_runner_reads_the_gguf_directly(files, name):
+    from verispec.models.gguf_file import read_gguf_header
     from verispec.runners.cpu.gguf_runner import GGUFRunner
     from verispec.runners.cpu.gguf_weights import GGUFLoader
     from verispec.runners.cpu.int8_gguf import int8_weights_from_gguf
-    from verispec.models.gguf_file import read_gguf_header
     from verispec.runners.cpu.int8_ops import quantize_weight_rows
 
     int8 = Int8Runner(int8_weights_from_gguf(files[name], 256), max_context_length=256)
@@ -151,7 +174,9 @@ def test_int8_head_from_the_gguf_in_row_ranges(files, monkeypatch):
     assert len(weights.lm_head.parts) > 2
     assert torch.equal(Int8Runner(weights, max_context_length=64).forward(prompt), whole)
     kept = torch.tensor([0, 3, 6, 7, 8, 20, 21])
-    reduced = Int8Runner(int8_weights_from_gguf(files["target"], 64, head_token_ids=kept), max_context_length=64).forward(prompt)
+    reduced = Int8Runner(
+        int8_weights_from_gguf(files["target"], 64, head_token_ids=kept), max_context_length=64
+    ).forward(prompt)
     assert torch.equal(reduced[:, kept], whole[:, kept])
     with pytest.raises(InvalidParameterError, match="strictly increasing"):
         int8_weights_from_gguf(files["target"], 64, head_token_ids=torch.tensor([3, 1]))
@@ -179,8 +204,24 @@ def test_bench_and_advise_measure_the_runner_asked_for(files, tmp_path):
     prompts.write_text('{"prompt": "ab!c", "category": "code"}\n{"prompt": "!!ab", "category": "code"}\n')
     models = ["--target", str(files["target"]), "--draft", str(files["draft"])]
     out = tmp_path / "results"
-    bench = cli.invoke(app, ["bench", "--prompts", str(prompts), "--methods", "none,draft,ngram", "--peers", "transformers",
-                             "--max-tokens", "8", "--no-warmup", "--out", str(out), *models])
+    bench = cli.invoke(
+        app,
+        [
+            "bench",
+            "--prompts",
+            str(prompts),
+            "--methods",
+            "none,draft,ngram",
+            "--peers",
+            "transformers",
+            "--max-tokens",
+            "8",
+            "--no-warmup",
+            "--out",
+            str(out),
+            *models,
+        ],
+    )
     assert bench.exit_code == 0, bench.output
     data = json.loads((out / "results.json").read_text())
     assert data["config"]["runner"] == "gguf"  # the default, auto, on GGUF files
@@ -188,8 +229,26 @@ def test_bench_and_advise_measure_the_runner_asked_for(files, tmp_path):
     skipped = [r["status"] for r in data["runners"] if r["family"] == "transformers"]
     assert skipped and all("holds no torch model" in status for status in skipped)  # said, not silently dropped
     exported = tmp_path / "vllm.json"
-    advise = cli.invoke(app, ["advise", "--prompts", str(prompts), "--max-tokens", "8", "--max-k", "4", "--runner", "gguf",
-                              "--json", "--export", "vllm", "--export-file", str(exported), *models])
+    advise = cli.invoke(
+        app,
+        [
+            "advise",
+            "--prompts",
+            str(prompts),
+            "--max-tokens",
+            "8",
+            "--max-k",
+            "4",
+            "--runner",
+            "gguf",
+            "--json",
+            "--export",
+            "vllm",
+            "--export-file",
+            str(exported),
+            *models,
+        ],
+    )
     assert advise.exit_code == 0, advise.output
     advice = json.loads(advise.stdout.strip().splitlines()[-1])
     assert [v["category"] for v in advice["verdicts"]] == ["code", "all"]
@@ -210,14 +269,43 @@ def test_bench_compares_several_runners_in_one_run(files, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "ab!c", "category": "code"}\n{"prompt": "!!ab", "category": "chat"}\n')
     out = tmp_path / "results"
-    bench = cli.invoke(app, ["bench", "--prompts", str(prompts), "--runner", "gguf,int8,torch", "--methods", "none,draft",
-                             "--peers", "transformers", "--max-tokens", "8", "--no-warmup", "--curves", "--out", str(out),
-                             "--target", str(files["target"]), "--draft", str(files["draft"])])
+    bench = cli.invoke(
+        app,
+        [
+            "bench",
+            "--prompts",
+            str(prompts),
+            "--runner",
+            "gguf,int8,torch",
+            "--methods",
+            "none,draft",
+            "--peers",
+            "transformers",
+            "--max-tokens",
+            "8",
+            "--no-warmup",
+            "--curves",
+            "--out",
+            str(out),
+            "--target",
+            str(files["target"]),
+            "--draft",
+            str(files["draft"]),
+        ],
+    )
     assert bench.exit_code == 0, bench.output
     data = json.loads((out / "results.json").read_text())
     assert data["config"]["runner"] == "gguf,int8,torch"
     names = {r["runner"] for r in data["records"]}
-    assert {"gguf:none", "gguf:draft", "int8:none", "int8:draft", "torch:none", "torch:draft", "transformers:plain"} <= names
+    assert {
+        "gguf:none",
+        "gguf:draft",
+        "int8:none",
+        "int8:draft",
+        "torch:none",
+        "torch:draft",
+        "transformers:plain",
+    } <= names
     assert data["exactness"]["all_equal"] is True  # every method equals plain decoding of its own runner
     statuses = {r["name"]: r["status"] for r in data["runners"]}
     assert statuses["transformers:plain"] == "ok"  # the peers run on the torch runner's model
@@ -235,15 +323,35 @@ def test_bench_compares_several_runners_in_one_run(files, tmp_path):
     from verispec.runners.cpu.int8_ops import default_kernel
 
     assert {(r["family"], r["kernel_isa"]) for r in data["records"]} == {
-        ("gguf", kernel_isa()), ("int8", None), ("torch", None), ("transformers", None)}  # each gguf record names its path
+        ("gguf", kernel_isa()),
+        ("int8", None),
+        ("torch", None),
+        ("transformers", None),
+    }  # each gguf record names its path
     assert (data["environment"]["kernel_isa"], data["environment"]["int8_kernel"]) == (kernel_isa(), default_kernel())
     assert data["environment"]["cpu_features"] == gguf_kernels().cpu_features()
     assert f"gguf kernels {kernel_isa()}" in report.splitlines()[2]  # the header line of report.md
     assert f"gguf kernels {kernel_isa()}" in bench.output  # and of the printed summary
-    twice = cli.invoke(app, ["bench", "--prompts", str(prompts), "--runner", "gguf,auto", "--peers", "none",
-                             "--target", str(files["target"]), "--draft", str(files["draft"])])
+    twice = cli.invoke(
+        app,
+        [
+            "bench",
+            "--prompts",
+            str(prompts),
+            "--runner",
+            "gguf,auto",
+            "--peers",
+            "none",
+            "--target",
+            str(files["target"]),
+            "--draft",
+            str(files["draft"]),
+        ],
+    )
     assert twice.exit_code == 2 and "gguf runner twice" in twice.output
-    unknown = cli.invoke(app, ["bench", "--prompts", str(prompts), "--runner", "gguf,vllm", "--target", str(files["target"])])
+    unknown = cli.invoke(
+        app, ["bench", "--prompts", str(prompts), "--runner", "gguf,vllm", "--target", str(files["target"])]
+    )
     assert unknown.exit_code == 2 and "unknown runner vllm" in unknown.output
 
 
@@ -294,11 +402,15 @@ def test_int8_cache_gives_the_same_weights_and_skips_requantizing(files, tmp_pat
         cached = Int8Runner(int8_weights_from_gguf(model, 64, cache_dir=cache), max_context_length=64)
         assert torch.equal(cached.forward(prompt), first)
         kept = torch.tensor([0, 3, 6, 7, 8, 20, 21])
-        reduced = Int8Runner(int8_weights_from_gguf(model, 64, head_token_ids=kept, cache_dir=cache), max_context_length=64)
+        reduced = Int8Runner(
+            int8_weights_from_gguf(model, 64, head_token_ids=kept, cache_dir=cache), max_context_length=64
+        )
         assert torch.equal(reduced.forward(prompt)[:, kept], first[:, kept])
     with open(data, "r+b") as f:  # truncated: the index no longer matches, so it is rewritten
         f.truncate(data.stat().st_size - 1)
-    assert torch.equal(Int8Runner(int8_weights_from_gguf(model, 64, cache_dir=cache), max_context_length=64).forward(prompt), first)
+    assert torch.equal(
+        Int8Runner(int8_weights_from_gguf(model, 64, cache_dir=cache), max_context_length=64).forward(prompt), first
+    )
     entries = json.loads(read_checked(data.with_suffix(".json"), "verispec-weights/1"))["matrices"].values()
     assert data.stat().st_size == sum(a["nbytes"] for arrays in entries for a in arrays)  # whole again
     os.utime(model, ns=(0, 0))  # a changed file: a new cache replaces the old one
@@ -313,7 +425,10 @@ def test_an_unwritable_weight_cache_only_costs_time(files, tmp_path, capsys):
     blocked = tmp_path / "not-a-directory"
     blocked.write_text("")
     prompt = [11, 12, 13]
-    logits = Int8Runner(int8_weights_from_gguf(files["target"], 64, cache_dir=blocked), max_context_length=64).forward(prompt)
-    assert torch.equal(logits, Int8Runner(int8_weights_from_gguf(files["target"], 64), max_context_length=64).forward(prompt))
+    logits = Int8Runner(int8_weights_from_gguf(files["target"], 64, cache_dir=blocked), max_context_length=64).forward(
+        prompt
+    )
+    assert torch.equal(
+        logits, Int8Runner(int8_weights_from_gguf(files["target"], 64), max_context_length=64).forward(prompt)
+    )
     assert "not caching derived weights" in capsys.readouterr().err and blocked.read_text() == ""
-

@@ -17,17 +17,17 @@ from gguf import GGMLQuantizationType as T
 from gguf import quants
 
 from gguf_reference import TYPES, dequantize, quantize_iq4_nl, random_blocks, reference_linear
-from helpers import single_thread  # noqa: F401  (fixture)
-from verispec.runners.kernels import gguf_kernels
-
-from verispec.runners.kernels import ISA_NUMBERS
+from helpers import single_thread
+from verispec.runners.kernels import ISA_NUMBERS, gguf_kernels
 
 # every path this CPU runs (portable first: the oracle of the others), as the kernels' impl numbers
 IMPLS = [ISA_NUMBERS[name] for name in gguf_kernels().supported_isas()]
 
 
 def packed(qtype, raw, out_features, in_features):
-    return gguf_kernels().repack(torch.from_numpy(np.ascontiguousarray(raw)).reshape(-1), int(qtype), out_features, in_features)
+    return gguf_kernels().repack(
+        torch.from_numpy(np.ascontiguousarray(raw)).reshape(-1), int(qtype), out_features, in_features
+    )
 
 
 @pytest.mark.parametrize("qtype", TYPES)
@@ -58,7 +58,9 @@ def test_kernel_equals_oracle_bit_for_bit(qtype, out_features, in_features, impl
     x[5] = rng.integers(-126, 126, in_features) + 0.5  # exact ties: scale 1, so q rounds half to even
     x[5, ::32] = 127.0
     x[6, ::2] = -0.0  # negative zeros beside ordinary values
-    y = gguf_kernels().linear(torch.from_numpy(x), packed(qtype, raw, out_features, in_features), int(qtype), out_features, impl)
+    y = gguf_kernels().linear(
+        torch.from_numpy(x), packed(qtype, raw, out_features, in_features), int(qtype), out_features, impl
+    )
     assert y.shape == (11, -(-out_features // 16) * 16)
     assert np.array_equal(y[:, :out_features].numpy(), reference_linear(qtype, raw, x))
     assert torch.all(y[:, out_features:] == 0)  # padding columns
@@ -94,7 +96,9 @@ def test_every_path_equals_the_portable_one_bit_for_bit_for_1_to_16_rows(qtype):
     for k in range(1, 17):
         portable = gguf_kernels().linear(x[:k], weight, int(qtype), 40, ISA_NUMBERS["portable"]).view(torch.int32)
         for impl in IMPLS[1:]:
-            assert torch.equal(gguf_kernels().linear(x[:k], weight, int(qtype), 40, impl).view(torch.int32), portable), (k, impl)
+            assert torch.equal(
+                gguf_kernels().linear(x[:k], weight, int(qtype), 40, impl).view(torch.int32), portable
+            ), (k, impl)
 
 
 def test_rows_do_not_depend_on_the_thread_count():
@@ -126,7 +130,9 @@ def test_requantize_q4_0_equals_gguf_quantizing_the_dequantized_weights(qtype):
     raw = random_blocks(qtype, 37, 512, rng)
     raw[5] = 0  # an all-zero row (Q4_K/Q6_K: d = 0): d = 0 and every q = 8, as gguf writes it
     expected = quants.quantize(quants.dequantize(raw, qtype).reshape(37, 512).astype(np.float32), T.Q4_0)
-    ours = gguf_kernels().requantize_4bit(torch.from_numpy(np.ascontiguousarray(raw)).reshape(-1), int(qtype), 37, 512, int(T.Q4_0), 0)
+    ours = gguf_kernels().requantize_4bit(
+        torch.from_numpy(np.ascontiguousarray(raw)).reshape(-1), int(qtype), 37, 512, int(T.Q4_0), 0
+    )
     assert ours.dtype == torch.uint8 and np.array_equal(ours.numpy().reshape(expected.shape), expected)
 
 
@@ -142,7 +148,9 @@ def test_requantize_iq4_nl_equals_the_oracle_and_beats_q4_0(qtype, impl):
     assert np.array_equal(ours, quantize_iq4_nl(values))
     if qtype in (T.Q5_0, T.Q8_0):  # normal weights (K-quant blocks here are uniform noise; Q4_0 to Q4_0 is exact)
         iq4_error = np.square(quants.dequantize(ours, T.IQ4_NL).reshape(6, 256) - values).mean()
-        q4_0_error = np.square(quants.dequantize(quants.quantize(values, T.Q4_0), T.Q4_0).reshape(6, 256) - values).mean()
+        q4_0_error = np.square(
+            quants.dequantize(quants.quantize(values, T.Q4_0), T.Q4_0).reshape(6, 256) - values
+        ).mean()
         assert iq4_error < 0.8 * q4_0_error
 
 
@@ -152,7 +160,10 @@ def test_requantize_iq4_nl_equals_the_oracle_and_beats_q4_0(qtype, impl):
         (lambda k: k.repack(torch.zeros(10, dtype=torch.uint8), int(T.Q4_K), 1, 256), "raw size"),  # wrong byte count
         (lambda k: k.repack(torch.zeros(144, dtype=torch.uint8), int(T.Q4_K), 1, 100), "multiple of 256"),  # ragged row
         (lambda k: k.repack(torch.zeros(18, dtype=torch.uint8), int(T.Q4_1), 1, 32), "unsupported GGUF block type"),
-        (lambda k: k.linear(torch.zeros(1, 64), torch.zeros(544, dtype=torch.uint8), int(T.Q8_0), 16, 0), "does not match"),
+        (
+            lambda k: k.linear(torch.zeros(1, 64), torch.zeros(544, dtype=torch.uint8), int(T.Q8_0), 16, 0),
+            "does not match",
+        ),
     ],
 )
 def test_bad_shapes_and_types_are_refused(call, message):
@@ -221,7 +232,9 @@ def test_silu_mul_paths_give_the_same_bits_and_silu():
     clamps and non-finite inputs included, and is torch's silu(gate) * up to float rounding."""
     generator = torch.Generator().manual_seed(3)
     gate = torch.randn(3, 1000, generator=generator) * 20
-    gate[0, :12] = torch.tensor([0.0, -0.0, 87.0, -87.0, 88.5, -88.5, 1e30, -1e30, float("inf"), float("-inf"), float("nan"), 1e-40])
+    gate[0, :12] = torch.tensor(
+        [0.0, -0.0, 87.0, -87.0, 88.5, -88.5, 1e30, -1e30, float("inf"), float("-inf"), float("nan"), 1e-40]
+    )
     gate_up = torch.cat([gate, torch.randn(3, 1000, generator=generator)], dim=1)
     got = [gguf_kernels().silu_mul(gate_up, impl) for impl in IMPLS]
     assert all(torch.equal(got[0].view(torch.int32), other.view(torch.int32)) for other in got[1:])

@@ -11,7 +11,8 @@ import torch
 from gguf import GGMLQuantizationType as T
 
 from gguf_models import DRAFT_LIKE, MIXED, Q4_0_MIX, VOCAB, perturbed_copy, write_gguf_model
-from helpers import CharTokenizer, default_pieces, single_thread  # noqa: F401  (fixture)
+from helpers import CharTokenizer, default_pieces, single_thread
+from verispec.algorithms.sampling import SamplingParams
 from verispec.engine import SpeculativeConfig, SpeculativeEngine
 from verispec.errors import InvalidParameterError, ModelIntegrityError
 from verispec.proposers.draft_model import DraftModelProposer
@@ -19,7 +20,6 @@ from verispec.proposers.draft_tree import DraftTreeProposer
 from verispec.runners import Runner, prefill
 from verispec.runners.cpu.gguf_runner import GGUFRunner, set_kernel_implementation
 from verispec.runners.kernels import gguf_kernels
-from verispec.algorithms.sampling import SamplingParams
 
 PROMPTS = [[5, 17, 33, 2, 9], [70, 3], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20]]
 GREEDY_40 = SamplingParams(max_tokens=40)
@@ -67,8 +67,21 @@ def rows_one_at_a_time(r, token_ids):
 
 
 @pytest.mark.parametrize("kernel_impl", IMPLS, indirect=True)
-@pytest.mark.parametrize("name", ["target", "draft", "llama", "tied", "f32-embed", "q4_0", "draft@q4_0", "target@q4_0",
-                                  "draft@iq4_nl", "target@iq4_nl"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "target",
+        "draft",
+        "llama",
+        "tied",
+        "f32-embed",
+        "q4_0",
+        "draft@q4_0",
+        "target@q4_0",
+        "draft@iq4_nl",
+        "target@iq4_nl",
+    ],
+)
 def test_verify_pass_is_bit_identical_to_one_token_steps(files, name, kernel_impl):
     r = draft_runner(files, name)
     prompt = [(13 * i + 5) % VOCAB for i in range(40)]
@@ -144,13 +157,19 @@ def test_requantization_reads_fewer_bytes_and_stays_close(files, requantize, qty
     """Every matrix the file stores above 4.5 bits per weight becomes 4-bit; Q4_K stays; the
     logits move by about the rounding, and the re-quantized draft still mostly agrees."""
     full, q4 = runner(files["target"]), runner(files["target"], requantize=requantize)
-    types = {qtype for layer in q4.weights.layers for linear in (layer.qkv, layer.o, layer.gate_up, layer.down)
-             for _, qtype, _ in linear.parts} | {qtype for _, qtype, _ in q4.weights.lm_head.parts}
+    types = {
+        qtype
+        for layer in q4.weights.layers
+        for linear in (layer.qkv, layer.o, layer.gate_up, layer.down)
+        for _, qtype, _ in linear.parts
+    } | {qtype for _, qtype, _ in q4.weights.lm_head.parts}
     assert types == {int(qtype), int(T.Q4_K)}  # MIXED: Q4_K q/k stay, Q6_K / Q8_0 / Q5_0 are re-quantized
     assert q4.weights.nbytes() < 0.85 * full.weights.nbytes()
     a, b = full.forward(PROMPTS[2]), q4.forward(PROMPTS[2])
     assert not torch.equal(a, b)  # a different draft...
-    assert (a - b).abs().max() <= 0.1 * a.abs().max() and (a.argmax(-1) == b.argmax(-1)).float().mean() >= 0.8  # ...close to it
+    assert (a - b).abs().max() <= 0.1 * a.abs().max() and (
+        a.argmax(-1) == b.argmax(-1)
+    ).float().mean() >= 0.8  # ...close to it
 
 
 def test_unknown_requantization_is_refused(files):
@@ -167,7 +186,9 @@ def test_greedy_tree_speculation_equals_plain(files, num_nodes):
     engine = SpeculativeEngine(target, pieces, eos_token_ids=(), proposers={"tree": drafter})
     for prompt in PROMPTS:
         expected = plain.generate(prompt, GREEDY_40, SpeculativeConfig(method="none")).token_ids
-        out = engine.generate(prompt, GREEDY_40, SpeculativeConfig(method="tree", num_speculative_tokens=num_nodes, schedule="constant"))
+        out = engine.generate(
+            prompt, GREEDY_40, SpeculativeConfig(method="tree", num_speculative_tokens=num_nodes, schedule="constant")
+        )
         assert out.token_ids == expected
 
 
@@ -178,7 +199,9 @@ def test_tree_nodes_get_the_logits_of_their_path(files):
     tree = TokenTree(token_ids=(7, 8, 9, 10, 11, 12), parents=(-1, 0, 0, 1, 1, 3))
     r = runner(files["target"])
     r.forward(context)
-    rows = r.forward_tree(list(tree.token_ids), tree_position_ids(tree, len(context)), tree_attention_mask(tree, len(context)))
+    rows = r.forward_tree(
+        list(tree.token_ids), tree_position_ids(tree, len(context)), tree_attention_mask(tree, len(context))
+    )
     for node in range(tree.num_nodes):
         path = [tree.token_ids[0]] + [tree.token_ids[j] for j in tree.path_to(node)]
         assert torch.equal(rows[node], runner(files["target"]).forward(context + path)[-1]), node
@@ -224,7 +247,9 @@ def test_protocol_edges(files):
 
 def test_unsupported_block_type_is_named(tmp_path):
     path = write_gguf_model(tmp_path / "q4_1.gguf", dict(MIXED, attn_output=T.F32))
-    with pytest.raises(InvalidParameterError, match="blk.0.attn_output.weight .* F32.*Q4_K, Q6_K, Q4_0, IQ4_NL, Q5_0, Q8_0"):
+    with pytest.raises(
+        InvalidParameterError, match="blk.0.attn_output.weight .* F32.*Q4_K, Q6_K, Q4_0, IQ4_NL, Q5_0, Q8_0"
+    ):
         runner(path)
 
 
@@ -257,15 +282,24 @@ def test_pipeline_auto_runs_gguf_files_on_the_gguf_runner(files, tmp_path, monke
     params = SamplingParams(max_tokens=24)
     plain = pipe.generate("ab!c", params, SpeculativeConfig(method="none"))
     for method in ("draft", "tree", "auto", "ngram"):
-        assert pipe.generate("ab!c", params, SpeculativeConfig(method=method, num_speculative_tokens=4, schedule="constant")).token_ids == plain.token_ids
+        assert (
+            pipe.generate(
+                "ab!c", params, SpeculativeConfig(method=method, num_speculative_tokens=4, schedule="constant")
+            ).token_ids
+            == plain.token_ids
+        )
 
 
-@pytest.mark.parametrize("quantization, draft_head", [("auto", T.IQ4_NL), ("q4_0", T.Q4_0), ("iq4_nl", T.IQ4_NL), ("none", T.Q6_K)])
+@pytest.mark.parametrize(
+    "quantization, draft_head", [("auto", T.IQ4_NL), ("q4_0", T.Q4_0), ("iq4_nl", T.IQ4_NL), ("none", T.Q6_K)]
+)
 def test_pipeline_with_a_q4_0_draft_gives_plain_output(files, tmp_path, monkeypatch, quantization, draft_head):
     from verispec.engine.loader import DrafterOptions, SpeculativePipeline
 
     monkeypatch.setenv("VERISPEC_HOME", str(tmp_path))
-    pipe = SpeculativePipeline.load(str(files["target"]), str(files["partial"]), drafters=DrafterOptions(draft_quantization=quantization))
+    pipe = SpeculativePipeline.load(
+        str(files["target"]), str(files["partial"]), drafters=DrafterOptions(draft_quantization=quantization)
+    )
     assert pipe.runner_kind == "gguf"
     assert {qtype for _, qtype, _ in pipe.draft_runner.weights.lm_head.parts} == {int(draft_head)}  # auto: re-quantized
     assert pipe.draft_requantize == {"auto": "iq4_nl", "none": None}.get(quantization, quantization)
@@ -273,21 +307,32 @@ def test_pipeline_with_a_q4_0_draft_gives_plain_output(files, tmp_path, monkeypa
     params = SamplingParams(max_tokens=24)
     plain = pipe.generate("ab!c", params, SpeculativeConfig(method="none"))
     for method in ("draft", "tree", "auto"):
-        assert pipe.generate("ab!c", params, SpeculativeConfig(method=method, num_speculative_tokens=4, schedule="constant")).token_ids == plain.token_ids
+        assert (
+            pipe.generate(
+                "ab!c", params, SpeculativeConfig(method=method, num_speculative_tokens=4, schedule="constant")
+            ).token_ids
+            == plain.token_ids
+        )
 
 
 @pytest.mark.parametrize(
     "runner_kind, quantization, message",
     [("torch", "q4_0", "needs --runner gguf"), ("gguf", "int8", "needs --runner torch")],
 )
-def test_draft_quantization_on_the_wrong_runner_is_refused(files, tmp_path, monkeypatch, runner_kind, quantization, message):
+def test_draft_quantization_on_the_wrong_runner_is_refused(
+    files, tmp_path, monkeypatch, runner_kind, quantization, message
+):
     from verispec.engine.loader import DrafterOptions, SpeculativePipeline
     from verispec.runners.select import RunnerOptions
 
     monkeypatch.setenv("VERISPEC_HOME", str(tmp_path))
     with pytest.raises(InvalidParameterError, match=message):
-        SpeculativePipeline.load(str(files["target"]), str(files["partial"]), drafters=DrafterOptions(draft_quantization=quantization),
-                                 runners=RunnerOptions(kind=runner_kind))
+        SpeculativePipeline.load(
+            str(files["target"]),
+            str(files["partial"]),
+            drafters=DrafterOptions(draft_quantization=quantization),
+            runners=RunnerOptions(kind=runner_kind),
+        )
 
 
 def test_requantized_draft_is_cached_and_read_back_bit_identical(files, tmp_path, monkeypatch):

@@ -14,12 +14,20 @@ def fake_read(calls):
         calls.append(list(ids))
         g = torch.Generator().manual_seed(sum(ids))
         n = len(ids)
-        return Teacher(torch.tensor(ids), torch.randn(n, 6, generator=g), torch.randn(n, 2, generator=g), torch.randint(0, 9, (n,), generator=g))
+        return Teacher(
+            torch.tensor(ids),
+            torch.randn(n, 6, generator=g),
+            torch.randn(n, 2, generator=g),
+            torch.randint(0, 9, (n,), generator=g),
+        )
+
     return read
 
 
 def same(a, b):
-    return all(torch.equal(getattr(a, f), getattr(b, f)) for f in ("token_ids", "features", "final_hidden", "target_argmax"))
+    return all(
+        torch.equal(getattr(a, f), getattr(b, f)) for f in ("token_ids", "features", "final_hidden", "target_argmax")
+    )
 
 
 def test_a_read_sequence_comes_back_from_disk_bit_for_bit(tmp_path):
@@ -32,8 +40,12 @@ def test_a_read_sequence_comes_back_from_disk_bit_for_bit(tmp_path):
     assert (cache.hits, cache.misses) == (0, 1) and cache.size_bytes() > 0
     assert not list((tmp_path / "c").glob("*.partial"))
     # another reader, other layers or other tokens: another key, read afresh
-    keys = {teacher_key("gguf|t", (1, 2), [3, 4, 5]), teacher_key("torch|t", (1, 2), [3, 4, 5]),
-            teacher_key("gguf|t", (1, 3), [3, 4, 5]), teacher_key("gguf|t", (1, 2), [3, 4, 6])}
+    keys = {
+        teacher_key("gguf|t", (1, 2), [3, 4, 5]),
+        teacher_key("torch|t", (1, 2), [3, 4, 5]),
+        teacher_key("gguf|t", (1, 3), [3, 4, 5]),
+        teacher_key("gguf|t", (1, 2), [3, 4, 6]),
+    }
     assert len(keys) == 4
     other = TeacherCache(tmp_path / "c", "torch|t")
     other.reading(fake_read(calls), (1, 2))([3, 4, 5])

@@ -3,12 +3,12 @@ when they ended their turn (the engine's outputs leave it out), and Magpie keeps
 instructions the target finished."""
 
 import pytest
-from helpers import BigramRunner, CharTokenizer, chain_table
 
+from helpers import BigramRunner, CharTokenizer, chain_table
+from verispec.algorithms.sampling import SamplingParams
 from verispec.engine import SpeculativeEngine
 from verispec.errors import InvalidParameterError
 from verispec.training.data import generate_all, magpie_instructions, magpie_prefix
-from verispec.algorithms.sampling import SamplingParams
 
 EOS = 3
 PIECES = ["<s>", "U:", "\n", "<eos>", "Write ", "a ", "sort", "!"]
@@ -28,12 +28,14 @@ class ChatTokenizer(CharTokenizer):
         while rest:
             piece = max((p for p in self.pieces if rest.startswith(p)), key=len)
             ids.append(self.pieces.index(piece))
-            rest = rest[len(piece):]
+            rest = rest[len(piece) :]
         return ids
 
 
 def engine(next_of=CHAIN):
-    return SpeculativeEngine(BigramRunner(chain_table(next_of, len(PIECES), strength=40.0)), ChatTokenizer(PIECES), eos_token_ids=[EOS])
+    return SpeculativeEngine(
+        BigramRunner(chain_table(next_of, len(PIECES), strength=40.0)), ChatTokenizer(PIECES), eos_token_ids=[EOS]
+    )
 
 
 def test_answers_that_ended_their_turn_end_with_eos_and_cut_ones_do_not():

@@ -4,7 +4,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from helpers import CharTokenizer, default_pieces, tiny_qwen2, single_thread  # noqa: F401 (single_thread: autouse fixture, one thread)
+from helpers import CharTokenizer, default_pieces, single_thread, tiny_qwen2
+from verispec.algorithms.sampling import SamplingParams
 from verispec.engine import SpeculativeConfig, SpeculativeEngine
 from verispec.errors import InvalidParameterError
 from verispec.proposers.draft_model import DraftModelProposer
@@ -12,13 +13,11 @@ from verispec.runners import Runner, prefill
 from verispec.runners.cpu.int8 import Int8Runner
 from verispec.runners.cpu.int8_ops import Int8Weight, quantize_activation_rows
 from verispec.runners.torch_runner import TransformersRunner
-from verispec.algorithms.sampling import SamplingParams
 
 CONTEXT = [3, 14, 15, 92, 65, 35, 89, 79]
 DRAFT = [32, 38, 46, 26, 43]
 PROMPTS = [[5, 17, 33, 2, 9], [70, 3], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20]]
 GREEDY_40 = SamplingParams(max_tokens=40)
-
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +29,15 @@ def one_layer(config_class, model_class, hidden, heads, kv_heads, seed=0, **extr
     """A one-layer model with a real model's attention shape (head_dim = hidden / heads)."""
     torch.manual_seed(seed)
     config = config_class(
-        vocab_size=64, hidden_size=hidden, intermediate_size=64, num_hidden_layers=1, num_attention_heads=heads,
-        num_key_value_heads=kv_heads, max_position_embeddings=512, tie_word_embeddings=False, **extra,
+        vocab_size=64,
+        hidden_size=hidden,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        **extra,
     )
     return model_class(config).eval()
 
@@ -41,7 +47,10 @@ def rows_one_at_a_time(runner, token_ids):
 
 
 def check_verify_passes(runner, prompt_length, sizes):
-    prompt = [int(t) % runner.vocab_size for t in torch.randint(0, 1000, (prompt_length,), generator=torch.Generator().manual_seed(1))]
+    prompt = [
+        int(t) % runner.vocab_size
+        for t in torch.randint(0, 1000, (prompt_length,), generator=torch.Generator().manual_seed(1))
+    ]
     prefill(runner, prompt)
     for k in sizes:
         tokens = [(7 * i + k) % runner.vocab_size for i in range(k)]
@@ -55,8 +64,12 @@ def check_verify_passes(runner, prompt_length, sizes):
     "model_factory",
     [
         lambda: tiny_qwen2(seed=0),  # the test target (hidden 32, head_dim 8)
-        lambda: one_layer(Qwen2Config, Qwen2ForCausalLM, 1536, 12, 2),  # Qwen2.5-1.5B attention: head_dim 128, 6 per group
-        lambda: one_layer(Qwen2Config, Qwen2ForCausalLM, 896, 14, 2),  # Qwen2.5-0.5B attention: head_dim 64, 7 per group
+        lambda: one_layer(
+            Qwen2Config, Qwen2ForCausalLM, 1536, 12, 2
+        ),  # Qwen2.5-1.5B attention: head_dim 128, 6 per group
+        lambda: one_layer(
+            Qwen2Config, Qwen2ForCausalLM, 896, 14, 2
+        ),  # Qwen2.5-0.5B attention: head_dim 64, 7 per group
         lambda: one_layer(LlamaConfig, LlamaForCausalLM, 576, 9, 3),  # SmolLM2-135M attention, Llama (no q/k/v bias)
     ],
 )
@@ -73,7 +86,9 @@ def test_verify_pass_is_bit_identical_with_two_threads():
 
 @pytest.mark.parametrize("draft_kind", ["target", "random", "partial"])
 @pytest.mark.parametrize("k", range(1, 9))
-def test_greedy_speculative_equals_plain(draft_kind, k, target_model, random_draft_model, partial_draft_model, int8_target):
+def test_greedy_speculative_equals_plain(
+    draft_kind, k, target_model, random_draft_model, partial_draft_model, int8_target
+):
     draft = {"target": target_model, "random": random_draft_model, "partial": partial_draft_model}[draft_kind]
     pieces = CharTokenizer(default_pieces(target_model.config.vocab_size))
     plain = SpeculativeEngine(int8_target, pieces, eos_token_ids=())
@@ -168,7 +183,9 @@ def test_tree_nodes_get_the_logits_of_their_path(model_factory):
     tree = TokenTree(token_ids=(7, 8, 9, 10, 11, 12), parents=tuple(TREE_PARENTS))
     runner = Int8Runner.from_module(model, max_context_length=128)
     runner.forward(context)
-    rows = runner.forward_tree(list(tree.token_ids), tree_position_ids(tree, len(context)), tree_attention_mask(tree, len(context)))
+    rows = runner.forward_tree(
+        list(tree.token_ids), tree_position_ids(tree, len(context)), tree_attention_mask(tree, len(context))
+    )
     for node in range(tree.num_nodes):
         path = [tree.token_ids[0]] + [tree.token_ids[j] for j in tree.path_to(node)]
         chain = Int8Runner.from_module(model, max_context_length=128).forward(context + path)
@@ -181,7 +198,9 @@ def test_tree_nodes_get_the_logits_of_their_path(model_factory):
 
 @pytest.mark.parametrize("draft_kind", ["target", "random", "partial"])
 @pytest.mark.parametrize("num_nodes", [3, 8])
-def test_greedy_tree_speculation_equals_plain(draft_kind, num_nodes, target_model, random_draft_model, partial_draft_model, int8_target):
+def test_greedy_tree_speculation_equals_plain(
+    draft_kind, num_nodes, target_model, random_draft_model, partial_draft_model, int8_target
+):
     from verispec.proposers.draft_tree import DraftTreeProposer
 
     draft = {"target": target_model, "random": random_draft_model, "partial": partial_draft_model}[draft_kind]
@@ -191,5 +210,7 @@ def test_greedy_tree_speculation_equals_plain(draft_kind, num_nodes, target_mode
     engine = SpeculativeEngine(int8_target, pieces, eos_token_ids=(), proposers={"tree": drafter})
     for prompt in PROMPTS:
         expected = plain.generate(prompt, GREEDY_40, SpeculativeConfig(method="none")).token_ids
-        out = engine.generate(prompt, GREEDY_40, SpeculativeConfig(method="tree", num_speculative_tokens=num_nodes, schedule="constant"))
+        out = engine.generate(
+            prompt, GREEDY_40, SpeculativeConfig(method="tree", num_speculative_tokens=num_nodes, schedule="constant")
+        )
         assert out.token_ids == expected

@@ -20,15 +20,18 @@ import pytest
 SCRIPT = Path(__file__).parent / "kernels" / "run_harness.sh"
 CROSS_TOOLS = ("aarch64-linux-gnu-g++", "qemu-aarch64")
 # the kernels' ISA names for the x86 features /proc/cpuinfo lists (dispatch.cpp needs them all)
-X86_ISAS = {"avx512": ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "fma", "f16c"),
-            "avx2": ("avx2", "fma", "f16c"),
-            "avxvnni": ("avx2", "fma", "f16c", "avx_vnni")}
+X86_ISAS = {
+    "avx512": ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "fma", "f16c"),
+    "avx2": ("avx2", "fma", "f16c"),
+    "avxvnni": ("avx2", "fma", "f16c", "avx_vnni"),
+}
 
 
 def run_harness(target: str, qemu_cpu: str = "max") -> tuple[str, list[str], str]:
     """(output, the ISAs it compared, the oracle digest); fails the test on a non-zero exit."""
-    result = subprocess.run([str(SCRIPT), target], capture_output=True, text=True, timeout=900,
-                            env=dict(os.environ, QEMU_CPU=qemu_cpu))
+    result = subprocess.run(
+        [str(SCRIPT), target], capture_output=True, text=True, timeout=900, env=dict(os.environ, QEMU_CPU=qemu_cpu)
+    )
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:]
     summary = re.search(r"^SUMMARY: .*ISAs compared: (.*); oracle digest ([0-9a-f]+)$", result.stdout, re.M)
@@ -93,7 +96,9 @@ def test_every_native_path_equals_the_portable_one_bit_for_bit(native):
 def test_the_avx_vnni_code_path_equals_the_portable_one_with_vpdpbusd_emulated(native_vnni, native):
     output, compared, digest = native_vnni
     assert "avxvnni" in compared, output[:500]
-    assert re.search(r"^verispec kernel harness on x86-64 \(cpu features: .*avxvnni\(emulated\)", output, re.M), output[:500]
+    assert re.search(r"^verispec kernel harness on x86-64 \(cpu features: .*avxvnni\(emulated\)", output, re.M), output[
+        :500
+    ]
     assert digest == native[2]  # the same portable oracle in both builds
     assert re.search(r"^avxvnni +tile Q6_K random out=96 in=1024 k=1,3,8,11,16 .* OK$", output, re.M)
     assert re.search(r"^avxvnni +tile Q8_0 .* OK$", output, re.M)

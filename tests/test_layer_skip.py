@@ -3,13 +3,13 @@
 import pytest
 import torch
 
-from helpers import make_engine, tiny_qwen2, single_thread  # noqa: F401 (autouse fixture)
+from helpers import make_engine, single_thread, tiny_qwen2
+from verispec.algorithms.sampling import SamplingParams
 from verispec.engine import SpeculativeConfig
 from verispec.errors import InvalidParameterError
 from verispec.proposers.layer_skip import LayerSkipProposer, early_exit_model
 from verispec.runners import prefill
 from verispec.runners.torch_runner import TransformersRunner
-from verispec.algorithms.sampling import SamplingParams
 
 CONTEXT = [3, 14, 15, 92, 65, 35, 89, 79]
 
@@ -85,7 +85,9 @@ def plain_outputs(deep_target):
 def test_layer_skip_greedy_equals_plain(num_layers, k, deep_target, plain_outputs):
     engine = make_engine(deep_target, proposers={"layer-skip": LayerSkipProposer(deep_target, num_layers)})
     for prompt, expected in zip(PROMPTS, plain_outputs):
-        out = engine.generate(prompt, GREEDY_32, SpeculativeConfig(method="layer-skip", num_speculative_tokens=k, schedule="constant"))
+        out = engine.generate(
+            prompt, GREEDY_32, SpeculativeConfig(method="layer-skip", num_speculative_tokens=k, schedule="constant")
+        )
         assert out.token_ids == expected
         if num_layers == 4:
             assert out.metrics.spec.acceptance_rate == 1.0
@@ -96,7 +98,10 @@ def test_layer_skip_acceptance_grows_with_depth(deep_target):
     rates = []
     for num_layers in (1, 3, 4):
         engine = make_engine(deep_target, proposers={"layer-skip": LayerSkipProposer(deep_target, num_layers)})
-        stats = [engine.generate(p, GREEDY_32, SpeculativeConfig(method="layer-skip", schedule="constant")).metrics.spec for p in PROMPTS]
+        stats = [
+            engine.generate(p, GREEDY_32, SpeculativeConfig(method="layer-skip", schedule="constant")).metrics.spec
+            for p in PROMPTS
+        ]
         rates.append(sum(s.num_accepted_tokens for s in stats) / sum(s.num_draft_tokens for s in stats))
     assert rates[0] <= rates[1] <= rates[2] == 1.0
 
@@ -105,8 +110,12 @@ def test_draft_stop_threshold_shortens_drafts(deep_target, plain_outputs):
     engine = make_engine(deep_target, proposers={"layer-skip": LayerSkipProposer(deep_target, 1)})
     drafted = {}
     for threshold in (0.0, 0.9):
-        spec = SpeculativeConfig(method="layer-skip", num_speculative_tokens=8, draft_stop_threshold=threshold, schedule="constant")
+        spec = SpeculativeConfig(
+            method="layer-skip", num_speculative_tokens=8, draft_stop_threshold=threshold, schedule="constant"
+        )
         outs = [engine.generate(p, GREEDY_32, spec) for p in PROMPTS]
         assert [o.token_ids for o in outs] == plain_outputs  # still lossless
-        drafted[threshold] = sum(o.metrics.spec.num_draft_tokens for o in outs) / sum(o.metrics.spec.num_drafts for o in outs)
+        drafted[threshold] = sum(o.metrics.spec.num_draft_tokens for o in outs) / sum(
+            o.metrics.spec.num_drafts for o in outs
+        )
     assert drafted[0.0] > 7 and drafted[0.9] < drafted[0.0]  # unsure drafts stop early

@@ -81,8 +81,11 @@ def without_type_checking(source: str) -> str:
     after every module is imported), so they are no edge of the import graph. Only the root is
     read this way: anywhere else such an import would still be a dependency on the layer above."""
     tree = ast.parse(source)
-    tree.body = [node for node in tree.body
-                 if not (isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING")]
+    tree.body = [
+        node
+        for node in tree.body
+        if not (isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING")
+    ]
     return ast.unparse(tree)
 
 
@@ -106,14 +109,20 @@ def test_the_public_api_loads_lazily():
         "print(sorted(m for m in sys.modules if m.startswith('verispec')), 'torch' in sys.modules)\n"
         "print(all(getattr(verispec, name) is not None for name in verispec.__all__))\n"
     )
-    lines = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.splitlines()
+    lines = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
     assert lines == ["['verispec', 'verispec.errors'] False", "True"]
     import verispec
 
     tree = ast.parse((PACKAGE / "__init__.py").read_text())
-    typed = {alias.name: node.module for block in tree.body
-             if isinstance(block, ast.If) and getattr(block.test, "id", "") == "TYPE_CHECKING"
-             for node in block.body for alias in node.names}
+    typed = {
+        alias.name: node.module
+        for block in tree.body
+        if isinstance(block, ast.If) and getattr(block.test, "id", "") == "TYPE_CHECKING"
+        for node in block.body
+        for alias in node.names
+    }
     assert typed == verispec.LAZY_EXPORTS
 
 
@@ -149,7 +158,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
                 stack.pop()
                 path.pop()
             elif state.get(child) == 1:
-                return path[path.index(child):] + [child]
+                return path[path.index(child) :] + [child]
             elif not state.get(child):
                 state[child] = 1
                 path.append(child)
@@ -168,8 +177,18 @@ def test_find_cycle_sees_a_cycle_hidden_in_a_function():
 
 def test_function_level_and_relative_imports_are_seen():
     source = "def f():\n    from verispec.algorithms import verify\n    import verispec.engine\nfrom .b import x\n"
-    known = {"verispec.algorithms", "verispec.algorithms.verify", "verispec.engine", "verispec.bench.b", "verispec.bench.a"}
-    assert imported_modules(source, "verispec.bench.a", known) == {"verispec.algorithms.verify", "verispec.engine", "verispec.bench.b"}
+    known = {
+        "verispec.algorithms",
+        "verispec.algorithms.verify",
+        "verispec.engine",
+        "verispec.bench.b",
+        "verispec.bench.a",
+    }
+    assert imported_modules(source, "verispec.bench.a", known) == {
+        "verispec.algorithms.verify",
+        "verispec.engine",
+        "verispec.bench.b",
+    }
 
 
 def test_few_modules_at_the_top():
@@ -179,5 +198,7 @@ def test_few_modules_at_the_top():
 
 @pytest.mark.parametrize("pattern,limit", [("*.py", MAX_PY_LINES), ("*.cpp", MAX_CPP_LINES), ("*.h", MAX_CPP_LINES)])
 def test_no_file_too_long(pattern, limit):
-    long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob(pattern) if (n := len(p.read_text().splitlines())) > limit}
+    long = {
+        str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob(pattern) if (n := len(p.read_text().splitlines())) > limit
+    }
     assert long == {}

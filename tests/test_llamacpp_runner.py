@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from helpers import CharTokenizer, default_pieces
+from verispec.algorithms.sampling import SamplingParams
 from verispec.engine import SpeculativeConfig, SpeculativeEngine
 from verispec.errors import InvalidParameterError
 from verispec.proposers.draft_model import DraftModelProposer
 from verispec.runners import Runner, prefill
 from verispec.runners.llamacpp import INSTALL_HINT, llama_cpp_available
 from verispec.runners.torch_runner import TransformersRunner
-from verispec.algorithms.sampling import SamplingParams
 
 pytestmark = pytest.mark.skipif(not llama_cpp_available(), reason=f"llama-cpp-python is not installed: {INSTALL_HINT}")
 
@@ -29,9 +29,15 @@ PROMPTS = [[5, 17, 33, 2, 9], [70, 3], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20]]
 GREEDY_40 = SamplingParams(max_tokens=40)
 
 HF_TO_GGUF = {
-    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
 }
 
 
@@ -172,7 +178,10 @@ def cached_smollm2():
     return None if store.cache_state("smollm2-135m-instruct") == "missing" else store.fetch("smollm2-135m-instruct")
 
 
-@pytest.mark.skipif(cached_smollm2() is None, reason="SmolLM2-135M is not in the model cache (verispec models fetch smollm2-135m-instruct)")
+@pytest.mark.skipif(
+    cached_smollm2() is None,
+    reason="SmolLM2-135M is not in the model cache (verispec models fetch smollm2-135m-instruct)",
+)
 def test_real_quantized_gguf_speculative_equals_plain():
     """SmolLM2-135M Q4_1 drafting for itself: every draft accepted and the output unchanged."""
     target = llama_runner(cached_smollm2(), max_context_length=256)
@@ -183,6 +192,8 @@ def test_real_quantized_gguf_speculative_equals_plain():
     for _ in range(3):
         prompt = torch.randint(100, 20000, (20,), generator=generator).tolist()
         plain = engine.generate(prompt, SamplingParams(max_tokens=32), SpeculativeConfig(method="none")).token_ids
-        out = engine.generate(prompt, SamplingParams(max_tokens=32), SpeculativeConfig(num_speculative_tokens=5, schedule="constant"))
+        out = engine.generate(
+            prompt, SamplingParams(max_tokens=32), SpeculativeConfig(num_speculative_tokens=5, schedule="constant")
+        )
         assert out.token_ids == plain
         assert out.metrics.spec.acceptance_rate == 1.0

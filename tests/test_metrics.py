@@ -2,8 +2,8 @@
 
 import pytest
 
-from verispec.metrics import RequestMetrics, RequestTimes, SpecDecodeStats
 from verispec.algorithms.verify import accepted_prefix_length
+from verispec.metrics import RequestMetrics, RequestTimes, SpecDecodeStats
 
 
 def test_accepts_1010_with_k4_count_only_first_token():

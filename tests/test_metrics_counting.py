@@ -16,19 +16,19 @@ from pathlib import Path
 import httpx
 import pytest
 
-from server_support import (  # noqa: F401 (gated: a fixture)
+from server_support import (
     CONTEXT_LENGTH,
-    gated,
     _loaded,
     bigram_qwen2,
     build_tokenizer,
+    gated,
     metric_value,
     successor_table,
     tiny_pipeline,
 )
+from verispec.algorithms.sampling import SamplingParams
 from verispec.engine import SpeculativeConfig
 from verispec.engine.loader import SpeculativePipeline
-from verispec.algorithms.sampling import SamplingParams
 
 C = "/v1/completions"
 OK = {"model": "tiny-target", "prompt": "hi", "max_tokens": 2, "temperature": 0}
@@ -70,7 +70,9 @@ def test_a_server_fault_is_counted_once_as_failed(gated):
     assert httpx.post(gated.url + C, json=OK).status_code == 500
     assert metric_value(gated.url, "verispec_requests_failed_total", reason="worker_error") == 1
     text = httpx.get(gated.url + "/metrics").text
-    assert all(line.endswith(" 0.0") for line in text.splitlines() if line.startswith("verispec_request_success_total{"))
+    assert all(
+        line.endswith(" 0.0") for line in text.splitlines() if line.startswith("verispec_request_success_total{")
+    )
 
 
 def test_accepted_tokens_are_tokens_of_the_completion():
@@ -82,7 +84,9 @@ def test_accepted_tokens_are_tokens_of_the_completion():
     spec = SpeculativeConfig(method="draft", schedule="constant", num_speculative_tokens=8)
     out = pipe.generate("Hello", SamplingParams(max_tokens=40, stop=("世",)), spec)
     assert out.finish_reason == "stop" and out.metrics.spec.num_draft_tokens > 0
-    drafted_tokens = sum(source == "draft" for source in out.token_sources)  # the completion's tokens that came from drafts
+    drafted_tokens = sum(
+        source == "draft" for source in out.token_sources
+    )  # the completion's tokens that came from drafts
     assert out.metrics.spec.num_accepted_tokens == drafted_tokens
     assert out.metrics.spec.num_accepted_tokens < out.metrics.output_tokens  # the first token is the target's
     assert CONTEXT_LENGTH > 40
@@ -92,7 +96,10 @@ def test_the_seed_limit_is_printed_as_the_exact_integer(gated):
     response = httpx.post(gated.url + C, json={**OK, "seed": 2**64})
     assert response.status_code == 400
     error = response.json()["error"]
-    assert error["param"] == "seed" and error["message"] == "seed: Input should be less than or equal to 18446744073709551615"
+    assert (
+        error["param"] == "seed"
+        and error["message"] == "seed: Input should be less than or equal to 18446744073709551615"
+    )
 
 
 def test_a_method_whose_drafter_is_not_loaded_names_its_param(gated):
@@ -116,8 +123,12 @@ def test_sigint_exits_130(tmp_path, command):
             s.bind(("127.0.0.1", 0))
             args += ["--port", str(s.getsockname()[1])]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    process = subprocess.Popen([str(Path(sys.executable).parent / "verispec"), command, *args], stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, env=env)
+    process = subprocess.Popen(
+        [str(Path(sys.executable).parent / "verispec"), command, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
     try:
         marker = b"Uvicorn running" if command == "serve" else b"loaded target"
         seen = b""
@@ -139,9 +150,19 @@ def test_usage_of_several_choices_queue_is_the_longest_wait_and_ttft_the_mean():
 
     def metrics(ttft_ms, output_tokens, accepted):
         spec = SpecDecodeStats(num_drafts=2, num_draft_tokens=8, num_accepted_tokens=accepted)
-        return RequestMetrics(prompt_tokens=5, output_tokens=output_tokens, ttft_ms=ttft_ms, tpot_ms=10.0,
-                              decode_tokens_per_s=100.0, total_tokens_per_s=50.0, e2e_ms=100.0, draft_ms=1.0,
-                              target_ms=2.0, num_target_forwards=3, spec=spec)
+        return RequestMetrics(
+            prompt_tokens=5,
+            output_tokens=output_tokens,
+            ttft_ms=ttft_ms,
+            tpot_ms=10.0,
+            decode_tokens_per_s=100.0,
+            total_tokens_per_s=50.0,
+            e2e_ms=100.0,
+            draft_ms=1.0,
+            target_ms=2.0,
+            num_target_forwards=3,
+            spec=spec,
+        )
 
     # two choices of one prompt, waiting 0.25 s and 0.5 s for the engine
     got = usage([(0, metrics(40.0, 7, 4), 0.25), (0, metrics(60.0, 9, 6), 0.5)])

@@ -6,13 +6,13 @@ import time
 import pytest
 import torch
 
-from helpers import BigramRunner, CharTokenizer, chain_table, make_engine, single_thread  # noqa: F401 (autouse fixture)
+from helpers import BigramRunner, CharTokenizer, chain_table, make_engine, single_thread
 from test_engine import sequence_distribution
+from verispec.algorithms.sampling import SamplingParams
 from verispec.engine import SpeculativeConfig, SpeculativeEngine
 from verispec.errors import InvalidParameterError
 from verispec.proposers import DraftRequest
 from verispec.proposers.ngram import NgramIndex, NgramProposer, copy_continuation, find_ngram_match
-from verispec.algorithms.sampling import SamplingParams
 
 
 @pytest.mark.parametrize(
@@ -123,8 +123,12 @@ def test_ngram_greedy_equals_plain(k, target_model, plain_outputs):
 
 def test_ngram_on_a_cycle_is_always_accepted():
     """A target that cycles 1 -> 2 -> 3 -> 1: once the cycle is in the context, every draft is right."""
-    engine = SpeculativeEngine(BigramRunner(chain_table({1: 2, 2: 3, 3: 1}, 4)), CharTokenizer("abcd"), eos_token_ids=[])
-    out = engine.generate([1, 2, 3, 1], SamplingParams(max_tokens=25), SpeculativeConfig(method="ngram", num_speculative_tokens=8))
+    engine = SpeculativeEngine(
+        BigramRunner(chain_table({1: 2, 2: 3, 3: 1}, 4)), CharTokenizer("abcd"), eos_token_ids=[]
+    )
+    out = engine.generate(
+        [1, 2, 3, 1], SamplingParams(max_tokens=25), SpeculativeConfig(method="ngram", num_speculative_tokens=8)
+    )
     assert out.token_ids == ([2, 3, 1] * 9)[:25]
     spec = out.metrics.spec
     assert spec.acceptance_rate == 1.0 and spec.num_drafts == 3  # 1 + 3 x (8 accepted + 1 bonus) = 28 >= 25
@@ -139,7 +143,9 @@ def test_ngram_sampling_follows_target_distribution():
     residual of a one-hot draft is the target with the drafted token removed.
     """
     params = SamplingParams(temperature=0.8, top_k=3, max_tokens=3)
-    target_table = torch.tensor([[0.0, 1.0, 2.0, 0.5], [2.0, 0.0, 1.0, 1.5], [1.0, 1.0, 0.0, 2.0], [0.0, 2.0, 1.0, 0.0]])
+    target_table = torch.tensor(
+        [[0.0, 1.0, 2.0, 0.5], [2.0, 0.0, 1.0, 1.5], [1.0, 1.0, 0.0, 2.0], [0.0, 2.0, 1.0, 0.0]]
+    )
     engine = SpeculativeEngine(
         BigramRunner(target_table), CharTokenizer("abcd"), eos_token_ids=[], proposers={"ngram": NgramProposer(1, 3)}
     )

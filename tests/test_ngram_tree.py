@@ -4,9 +4,11 @@ import random
 
 import pytest
 import torch
-from helpers import BigramTreeRunner, CharTokenizer, make_engine, single_thread  # noqa: F401 (autouse fixture)
-from test_engine import sequence_distribution
 
+from helpers import BigramTreeRunner, CharTokenizer, make_engine, single_thread
+from test_engine import sequence_distribution
+from verispec.algorithms.sampling import SamplingParams
+from verispec.algorithms.tree import TokenTree, tree_rejection_sample
 from verispec.engine import SpeculativeConfig, SpeculativeEngine
 from verispec.engine.policy import drafter_order
 from verispec.proposers import DraftRequest
@@ -20,8 +22,6 @@ from verispec.proposers.ngram import (
     ngram_tree,
 )
 from verispec.runners.torch_runner import TransformersRunner
-from verispec.algorithms.sampling import SamplingParams
-from verispec.algorithms.tree import TokenTree, tree_rejection_sample
 
 
 @pytest.mark.parametrize(
@@ -147,7 +147,9 @@ def plain(target_model):
 def test_greedy_ngram_tree_equals_plain(num_nodes, target_model, partial_draft_model, plain):
     ngram_only = make_engine(target_model, max_context_length=512)
     draft_runner = TransformersRunner(partial_draft_model, max_context_length=512)
-    with_draft = make_engine(target_model, max_context_length=512, proposers={"tree": DraftTreeProposer(draft_runner, max_depth=4)})
+    with_draft = make_engine(
+        target_model, max_context_length=512, proposers={"tree": DraftTreeProposer(draft_runner, max_depth=4)}
+    )
     spec = SpeculativeConfig(method="tree", num_speculative_tokens=num_nodes, schedule="constant")
     for name, prompt in (("serving", SERVING), ("several", SEVERAL)):
         for engine in (ngram_only, with_draft):
@@ -186,11 +188,15 @@ def test_two_branch_deterministic_tree_keeps_target_distribution_over_20000_draw
 def test_ngram_tree_sampling_through_the_engine_follows_target_distribution():
     """20,000 samples of 8 tokens, first 3 compared with the exact distribution; the prompt gives
     every token two different successors, so the trees branch at the root."""
-    target_table = torch.tensor([[0.0, 1.0, 2.0, 0.5], [2.0, 0.0, 1.0, 1.5], [1.0, 1.0, 0.0, 2.0], [0.0, 2.0, 1.0, 0.0]])
+    target_table = torch.tensor(
+        [[0.0, 1.0, 2.0, 0.5], [2.0, 0.0, 1.0, 1.5], [1.0, 1.0, 0.0, 2.0], [0.0, 2.0, 1.0, 0.0]]
+    )
     prompt = [0, 1, 0, 2, 1, 2, 1, 3, 2, 3, 2, 0, 3, 0, 3, 1]
     ngram = NgramProposer(min_ngram=1, max_ngram=2)
     assert all(len(ngram.propose_tree(request(prompt + [t]), 6).children(0)) >= 2 for t in range(4))
-    engine = SpeculativeEngine(BigramTreeRunner(target_table), CharTokenizer("abcd"), eos_token_ids=[], proposers={"ngram": ngram})
+    engine = SpeculativeEngine(
+        BigramTreeRunner(target_table), CharTokenizer("abcd"), eos_token_ids=[], proposers={"ngram": ngram}
+    )
     spec = SpeculativeConfig(method="tree", num_speculative_tokens=6, schedule="constant")
     counts, tree_steps = {}, 0
     for seed in range(20000):

@@ -10,7 +10,9 @@ EOS = 0
 
 
 def build(stop=(), max_tokens=100, ignore_eos=False):
-    return OutputBuilder(CharTokenizer(PIECES), eos_token_ids=[EOS], stop=stop, max_tokens=max_tokens, ignore_eos=ignore_eos)
+    return OutputBuilder(
+        CharTokenizer(PIECES), eos_token_ids=[EOS], stop=stop, max_tokens=max_tokens, ignore_eos=ignore_eos
+    )
 
 
 def feed(out, tokens):
@@ -82,6 +84,6 @@ def test_multibyte_characters_split_across_tokens_stream_whole():
 
 
 def test_incomplete_utf8_at_length_limit_is_flushed():
-    ids = list("世".encode("utf-8"))[:2]
+    ids = list("世".encode())[:2]
     out = feed(OutputBuilder(ByteTokenizer(), eos_token_ids=[], max_tokens=2), ids)
     assert out.finish_reason == "length" and out.text == "\ufffd"

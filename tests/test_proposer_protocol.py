@@ -3,8 +3,9 @@ drafters an engine gets."""
 
 import pytest
 import torch
-from helpers import BigramRunner, CharTokenizer, chain_table, default_pieces, make_engine, single_thread, tiny_qwen2  # noqa: F401
 
+from helpers import BigramRunner, CharTokenizer, chain_table, default_pieces, make_engine, single_thread, tiny_qwen2
+from verispec.algorithms.sampling import SamplingParams
 from verispec.engine import SpeculativeConfig, SpeculativeEngine
 from verispec.errors import InvalidParameterError
 from verispec.proposers import DraftOutput, DraftRequest, Proposer
@@ -13,7 +14,6 @@ from verispec.proposers.factory import for_new_sequence, with_lookup_drafters, w
 from verispec.proposers.ngram import NgramProposer, NgramTreeProposer
 from verispec.proposers.suffix import SuffixProposer, SuffixTreeProposer
 from verispec.runners.torch_runner import TransformersRunner
-from verispec.algorithms.sampling import SamplingParams
 
 
 class Repeat(Proposer):
@@ -71,8 +71,15 @@ def test_an_engine_refuses_an_object_that_is_not_a_drafter():
         def observe(self, num_accepted_tokens):
             pass
 
-    with pytest.raises(InvalidParameterError, match="drafter 'duck' is a Duck: drafters subclass verispec.proposers.Proposer"):
-        SpeculativeEngine(BigramRunner(chain_table({}, 8)), CharTokenizer(default_pieces(8)), eos_token_ids=(), proposers={"duck": Duck()})
+    with pytest.raises(
+        InvalidParameterError, match="drafter 'duck' is a Duck: drafters subclass verispec.proposers.Proposer"
+    ):
+        SpeculativeEngine(
+            BigramRunner(chain_table({}, 8)),
+            CharTokenizer(default_pieces(8)),
+            eos_token_ids=(),
+            proposers={"duck": Duck()},
+        )
 
 
 def test_a_custom_drafter_is_exact():
@@ -81,7 +88,9 @@ def test_a_custom_drafter_is_exact():
     engine = make_engine(tiny_qwen2(3), proposers={"draft": RepeatPerSequence()})
     prompt = [5, 9, 14, 2]
     plain = engine.generate(prompt, SamplingParams(max_tokens=24), SpeculativeConfig(method="none"))
-    spec = engine.generate(prompt, SamplingParams(max_tokens=24), SpeculativeConfig(method="draft", num_speculative_tokens=3))
+    spec = engine.generate(
+        prompt, SamplingParams(max_tokens=24), SpeculativeConfig(method="draft", num_speculative_tokens=3)
+    )
     assert spec.token_ids == plain.token_ids
     assert spec.metrics.spec.num_draft_tokens > 0
 

@@ -12,7 +12,12 @@ from verispec.bench.quality import QualityResult, compare_logits
     "reference, logits, agreements, kl",
     [
         ([[0.0, 0.0]], [[0.0, 0.0]], 1, 0.0),  # identical: agree, no divergence
-        ([[0.0, 0.0]], [[math.log(9.0), 0.0]], 1, 0.5 * math.log(0.5 / 0.9) + 0.5 * math.log(0.5 / 0.1)),  # p=(.5,.5), q=(.9,.1)
+        (
+            [[0.0, 0.0]],
+            [[math.log(9.0), 0.0]],
+            1,
+            0.5 * math.log(0.5 / 0.9) + 0.5 * math.log(0.5 / 0.1),
+        ),  # p=(.5,.5), q=(.9,.1)
         ([[2.0, 0.0], [0.0, 2.0]], [[0.0, 2.0], [0.0, 2.0]], 1, None),  # second row agrees, first does not
     ],
 )

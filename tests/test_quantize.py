@@ -3,13 +3,13 @@
 import pytest
 import torch
 
-from helpers import CharTokenizer, default_pieces, make_engine, perturbed_copy, single_thread  # noqa: F401 (autouse fixture)
+from helpers import CharTokenizer, default_pieces, make_engine, perturbed_copy, single_thread
+from verispec.algorithms.sampling import SamplingParams
 from verispec.engine import SpeculativeConfig
+from verispec.engine.loader import DrafterOptions, SpeculativePipeline
 from verispec.errors import InvalidParameterError
 from verispec.models.loading import LoadedModel
-from verispec.engine.loader import DrafterOptions, SpeculativePipeline
 from verispec.runners.cpu.quantize import Int8Linear, quantize_linear_layers, quantize_rows_int8
-from verispec.algorithms.sampling import SamplingParams
 
 
 @pytest.mark.parametrize(
@@ -61,7 +61,9 @@ def test_int8_draft_greedy_equals_plain(k, target_model, int8_draft):
     rates = []
     for prompt in PROMPTS:
         expected = plain.generate(prompt, SamplingParams(max_tokens=24), SpeculativeConfig(method="none")).token_ids
-        out = engine.generate(prompt, SamplingParams(max_tokens=24), SpeculativeConfig(num_speculative_tokens=k, schedule="constant"))
+        out = engine.generate(
+            prompt, SamplingParams(max_tokens=24), SpeculativeConfig(num_speculative_tokens=k, schedule="constant")
+        )
         assert out.token_ids == expected
         rates.append(out.metrics.spec.acceptance_rate)
     assert min(rates) > 0.5  # the int8 copy of the target mostly agrees with it
@@ -91,7 +93,11 @@ def test_pipeline_quantizes_the_draft_and_builds_every_drafter(target_model):
     assert {"draft", "layer-skip", "ngram"} <= set(pipe.engine.proposers)
     assert not isinstance(target_model.lm_head, Int8Linear)  # the target is never quantized
     for method in ("draft", "ngram", "layer-skip", "auto"):
-        out = pipe.engine.generate([5, 17, 33, 5, 17], SamplingParams(max_tokens=8, ignore_eos=True), SpeculativeConfig(method=method, schedule="constant"))
+        out = pipe.engine.generate(
+            [5, 17, 33, 5, 17],
+            SamplingParams(max_tokens=8, ignore_eos=True),
+            SpeculativeConfig(method=method, schedule="constant"),
+        )
         assert len(out.token_ids) == 8
 
 

@@ -2,10 +2,10 @@
 
 import pytest
 
-from verispec.engine import SpeculativeConfig
-from verispec.models.store import ModelStore
-from verispec.engine.loader import DEFAULT_DRAFT, DEFAULT_TARGET, SpeculativePipeline
 from verispec.algorithms.sampling import SamplingParams
+from verispec.engine import SpeculativeConfig
+from verispec.engine.loader import DEFAULT_DRAFT, DEFAULT_TARGET, SpeculativePipeline
+from verispec.models.store import ModelStore
 
 
 @pytest.fixture(scope="module")

@@ -7,11 +7,11 @@ import os
 
 import httpx
 import pytest
-from server_support import FIXED_DRAFT, LiveServer, tiny_pipeline, wait_ready
 from typer.testing import CliRunner
 
-from verispec.errors import InvalidParameterError
+from server_support import FIXED_DRAFT, LiveServer, tiny_pipeline, wait_ready
 from verispec.bench.workload import read_jsonl
+from verispec.errors import InvalidParameterError
 from verispec.server import create_app
 from verispec.server.traffic import TrafficRecorder
 
@@ -27,15 +27,24 @@ def recorded(tmp_path_factory):
 
 def test_answered_prompts_are_recorded_in_the_training_format(recorded):
     server, folder, recorder = recorded
-    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"},
-                {"role": "assistant", "content": "hi"}, {"role": "user", "content": "and again"}]
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hello there"},
+        {"role": "assistant", "content": "hi"},
+        {"role": "user", "content": "and again"},
+    ]
     with httpx.Client(base_url=server.url, timeout=60) as http:
         chat = http.post("/v1/chat/completions", json={"model": "tiny-target", "messages": messages, "max_tokens": 4})
         assert chat.status_code == 200, chat.text
-        with http.stream("POST", "/v1/completions", json={"model": "tiny-target", "prompt": ["ab!c", "!!ab"], "max_tokens": 4,
-                                                           "stream": True, "n": 2}) as stream:
+        with http.stream(
+            "POST",
+            "/v1/completions",
+            json={"model": "tiny-target", "prompt": ["ab!c", "!!ab"], "max_tokens": 4, "stream": True, "n": 2},
+        ) as stream:
             assert stream.status_code == 200 and stream.read().decode().rstrip().endswith("data: [DONE]")
-        refused = http.post("/v1/completions", json={"model": "tiny-target", "prompt": "never", "max_tokens": 4, "temperature": -1})
+        refused = http.post(
+            "/v1/completions", json={"model": "tiny-target", "prompt": "never", "max_tokens": 4, "temperature": -1}
+        )
         assert refused.status_code == 400
         missing = http.post("/v1/completions", json={"model": "another", "prompt": "never", "max_tokens": 4})
         assert missing.status_code == 404

@@ -3,15 +3,14 @@
 import pytest
 import torch
 
-from helpers import CharTokenizer, default_pieces, single_thread  # noqa: F401 (single_thread: autouse fixture, one thread)
+from helpers import CharTokenizer, default_pieces, single_thread
+from verispec.algorithms.sampling import SamplingParams, logits_to_probs
 from verispec.engine import SpeculativeConfig, SpeculativeEngine
 from verispec.proposers.draft_model import DraftModelProposer
 from verispec.runners.cpu.int8 import Int8Runner
 from verispec.runners.cpu.reduced_vocab import coverage, rank_counts, select_vocabulary, token_counts
-from verispec.algorithms.sampling import SamplingParams, logits_to_probs
 
 PROMPTS = [[5, 17, 33, 2, 9], [70, 3], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20]]
-
 
 
 @pytest.mark.parametrize(
@@ -81,7 +80,11 @@ def test_sampling_with_reduced_draft_head_keeps_target_distribution(target_model
     target_probs = logits_to_probs(target.forward([first]), params)[0]
     seconds = []
     for seed in range(300):
-        out = engine.generate(prompt, SamplingParams(temperature=2.0, max_tokens=2, seed=seed), SpeculativeConfig(num_speculative_tokens=1, schedule="constant"))
+        out = engine.generate(
+            prompt,
+            SamplingParams(temperature=2.0, max_tokens=2, seed=seed),
+            SpeculativeConfig(num_speculative_tokens=1, schedule="constant"),
+        )
         if out.token_ids[0] == first:
             seconds.append(out.token_ids[1])  # decided by verifying the draft's one token
     expected_odd = float(target_probs[1::2].sum())

@@ -25,8 +25,8 @@ from typer.testing import CliRunner
 from gguf_models import perturbed_copy, write_gguf_model
 from server_support import LiveServer, wait_ready
 from verispec.cli import app
-from verispec.errors import InvalidParameterError
 from verispec.engine.loader import SpeculativePipeline
+from verispec.errors import InvalidParameterError
 from verispec.runners.select import RunnerOptions
 from verispec.server import ServerConfig, create_app
 from verispec.server.replicas import REPLICA_HEADER, ReplicaSpec, ScalingOptions, merge_expositions
@@ -47,8 +47,11 @@ def exposition(in_flight: float, tokens: float, bucket_one: float) -> str:
 
 
 def samples(text: str) -> dict:
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def test_metrics_of_replicas_are_summed_sample_by_sample():
@@ -63,20 +66,34 @@ def test_metrics_of_replicas_are_summed_sample_by_sample():
 
 def test_scaling_options_pass_through_to_ray_serve():
     fixed = ScalingOptions(num_replicas=3, num_cpus=0.5).deployment_options()
-    assert fixed["num_replicas"] == 3 and fixed["ray_actor_options"] == {"num_cpus": 0.5} and "autoscaling_config" not in fixed
-    auto = ScalingOptions(num_replicas=2, min_replicas=1, max_replicas=4, target_ongoing_requests=6).deployment_options()
+    assert (
+        fixed["num_replicas"] == 3
+        and fixed["ray_actor_options"] == {"num_cpus": 0.5}
+        and "autoscaling_config" not in fixed
+    )
+    auto = ScalingOptions(
+        num_replicas=2, min_replicas=1, max_replicas=4, target_ongoing_requests=6
+    ).deployment_options()
     assert "num_replicas" not in auto
-    assert auto["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 4, "initial_replicas": 2, "target_ongoing_requests": 6}
+    assert auto["autoscaling_config"] == {
+        "min_replicas": 1,
+        "max_replicas": 4,
+        "initial_replicas": 2,
+        "target_ongoing_requests": 6,
+    }
 
 
-@pytest.mark.parametrize("options, message", [
-    (dict(num_replicas=0), "--replicas must be >= 1"),
-    (dict(min_replicas=3, max_replicas=2), "min-replicas"),
-    (dict(max_replicas=0), "max replicas"),
-    (dict(target_ongoing_requests=4), "give --min-replicas / --max-replicas"),
-    (dict(max_replicas=2, target_ongoing_requests=0), "target-ongoing-requests must be > 0"),
-    (dict(num_cpus=0), "replica-cpus"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(num_replicas=0), "--replicas must be >= 1"),
+        (dict(min_replicas=3, max_replicas=2), "min-replicas"),
+        (dict(max_replicas=0), "max replicas"),
+        (dict(target_ongoing_requests=4), "give --min-replicas / --max-replicas"),
+        (dict(max_replicas=2, target_ongoing_requests=0), "target-ongoing-requests must be > 0"),
+        (dict(num_cpus=0), "replica-cpus"),
+    ],
+)
 def test_impossible_scaling_is_a_clear_error(options, message):
     with pytest.raises(InvalidParameterError, match=message):
         ScalingOptions(**options)
@@ -91,14 +108,19 @@ def test_an_engine_that_keeps_failing_or_hangs_reports_itself_unhealthy():
     import asyncio
 
     from server_support import tiny_pipeline
-    from verispec.engine.request import SpeculativeConfig
     from verispec.algorithms.sampling import SamplingParams
+    from verispec.engine.request import SpeculativeConfig
     from verispec.server.prom import ServerMetrics
     from verispec.server.worker import MAX_CONSECUTIVE_ERRORS, EngineWorker, Job
 
     pipe = tiny_pipeline()
-    worker = EngineWorker(pipe.engine, max_queue=8, metrics=ServerMetrics(), warmup_prompt_token_ids=pipe.encode("Hello"),
-                          warmup_spec=SpeculativeConfig(method="none"))
+    worker = EngineWorker(
+        pipe.engine,
+        max_queue=8,
+        metrics=ServerMetrics(),
+        warmup_prompt_token_ids=pipe.encode("Hello"),
+        warmup_spec=SpeculativeConfig(method="none"),
+    )
     assert worker.health_problem() is None  # not started yet: nothing wrong
     worker.start()
     try:
@@ -106,7 +128,9 @@ def test_an_engine_that_keeps_failing_or_hangs_reports_itself_unhealthy():
         worker.scheduler.step = lambda: (_ for _ in ()).throw(RuntimeError("broken pass"))
         loop = asyncio.new_event_loop()
         for i in range(MAX_CONSECUTIVE_ERRORS):  # one request at a time: each pass fails
-            worker.submit(Job(pipe.encode("Hello"), SamplingParams(max_tokens=4), SpeculativeConfig(method="none"), loop))
+            worker.submit(
+                Job(pipe.encode("Hello"), SamplingParams(max_tokens=4), SpeculativeConfig(method="none"), loop)
+            )
             deadline = time.monotonic() + 10
             while worker.consecutive_errors <= i and time.monotonic() < deadline:
                 time.sleep(0.01)
@@ -114,8 +138,13 @@ def test_an_engine_that_keeps_failing_or_hangs_reports_itself_unhealthy():
     finally:
         worker.stop()
     assert "passes failed" in (worker.health_problem() or "")  # still broken after it stopped
-    hung = EngineWorker(pipe.engine, max_queue=8, metrics=ServerMetrics(), warmup_prompt_token_ids=pipe.encode("Hello"),
-                        warmup_spec=SpeculativeConfig(method="none"))
+    hung = EngineWorker(
+        pipe.engine,
+        max_queue=8,
+        metrics=ServerMetrics(),
+        warmup_prompt_token_ids=pipe.encode("Hello"),
+        warmup_spec=SpeculativeConfig(method="none"),
+    )
     hung.ready.set()  # as if warmed up, its thread then stuck in one pass while a request waits
     hung.submit(Job(pipe.encode("Hello"), SamplingParams(max_tokens=4), SpeculativeConfig(method="none"), loop))
     assert hung.health_problem(stall_s=500) is None
@@ -162,14 +191,28 @@ def cluster(files):
     from verispec.server.replicas import run_replicas
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=80 * 2**20, logging_level="ERROR",
-             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "RAY_USAGE_STATS_ENABLED": "0"}})
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        object_store_memory=80 * 2**20,
+        logging_level="ERROR",
+        runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "RAY_USAGE_STATS_ENABLED": "0"}},
+    )
     port = free_port()
-    spec = ReplicaSpec(str(files["target"]), str(files["draft"]), runner="gguf",
-                       config=ServerConfig(max_num_seqs=4, max_tokens_cap=256, max_queue=512))
+    spec = ReplicaSpec(
+        str(files["target"]),
+        str(files["draft"]),
+        runner="gguf",
+        config=ServerConfig(max_num_seqs=4, max_tokens_cap=256, max_queue=512),
+    )
     try:
-        run_replicas(spec, ScalingOptions(num_replicas=2, num_cpus=0.5, max_ongoing_requests=32),
-                     host="127.0.0.1", port=port, blocking=False)
+        run_replicas(
+            spec,
+            ScalingOptions(num_replicas=2, num_cpus=0.5, max_ongoing_requests=32),
+            host="127.0.0.1",
+            port=port,
+            blocking=False,
+        )
         url = f"http://127.0.0.1:{port}"
         wait_ready(url, timeout_s=120)
         yield url
@@ -182,7 +225,9 @@ def ask(url: str, prompt: str, max_tokens: int = 24, **extra):
     """One greedy completion with the official client: (status, text or error, replica id)."""
     client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)
     try:
-        raw = client.completions.with_raw_response.create(model="target.gguf", prompt=prompt, max_tokens=max_tokens, temperature=0, **extra)
+        raw = client.completions.with_raw_response.create(
+            model="target.gguf", prompt=prompt, max_tokens=max_tokens, temperature=0, **extra
+        )
     except openai.APIStatusError as exc:
         return exc.status_code, str(exc), None
     except openai.APIConnectionError as exc:  # the connection cut: reported, never a hang
@@ -237,7 +282,9 @@ def test_a_killed_replica_fails_its_requests_and_comes_back(cluster):
     thread.start()
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:  # kill once the requests are in the replicas (summed over both)
-        in_flight = samples(httpx.get(cluster + "/metrics", timeout=30).text).get(("verispec_requests_in_flight", ()), 0)
+        in_flight = samples(httpx.get(cluster + "/metrics", timeout=30).text).get(
+            ("verispec_requests_in_flight", ()), 0
+        )
         if in_flight >= 16:
             break
         time.sleep(0.05)
@@ -247,7 +294,9 @@ def test_a_killed_replica_fails_its_requests_and_comes_back(cluster):
     statuses = [status for status, _, _ in results]
     assert len(statuses) == 20 and all(s in (200, 503) for s in statuses), results  # Ray's proxy runs FaultLayer
     assert statuses.count(200) >= 1 and statuses.count(503) >= 1, statuses
-    assert all("replica serving this request is unavailable" in text for status, text, _ in results if status == 503), results
+    assert all("replica serving this request is unavailable" in text for status, text, _ in results if status == 503), (
+        results
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # Ray starts a replacement; both answer again
         ids = replica_ids(cluster, tries=12)
@@ -292,8 +341,18 @@ def test_a_client_that_left_a_replica_is_a_disconnect_not_a_server_fault():
     async def send(message):
         sent.append(message)
 
-    scope = {"type": "http", "method": "POST", "path": "/s", "headers": [], "query_string": b"", "root_path": "",
-             "scheme": "http", "server": ("127.0.0.1", 80), "client": ("127.0.0.1", 1), "http_version": "1.1"}
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/s",
+        "headers": [],
+        "query_string": b"",
+        "root_path": "",
+        "scheme": "http",
+        "server": ("127.0.0.1", 80),
+        "client": ("127.0.0.1", 1),
+        "http_version": "1.1",
+    }
     asyncio.run(asyncio.wait_for(app(scope, receive, send), 5))  # ends, raising nothing
     start = sent[0]
     assert start["type"] == "http.response.start" and start["status"] == 200

@@ -7,25 +7,23 @@ import time
 import pytest
 import torch
 
-from helpers import BigramRunner, default_pieces, perturbed_copy, single_thread  # noqa: F401 (single_thread: autouse fixture, one thread)
+from helpers import BigramRunner, default_pieces, perturbed_copy, single_thread
+from test_quantize import VocabTokenizer
 from verispec.algorithms.control import CostModel
+from verispec.algorithms.sampling import SamplingParams
 from verispec.engine import SpeculativeConfig
+from verispec.engine.loader import SpeculativePipeline
 from verispec.errors import InvalidParameterError
 from verispec.models.cache_files import read_checked
 from verispec.models.loading import LoadedModel
-from verispec.engine.loader import SpeculativePipeline
 from verispec.runners.costs import CostCache, CostCurve, choose_runner, measure_cost_curve, seed_cost_model
 from verispec.runners.cpu.int8 import Int8Runner
 from verispec.runners.select import RunnerOptions, resolve_auto
 from verispec.runners.torch_runner import TransformersRunner
-from verispec.algorithms.sampling import SamplingParams
-from test_quantize import VocabTokenizer
-
 
 
 def curve(name, ms):
     return CostCurve(name, "m", dict(zip((1, 2, 4, 8, 16), ms)))
-
 
 
 @pytest.fixture
@@ -64,8 +62,11 @@ def test_cost_cache_round_trip_and_bad_file(tmp_path):
         # plain decoding: the cheapest single-token forward wins
         ({"flat": curve("flat", [36, 39, 45, 56, 81]), "steep": curve("steep", [34, 59, 93, 221, 250])}, None, "steep"),
         # speculation with a cheap drafter: the flat verify curve wins
-        ({"flat": curve("flat", [36, 39, 45, 56, 81]), "steep": curve("steep", [34, 59, 93, 221, 250])},
-         {"flat": curve("flat", [1, 1, 1, 1, 1]), "steep": curve("steep", [1, 1, 1, 1, 1])}, "flat"),
+        (
+            {"flat": curve("flat", [36, 39, 45, 56, 81]), "steep": curve("steep", [34, 59, 93, 221, 250])},
+            {"flat": curve("flat", [1, 1, 1, 1, 1]), "steep": curve("steep", [1, 1, 1, 1, 1])},
+            "flat",
+        ),
     ],
 )
 def test_choose_runner(targets, drafts, expected):
@@ -100,12 +101,16 @@ def loaded(name, model):
 def test_pipeline_with_int8_runner_is_exact(target_model, tmp_path, monkeypatch):
     monkeypatch.setenv("VERISPEC_HOME", str(tmp_path))
     draft = loaded("draft", perturbed_copy(target_model, noise=0.1, seed=5))
-    pipe = SpeculativePipeline(loaded("target", target_model), draft, runners=RunnerOptions(kind="int8", draft_vocab_size=60))
+    pipe = SpeculativePipeline(
+        loaded("target", target_model), draft, runners=RunnerOptions(kind="int8", draft_vocab_size=60)
+    )
     assert pipe.runner_kind == "int8" and isinstance(pipe.engine.target, Int8Runner)
     params = SamplingParams(max_tokens=16, ignore_eos=True)
     plain = pipe.engine.generate([5, 17, 33, 5, 17], params, SpeculativeConfig(method="none")).token_ids
     for method in ("draft", "ngram", "auto"):
-        out = pipe.engine.generate([5, 17, 33, 5, 17], params, SpeculativeConfig(method=method, num_speculative_tokens=4))
+        out = pipe.engine.generate(
+            [5, 17, 33, 5, 17], params, SpeculativeConfig(method=method, num_speculative_tokens=4)
+        )
         assert out.token_ids == plain, method
 
 
@@ -120,7 +125,10 @@ def test_pipeline_auto_resolves_and_caches(target_model, tmp_path, monkeypatch, 
 @pytest.mark.parametrize(
     "options, error",
     [
-        (RunnerOptions(kind="torch", draft_vocab_size=10), "needs --runner gguf or int8"),  # FR-Spec head: batch-invariant runners only
+        (
+            RunnerOptions(kind="torch", draft_vocab_size=10),
+            "needs --runner gguf or int8",
+        ),  # FR-Spec head: batch-invariant runners only
         (RunnerOptions(kind="llamacpp"), "needs a .gguf model"),  # a torch checkpoint, no GGUF file
     ],
 )
@@ -151,12 +159,18 @@ def test_quick_cost_curve_stops_early_on_a_slow_path_and_runs_in_full_on_a_fast_
     from verispec.runners import costs
 
     slow = SlowRunner(torch.zeros(50, 50), max_context_length=64)
-    measured = measure_cost_curve(slow, runner_name="slow", model="x", context_tokens=16, repeats=3, warmup=1, budget_s=0.5)
+    measured = measure_cost_curve(
+        slow, runner_name="slow", model="x", context_tokens=16, repeats=3, warmup=1, budget_s=0.5
+    )
     assert sorted(measured.ms) == [1, 2]  # a 0.3 s pass: no warm-up, one round, stopped once two k values are timed
     assert slow.num_forwards == 1 + 1 + 2  # the context, the first pass that found it slow, k = 1 and 2
-    monkeypatch.setattr(costs, "SLOW_PASS_S", 60.0)  # no pass of a table lookup counts as slow, however busy the machine
+    monkeypatch.setattr(
+        costs, "SLOW_PASS_S", 60.0
+    )  # no pass of a table lookup counts as slow, however busy the machine
     fast = BigramRunner(torch.zeros(50, 50), max_context_length=64)
-    measured = measure_cost_curve(fast, runner_name="fast", model="x", context_tokens=16, repeats=3, warmup=1, budget_s=60.0)
+    measured = measure_cost_curve(
+        fast, runner_name="fast", model="x", context_tokens=16, repeats=3, warmup=1, budget_s=60.0
+    )
     assert sorted(measured.ms) == [1, 2, 4, 8, 16] and all(len(v) == 3 for v in measured.samples.values())
     assert fast.num_forwards == 1 + 1 + 4 * 5  # within the budget: the warm-up round and every repeat
 
@@ -180,11 +194,12 @@ def test_slow_steps_are_announced_and_fast_ones_are_silent(capsys):
     lines = capsys.readouterr().err.splitlines()
     assert lines[0] == "verispec: timing the gguf runner on m (the controller starts from it) ..."
     assert re.fullmatch(r"verispec: timing the gguf runner on m: done in \d+\.\d s", lines[1])
-    with pytest.raises(RuntimeError):
-        with announce_slow("loading x", "why", after_s=0.0) as announced:
-            announced.wait(10)
-            raise RuntimeError("failed")
-    assert re.search(r"verispec: loading x: stopped after \d+\.\d s", capsys.readouterr().err)  # never "done" when it failed
+    with pytest.raises(RuntimeError), announce_slow("loading x", "why", after_s=0.0) as announced:
+        announced.wait(10)
+        raise RuntimeError("failed")
+    assert re.search(
+        r"verispec: loading x: stopped after \d+\.\d s", capsys.readouterr().err
+    )  # never "done" when it failed
     with announce_slow("loading y", "why", after_s=60.0) as announced:
         pass
     assert not announced.is_set() and capsys.readouterr().err == ""  # a fast step says nothing
@@ -236,4 +251,7 @@ def test_cached_auto_choice_without_candidates_is_the_torch_runner(monkeypatch, 
     import verispec.runners.select as select
 
     monkeypatch.setattr(select, "auto_candidates", lambda path, device="cpu": [])
-    assert select.cached_auto_choice("m", None, speculative=True, draft=("d", None), cache=select.CostCache(tmp_path)) == "torch"
+    assert (
+        select.cached_auto_choice("m", None, speculative=True, draft=("d", None), cache=select.CostCache(tmp_path))
+        == "torch"
+    )

@@ -6,16 +6,16 @@ learns to draft."""
 
 import pytest
 import torch
-from gguf_models import write_gguf_model
-from helpers import VOCAB, greedy_continuations, single_thread, tiny_qwen2  # noqa: F401  (single_thread: autouse)
 
+from gguf_models import write_gguf_model
+from helpers import VOCAB, greedy_continuations, single_thread, tiny_qwen2
 from verispec.errors import InvalidParameterError
-from verispec.training.loop import TrainOptions, runner_teacher, teacher, train_head
-from verispec.runners.eagle.head import EagleHead, choose_draft_vocabulary
 from verispec.runners.cpu.gguf_runner import GGUFRunner
 from verispec.runners.cpu.int8 import Int8Runner
 from verispec.runners.cpu.reduced_vocab import token_counts
+from verispec.runners.eagle.head import EagleHead, choose_draft_vocabulary
 from verispec.runners.torch_runner import TransformersRunner
+from verispec.training.loop import TrainOptions, runner_teacher, teacher, train_head
 
 LAYERS = (1, 0, 1)
 SEQUENCE = [5, 17, 33, 2, 9, 70, 3, 11, 40, 41, 42, 7, 7, 19]
@@ -30,7 +30,10 @@ def target():
 @pytest.fixture(scope="module")
 def runners(target, tmp_path_factory):
     path = write_gguf_model(tmp_path_factory.mktemp("teacher") / "target.gguf")
-    return {"int8": Int8Runner.from_module(target, max_context_length=64), "gguf": GGUFRunner.from_file(path, max_context_length=64)}
+    return {
+        "int8": Int8Runner.from_module(target, max_context_length=64),
+        "gguf": GGUFRunner.from_file(path, max_context_length=64),
+    }
 
 
 @pytest.mark.parametrize("kind", ["int8", "gguf"])

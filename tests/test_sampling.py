@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from verispec.errors import InvalidParameterError
 from verispec.algorithms.sampling import SamplingParams, apply_penalties, logits_to_probs, process_logits
+from verispec.errors import InvalidParameterError
 
 
 @pytest.mark.parametrize(

@@ -76,15 +76,17 @@ def test_every_method_gives_plain_sampled_tokens_alone_and_batched(gguf_files, o
                 outputs[handle.tag] = chunk.output.token_ids
     assert largest == 8
     assert outputs[: len(METHODS)] == [plain] * len(METHODS)
-    for (prompt, other_params, _), out in zip(requests[len(METHODS):], outputs[len(METHODS):]):
+    for (prompt, other_params, _), out in zip(requests[len(METHODS) :], outputs[len(METHODS) :]):
         assert out == engine.generate(prompt, other_params, spec("none", schedule)).token_ids
 
 
 def test_rejection_mode_stays_exact_for_greedy_and_runs_sampled(gguf_files):
     engine = make_engine(gguf_files)
     greedy = SamplingParams(max_tokens=20, sampling="rejection")
-    assert engine.generate(PROMPT, greedy, spec("draft", "constant")).token_ids == \
-        engine.generate(PROMPT, greedy, spec("none", "constant")).token_ids
+    assert (
+        engine.generate(PROMPT, greedy, spec("draft", "constant")).token_ids
+        == engine.generate(PROMPT, greedy, spec("none", "constant")).token_ids
+    )
     sampled = SamplingParams(max_tokens=20, temperature=0.8, seed=3, sampling="rejection")
     out = engine.generate(PROMPT, sampled, spec("draft", "constant"))
     assert len(out.token_ids) == 20 and out.metrics.spec.num_draft_tokens > 0

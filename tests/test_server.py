@@ -13,9 +13,9 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from server_support import FIXED_DRAFT, client, http, metric_value, reference, served  # noqa: F401
-from verispec.engine import SpeculativeConfig
+from server_support import FIXED_DRAFT, client, http, metric_value, reference, served
 from verispec.algorithms.sampling import SamplingParams
+from verispec.engine import SpeculativeConfig
 
 MODEL = "tiny-target"
 CHAT = [{"role": "user", "content": "你好"}]
@@ -254,12 +254,20 @@ def test_metrics_name_the_runner_and_its_kernels(served, reference, tmp_path, mo
     from verispec.runners.select import RunnerOptions
     from verispec.server import create_app
 
-    assert kernel_info(httpx.get(f"{served.url}/metrics").text) == ({"runner": "torch"}, 1.0)  # torch picks its own kernels
+    assert kernel_info(httpx.get(f"{served.url}/metrics").text) == (
+        {"runner": "torch"},
+        1.0,
+    )  # torch picks its own kernels
     monkeypatch.setenv("VERISPEC_HOME", str(tmp_path))
-    gguf = SpeculativePipeline.load(str(write_gguf_model(tmp_path / "target.gguf")), None, runners=RunnerOptions(kind="gguf"))
+    gguf = SpeculativePipeline.load(
+        str(write_gguf_model(tmp_path / "target.gguf")), None, runners=RunnerOptions(kind="gguf")
+    )
     int8 = SpeculativePipeline(reference.target, None, runners=RunnerOptions(kind="int8"))
     for pipe, labels in [
-        (gguf, {"runner": "gguf", "kernel_isa": kernel_isa(), "cpu_features": gguf_kernels().cpu_features()}),  # the path that runs
+        (
+            gguf,
+            {"runner": "gguf", "kernel_isa": kernel_isa(), "cpu_features": gguf_kernels().cpu_features()},
+        ),  # the path that runs
         (int8, {"runner": "int8", "int8_kernel": default_kernel()}),  # oneDNN's VNNI product or torch._int_mm
     ]:
         assert kernel_info(create_app(pipe).state.verispec.metrics.exposition()[0].decode()) == (labels, 1.0)
@@ -278,8 +286,9 @@ def test_seed_gives_plain_text_under_every_method_alone_and_in_parallel(client):
         extra = {"speculative": {"method": method, "num_speculative_tokens": 3}}
         if sampling is not None:
             extra["sampling"] = sampling
-        out = client.completions.create(model=MODEL, prompt="hi", max_tokens=24, temperature=0.8, top_p=0.9, seed=7,
-                                        extra_body=extra)
+        out = client.completions.create(
+            model=MODEL, prompt="hi", max_tokens=24, temperature=0.8, top_p=0.9, seed=7, extra_body=extra
+        )
         assert out.system_fingerprint.startswith("verispec-")  # version and model digest
         return out.choices[0].text
 

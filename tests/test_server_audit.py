@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from server_support import GatedEngine, LiveServer, metric_value, served, tiny_pipeline, wait_ready  # noqa: F401
+from server_support import GatedEngine, LiveServer, metric_value, served, tiny_pipeline, wait_ready
 from verispec.errors import InvalidParameterError
 from verispec.server import create_app
 

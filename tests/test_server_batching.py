@@ -11,9 +11,9 @@ from contextlib import contextmanager
 
 import openai
 
-from server_support import GatedEngine, LiveServer, metric_value, reference, tiny_pipeline, wait_ready  # noqa: F401
-from verispec.engine import SpeculativeConfig
+from server_support import GatedEngine, LiveServer, metric_value, reference, tiny_pipeline, wait_ready
 from verispec.algorithms.sampling import SamplingParams
+from verispec.engine import SpeculativeConfig
 from verispec.server import create_app
 
 MODEL = "tiny-target"
@@ -38,8 +38,14 @@ def _wait_until(condition, timeout_s: float = 20.0) -> None:
 
 
 def _ask(client, prompt, max_tokens, method, stream, stop):
-    kwargs = dict(model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0, stop=stop,
-                  extra_body={"speculative": {"method": method}})
+    kwargs = dict(
+        model=MODEL,
+        prompt=prompt,
+        max_tokens=max_tokens,
+        temperature=0,
+        stop=stop,
+        extra_body={"speculative": {"method": method}},
+    )
     if not stream:
         return client.completions.create(**kwargs).choices[0].text
     return "".join(c.choices[0].text for c in client.completions.create(stream=True, **kwargs) if c.choices)
@@ -66,8 +72,12 @@ def test_concurrent_clients_share_passes_and_get_their_alone_output(reference):
         with ThreadPoolExecutor(len(REQUESTS)) as pool:
             futures = [pool.submit(_ask, client, *r) for r in REQUESTS]
             # the first pass is held (with the requests that had arrived); the others queue behind it
-            _wait_until(lambda: sum(metric_value(server.url, f"verispec_num_requests_{g}") for g in ("running", "waiting"))
-                        == len(REQUESTS))
+            _wait_until(
+                lambda: (
+                    sum(metric_value(server.url, f"verispec_num_requests_{g}") for g in ("running", "waiting"))
+                    == len(REQUESTS)
+                )
+            )
             engine.permits.release(100_000)
             texts = [f.result() for f in futures]
         assert texts == [_alone(reference, *r) for r in REQUESTS]
@@ -89,7 +99,8 @@ def test_a_client_leaving_mid_stream_changes_nothing_for_the_others(reference):
             with socket.create_connection((host, int(port)), timeout=30) as sock:
                 sock.sendall(
                     f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-                    f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+                    f"Content-Length: {len(body)}\r\n\r\n".encode()
+                    + body
                 )
                 _wait_until(lambda: metric_value(server.url, "verispec_num_requests_running") == 1)  # its pass is held
                 futures = [pool.submit(_ask, client, *r) for r in others]

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from server_support import (  # noqa: F401
+from server_support import (
     MAX_BODY_BYTES,
     MAX_TOKENS_CAP,
     GatedEngine,
@@ -46,8 +46,12 @@ BAD_INPUTS = [
     (C, {**OK, "logit_bias": {"\u00b2": 5}}, 400, "logit_bias"),  # a Unicode digit is not a token id
     (C, {**OK, "logit_bias": {"9" * 5000: 5}}, 400, "logit_bias"),  # beyond any vocabulary
     (C, {**OK, "n": 16, "prompt": ["a"] * 16}, 400, "n"),  # more choices than the queue holds
-    (C, {**OK, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": DEEP_SCHEMA}}}, 400,
-     "response_format"),  # nested beyond the grammar compiler's limit
+    (
+        C,
+        {**OK, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": DEEP_SCHEMA}}},
+        400,
+        "response_format",
+    ),  # nested beyond the grammar compiler's limit
     (CHAT, {**CHAT_OK, "tool_choice": "required"}, 400, "tool_choice"),  # no tools
     (CHAT, {**CHAT_OK, "tools": [{"type": "function", "function": {"name": "f"}}] * 2}, 400, "tools"),  # twice f
     (C, {**OK, "logit_bias": {"1000000": 5}}, 400, "logit_bias"),  # id outside the vocabulary
@@ -58,8 +62,16 @@ BAD_INPUTS = [
     (C, {**OK, "response_format": {"type": "json_schema"}}, 400, "response_format"),  # no schema
     (C, {**OK, "response_format": {"type": "regex", "regex": "("}}, 400, "response_format"),  # does not compile
     (C, {**OK, "response_format": {"type": "xml"}}, 400, "response_format"),
-    (CHAT, {**CHAT_OK, "tools": [{"type": "function", "function": {"name": "f"}}],
-            "tool_choice": {"type": "function", "function": {"name": "g"}}}, 400, "tool_choice"),  # unknown tool
+    (
+        CHAT,
+        {
+            **CHAT_OK,
+            "tools": [{"type": "function", "function": {"name": "f"}}],
+            "tool_choice": {"type": "function", "function": {"name": "g"}},
+        },
+        400,
+        "tool_choice",
+    ),  # unknown tool
     (C, {**OK, "temperature": -0.5}, 400, "temperature"),  # temperature < 0
     (C, {**OK, "top_p": 0.0}, 400, "top_p"),  # top_p outside (0, 1]
     (C, {**OK, "top_p": 1.5}, 400, "top_p"),
@@ -154,8 +166,6 @@ def test_api_key_guards_v1_only():
         assert good.completions.create(model=MODEL, prompt="hi", max_tokens=3, temperature=0).choices[0].text
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=f"{server.url}/v1", api_key="wrong", max_retries=0).models.list()
-
-
 
 
 def _in_flight(server) -> float:
@@ -303,5 +313,7 @@ def test_an_unknown_dtype_is_refused_before_any_model_is_read():
     from verispec.engine.loader import SpeculativePipeline
     from verispec.errors import InvalidParameterError
 
-    with pytest.raises(InvalidParameterError, match="dtype 'float8' is not supported; use one of float32, bfloat16, float16"):
+    with pytest.raises(
+        InvalidParameterError, match="dtype 'float8' is not supported; use one of float32, bfloat16, float16"
+    ):
         SpeculativePipeline.load("no-such-model", None, dtype="float8")

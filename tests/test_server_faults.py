@@ -121,7 +121,10 @@ def test_an_engine_that_cannot_serve_answers_503_with_retry_after(server, monkey
         assert response.json()["error"]["code"] == "engine_unavailable"
         assert "the engine thread ended" in response.json()["error"]["message"]
     health = httpx.get(server.url + "/health")
-    assert health.status_code == 503 and health.json() == {"status": "unavailable", "problem": "the engine thread ended"}
+    assert health.status_code == 503 and health.json() == {
+        "status": "unavailable",
+        "problem": "the engine thread ended",
+    }
     assert failed(server.url, "engine_unavailable") == 2
 
 
@@ -169,12 +172,14 @@ def ray_error() -> Exception:
 def sse_app(frames: list[bytes], then: Exception | None):
     """A downstream app that starts a stream, sends ``frames``, then raises ``then`` or returns
     leaving the body open (what Ray's proxy does when the replica dies mid-stream)."""
+
     async def app(scope, receive, send):
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
         for frame in frames:
             await send({"type": "http.response.body", "body": frame, "more_body": True})
         if then is not None:
             raise then
+
     return app
 
 
@@ -260,8 +265,13 @@ def test_metrics_through_the_proxy_add_its_counts():
 
     async def app(scope, receive, send):
         if scope["path"] == "/metrics":
-            await send({"type": "http.response.start", "status": 200,
-                        "headers": [(b"content-type", b"text/plain"), (b"content-length", str(len(replica_text)).encode())]})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [(b"content-type", b"text/plain"), (b"content-length", str(len(replica_text)).encode())],
+                }
+            )
             await send({"type": "http.response.body", "body": replica_text.encode()})
         elif not dead[0]:
             raise AssertionError("unreachable")
@@ -269,8 +279,12 @@ def test_metrics_through_the_proxy_add_its_counts():
     layer = FaultLayer(app)
     assert asyncio.run(call(layer)).status_code == 503
     text = asyncio.run(call(layer, "GET", "/metrics")).text
-    values = {s.labels["reason"]: s.value for f in text_string_to_metric_families(text) for s in f.samples
-              if s.name == "verispec_requests_failed_total"}
+    values = {
+        s.labels["reason"]: s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == "verispec_requests_failed_total"
+    }
     assert values["replica_unavailable"] == 3 and values["worker_error"] == 1 and values["timeout"] == 0
 
 

@@ -92,17 +92,25 @@ def rounded(value, places=4):
 
 
 def completion_view(response):
-    return rounded([
-        (c.text, c.finish_reason, c.logprobs and (c.logprobs.tokens, c.logprobs.token_logprobs, c.logprobs.top_logprobs))
-        for c in response.choices
-    ])
+    return rounded(
+        [
+            (
+                c.text,
+                c.finish_reason,
+                c.logprobs and (c.logprobs.tokens, c.logprobs.token_logprobs, c.logprobs.top_logprobs),
+            )
+            for c in response.choices
+        ]
+    )
 
 
 def chat_view(response):
     def logprobs(c):
         if c.logprobs is None:
             return None
-        return [(e.token, e.logprob, e.bytes, [(t.token, t.logprob) for t in e.top_logprobs]) for e in c.logprobs.content]
+        return [
+            (e.token, e.logprob, e.bytes, [(t.token, t.logprob) for t in e.top_logprobs]) for e in c.logprobs.content
+        ]
 
     return rounded([(c.message.content, c.finish_reason, logprobs(c)) for c in response.choices])
 
@@ -152,7 +160,9 @@ def test_echo_with_logprobs_scores_the_prompt(client):
     assert choice.logprobs.token_logprobs[0] is None  # the first prompt token has no context
     assert all(v is not None and v <= 0 for v in choice.logprobs.token_logprobs[1:])
     assert len(choice.logprobs.tokens) == prompt_tokens + 4
-    assert completion_view(completion(client, "none", prompt="Hello 你", echo=True, logprobs=1, max_tokens=4)) == completion_view(response)
+    assert completion_view(
+        completion(client, "none", prompt="Hello 你", echo=True, logprobs=1, max_tokens=4)
+    ) == completion_view(response)
 
 
 # ----- n and prompt lists -----
@@ -170,7 +180,9 @@ def test_n_and_prompt_lists_give_each_choice_its_own_generator(client, method):
         alone = completion(client, method, prompt=prompt, temperature=0.8, seed=11 + i, max_tokens=12)
         assert alone.choices[0].text == texts[i]
     assert got.usage.completion_tokens == 6 * 12
-    assert got.usage.prompt_tokens == sum(completion(client, "none", prompt=p, max_tokens=1).usage.prompt_tokens for p in kwargs["prompt"])
+    assert got.usage.prompt_tokens == sum(
+        completion(client, "none", prompt=p, max_tokens=1).usage.prompt_tokens for p in kwargs["prompt"]
+    )
 
 
 def test_streamed_choices_carry_their_index(client):
@@ -238,13 +250,23 @@ def test_grammar_sampling_distribution_matches_plain_decoding(client):
     def outcomes(method):
         counts = Counter()
         for r in range(8):  # 8 requests of 16 choices: seeds 100 r + 0..15
-            response = completion(client, method, prompt=["Hello"] * 2, n=8, temperature=1.0, seed=100 * r,
-                                  max_tokens=32, response_format=fmt)
+            response = completion(
+                client,
+                method,
+                prompt=["Hello"] * 2,
+                n=8,
+                temperature=1.0,
+                seed=100 * r,
+                max_tokens=32,
+                response_format=fmt,
+            )
             counts.update(c.text for c in response.choices)
         return counts
 
     plain, draft = outcomes("none"), outcomes("draft")
-    assert all(text in {a + b + "!" for a in ("Hello", "Hi", "你好") for b in (" 世界", " world")} for text in plain | draft)
+    assert all(
+        text in {a + b + "!" for a in ("Hello", "Hi", "你好") for b in (" 世界", " world")} for text in plain | draft
+    )
     distance = 0.5 * sum(abs(plain[t] - draft[t]) for t in plain | draft) / 128
     assert distance < 0.2, (plain, draft)
 
@@ -301,9 +323,17 @@ def test_required_tool_call_streams_as_tool_calls(client):
 
 def test_tool_results_go_back_through_the_template(client):
     messages = CHAT + [
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo", "unit": "C"}'}}
-        ]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Oslo", "unit": "C"}'},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_1", "content": "-3"},
     ]
     response = chat(client, "draft", messages=messages, tools=[WEATHER], max_tokens=8)
@@ -331,16 +361,27 @@ def test_a_complete_grammar_with_ignore_eos_equals_plain(client, method):
 @pytest.mark.parametrize("method", ["none", "draft", "tree"])
 def test_min_tokens_beyond_the_grammar_ends_the_output_with_it(client, method, temperature):
     fmt = {"type": "regex", "regex": "ab"}
-    got = completion(client, method, response_format=fmt, min_tokens=5, max_tokens=8, logprobs=1,
-                     temperature=temperature, seed=3)
+    got = completion(
+        client, method, response_format=fmt, min_tokens=5, max_tokens=8, logprobs=1, temperature=temperature, seed=3
+    )
     assert got.choices[0].text == "ab" and got.choices[0].finish_reason == "stop"
     assert all(v is not None and v <= 0 for v in got.choices[0].logprobs.token_logprobs)
 
 
 def test_tool_parameters_with_defs_can_be_forced(client):
-    tool = {"type": "function", "function": {"name": "f", "parameters": {
-        "$defs": {"city": {"enum": ["Paris", "Oslo"]}}, "type": "object",
-        "properties": {"city": {"$ref": "#/$defs/city"}}, "required": ["city"], "additionalProperties": False}}}
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "f",
+            "parameters": {
+                "$defs": {"city": {"enum": ["Paris", "Oslo"]}},
+                "type": "object",
+                "properties": {"city": {"$ref": "#/$defs/city"}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    }
     response = chat(client, "draft", tools=[tool], tool_choice="required", max_tokens=120)
     (call,) = response.choices[0].message.tool_calls
     assert json.loads(call.function.arguments)["city"] in ("Paris", "Oslo")

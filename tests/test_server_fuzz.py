@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from server_support import served  # noqa: F401
+from server_support import served
 
 MAX_EXAMPLES = 50
 OPERATIONS = [

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from server_support import served  # noqa: F401
+from server_support import served
 
 NUM_CLIENTS = 8
 NUM_REQUESTS = 50

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from tokenizers import AddedToken
 
-from server_support import build_tokenizer, http, reference, served  # noqa: F401
+from server_support import build_tokenizer, http, reference, served
 from verispec.engine.constraints import GrammarCompiler, TokenConstraints
 from verispec.server import protocol, tools
 from verispec.server.schemas import ChatCompletionRequest, Tool
@@ -64,7 +64,7 @@ def test_the_forms_the_model_writes_are_parsed(text, content, calls):
 @pytest.mark.parametrize("size", [1, 3, 7])
 def test_streamed_content_adds_up_to_the_whole_answer_whatever_the_chunks(text, size):
     stream = ToolCallStream(TOOLS)
-    sent = "".join(stream.feed(text[i:i + size]) for i in range(0, len(text), size))
+    sent = "".join(stream.feed(text[i : i + size]) for i in range(0, len(text), size))
     tail, calls = stream.finish()
     content, whole = parse_tool_calls(text, TOOLS)
     assert (sent + tail or None) == content
@@ -111,10 +111,14 @@ def _chat(http, messages, **body):
 def test_developer_is_the_system_instruction(reference):
     pipeline = reference
     as_system = ChatCompletionRequest.model_validate(
-        {"model": MODEL, "messages": [{"role": "system", "content": "Answer in French."},
-                                      {"role": "user", "content": "Hi"}]})
-    as_developer = as_system.model_copy(update={"messages": [
-        as_system.messages[0].model_copy(update={"role": "developer"}), as_system.messages[1]]})
+        {
+            "model": MODEL,
+            "messages": [{"role": "system", "content": "Answer in French."}, {"role": "user", "content": "Hi"}],
+        }
+    )
+    as_developer = as_system.model_copy(
+        update={"messages": [as_system.messages[0].model_copy(update={"role": "developer"}), as_system.messages[1]]}
+    )
     assert protocol.chat_prompt_ids(pipeline, as_developer) == protocol.chat_prompt_ids(pipeline, as_system)
 
 
@@ -122,8 +126,11 @@ BAD_MESSAGES = [
     # (messages, param, words the message must hold)
     ([{"role": "system", "content": "x"}, {"role": "user"}], "messages[1].content", "messages[1].content is missing"),
     ([{"role": "assistant"}], "messages[0].content", "content or tool_calls"),  # neither content nor calls
-    ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://x/y.png"}}]}], "messages",
-     "only text content parts are supported"),
+    (
+        [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://x/y.png"}}]}],
+        "messages",
+        "only text content parts are supported",
+    ),
 ]
 
 
@@ -170,8 +177,15 @@ def real_server():
 
 def _real_answer(server, method: str, stream: bool, **body) -> tuple:
     """``(finish_reason, content, [(name, arguments)])`` of one greedy chat answer, streamed or not."""
-    payload = {"model": DEFAULT_MODEL, "messages": REAL_MESSAGES, "temperature": 0, "max_tokens": 60,
-               "speculative": {"method": method}, "stream": stream, **body}
+    payload = {
+        "model": DEFAULT_MODEL,
+        "messages": REAL_MESSAGES,
+        "temperature": 0,
+        "max_tokens": 60,
+        "speculative": {"method": method},
+        "stream": stream,
+        **body,
+    }
     if not stream:
         response = httpx.post(f"{server.url}/v1/chat/completions", json=payload, timeout=300).json()
         message = response["choices"][0]["message"]
@@ -182,13 +196,15 @@ def _real_answer(server, method: str, stream: bool, **body) -> tuple:
         for line in response.iter_lines():
             if not line.startswith("data: {"):
                 continue
-            for choice in json.loads(line[len("data: "):])["choices"]:
+            for choice in json.loads(line[len("data: ") :])["choices"]:
                 content += choice["delta"].get("content") or ""
                 for delta in choice["delta"].get("tool_calls") or []:  # deltas add up, by index
                     name, arguments = calls.get(delta["index"], ("", ""))
                     function = delta["function"]
-                    calls[delta["index"]] = (name + (function.get("name") or ""),
-                                             arguments + (function.get("arguments") or ""))
+                    calls[delta["index"]] = (
+                        name + (function.get("name") or ""),
+                        arguments + (function.get("arguments") or ""),
+                    )
                 finish = choice["finish_reason"] or finish
     return finish, content or None, [calls[i] for i in sorted(calls)]
 
@@ -207,8 +223,12 @@ def test_real_pair_calls_the_tool_identically_under_every_method(real_server, to
 @pytest.mark.real_model
 def test_real_pair_developer_is_the_system_instruction(real_server):
     def ids(role):
-        body = ChatCompletionRequest.model_validate({"model": DEFAULT_MODEL, "messages": [
-            {"role": role, "content": "Answer in French."}, {"role": "user", "content": "Hello"}]})
+        body = ChatCompletionRequest.model_validate(
+            {
+                "model": DEFAULT_MODEL,
+                "messages": [{"role": role, "content": "Answer in French."}, {"role": "user", "content": "Hello"}],
+            }
+        )
         return protocol.chat_prompt_ids(real_server.pipeline, body)
 
     assert ids("developer") == ids("system") and len(ids("system")) == 18  # before: 30 tokens, the instruction dropped

@@ -11,11 +11,11 @@ import time
 import pytest
 import torch
 
-from test_batching import PROMPTS, gguf_engine, gguf_files, run_batched  # noqa: F401
+from test_batching import PROMPTS, gguf_engine, gguf_files, run_batched
+from verispec.algorithms.sampling import SamplingParams
 from verispec.engine import SpeculativeConfig
 from verispec.engine.scheduler import Scheduler
 from verispec.runners.cpu.memory import PAGE_BYTES, release_pages, resident_bytes
-from verispec.algorithms.sampling import SamplingParams
 
 LINUX = resident_bytes(torch.empty(0)) is not None
 needs_mincore = pytest.mark.skipif(not LINUX, reason="resident pages are counted with Linux's mincore")
@@ -49,8 +49,11 @@ def test_slots_back_in_the_pool_hold_no_kv_pages(gguf_files):
     engine = gguf_engine(gguf_files)
     scheduler = Scheduler(engine, max_num_seqs=4)
     for i in range(4):
-        scheduler.add(PROMPTS[i % len(PROMPTS)] + LONG, SamplingParams(max_tokens=12),
-                      SpeculativeConfig(method="draft", num_speculative_tokens=3, schedule="constant"))
+        scheduler.add(
+            PROMPTS[i % len(PROMPTS)] + LONG,
+            SamplingParams(max_tokens=12),
+            SpeculativeConfig(method="draft", num_speculative_tokens=3, schedule="constant"),
+        )
     while not all(r.state is not None and not r.state.prefilling for r in scheduler.running):
         scheduler.step()
     scheduler.step()  # and one draft + verify pass
@@ -68,8 +71,14 @@ def test_slots_back_in_the_pool_hold_no_kv_pages(gguf_files):
 
 def test_requests_on_released_slots_give_the_outputs_of_a_fresh_engine(gguf_files):
     engine = gguf_engine(gguf_files)
-    requests = [(PROMPTS[i] + LONG[: 5 * i], SamplingParams(max_tokens=20, temperature=0.9, seed=7 + i),
-                 SpeculativeConfig(method="draft", num_speculative_tokens=3, schedule="constant")) for i in range(6)]
+    requests = [
+        (
+            PROMPTS[i] + LONG[: 5 * i],
+            SamplingParams(max_tokens=20, temperature=0.9, seed=7 + i),
+            SpeculativeConfig(method="draft", num_speculative_tokens=3, schedule="constant"),
+        )
+        for i in range(6)
+    ]
     fresh = [gguf_engine(gguf_files).generate(*r).token_ids for r in requests]
     first, _ = run_batched(engine, requests, max_num_seqs=3)  # 6 requests over 3 slots: each slot reused
     again, _ = run_batched(engine, requests[::-1], max_num_seqs=3)
@@ -141,14 +150,21 @@ def test_the_engine_thread_hands_free_heap_pages_back_every_interval(monkeypatch
     threads = []  # every engine thread alive calls the patched function (the session's test servers too)
     monkeypatch.setattr(worker_module, "release_freed_memory", lambda: threads.append(threading.current_thread()))
     pipe = tiny_pipeline()
-    worker = worker_module.EngineWorker(pipe.engine, max_queue=8, metrics=ServerMetrics(),
-                                        warmup_prompt_token_ids=pipe.encode("Hello"),
-                                        warmup_spec=SpeculativeConfig(method="none"), heap_trim_every_s=every_s)
+    worker = worker_module.EngineWorker(
+        pipe.engine,
+        max_queue=8,
+        metrics=ServerMetrics(),
+        warmup_prompt_token_ids=pipe.encode("Hello"),
+        warmup_spec=SpeculativeConfig(method="none"),
+        heap_trim_every_s=every_s,
+    )
     worker.start()
     try:
         assert worker.ready.wait(30)
         loop = asyncio.new_event_loop()
-        job = worker_module.Job(pipe.encode("Hello"), SamplingParams(max_tokens=4), SpeculativeConfig(method="none"), loop)
+        job = worker_module.Job(
+            pipe.encode("Hello"), SamplingParams(max_tokens=4), SpeculativeConfig(method="none"), loop
+        )
         worker.submit(job)
         time.sleep(0.5)  # idle turns after it: 0.1 s each
     finally:

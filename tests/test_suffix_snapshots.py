@@ -89,11 +89,18 @@ def test_a_bad_interval_is_refused(tmp_path):
 
 def test_a_killed_server_comes_back_with_its_last_snapshot(tmp_path):
     import httpx
+
     from server_support import LiveServer, tiny_pipeline, wait_ready
     from verispec.server import create_app
 
     path, survivor = tmp_path / "suffix.cache", tmp_path / "after-kill.cache"
-    body = {"model": "tiny-target", "prompt": "Hello", "max_tokens": 12, "temperature": 0, "speculative": {"method": "suffix"}}
+    body = {
+        "model": "tiny-target",
+        "prompt": "Hello",
+        "max_tokens": 12,
+        "temperature": 0,
+        "speculative": {"method": "suffix"},
+    }
     with LiveServer(create_app(tiny_pipeline(), suffix_cache=str(path), suffix_snapshot_s=INTERVAL_S)) as server:
         wait_ready(server.url)
         first = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()
@@ -114,9 +121,9 @@ def test_a_killed_server_comes_back_with_its_last_snapshot(tmp_path):
 def test_serve_takes_the_snapshot_interval(monkeypatch, tmp_path):
     """serve --suffix-snapshot-seconds: the interval reaches the server; 0 or less is refused."""
     import uvicorn
-    from server_support import tiny_pipeline
     from typer.testing import CliRunner
 
+    from server_support import tiny_pipeline
     from verispec import cli
     from verispec.engine.loader import SpeculativePipeline
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from verispec.models.store import READONLY_ENV, ModelStore, readonly_model_dirs, verispec_home
 from verispec.runners.costs import CostCache
-from verispec.runners.kernels import kernel_build_dir
 from verispec.runners.cpu.weight_cache import default_cache_dir
+from verispec.runners.kernels import kernel_build_dir
 
 
 def test_the_suites_home_is_a_temporary_folder_not_the_users(user_verispec_home):

@@ -3,7 +3,13 @@
 import pytest
 import torch
 
-from verispec.algorithms.tree import TokenTree, greedy_tree_verify, tree_attention_mask, tree_position_ids, tree_rejection_sample
+from verispec.algorithms.tree import (
+    TokenTree,
+    greedy_tree_verify,
+    tree_attention_mask,
+    tree_position_ids,
+    tree_rejection_sample,
+)
 
 # Hand-drawn trees (node: token, parent). Root 0 is the last committed token.
 CHAIN = TokenTree.chain(10, [11, 12, 13])  # 0 - 1 - 2 - 3

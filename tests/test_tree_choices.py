@@ -4,17 +4,17 @@ import json
 
 import pytest
 import torch
-from helpers import make_engine, single_thread  # noqa: F401 (autouse fixture)
-from test_cli import checkpoints, runner  # noqa: F401 (fixture)
 
+from helpers import make_engine, single_thread
+from test_cli import checkpoints, runner
+from verispec.algorithms.sampling import SamplingParams
 from verispec.cli import app
 from verispec.engine import SpeculativeConfig
-from verispec.errors import InvalidParameterError
 from verispec.engine.loader import DrafterOptions
+from verispec.errors import InvalidParameterError
 from verispec.proposers import DraftRequest
 from verispec.proposers.draft_tree import DraftTreeProposer, validate_tree_choices
 from verispec.runners.torch_runner import TransformersRunner
-from verispec.algorithms.sampling import SamplingParams
 
 CHOICES = [[0], [1], [0, 0], [0, 1], [0, 0, 0]]
 WIDE = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1], [0, 0, 0, 0], [0, 0, 0, 0, 0]]
@@ -90,14 +90,31 @@ def test_greedy_static_tree_equals_plain(num_nodes, target_model, partial_draft_
     for prompt in PROMPTS:
         expected = plain.generate(prompt, SamplingParams(max_tokens=24), SpeculativeConfig(method="none")).token_ids
         for engine in engines:
-            out = engine.generate(prompt, SamplingParams(max_tokens=24), SpeculativeConfig(method="tree", num_speculative_tokens=num_nodes))
+            out = engine.generate(
+                prompt,
+                SamplingParams(max_tokens=24),
+                SpeculativeConfig(method="tree", num_speculative_tokens=num_nodes),
+            )
             assert out.token_ids == expected, (prompt, num_nodes)
 
 
-def test_cli_tree_choices_give_plain_output(checkpoints):  # noqa: F811 (the imported fixture)
-    base = ["generate", "def fib(n):", "--target", str(checkpoints["target"]), "--draft", str(checkpoints["draft"]), "--json", "--max-tokens", "16"]
+def test_cli_tree_choices_give_plain_output(checkpoints):
+    base = [
+        "generate",
+        "def fib(n):",
+        "--target",
+        str(checkpoints["target"]),
+        "--draft",
+        str(checkpoints["draft"]),
+        "--json",
+        "--max-tokens",
+        "16",
+    ]
     outputs = {}
-    for name, extra in (("none", ["--method", "none"]), ("tree", ["--method", "tree", "--tree-choices", "[[0],[1],[0,0],[0,1],[0,0,0]]"])):
+    for name, extra in (
+        ("none", ["--method", "none"]),
+        ("tree", ["--method", "tree", "--tree-choices", "[[0],[1],[0,0],[0,1],[0,0,0]]"]),
+    ):
         result = runner.invoke(app, base + extra)
         assert result.exit_code == 0, result.output
         outputs[name] = json.loads(result.stdout.strip().splitlines()[-1])["token_ids"]
@@ -113,7 +130,7 @@ def test_cli_tree_choices_give_plain_output(checkpoints):  # noqa: F811 (the imp
         (["--method", "draft", "--tree-choices", "[[0]]"], "needs --method tree"),
     ],
 )
-def test_cli_bad_tree_choices_exit_2(checkpoints, extra, message):  # noqa: F811 (the imported fixture)
+def test_cli_bad_tree_choices_exit_2(checkpoints, extra, message):
     args = ["generate", "x = 1", "--target", str(checkpoints["target"]), "--draft", str(checkpoints["draft"])]
     result = runner.invoke(app, args + extra)
     assert result.exit_code == 2, result.output

@@ -2,9 +2,9 @@
 
 import torch
 
+from verispec.algorithms.tree import TokenTree, tree_attention_mask, tree_position_ids
 from verispec.runners import prefill
 from verispec.runners.torch_runner import TransformersRunner
-from verispec.algorithms.tree import TokenTree, tree_attention_mask, tree_position_ids
 
 CONTEXT = [3, 14, 15, 92, 65]
 TREE = TokenTree((35, 8, 9, 79, 32, 38), (-1, 0, 0, 1, 1, 3))  # 35 -> {8 -> {79 -> 38, 32}, 9}
@@ -14,7 +14,9 @@ def tree_logits(model):
     runner = TransformersRunner(model)
     prefill(runner, CONTEXT)
     cached = runner.num_cached_tokens
-    logits = runner.forward_tree(list(TREE.token_ids), tree_position_ids(TREE, cached), tree_attention_mask(TREE, cached))
+    logits = runner.forward_tree(
+        list(TREE.token_ids), tree_position_ids(TREE, cached), tree_attention_mask(TREE, cached)
+    )
     return runner, logits
 
 

@@ -3,7 +3,13 @@
 import pytest
 import torch
 
-from verispec.algorithms.verify import accepted_prefix_length, greedy_verify, pad_vocab, rejection_sample, residual_distribution
+from verispec.algorithms.verify import (
+    accepted_prefix_length,
+    greedy_verify,
+    pad_vocab,
+    rejection_sample,
+    residual_distribution,
+)
 
 
 def gen(seed=0):

@@ -40,8 +40,14 @@ LAZY_EXPORTS = {
 
 __all__ = [
     *LAZY_EXPORTS,
-    "ContextLengthError", "IncompatibleDraftError", "InvalidParameterError", "ModelFetchError",
-    "ModelIntegrityError", "ModelNotFoundError", "VerispecError", "__version__",
+    "ContextLengthError",
+    "IncompatibleDraftError",
+    "InvalidParameterError",
+    "ModelFetchError",
+    "ModelIntegrityError",
+    "ModelNotFoundError",
+    "VerispecError",
+    "__version__",
 ]
 
 if TYPE_CHECKING:  # for type checkers and IDEs only; at run time __getattr__ loads these

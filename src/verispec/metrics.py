@@ -264,7 +264,9 @@ class RequestMetrics:
     spec: SpecDecodeStats
 
     @classmethod
-    def from_times(cls, times: RequestTimes, prompt_tokens: int, output_tokens: int, spec: SpecDecodeStats) -> RequestMetrics:
+    def from_times(
+        cls, times: RequestTimes, prompt_tokens: int, output_tokens: int, spec: SpecDecodeStats
+    ) -> RequestMetrics:
         end = times.end if times.end is not None else times.start
         first = times.first_token if times.first_token is not None else end
         decode_s = end - first

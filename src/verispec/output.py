@@ -8,7 +8,8 @@ exactly the token where plain decoding would stop. Knows nothing about models or
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 
 class Detokenizer(Protocol):

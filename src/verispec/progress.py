@@ -12,20 +12,24 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rich.console import Console
 
 NOTICE_AFTER_S = 2.0  # a step still running after this long is announced on stderr
 HEARTBEAT_S = 8.0  # then a line at least this often while it runs
-LINE_EVERY_S = 5.0  # steps() without a terminal: a line at most (and, while a step runs, at least) this often; 0: every step
+LINE_EVERY_S = (
+    5.0  # steps() without a terminal: a line at most (and, while a step runs, at least) this often; 0: every step
+)
 
 
 @contextmanager
-def announce_slow(what: str, why: str, *, after_s: float = NOTICE_AFTER_S,
-                  every_s: float = HEARTBEAT_S, enabled: bool = True) -> Iterator[threading.Event]:
+def announce_slow(
+    what: str, why: str, *, after_s: float = NOTICE_AFTER_S, every_s: float = HEARTBEAT_S, enabled: bool = True
+) -> Iterator[threading.Event]:
     """Say ``verispec: <what> (<why>) ...`` on stderr once the block has run ``after_s`` seconds,
     ``verispec: still <what> (N s)`` every ``every_s`` seconds after that, and ``verispec: <what>:
     done in N.N s`` (or ``stopped after``, when it raised) at the end; a faster block says nothing.
@@ -102,7 +106,11 @@ class _Lines(Steps):
 
     def _say(self, text: str) -> None:  # under the lock
         self.last = time.perf_counter()
-        print(f"verispec: {self.title} {self.done}/{self.total} · {text} ({self.last - self.start:.0f} s)", file=sys.stderr, flush=True)
+        print(
+            f"verispec: {self.title} {self.done}/{self.total} · {text} ({self.last - self.start:.0f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def running(self, what: str) -> None:
         with self.lock:
@@ -135,11 +143,17 @@ class _Lines(Steps):
 class _Bar(Steps):
     """A terminal: a transient ``rich`` bar (what runs now, bar, i/n, elapsed, the latest note)."""
 
-    def __init__(self, title: str, total: int, console: "Console") -> None:
+    def __init__(self, title: str, total: int, console: Console) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         super().__init__(title, total)
-        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.fields[note]}"))
+        columns = (
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[note]}"),
+        )
         self.bar = Progress(*columns, console=console, transient=True)
         self.task = self.bar.add_task(title, total=total, note="")
         self.bar.start()
@@ -158,8 +172,9 @@ class _Bar(Steps):
 
 
 @contextmanager
-def steps(title: str, total: int, *, enabled: bool = True, console: "Console | None" = None,
-          every_s: float | None = None) -> Iterator[Steps]:
+def steps(
+    title: str, total: int, *, enabled: bool = True, console: Console | None = None, every_s: float | None = None
+) -> Iterator[Steps]:
     """A :class:`Steps` for a block of ``total`` steps: a ``rich`` bar when ``console`` (default:
     stderr) is a terminal, else plain lines on stderr at most every ``every_s`` seconds (default
     :data:`LINE_EVERY_S`, read at the call; 0: a line per step); nothing when not ``enabled``."""
@@ -178,7 +193,7 @@ def steps(title: str, total: int, *, enabled: bool = True, console: "Console | N
 
 
 @contextmanager
-def working(what: str, why: str, console: "Console") -> Iterator[None]:
+def working(what: str, why: str, console: Console) -> Iterator[None]:
     """One step that may take long: a ``rich`` spinner naming ``what`` when ``console`` is a
     terminal, else :func:`announce_slow`'s lines (a log shows it too)."""
     if console.is_terminal:
@@ -209,7 +224,14 @@ class ProgressLines:
     def add_task(self, description: str, total: float | None = None) -> int:
         task_id = len(self._tasks)
         now = time.monotonic()
-        self._tasks[task_id] = {"description": description, "total": total, "done": 0, "start": now, "said": now, "shown_done": -1}
+        self._tasks[task_id] = {
+            "description": description,
+            "total": total,
+            "done": 0,
+            "start": now,
+            "said": now,
+            "shown_done": -1,
+        }
         self._say(self._tasks[task_id])
         return task_id
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
-OUTPUT_LENGTH_HISTORY = 16  # finished requests whose output lengths predict the next one's (a short memory: workloads shift)
+OUTPUT_LENGTH_HISTORY = (
+    16  # finished requests whose output lengths predict the next one's (a short memory: workloads shift)
+)
 CATCH_UP_MIN_ROWS = 4  # a model drafter feeding at least this many unseen tokens is catching up
 PLAIN_STEP_WINDOW = 256  # plain passes averaged into the plain step, the unit of every cost (see CostModel)
 
@@ -191,8 +193,9 @@ class CostModel:
             return None
         return interpolate(points, rows) / plain
 
-    def record_acceptance(self, drafter: str, num_draft_tokens: int, num_accepted_tokens: int, weight: float,
-                          prior: float) -> None:
+    def record_acceptance(
+        self, drafter: str, num_draft_tokens: int, num_accepted_tokens: int, weight: float, prior: float
+    ) -> None:
         """A verified draft of ``num_draft_tokens`` with ``num_accepted_tokens`` accepted: moves
         ``last_alpha[drafter]`` (from ``prior`` the first time) by ``weight`` per tested token, the
         tokens counted as :class:`AcceptanceEstimate` counts them."""

@@ -9,14 +9,13 @@ nowhere else. Knows nothing about models, KV caches or tokenization.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 import torch
 from torch import Tensor
 
 from verispec.errors import InvalidParameterError
-
 
 MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-5, 100.0
 MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 100.0
@@ -82,7 +81,9 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if isinstance(self.logit_bias, Mapping):
-            object.__setattr__(self, "logit_bias", tuple(sorted((int(t), float(b)) for t, b in self.logit_bias.items())))
+            object.__setattr__(
+                self, "logit_bias", tuple(sorted((int(t), float(b)) for t, b in self.logit_bias.items()))
+            )
         elif not isinstance(self.logit_bias, tuple):
             object.__setattr__(self, "logit_bias", tuple(tuple(pair) for pair in self.logit_bias))
         if isinstance(self.stop, str):
@@ -105,7 +106,10 @@ class SamplingParams:
             (-2 <= self.frequency_penalty <= 2, f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}"),
             (self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}"),
             (all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings"),
-            (0 <= self.min_tokens <= self.max_tokens, f"min_tokens must be in [0, max_tokens = {self.max_tokens}], got {self.min_tokens}"),
+            (
+                0 <= self.min_tokens <= self.max_tokens,
+                f"min_tokens must be in [0, max_tokens = {self.max_tokens}], got {self.min_tokens}",
+            ),
             (
                 all(t >= 0 and -100 <= b <= 100 for t, b in self.logit_bias),
                 "logit_bias maps token ids (>= 0) to biases in [-100, 100]",

@@ -12,9 +12,16 @@ measured.
 
 from __future__ import annotations
 
-from typing import Callable, Protocol, Sequence
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
-from verispec.algorithms.control import AcceptanceEstimate, ControllerConfig, CostModel, best_draft_length, expected_tokens
+from verispec.algorithms.control import (
+    AcceptanceEstimate,
+    ControllerConfig,
+    CostModel,
+    best_draft_length,
+    expected_tokens,
+)
 
 SCHEDULES = ("constant", "heuristic", "cost")
 
@@ -256,7 +263,10 @@ class CostModelSchedule:
 
 
 def sized_by_confidence(
-    schedule: DraftLengthSchedule, confidences_of: Callable[[int], Sequence[float]], limit: int, batch_size: int = 1,
+    schedule: DraftLengthSchedule,
+    confidences_of: Callable[[int], Sequence[float]],
+    limit: int,
+    batch_size: int = 1,
     at_least: int = 0,
 ) -> int:
     """The draft length (node budget) to draft: the larger of ``at_least`` (the schedule's own

@@ -84,7 +84,9 @@ def verify_tree(
     if params.has_penalties:  # each node's penalties see its own path, as plain decoding would
         rows = [
             process_logits(
-                logits[i : i + 1], params, prompt,
+                logits[i : i + 1],
+                params,
+                prompt,
                 list(output_token_ids) + [tree.token_ids[j] for j in tree.path_to(i)],
                 allowed=None if allowed is None else allowed[i : i + 1],
             )

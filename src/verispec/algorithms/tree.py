@@ -11,8 +11,8 @@ one forward; row i of its output scores the token that follows node i.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 from torch import Tensor

@@ -7,8 +7,8 @@ tensors; knows nothing about models, caches, drafters or text.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 from torch import Tensor

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Sequence
 
+from verispec.algorithms.control import CostModel, best_draft_length, expected_tokens
 from verispec.bench.advise_sample import note_samples
 from verispec.bench.figures import ALL, SummaryRow
 from verispec.bench.run import VERISPEC_FAMILIES, RunRecord
-from verispec.algorithms.control import CostModel, best_draft_length, expected_tokens
 from verispec.errors import InvalidParameterError
 from verispec.runners import Runner, prefill
 from verispec.runners.eagle.blocks import head_nbytes
@@ -37,7 +37,9 @@ def linear_step_costs(cost_ratio: float, max_k: int) -> list[float]:
     return [k * cost_ratio + 1.0 for k in range(max_k + 1)]
 
 
-def expected_speedup(alpha: float, num_speculative_tokens: int, step_costs: Sequence[float], coverage: float = 1.0) -> float:
+def expected_speedup(
+    alpha: float, num_speculative_tokens: int, step_costs: Sequence[float], coverage: float = 1.0
+) -> float:
     """Expected speedup over plain decoding with k draft tokens per step.
 
     ``E(α, k) / step_costs[k]`` (Leviathan et al. 2023, §3.4, Theorem 3.8 with
@@ -104,7 +106,9 @@ def cost_per_million_tokens(cost_per_month: float, tokens_per_s: float) -> float
     return cost_per_month / (tokens_per_s * SECONDS_PER_MONTH / 1e6) if tokens_per_s > 0 else None
 
 
-def equivalent_settings(method: str, num_speculative_tokens: int, draft_ref: str | None, min_ngram: int = 2, max_ngram: int = 4) -> dict:
+def equivalent_settings(
+    method: str, num_speculative_tokens: int, draft_ref: str | None, min_ngram: int = 2, max_ngram: int = 4
+) -> dict:
     """``{"transformers": generate kwargs, "vllm": --speculative-config JSON}`` for ``method``
     (None where the other tool has no equivalent); :func:`verispec.bench.export.export_setup` has
     the whole configuration of each tool (``advise --export``)."""
@@ -113,7 +117,9 @@ def equivalent_settings(method: str, num_speculative_tokens: int, draft_ref: str
     out: dict = {}
     for tool in ("transformers", "vllm"):
         try:
-            setup = export_setup(tool, method, num_speculative_tokens, "target", draft_ref, min_ngram=min_ngram, max_ngram=max_ngram)
+            setup = export_setup(
+                tool, method, num_speculative_tokens, "target", draft_ref, min_ngram=min_ngram, max_ngram=max_ngram
+            )
         except InvalidParameterError:
             out[tool] = None
             continue
@@ -121,14 +127,19 @@ def equivalent_settings(method: str, num_speculative_tokens: int, draft_ref: str
             out[tool] = setup.config["speculative_config"]
         else:  # the assistant's settings, where transformers reads them, beside generate's kwargs
             assistant = setup.config["assistant_generation_config"]
-            out[tool] = {**setup.config["generate_kwargs"], **({"assistant_generation_config": assistant} if assistant else {})}
+            out[tool] = {
+                **setup.config["generate_kwargs"],
+                **({"assistant_generation_config": assistant} if assistant else {}),
+            }
     return out
 
 
 # --- measurement --------------------------------------------------------------------------
 
 
-def measure_verify_curve(runner: Runner, context_token_ids: Sequence[int], lengths: Sequence[int] = VERIFY_LENGTHS, repeats: int = 3) -> dict[int, float]:
+def measure_verify_curve(
+    runner: Runner, context_token_ids: Sequence[int], lengths: Sequence[int] = VERIFY_LENGTHS, repeats: int = 3
+) -> dict[int, float]:
     """Median seconds of one target pass over the pending token plus k draft tokens, after
     ``context_token_ids``, for each k in ``lengths`` (that fit the context). Leaves the cache empty."""
     context = list(context_token_ids)
@@ -168,9 +179,18 @@ class DrafterFit:
     num_tested_tokens: int = 0  # draft tokens verification judged (accepted + rejections): α's sample
 
 
-def fit_drafter(method: str, category: str, records: Sequence[RunRecord], row: SummaryRow | None, verify_curve: dict[int, float], max_k: int) -> DrafterFit:
+def fit_drafter(
+    method: str,
+    category: str,
+    records: Sequence[RunRecord],
+    row: SummaryRow | None,
+    verify_curve: dict[int, float],
+    max_k: int,
+) -> DrafterFit:
     """Fit the formulas to one method's records of one category (``all`` pools them)."""
-    mine = [r for r in records if r.method == method and r.family in VERISPEC_FAMILIES and category in (ALL, r.category)]
+    mine = [
+        r for r in records if r.method == method and r.family in VERISPEC_FAMILIES and category in (ALL, r.category)
+    ]
     accepted = sum(r.spec.get("num_accepted_tokens", 0) for r in mine)
     rejections = sum(r.spec.get("num_recovered_tokens", 0) for r in mine)
     drafted = sum(r.spec.get("num_draft_tokens", 0) for r in mine)
@@ -182,13 +202,27 @@ def fit_drafter(method: str, category: str, records: Sequence[RunRecord], row: S
     c = token_s / plain_s if token_s is not None and plain_s else None
     measured = row.speedup if row is not None else None
     if alpha is None or c is None:
-        return DrafterFit(method, category, alpha, 0.0, c, None, None, None, None, None, measured, accepted + rejections)
+        return DrafterFit(
+            method, category, alpha, 0.0, c, None, None, None, None, None, measured, accepted + rejections
+        )
     coverage = drafts / steps if steps else 1.0
     lev_k, lev = best_draft_length(alpha, linear_step_costs(c, max_k))
     curve_costs = CostModel(verify_s=dict(verify_curve), draft_token_s={method: token_s}).step_costs(method, max_k)
     k, predicted = best_speedup(alpha, curve_costs, coverage)
-    return DrafterFit(method, category, alpha, coverage, c, lev_k, lev, k, predicted, break_even_alpha(curve_costs), measured,
-                      accepted + rejections)
+    return DrafterFit(
+        method,
+        category,
+        alpha,
+        coverage,
+        c,
+        lev_k,
+        lev,
+        k,
+        predicted,
+        break_even_alpha(curve_costs),
+        measured,
+        accepted + rejections,
+    )
 
 
 # --- verdicts -----------------------------------------------------------------------------
@@ -219,6 +253,7 @@ def pays(fit: DrafterFit, threshold: float = GO_THRESHOLD) -> bool:
 def verdict(category: str, fits: Sequence[DrafterFit], threshold: float = GO_THRESHOLD) -> Verdict:
     """GO when a model drafter (not n-gram) :func:`pays` (the best measured one), else "GO with
     n-gram only" when n-gram lookup pays, else NO-GO with the best drafter's figures as reason."""
+
     def score(fit: DrafterFit) -> float:
         return fit.measured_speedup if fit.measured_speedup is not None else (fit.predicted_speedup or 0.0)
 
@@ -274,12 +309,20 @@ def speedup_table(fits: Sequence[DrafterFit], verify_curve: dict[int, float], ma
         if fit.category != ALL or fit.alpha is None or fit.cost_ratio is None:
             continue
         token_s = fit.cost_ratio * verify_curve[0]
-        curve = CostModel(verify_s=dict(verify_curve), draft_token_s={fit.method: token_s}).step_costs(fit.method, max_k)
+        curve = CostModel(verify_s=dict(verify_curve), draft_token_s={fit.method: token_s}).step_costs(
+            fit.method, max_k
+        )
         linear = linear_step_costs(fit.cost_ratio, max_k)
         for k in range(1, max_k + 1):
-            rows.append({"method": fit.method, "k": k, "expected_tokens": expected_tokens(fit.alpha, k),
-                         "leviathan_speedup": expected_speedup(fit.alpha, k, linear),
-                         "curve_speedup": expected_speedup(fit.alpha, k, curve, fit.coverage)})
+            rows.append(
+                {
+                    "method": fit.method,
+                    "k": k,
+                    "expected_tokens": expected_tokens(fit.alpha, k),
+                    "leviathan_speedup": expected_speedup(fit.alpha, k, linear),
+                    "curve_speedup": expected_speedup(fit.alpha, k, curve, fit.coverage),
+                }
+            )
     return rows
 
 
@@ -300,9 +343,11 @@ def kv_geometry(loaded, runner_kind: str):
     heads = int(header.arch_value("attention.head_count"))
     hidden = int(header.arch_value("embedding_length"))
     config = SimpleNamespace(
-        num_attention_heads=heads, num_key_value_heads=int(header.arch_value("attention.head_count_kv", heads)),
+        num_attention_heads=heads,
+        num_key_value_heads=int(header.arch_value("attention.head_count_kv", heads)),
         head_dim=int(header.arch_value("attention.key_length", hidden // heads)),
-        num_hidden_layers=int(header.arch_value("block_count")), hidden_size=hidden,
+        num_hidden_layers=int(header.arch_value("block_count")),
+        hidden_size=hidden,
     )
     return config, element or 4
 
@@ -316,7 +361,17 @@ def head_kv_bytes(head, context_length: int) -> int:
     return 2 * shape.num_key_value_heads * shape.head_dim * context_length * 4
 
 
-def memory_advice(target_config, draft_config, target_param_bytes: int, draft_param_bytes: int, context_length: int, bytes_per_element: int, budget_bytes: int | None, head_param_bytes: int = 0, head_kv: int = 0) -> dict:
+def memory_advice(
+    target_config,
+    draft_config,
+    target_param_bytes: int,
+    draft_param_bytes: int,
+    context_length: int,
+    bytes_per_element: int,
+    budget_bytes: int | None,
+    head_param_bytes: int = 0,
+    head_kv: int = 0,
+) -> dict:
     """Weights and KV caches (bytes) of target, draft and EAGLE head at ``context_length``; fits the budget?
 
     ``target_config`` / ``draft_config``: model configs (or :func:`kv_geometry`'s) giving the
@@ -355,7 +410,17 @@ def model_ref(loaded) -> str:
     return loaded.name if loaded.name in BUILTIN_MODELS else str(loaded.path or loaded.name)
 
 
-def advise(pipe, items, config, *, max_k: int = 10, context_length: int = 4096, memory_budget_bytes: int | None = None, gpu_cost_per_month: float | None = None, on_run=None) -> Advice:
+def advise(
+    pipe,
+    items,
+    config,
+    *,
+    max_k: int = 10,
+    context_length: int = 4096,
+    memory_budget_bytes: int | None = None,
+    gpu_cost_per_month: float | None = None,
+    on_run=None,
+) -> Advice:
     """Measure ``config``'s methods (a :class:`BenchConfig` without peers) on ``items`` and the
     target's verify curve, then fit, predict and decide. Raises as :func:`run_bench` does."""
     from verispec.bench.figures import summarize
@@ -368,7 +433,9 @@ def advise(pipe, items, config, *, max_k: int = 10, context_length: int = 4096, 
     curve = measure_verify_curve(pipe.engine.target, encode(pipe, items[0], config.chat), lengths)
     drafters = [m for m in config.methods if m != "none"]
     categories = list(dict.fromkeys(item.category for item in items)) + [ALL]
-    fits = [fit_drafter(m, c, records, rows.get((f"{kind}:{m}", c)), curve, max_k) for c in categories for m in drafters]
+    fits = [
+        fit_drafter(m, c, records, rows.get((f"{kind}:{m}", c)), curve, max_k) for c in categories for m in drafters
+    ]
     verdicts = [verdict(c, [f for f in fits if f.category == c]) for c in categories]
     note_samples(verdicts, fits, [item.category for item in items], config.max_tokens)
     overall = verdicts[-1]
@@ -376,9 +443,15 @@ def advise(pipe, items, config, *, max_k: int = 10, context_length: int = 4096, 
     draft_kv = kv_geometry(pipe.draft, pipe.runner_kind)[0] if pipe.draft else None
     head = getattr(pipe.engine.proposers.get("eagle"), "head", None)  # a loaded EAGLE head, else None
     memory = memory_advice(
-        target_kv, draft_kv, pipe.target.param_bytes,
-        pipe.draft.param_bytes if pipe.draft else 0, context_length, element, memory_budget_bytes,
-        head_nbytes(head) if head is not None else 0, head_kv_bytes(head, context_length) if head is not None else 0,
+        target_kv,
+        draft_kv,
+        pipe.target.param_bytes,
+        pipe.draft.param_bytes if pipe.draft else 0,
+        context_length,
+        element,
+        memory_budget_bytes,
+        head_nbytes(head) if head is not None else 0,
+        head_kv_bytes(head, context_length) if head is not None else 0,
     )
     cost = None
     if gpu_cost_per_month is not None:
@@ -395,5 +468,10 @@ def advise(pipe, items, config, *, max_k: int = 10, context_length: int = 4096, 
         }
     draft_ref = model_ref(pipe.draft) if pipe.draft else None
     best_k = {f.method: f.predicted_best_k or config.num_speculative_tokens for f in fits if f.category == ALL}
-    settings = {m: equivalent_settings(m, best_k[m], draft_ref, pipe.drafters.min_ngram, pipe.drafters.max_ngram) for m in drafters}
-    return Advice(config.num_speculative_tokens, curve, fits, speedup_table(fits, curve, max_k), verdicts, memory, cost, settings)
+    settings = {
+        m: equivalent_settings(m, best_k[m], draft_ref, pipe.drafters.min_ngram, pipe.drafters.max_ngram)
+        for m in drafters
+    }
+    return Advice(
+        config.num_speculative_tokens, curve, fits, speedup_table(fits, curve, max_k), verdicts, memory, cost, settings
+    )

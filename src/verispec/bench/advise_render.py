@@ -18,13 +18,37 @@ def render(advice: Advice, console) -> None:
     def f(value, pattern="{:.2f}"):
         return "—" if value is None else pattern.format(value)
 
-    console.print("target pass over the pending token + k draft tokens: " + ", ".join(f"k={k} {s * 1e3:.0f} ms" for k, s in advice.verify_curve_s.items()))
+    console.print(
+        "target pass over the pending token + k draft tokens: "
+        + ", ".join(f"k={k} {s * 1e3:.0f} ms" for k, s in advice.verify_curve_s.items())
+    )
     fitted = Table(title=f"measured per drafter (all prompts; measured speedup at k={advice.num_speculative_tokens})")
-    for name in ("drafter", "α", "drafts on", "c", "break-even α", "Leviathan best k", "Leviathan speedup", "best k (curve)", "predicted", "measured"):
+    for name in (
+        "drafter",
+        "α",
+        "drafts on",
+        "c",
+        "break-even α",
+        "Leviathan best k",
+        "Leviathan speedup",
+        "best k (curve)",
+        "predicted",
+        "measured",
+    ):
         fitted.add_column(name, justify="right")
     for fit in (x for x in advice.fits if x.category == ALL):
-        fitted.add_row(fit.method, f(fit.alpha), f"{fit.coverage:.0%}", f(fit.cost_ratio, "{:.3f}"), f(fit.break_even_alpha), f(fit.leviathan_best_k, "{}"),
-                       f(fit.leviathan_speedup, "{:.2f}×"), f(fit.predicted_best_k, "{}"), f(fit.predicted_speedup, "{:.2f}×"), f(fit.measured_speedup, "{:.2f}×"))
+        fitted.add_row(
+            fit.method,
+            f(fit.alpha),
+            f"{fit.coverage:.0%}",
+            f(fit.cost_ratio, "{:.3f}"),
+            f(fit.break_even_alpha),
+            f(fit.leviathan_best_k, "{}"),
+            f(fit.leviathan_speedup, "{:.2f}×"),
+            f(fit.predicted_best_k, "{}"),
+            f(fit.predicted_speedup, "{:.2f}×"),
+            f(fit.measured_speedup, "{:.2f}×"),
+        )
     console.print(fitted)
     methods = list(dict.fromkeys(row["method"] for row in advice.table))
     per_k = Table(title="expected speedup by draft length k (Leviathan: verify cost flat; curve: measured verify cost)")
@@ -37,7 +61,11 @@ def render(advice: Advice, console) -> None:
         cells = [str(k)]
         for method in methods:
             row = next(r for r in advice.table if r["method"] == method and r["k"] == k)
-            cells += [f(row["expected_tokens"]), f(row["leviathan_speedup"], "{:.2f}×"), f(row["curve_speedup"], "{:.2f}×")]
+            cells += [
+                f(row["expected_tokens"]),
+                f(row["leviathan_speedup"], "{:.2f}×"),
+                f(row["curve_speedup"], "{:.2f}×"),
+            ]
         per_k.add_row(*cells)
     console.print(per_k)
     decided = Table(title="verdict per category")
@@ -46,28 +74,40 @@ def render(advice: Advice, console) -> None:
     for v in advice.verdicts:
         color = "green" if v.decision.startswith("GO") else "red"
         mark = " (sample too small)" if v.sample else ""
-        decided.add_row(v.category, f"[{color}]{v.decision}[/{color}]{mark}", v.method or "—", f(v.num_speculative_tokens, "{}"), v.reason)
+        decided.add_row(
+            v.category,
+            f"[{color}]{v.decision}[/{color}]{mark}",
+            v.method or "—",
+            f(v.num_speculative_tokens, "{}"),
+            v.reason,
+        )
     console.print(decided)
     for v in advice.verdicts:
         if v.sample:
             console.print(f"{v.category}: {v.sample}", highlight=False, markup=False)
     m = advice.memory
     mib = lambda b: f"{b / 2**20:.0f} MiB"  # noqa: E731
-    line = (f"memory at {m['context_length']} tokens: target {mib(m['target_param_bytes'])} + KV {mib(m['target_kv_bytes'])}, "
-            f"draft {mib(m['draft_param_bytes'])} + KV {mib(m['draft_kv_bytes'])}; total {mib(m['total_bytes'])}; "
-            f"draft overhead {f(m['draft_overhead_pct'], '{:.1f}')} %")
+    line = (
+        f"memory at {m['context_length']} tokens: target {mib(m['target_param_bytes'])} + KV {mib(m['target_kv_bytes'])}, "
+        f"draft {mib(m['draft_param_bytes'])} + KV {mib(m['draft_kv_bytes'])}; total {mib(m['total_bytes'])}; "
+        f"draft overhead {f(m['draft_overhead_pct'], '{:.1f}')} %"
+    )
     if m.get("head_overhead_pct") is not None:
         within = "within" if m["head_within_limit"] else "OVER"
-        line += (f"; EAGLE head {mib(m['head_param_bytes'])} + KV {mib(m['head_kv_bytes'])} = "
-                 f"{m['head_overhead_pct']:.1f} % of the target's ({within} the 10 % target)")
+        line += (
+            f"; EAGLE head {mib(m['head_param_bytes'])} + KV {mib(m['head_kv_bytes'])} = "
+            f"{m['head_overhead_pct']:.1f} % of the target's ({within} the 10 % target)"
+        )
     if m["budget_bytes"] is not None:
         line += f"; budget {mib(m['budget_bytes'])}: {'fits' if m['fits'] else 'does NOT fit'}"
         line += "" if m["fits"] else f" ({'fits' if m['fits_without_draft'] else 'does not fit'} without the draft)"
     console.print(line)
     c = advice.cost
     if c:
-        console.print(f"cost per million tokens: {f(c['before_per_million_tokens'], '{:.2f}')} plain ({f(c['plain_tokens_per_s'])} tok/s) → "
-                      f"{f(c['after_per_million_tokens'], '{:.2f}')} with {c['method']} ({f(c['chosen_tokens_per_s'])} tok/s), at {c['gpu_cost_per_month']:g} per month")
+        console.print(
+            f"cost per million tokens: {f(c['before_per_million_tokens'], '{:.2f}')} plain ({f(c['plain_tokens_per_s'])} tok/s) → "
+            f"{f(c['after_per_million_tokens'], '{:.2f}')} with {c['method']} ({f(c['chosen_tokens_per_s'])} tok/s), at {c['gpu_cost_per_month']:g} per month"
+        )
     overall = advice.verdicts[-1]
     s = advice.settings.get(overall.method or "", {})
     if s.get("transformers"):
@@ -78,19 +118,28 @@ def render(advice: Advice, console) -> None:
         console.print(f"{overall.method}: no equivalent setting in transformers / vLLM")
 
 
-def export_advice(advice, tool: str, path, target: str, draft: str | None, drafters, console,
-                  *, eagle_dir: str | None = None) -> None:
+def export_advice(
+    advice, tool: str, path, target: str, draft: str | None, drafters, console, *, eagle_dir: str | None = None
+) -> None:
     """``advise --export``: the overall verdict's setup as ``tool``'s configuration
     (:func:`verispec.bench.export.export_setup`; ``eagle_dir``: the head's EAGLE-3 checkpoint when
     the verdict is an EAGLE method), JSON on stdout or in ``path``; the command and the notes on
     ``console``. Raises what ``export_setup`` raises, and VerispecError when ``path`` cannot be
     written."""
-    from verispec.errors import VerispecError
     from verispec.bench.export import export_setup
+    from verispec.errors import VerispecError
 
     overall = advice.verdicts[-1]
-    setup = export_setup(tool, overall.method, overall.num_speculative_tokens, target, draft,
-                         min_ngram=drafters.min_ngram, max_ngram=drafters.max_ngram, eagle_dir=eagle_dir)
+    setup = export_setup(
+        tool,
+        overall.method,
+        overall.num_speculative_tokens,
+        target,
+        draft,
+        min_ngram=drafters.min_ngram,
+        max_ngram=drafters.max_ngram,
+        eagle_dir=eagle_dir,
+    )
     if path is None:
         print(setup.to_json())
     else:

@@ -12,7 +12,7 @@ nothing about running; reads the fits.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 Z_95 = 1.96  # two-sided 95 % normal quantile
 MIN_NEW_TOKENS = 64  # new tokens a prompt below which prefill dominates a prompt's measured speedup
@@ -57,8 +57,10 @@ def sample_note(fits: Sequence, num_prompts: int, prompts_per_limit: int, limit:
             continue
         half = alpha_half_width(alpha, n)
         if abs(alpha - break_even) <= half:
-            reasons.append(f"{fit.method}'s α {alpha:.2f} ± {half:.2f} from {n} tested tokens straddles its "
-                           f"break-even {break_even:.2f}")
+            reasons.append(
+                f"{fit.method}'s α {alpha:.2f} ± {half:.2f} from {n} tested tokens straddles its "
+                f"break-even {break_even:.2f}"
+            )
             needed_prompts = max(needed_prompts, tokens_to_decide(alpha, break_even) * num_prompts / n)
     if not reasons:
         return ""

@@ -15,15 +15,15 @@ import dataclasses
 import random
 import threading
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Sequence
 
 import torch
 
+from verispec.algorithms.sampling import SamplingParams, apply_penalties, logits_to_probs
 from verispec.engine import GenerationOutput, SpeculativeConfig, SpeculativeEngine
 from verispec.errors import InvalidParameterError
 from verispec.runners import Runner
-from verispec.algorithms.sampling import SamplingParams, apply_penalties, logits_to_probs
 
 MAX_DISAGREEMENTS_KEPT = 20
 PLAIN = SpeculativeConfig(method="none")

@@ -7,12 +7,15 @@ about decoding.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from rich.console import Console
 
+from verispec.bench.extras import measure_prefill, measure_quality_of
+from verispec.bench.live import bench_progress
+from verispec.bench.memory import load_measured, memory_facts
 from verispec.bench.plots import plot_caption, write_plots
 from verispec.bench.report import (
     BenchResults,
@@ -27,13 +30,10 @@ from verispec.bench.report import (
     rich_table,
     write_results,
 )
-from verispec.bench.memory import load_measured, memory_facts
 from verispec.bench.run import BenchConfig, as_pipelines, encode, run_bench
-from verispec.errors import InvalidParameterError
 from verispec.bench.workload import WorkloadItem
 from verispec.engine.loader import DrafterOptions, SpeculativePipeline
-from verispec.bench.extras import measure_prefill, measure_quality_of
-from verispec.bench.live import bench_progress
+from verispec.errors import InvalidParameterError
 from verispec.progress import announce_slow
 from verispec.runners.notices import kernel_facts
 from verispec.runners.select import RunnerOptions
@@ -81,7 +81,9 @@ def run_and_report(
     console = console or Console(stderr=True)
     pipes = as_pipelines(pipes)
     cost_curves = measure_curves(pipes, console, announce=show_progress) if curves else {}
-    with bench_progress(len(items) * runs_per_prompt(config, len(pipes)), console=console, enabled=show_progress) as on_run:
+    with bench_progress(
+        len(items) * runs_per_prompt(config, len(pipes)), console=console, enabled=show_progress
+    ) as on_run:
         records, runners, auditor = run_bench(pipes, items, config, on_run=on_run)
     first = next(iter(pipes.values()))
     settings = asdict(config) | {
@@ -103,7 +105,9 @@ def run_and_report(
     results.curves = cost_curves
     log = lambda line: console.print(line, highlight=False, markup=False)  # noqa: E731
     if prefill_tokens:
-        results.prefill = measure_prefill(pipes, prefill_tokens, llama_cpp="llama.cpp" in config.peers, threads=config.threads, log=log)
+        results.prefill = measure_prefill(
+            pipes, prefill_tokens, llama_cpp="llama.cpp" in config.peers, threads=config.threads, log=log
+        )
     if quality_prompts:
         prompts = [encode(first, item, config.chat) for item in items[:quality_prompts]]
         results.quality = measure_quality_of(pipes, prompts, first.target.name, log)
@@ -130,21 +134,31 @@ def measure_curves(pipes: Mapping[str, SpeculativePipeline], console: Console, a
         entry = {}
         for role, runner, ks in roles:
             try:
-                with announce_slow(f"timing the {kind} runner's {role} passes", "--curves: 2 warm-up and 7 timed passes of each k",
-                                   enabled=announce):
+                with announce_slow(
+                    f"timing the {kind} runner's {role} passes",
+                    "--curves: 2 warm-up and 7 timed passes of each k",
+                    enabled=announce,
+                ):
                     curve = measure_cost_curve(runner, runner_name=kind, model=role, ks=ks)
             except ValueError as exc:  # the context does not fit the runner
                 console.print(f"{kind} {role}: no cost curve ({exc})", highlight=False)
                 continue
             entry[role] = curve.ms
-            console.print(f"{kind} {role} ms per pass: " + " ".join(f"k={k}: {v:.1f}" for k, v in curve.ms.items()), highlight=False)
+            console.print(
+                f"{kind} {role} ms per pass: " + " ".join(f"k={k}: {v:.1f}" for k, v in curve.ms.items()),
+                highlight=False,
+            )
         curves[kind] = entry
     return curves
 
 
 def runs_per_prompt(config: BenchConfig, num_runners: int = 1) -> int:
     """Timed runs per prompt: verispec methods per runner, transformers peers, llama.cpp (when asked for)."""
-    return num_runners * len(config.methods) + (3 if "transformers" in config.peers else 0) + (1 if "llama.cpp" in config.peers else 0)
+    return (
+        num_runners * len(config.methods)
+        + (3 if "transformers" in config.peers else 0)
+        + (1 if "llama.cpp" in config.peers else 0)
+    )
 
 
 def print_summary(results: BenchResults, console: Console) -> None:
@@ -154,7 +168,12 @@ def print_summary(results: BenchResults, console: Console) -> None:
     kernels = kernel_line(results.environment)
     if kernels:
         console.print(kernels, highlight=False)
-    console.print(rich_table("per category: plain rows tok/s; others speedup over their runner's plain, α, τ", *category_matrix(results.summary)))
+    console.print(
+        rich_table(
+            "per category: plain rows tok/s; others speedup over their runner's plain, α, τ",
+            *category_matrix(results.summary),
+        )
+    )
     console.print(rich_table("all prompts", *overall_rows(results.summary)))
     if results.curves:
         console.print(rich_table("ms per target pass of k tokens (median)", *curve_rows(results.curves)))
@@ -174,8 +193,16 @@ def print_summary(results: BenchResults, console: Console) -> None:
             console.print(f"[red]not exact:[/red] {listed}")
 
 
-def load_pipelines(target: str, draft: str | None, dtype: str, console: Console, runners: Sequence[str], *,
-                   drafters: DrafterOptions | None = None, options: RunnerOptions | None = None) -> tuple[dict[str, SpeculativePipeline], dict]:
+def load_pipelines(
+    target: str,
+    draft: str | None,
+    dtype: str,
+    console: Console,
+    runners: Sequence[str],
+    *,
+    drafters: DrafterOptions | None = None,
+    options: RunnerOptions | None = None,
+) -> tuple[dict[str, SpeculativePipeline], dict]:
     """Load the pair once per runner kind in ``runners`` (``auto`` resolved; the same kind twice is
     an error), with RSS snapshots per kind (see :func:`load_measured`), showing a status line.
     ``drafters``, ``options``: how every pipeline builds its drafters and runners (e.g. a reduced
@@ -190,7 +217,11 @@ def load_pipelines(target: str, draft: str | None, dtype: str, console: Console,
         if pipe.runner_kind in pipes:
             raise InvalidParameterError(f"--runner lists the {pipe.runner_kind} runner twice ({', '.join(runners)})")
         pipes[pipe.runner_kind], rss[pipe.runner_kind] = pipe, snapshots
-        console.print(f"loaded the {pipe.runner_kind} runner: " + ", ".join(f"{m.role} {m.load_time_s:.1f} s" for m in pipe.model_summaries()), highlight=False)
+        console.print(
+            f"loaded the {pipe.runner_kind} runner: "
+            + ", ".join(f"{m.role} {m.load_time_s:.1f} s" for m in pipe.model_summaries()),
+            highlight=False,
+        )
     return pipes, rss
 
 

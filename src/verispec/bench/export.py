@@ -50,23 +50,36 @@ class ExportedSetup:
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> str:
-        return json.dumps({"tool": self.tool, "config": self.config, "command": self.command, "notes": self.notes}, indent=2)
+        return json.dumps(
+            {"tool": self.tool, "config": self.config, "command": self.command, "notes": self.notes}, indent=2
+        )
 
 
 def model_id(ref: str) -> tuple[str, list[str]]:
     """The name another engine loads for verispec model reference ``ref``, and notes about it."""
     builtin = BUILTIN_MODELS.get(ref)
     if builtin is not None and builtin.hub_id:
-        return builtin.hub_id, [f"{ref} is {builtin.hub_id} quantized to {builtin.quantization} for verispec; "
-                                f"the GPU engine runs the checkpoint, so its acceptance can differ from what was measured here"]
+        return builtin.hub_id, [
+            f"{ref} is {builtin.hub_id} quantized to {builtin.quantization} for verispec; "
+            f"the GPU engine runs the checkpoint, so its acceptance can differ from what was measured here"
+        ]
     if ref.lower().endswith(".gguf"):
         return ref, [f"{ref} is a GGUF file: give the engine the Hugging Face checkpoint it came from for full support"]
     return ref, []
 
 
-def export_setup(tool: str, method: str | None, num_speculative_tokens: int | None, target: str, draft: str | None,
-                 *, min_ngram: int = 2, max_ngram: int = 4, suffix_spec_factor: float = 2.0,
-                 eagle_dir: str | None = None) -> ExportedSetup:
+def export_setup(
+    tool: str,
+    method: str | None,
+    num_speculative_tokens: int | None,
+    target: str,
+    draft: str | None,
+    *,
+    min_ngram: int = 2,
+    max_ngram: int = 4,
+    suffix_spec_factor: float = 2.0,
+    eagle_dir: str | None = None,
+) -> ExportedSetup:
     """``tool``'s configuration of speculating with ``method`` (``draft``, ``ngram``, ``suffix``,
     ``eagle``, ``eagle-tree``; None / ``"none"``: plain decoding, the advice was NO-GO) drafting
     ``num_speculative_tokens`` tokens per target pass (``eagle-tree``: tree nodes), for verispec
@@ -99,7 +112,9 @@ def export_setup(tool: str, method: str | None, num_speculative_tokens: int | No
         notes = notes + draft_notes
     elif method in EAGLE_METHODS:
         if tool == "transformers":
-            raise InvalidParameterError("transformers has no EAGLE-3 drafting: export to vllm or sglang, or 'draft' (advise --methods)")
+            raise InvalidParameterError(
+                "transformers has no EAGLE-3 drafting: export to vllm or sglang, or 'draft' (advise --methods)"
+            )
         if eagle_dir is None:
             raise InvalidParameterError(f"method {method!r} needs the head's EAGLE-3 checkpoint folder to export")
         return _eagle(tool, method, k, target_id, eagle_dir, notes)
@@ -111,7 +126,9 @@ def export_setup(tool: str, method: str | None, num_speculative_tokens: int | No
         return _vllm(method, k, target_id, draft_id, min_ngram, max_ngram, suffix_spec_factor, notes)
     if tool == "sglang":
         if method == "suffix":
-            raise InvalidParameterError("sglang has no suffix drafting: its NGRAM algorithm is the closest (advise --methods ngram)")
+            raise InvalidParameterError(
+                "sglang has no suffix drafting: its NGRAM algorithm is the closest (advise --methods ngram)"
+            )
         return _sglang(method, k, target_id, draft_id, min_ngram, max_ngram, notes)
     if method == "suffix":
         raise InvalidParameterError("transformers has no suffix drafting: prompt lookup (ngram) is the closest")
@@ -120,18 +137,34 @@ def export_setup(tool: str, method: str | None, num_speculative_tokens: int | No
 
 def _plain(tool: str, target_id: str, notes: list[str]) -> ExportedSetup:
     if tool == "vllm":
-        return ExportedSetup(tool, {"model": target_id, "speculative_config": None}, f"vllm serve {shlex.quote(target_id)}", notes)
+        return ExportedSetup(
+            tool, {"model": target_id, "speculative_config": None}, f"vllm serve {shlex.quote(target_id)}", notes
+        )
     if tool == "sglang":
-        return ExportedSetup(tool, {"model_path": target_id}, f"python -m sglang.launch_server --model-path {shlex.quote(target_id)}", notes)
-    return ExportedSetup(tool, {"model": target_id, "assistant_model": None, "assistant_generation_config": None,
-                                "generate_kwargs": {}}, "model.generate(**inputs)", notes)
+        return ExportedSetup(
+            tool,
+            {"model_path": target_id},
+            f"python -m sglang.launch_server --model-path {shlex.quote(target_id)}",
+            notes,
+        )
+    return ExportedSetup(
+        tool,
+        {"model": target_id, "assistant_model": None, "assistant_generation_config": None, "generate_kwargs": {}},
+        "model.generate(**inputs)",
+        notes,
+    )
 
 
 def _vllm(method, k, target_id, draft_id, min_ngram, max_ngram, spec_factor, notes) -> ExportedSetup:
     if method == "draft":
         spec = {"method": "draft_model", "model": draft_id, "num_speculative_tokens": k}
     elif method == "ngram":
-        spec = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": min_ngram, "prompt_lookup_max": max_ngram}
+        spec = {
+            "method": "ngram",
+            "num_speculative_tokens": k,
+            "prompt_lookup_min": min_ngram,
+            "prompt_lookup_max": max_ngram,
+        }
     else:
         spec = {"method": "suffix", "num_speculative_tokens": k, "suffix_decoding_max_spec_factor": spec_factor}
         notes = notes + ["vLLM's suffix method needs the arctic-inference package (pip install arctic-inference)"]
@@ -147,13 +180,21 @@ def _eagle(tool, method, k, target_id, eagle_dir, notes) -> ExportedSetup:
         depth = k
         if method == "eagle-tree":
             depth = min(k, TREE_MAX_DEPTH)
-            notes = notes + [f"vLLM drafts EAGLE-3 chains here: verispec's tree of {k} nodes becomes a chain of {depth}"]
+            notes = notes + [
+                f"vLLM drafts EAGLE-3 chains here: verispec's tree of {k} nodes becomes a chain of {depth}"
+            ]
         spec = {"method": "eagle3", "model": eagle_dir, "num_speculative_tokens": depth}
         command = f"vllm serve {shlex.quote(target_id)} --speculative-config {shlex.quote(json.dumps(spec))}"
         return ExportedSetup("vllm", {"model": target_id, "speculative_config": spec}, command, notes)
     steps, topk = (k, 1) if method == "eagle" else (min(k, TREE_MAX_DEPTH), TREE_BRANCHING)
-    args = {"model_path": target_id, "speculative_algorithm": "EAGLE3", "speculative_draft_model_path": eagle_dir,
-            "speculative_num_steps": steps, "speculative_eagle_topk": topk, "speculative_num_draft_tokens": k + 1}
+    args = {
+        "model_path": target_id,
+        "speculative_algorithm": "EAGLE3",
+        "speculative_draft_model_path": eagle_dir,
+        "speculative_num_steps": steps,
+        "speculative_eagle_topk": topk,
+        "speculative_num_draft_tokens": k + 1,
+    }
     flags = " ".join(f"--{name.replace('_', '-')} {shlex.quote(str(value))}" for name, value in args.items())
     return ExportedSetup("sglang", args, f"python -m sglang.launch_server {flags}", notes)
 
@@ -162,14 +203,25 @@ def _sglang(method, k, target_id, draft_id, min_ngram, max_ngram, notes) -> Expo
     # a chain of k draft tokens: k steps, top-1, k + 1 tokens verified (the last accepted one and the drafts)
     args = {"model_path": target_id}
     if method == "draft":
-        args.update(speculative_algorithm="STANDALONE", speculative_draft_model_path=draft_id, speculative_num_steps=k,
-                    speculative_eagle_topk=1, speculative_num_draft_tokens=k + 1)
+        args.update(
+            speculative_algorithm="STANDALONE",
+            speculative_draft_model_path=draft_id,
+            speculative_num_steps=k,
+            speculative_eagle_topk=1,
+            speculative_num_draft_tokens=k + 1,
+        )
     else:
-        args.update(speculative_algorithm="NGRAM", speculative_num_draft_tokens=k + 1,
-                    speculative_ngram_min_match_window_size=min_ngram, speculative_ngram_max_match_window_size=max_ngram,
-                    speculative_ngram_max_bfs_breadth=1)
-        notes = notes + ["SGLang's NGRAM algorithm runs on CUDA only and matches against a cache of earlier "
-                         "requests as well as this one; these flag names are SGLang 0.5's"]
+        args.update(
+            speculative_algorithm="NGRAM",
+            speculative_num_draft_tokens=k + 1,
+            speculative_ngram_min_match_window_size=min_ngram,
+            speculative_ngram_max_match_window_size=max_ngram,
+            speculative_ngram_max_bfs_breadth=1,
+        )
+        notes = notes + [
+            "SGLang's NGRAM algorithm runs on CUDA only and matches against a cache of earlier "
+            "requests as well as this one; these flag names are SGLang 0.5's"
+        ]
     flags = " ".join(f"--{name.replace('_', '-')} {shlex.quote(str(value))}" for name, value in args.items())
     return ExportedSetup("sglang", args, f"python -m sglang.launch_server {flags}", notes)
 
@@ -178,14 +230,30 @@ def _transformers(method, k, target_id, draft_id, max_ngram, notes) -> ExportedS
     if method == "draft":
         # transformers' assisted generation reads these from the assistant's own generation
         # config, not from generate()'s kwargs (AssistedCandidateGenerator); threshold 0: always k
-        assistant = {"num_assistant_tokens": k, "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0}
-        command = (f"assistant = AutoModelForCausalLM.from_pretrained({draft_id!r}); "
-                   + "; ".join(f"assistant.generation_config.{key} = {value!r}" for key, value in assistant.items())
-                   + "; model.generate(**inputs, assistant_model=assistant)")
-        config = {"model": target_id, "assistant_model": draft_id, "assistant_generation_config": assistant, "generate_kwargs": {}}
+        assistant = {
+            "num_assistant_tokens": k,
+            "num_assistant_tokens_schedule": "constant",
+            "assistant_confidence_threshold": 0.0,
+        }
+        command = (
+            f"assistant = AutoModelForCausalLM.from_pretrained({draft_id!r}); "
+            + "; ".join(f"assistant.generation_config.{key} = {value!r}" for key, value in assistant.items())
+            + "; model.generate(**inputs, assistant_model=assistant)"
+        )
+        config = {
+            "model": target_id,
+            "assistant_model": draft_id,
+            "assistant_generation_config": assistant,
+            "generate_kwargs": {},
+        }
         return ExportedSetup("transformers", config, command, notes)
     kwargs = {"prompt_lookup_num_tokens": k, "max_matching_ngram_size": max_ngram}
     command = "model.generate(**inputs, " + ", ".join(f"{key}={value!r}" for key, value in kwargs.items()) + ")"
     notes = notes + ["transformers' prompt lookup also tries 1-token matches (verispec's shortest is min_ngram)"]
-    config = {"model": target_id, "assistant_model": None, "assistant_generation_config": None, "generate_kwargs": kwargs}
+    config = {
+        "model": target_id,
+        "assistant_model": None,
+        "assistant_generation_config": None,
+        "generate_kwargs": kwargs,
+    }
     return ExportedSetup("transformers", config, command, notes)

@@ -33,8 +33,9 @@ def trained_context(target: str, fallback: int) -> int:
     return fallback
 
 
-def export_head(head_path: str | Path, target_runner, target: str, folder: str | Path | None = None,
-                *, dtype: str = "bfloat16") -> Path:
+def export_head(
+    head_path: str | Path, target_runner, target: str, folder: str | Path | None = None, *, dtype: str = "bfloat16"
+) -> Path:
     """Write the EAGLE-3 checkpoint of the head file ``head_path`` for ``target`` (a verispec model
     reference) to ``folder`` (default :func:`default_export_folder`); ``target_runner`` lends what
     the head borrows (its embedding; its LM-head rows for a head that shares them), as when it
@@ -52,6 +53,12 @@ def export_head(head_path: str | Path, target_runner, target: str, folder: str |
     head = EagleHead.load(head_path, target_runner)  # a busy folder is refused by write_hf_checkpoint
     context = trained_context(target, int(getattr(target_runner, "max_context_length", 4096)))
     training = head.training_record or {}
-    extra = {"verispec": {"head_file": Path(head_path).name, "target": target, "trained_with": training.get("command"),
-                          "target_norm_sha256": head.shape.target_norm_sha256}}
+    extra = {
+        "verispec": {
+            "head_file": Path(head_path).name,
+            "target": target,
+            "trained_with": training.get("command"),
+            "target_norm_sha256": head.shape.target_norm_sha256,
+        }
+    }
     return write_hf_checkpoint(head, folder, max_position_embeddings=context, dtype=dtype, extra=extra)

@@ -11,7 +11,7 @@ benchmark, not a test: compare figures of one run.
 from __future__ import annotations
 
 import time
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from verispec.engine.loader import SpeculativePipeline
 
@@ -36,8 +36,14 @@ def time_prefill(runner, prompt: Sequence[int]) -> dict:
     return {"seconds": seconds, "tokens_per_s": len(prompt) / seconds}
 
 
-def measure_prefill(pipes: Mapping[str, SpeculativePipeline], lengths: Sequence[int], *, llama_cpp: bool,
-                    threads: int | None, log: Callable[[str], None]) -> dict:
+def measure_prefill(
+    pipes: Mapping[str, SpeculativePipeline],
+    lengths: Sequence[int],
+    *,
+    llama_cpp: bool,
+    threads: int | None,
+    log: Callable[[str], None],
+) -> dict:
     """``{runner: {length: {"seconds", "tokens_per_s"}}}``: one prefill of each length on each
     pipeline's target runner, and on llama.cpp's (``llama_cpp``: a peer of the run) when
     llama-cpp-python is installed. A length over a runner's context is left out, said why."""
@@ -51,7 +57,9 @@ def measure_prefill(pipes: Mapping[str, SpeculativePipeline], lengths: Sequence[
             try:
                 from verispec.runners.llamacpp import LlamaCppRunner
 
-                contenders["llama.cpp"] = LlamaCppRunner(first.target.path, max_context_length=length + 8, num_threads=threads)
+                contenders["llama.cpp"] = LlamaCppRunner(
+                    first.target.path, max_context_length=length + 8, num_threads=threads
+                )
             except Exception as exc:  # llama-cpp-python missing, or a file it cannot read
                 log(f"prefill: no llama.cpp beside ({exc})")
         for name, runner in contenders.items():
@@ -63,8 +71,9 @@ def measure_prefill(pipes: Mapping[str, SpeculativePipeline], lengths: Sequence[
     return found
 
 
-def measure_quality_of(pipes: Mapping[str, SpeculativePipeline], prompts: Sequence[Sequence[int]], target: str,
-                       log: Callable[[str], None]) -> dict:
+def measure_quality_of(
+    pipes: Mapping[str, SpeculativePipeline], prompts: Sequence[Sequence[int]], target: str, log: Callable[[str], None]
+) -> dict:
     """``{runner: {"positions", "top1_agreement", "mean_kl_nats"}}`` of each pipeline's target
     runner against the float32 model of ``target`` (loaded here with transformers), teacher-forced
     on its greedy continuations of ``prompts`` (:data:`QUALITY_TOKENS` tokens each).
@@ -72,8 +81,8 @@ def measure_quality_of(pipes: Mapping[str, SpeculativePipeline], prompts: Sequen
     Raises:
         ModelNotFoundError, ModelFetchError: ``target`` cannot be loaded as a float32 model.
     """
-    from verispec.models.loading import load_model
     from verispec.bench.quality import measure_quality
+    from verispec.models.loading import load_model
 
     log("quality: loading the float32 reference (transformers)")
     reference = load_model(target, dtype="float32")

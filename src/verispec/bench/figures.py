@@ -10,8 +10,8 @@ then the geometric mean. Knows nothing about models or files.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Iterable, Sequence
 
 from verispec.bench.run import SPEC_COUNT_FIELDS, RunRecord, plain_method, reference_participant
 from verispec.metrics import SpecDecodeStats
@@ -47,7 +47,9 @@ def ratios(counts: Sequence[int], totals: Sequence[int]) -> list[float | None]:
     return [c / t if t else None for c, t in zip(counts, totals)]
 
 
-def per_prompt_speedups(records: Sequence[RunRecord], key: str = "total_tokens_per_s", baseline: str | None = None) -> dict[tuple[str, str], float]:
+def per_prompt_speedups(
+    records: Sequence[RunRecord], key: str = "total_tokens_per_s", baseline: str | None = None
+) -> dict[tuple[str, str], float]:
     """``{(runner, prompt_id): record.key / baseline.key}`` for every record with a positive
     pair of values. The baseline is plain decoding of the record's own family, or the runner
     named ``baseline`` (e.g. ``verispec:none`` to compare peers with verispec)."""
@@ -67,7 +69,11 @@ def pooled_spec(records: Iterable[RunRecord]) -> SpecDecodeStats:
     total = SpecDecodeStats()
     for r in records:
         if r.spec:
-            total.merge(SpecDecodeStats(**{k: (list(v) if isinstance(v, list) else v) for k, v in r.spec.items() if k in SPEC_COUNT_FIELDS}))
+            total.merge(
+                SpecDecodeStats(
+                    **{k: (list(v) if isinstance(v, list) else v) for k, v in r.spec.items() if k in SPEC_COUNT_FIELDS}
+                )
+            )
     return total
 
 

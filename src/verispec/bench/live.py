@@ -8,8 +8,9 @@ Knows nothing about decoding beyond an output's metrics.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING
 
 from verispec.bench.run import BenchStep
 from verispec.progress import steps
@@ -43,8 +44,15 @@ def describe(step: BenchStep) -> str:
 
 
 @contextmanager
-def bench_progress(total: int, *, title: str = "bench run", console: Console | None = None, enabled: bool = True,
-                   after: str | None = None, every_s: float | None = None) -> Iterator[Callable[[BenchStep], None]]:
+def bench_progress(
+    total: int,
+    *,
+    title: str = "bench run",
+    console: Console | None = None,
+    enabled: bool = True,
+    after: str | None = None,
+    every_s: float | None = None,
+) -> Iterator[Callable[[BenchStep], None]]:
     """An ``on_run`` for :func:`verispec.bench.run.run_bench` over ``total`` timed runs, showing
     each run as it starts and, when it ends, its participant's decode tokens/s so far: e.g.
     ``verispec: bench run 5/12 · prompt 2/4 (coding 17) gguf:draft · gguf:draft 41.2 decode tok/s so far (9 s)``.

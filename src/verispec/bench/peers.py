@@ -10,17 +10,21 @@ verispec's decoding loop.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Iterator, Sequence
 
 import torch
 
+from verispec.algorithms.sampling import SamplingParams
 from verispec.engine import GenerationOutput
 from verispec.metrics import RequestMetrics, RequestTimes, SpecDecodeStats
-from verispec.algorithms.sampling import SamplingParams
 
 TRANSFORMERS_METHODS = ("plain", "assisted", "prompt-lookup")
-ASSISTED_DEFAULTS = {"num_assistant_tokens": 20, "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.4}
+ASSISTED_DEFAULTS = {
+    "num_assistant_tokens": 20,
+    "num_assistant_tokens_schedule": "constant",
+    "assistant_confidence_threshold": 0.4,
+}
 PEER_FAMILIES = ("transformers", "llama.cpp")
 
 
@@ -107,7 +111,15 @@ class TransformersPeer:
 
     family = "transformers"
 
-    def __init__(self, method: str, model, tokenizer, eos_token_ids: Sequence[int], draft_model=None, num_speculative_tokens: int = 5) -> None:
+    def __init__(
+        self,
+        method: str,
+        model,
+        tokenizer,
+        eos_token_ids: Sequence[int],
+        draft_model=None,
+        num_speculative_tokens: int = 5,
+    ) -> None:
         if method not in TRANSFORMERS_METHODS:
             raise ValueError(f"unknown transformers peer {method!r}")
         self.method, self.name = method, f"transformers:{method}"
@@ -116,7 +128,10 @@ class TransformersPeer:
         self.settings: dict = {}
         if method == "assisted":  # transformers reads these from the draft's own generation config
             own = draft_model.generation_config
-            self.settings = {k: getattr(own, k, None) if getattr(own, k, None) is not None else v for k, v in ASSISTED_DEFAULTS.items()}
+            self.settings = {
+                k: getattr(own, k, None) if getattr(own, k, None) is not None else v
+                for k, v in ASSISTED_DEFAULTS.items()
+            }
         elif method == "prompt-lookup":
             self.settings = {"prompt_lookup_num_tokens": num_speculative_tokens, "max_matching_ngram_size": 2}
 
@@ -147,7 +162,9 @@ class TransformersPeer:
         times.end = time.perf_counter()
         times.first_token = clock.first_token or times.end
         times.target_s, times.num_target_forwards, times.draft_s = target["seconds"], target["calls"], draft["seconds"]
-        token_ids, reason = finish_at_eos(sequences[0, input_ids.shape[1] :].tolist(), self.eos_token_ids, params.max_tokens)
+        token_ids, reason = finish_at_eos(
+            sequences[0, input_ids.shape[1] :].tolist(), self.eos_token_ids, params.max_tokens
+        )
         return _output(token_ids, reason, self.tokenizer, times, len(prompt_token_ids))
 
     def _draft_tally(self):
@@ -166,7 +183,9 @@ class LlamaCppPeer:
     method = "plain"
     name = "llama.cpp:plain"
 
-    def __init__(self, gguf_path: str, tokenizer, eos_token_ids: Sequence[int], threads: int, context_length: int = 4096) -> None:
+    def __init__(
+        self, gguf_path: str, tokenizer, eos_token_ids: Sequence[int], threads: int, context_length: int = 4096
+    ) -> None:
         import llama_cpp
 
         start = time.perf_counter()
@@ -175,17 +194,27 @@ class LlamaCppPeer:
         )
         self.load_time_s = time.perf_counter() - start
         self.tokenizer, self.eos_token_ids = tokenizer, tuple(eos_token_ids)
-        self.settings = {"n_threads": threads, "n_ctx": context_length, "version": getattr(llama_cpp, "__version__", None)}
+        self.settings = {
+            "n_threads": threads,
+            "n_ctx": context_length,
+            "version": getattr(llama_cpp, "__version__", None),
+        }
 
     def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> GenerationOutput:
-        sampling = dict(temp=0.0, top_k=1, top_p=1.0) if params.is_greedy else dict(temp=params.temperature, top_k=params.top_k, top_p=params.top_p)
+        sampling = (
+            dict(temp=0.0, top_k=1, top_p=1.0)
+            if params.is_greedy
+            else dict(temp=params.temperature, top_k=params.top_k, top_p=params.top_p)
+        )
         if params.seed is not None:
             self.llm.set_seed(params.seed)
         times = RequestTimes(start=time.perf_counter())
         token_ids: list[int] = []
         reason = "length"
         self.llm.reset()
-        for token in self.llm.generate(list(prompt_token_ids), min_p=0.0, repeat_penalty=params.repetition_penalty, reset=True, **sampling):
+        for token in self.llm.generate(
+            list(prompt_token_ids), min_p=0.0, repeat_penalty=params.repetition_penalty, reset=True, **sampling
+        ):
             if times.first_token is None:
                 times.first_token = time.perf_counter()
             if token in self.eos_token_ids:

@@ -9,8 +9,8 @@ passed around on its own still says which host it speaks for. Knows nothing abou
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from verispec.bench.figures import ALL, SummaryRow
 from verispec.metrics import OUTPUT_BUCKET_TOKENS
@@ -52,7 +52,12 @@ def draw_figures(summary: Sequence[SummaryRow], caption: str = "") -> dict:
     import matplotlib.pyplot as plt
 
     figures = {}
-    for key, draw in (("speedup", _speedup), ("draft_position", _draft_position), ("output_position", _output_position), ("throughput", _throughput)):
+    for key, draw in (
+        ("speedup", _speedup),
+        ("draft_position", _draft_position),
+        ("output_position", _output_position),
+        ("throughput", _throughput),
+    ):
         fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
         draw(ax, summary)
         if caption:
@@ -105,7 +110,11 @@ def _output_position(ax, summary: Sequence[SummaryRow]) -> None:
     num_buckets = 1
     for r in summary:
         if r.category == ALL and r.acceptance_by_output_bucket:
-            points = [((b + 0.5) * OUTPUT_BUCKET_TOKENS, v) for b, v in enumerate(r.acceptance_by_output_bucket) if v is not None]
+            points = [
+                ((b + 0.5) * OUTPUT_BUCKET_TOKENS, v)
+                for b, v in enumerate(r.acceptance_by_output_bucket)
+                if v is not None
+            ]
             ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=r.runner)
             num_buckets = max(num_buckets, len(r.acceptance_by_output_bucket))
     ax.set_xlim(0, num_buckets * OUTPUT_BUCKET_TOKENS)  # the buckets' span, even for a single bucket

@@ -10,8 +10,8 @@ nothing about speculation; the runners' exactness under speculation is measured 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -52,8 +52,9 @@ def compare_logits(reference: Tensor, logits: Tensor, result: QualityResult) -> 
 
 
 @torch.inference_mode()
-def reference_continuations(model, prompts: Sequence[Sequence[int]], max_tokens: int, eos_token_ids: Sequence[int],
-                            batch_size: int = 16) -> list[tuple[list[int], Tensor]]:
+def reference_continuations(
+    model, prompts: Sequence[Sequence[int]], max_tokens: int, eos_token_ids: Sequence[int], batch_size: int = 16
+) -> list[tuple[list[int], Tensor]]:
     """Greedy continuations of the float32 model and its logits at each generated position.
 
     Prompts run in left-padded batches (transformers ``generate``); each continuation is cut after
@@ -66,8 +67,15 @@ def reference_continuations(model, prompts: Sequence[Sequence[int]], max_tokens:
         width = max(len(p) for p in batch)
         input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
-        out = model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=max_tokens, do_sample=False,
-                             output_logits=True, return_dict_in_generate=True, pad_token_id=pad)
+        out = model.generate(
+            input_ids=input_ids,
+            attention_mask=mask,
+            max_new_tokens=max_tokens,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+            pad_token_id=pad,
+        )
         logits = torch.stack(out.logits, dim=1).float()  # [batch, steps, vocab]
         for row in range(len(batch)):
             tokens = out.sequences[row, width:].tolist()
@@ -87,8 +95,14 @@ def teacher_forced(runner: Runner, prompt: Sequence[int], continuation: Sequence
     return logits
 
 
-def measure_quality(model, runners: dict[str, Runner], prompts: Sequence[Sequence[int]], max_tokens: int,
-                    eos_token_ids: Sequence[int], log: Callable[[str], None] = print) -> dict:
+def measure_quality(
+    model,
+    runners: dict[str, Runner],
+    prompts: Sequence[Sequence[int]],
+    max_tokens: int,
+    eos_token_ids: Sequence[int],
+    log: Callable[[str], None] = print,
+) -> dict:
     """Top-1 agreement and mean KL of each runner against ``model`` (float32), as a JSON-ready dict."""
     start = time.perf_counter()
     references = reference_continuations(model, prompts, max_tokens, eos_token_ids)
@@ -103,6 +117,8 @@ def measure_quality(model, runners: dict[str, Runner], prompts: Sequence[Sequenc
             compare_logits(reference, teacher_forced(runner, prompt, continuation), results[name])
     report = {name: result.to_dict() for name, result in results.items()}
     for name, row in report.items():
-        log(f"[quality] {name}: top-1 agreement {row['top1_agreement']:.4f}, mean KL {row['mean_kl_nats']:.5f} nats "
-            f"over {row['positions']} positions")
+        log(
+            f"[quality] {name}: top-1 agreement {row['top1_agreement']:.4f}, mean KL {row['mean_kl_nats']:.5f} nats "
+            f"over {row['positions']} positions"
+        )
     return report

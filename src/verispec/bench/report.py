@@ -11,9 +11,9 @@ import datetime as _dt
 import json
 import os
 import platform
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 from rich.table import Table
 
@@ -47,7 +47,9 @@ class BenchResults:
     created_at: str = ""
     curves: dict = field(default_factory=dict)  # {runner kind: {"target": {k: ms}, "draft": {1: ms}}} (--curves)
     prefill: dict = field(default_factory=dict)  # {runner: {length: {"seconds", "tokens_per_s"}}} (--prefill-tokens)
-    quality: dict = field(default_factory=dict)  # {runner: {"positions", "top1_agreement", "mean_kl_nats"}} (--quality-prompts)
+    quality: dict = field(
+        default_factory=dict
+    )  # {runner: {"positions", "top1_agreement", "mean_kl_nats"}} (--quality-prompts)
 
     def to_dict(self) -> dict:
         return {
@@ -77,7 +79,9 @@ class BenchResults:
             raise ResultsFormatError(f"not a verispec benchmark document (schema {data.get('schema')!r})")
         version = data.get("schema_version")
         if version != SCHEMA_VERSION:
-            raise ResultsFormatError(f"results schema version {version!r} is not supported (this verispec reads {SCHEMA_VERSION})")
+            raise ResultsFormatError(
+                f"results schema version {version!r} is not supported (this verispec reads {SCHEMA_VERSION})"
+            )
         try:
             return cls(
                 config=data["config"],
@@ -99,7 +103,14 @@ class BenchResults:
             raise ResultsFormatError(f"malformed results document: {exc}") from None
 
 
-def build_results(config: dict, models: list[dict], memory: dict, runners: list[ParticipantInfo], records: list[RunRecord], audit: dict) -> BenchResults:
+def build_results(
+    config: dict,
+    models: list[dict],
+    memory: dict,
+    runners: list[ParticipantInfo],
+    records: list[RunRecord],
+    audit: dict,
+) -> BenchResults:
     """Summarise ``records`` and bundle them with the run's facts (environment read here)."""
     return BenchResults(
         config=config,
@@ -111,7 +122,7 @@ def build_results(config: dict, models: list[dict], memory: dict, runners: list[
         summary=summarize(records),
         exactness=exactness(records, greedy=config.get("temperature", 0.0) == 0.0),
         audit=audit,
-        created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        created_at=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     )
 
 
@@ -120,7 +131,11 @@ def exactness(records: Sequence[RunRecord], greedy: bool) -> dict:
     is None for sampling runs (nothing to compare token by token)."""
     if not greedy:
         return {"greedy": False, "all_equal": None, "mismatches": []}
-    mismatches = [{"runner": r.runner, "prompt_id": r.prompt_id, "category": r.category} for r in records if r.matches_plain is False]
+    mismatches = [
+        {"runner": r.runner, "prompt_id": r.prompt_id, "category": r.category}
+        for r in records
+        if r.matches_plain is False
+    ]
     return {"greedy": True, "all_equal": not mismatches, "mismatches": mismatches}
 
 
@@ -169,7 +184,9 @@ def kernel_line(environment: dict) -> str | None:
     int8 kernel onednn``; None when neither runner ran."""
     parts = []
     if environment.get("kernel_isa"):
-        parts.append(f"gguf kernels {environment['kernel_isa']} (CPU features: {environment.get('cpu_features') or 'none detected'})")
+        parts.append(
+            f"gguf kernels {environment['kernel_isa']} (CPU features: {environment.get('cpu_features') or 'none detected'})"
+        )
     if environment.get("int8_kernel"):
         parts.append(f"int8 kernel {environment['int8_kernel']}")
     return " · ".join(parts) or None
@@ -227,17 +244,29 @@ def overall_rows(summary: Sequence[SummaryRow]) -> tuple[list[str], list[list[st
     """Header and rows of the per-runner table over all prompts (a "vs llama.cpp:plain" column
     when the peer ran)."""
     peer = any(r.speedup_vs_llama_cpp is not None for r in summary)
-    header = ["runner", "speedup", f"vs {reference_participant(r.runner for r in summary)}"] + (["vs llama.cpp:plain"] if peer else [])
+    header = ["runner", "speedup", f"vs {reference_participant(r.runner for r in summary)}"] + (
+        ["vs llama.cpp:plain"] if peer else []
+    )
     header += ["decode tok/s", "e2e tok/s", "TTFT ms", "TPOT ms", "α", "τ", "tok/target fwd", "exact"]
     rows = []
     for r in summary:
         if r.category != ALL:
             continue
         exact = f"{r.exact_equal}/{r.exact_checked}" if r.exact_checked else "—"
-        rows.append([r.runner, _fmt(r.speedup, "{:.2f}×"), _fmt(r.speedup_vs_reference, "{:.2f}×")]
-                    + ([_fmt(r.speedup_vs_llama_cpp, "{:.2f}×")] if peer else [])
-                    + [_fmt(r.decode_tokens_per_s), _fmt(r.total_tokens_per_s), _fmt(r.ttft_ms, "{:.0f}"), _fmt(r.tpot_ms, "{:.0f}"),
-                       _fmt(r.acceptance_rate), _fmt(r.mean_acceptance_length), _fmt(r.tokens_per_target_forward), exact])
+        rows.append(
+            [r.runner, _fmt(r.speedup, "{:.2f}×"), _fmt(r.speedup_vs_reference, "{:.2f}×")]
+            + ([_fmt(r.speedup_vs_llama_cpp, "{:.2f}×")] if peer else [])
+            + [
+                _fmt(r.decode_tokens_per_s),
+                _fmt(r.total_tokens_per_s),
+                _fmt(r.ttft_ms, "{:.0f}"),
+                _fmt(r.tpot_ms, "{:.0f}"),
+                _fmt(r.acceptance_rate),
+                _fmt(r.mean_acceptance_length),
+                _fmt(r.tokens_per_target_forward),
+                exact,
+            ]
+        )
     return header, rows
 
 
@@ -250,9 +279,15 @@ def curve_rows(curves: dict) -> tuple[list[str], list[list[str]]]:
         target = {int(k): v for k, v in c.get("target", {}).items()}
         draft = {int(k): v for k, v in c.get("draft", {}).items()}.get(1)
         one = target.get(1)
-        rows.append([kind] + [_fmt(target.get(k), "{:.1f}") for k in ks]
-                    + [_fmt(target[8] / one if one and 8 in target else None), _fmt(draft, "{:.1f}"),
-                       _fmt(draft / one if draft and one else None)])
+        rows.append(
+            [kind]
+            + [_fmt(target.get(k), "{:.1f}") for k in ks]
+            + [
+                _fmt(target[8] / one if one and 8 in target else None),
+                _fmt(draft, "{:.1f}"),
+                _fmt(draft / one if draft and one else None),
+            ]
+        )
     return header, rows
 
 
@@ -260,16 +295,21 @@ def prefill_rows(prefill: dict) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the prefill table: tokens/s of one prefill of each length, per runner."""
     lengths = sorted({int(n) for by_length in prefill.values() for n in by_length})
     header = ["runner"] + [f"{n} tokens: tok/s" for n in lengths]
-    rows = [[name] + [_fmt((by_length.get(n) or by_length.get(str(n)) or {}).get("tokens_per_s"), "{:.1f}") for n in lengths]
-            for name, by_length in prefill.items()]
+    rows = [
+        [name]
+        + [_fmt((by_length.get(n) or by_length.get(str(n)) or {}).get("tokens_per_s"), "{:.1f}") for n in lengths]
+        for name, by_length in prefill.items()
+    ]
     return header, rows
 
 
 def quality_rows(quality: dict) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the quality table: each target runner against the float32 model."""
     header = ["runner", "positions", "top-1 agreement", "mean KL (nats)"]
-    rows = [[name, str(q.get("positions")), _fmt(q.get("top1_agreement"), "{:.4f}"), _fmt(q.get("mean_kl_nats"), "{:.5f}")]
-            for name, q in quality.items()]
+    rows = [
+        [name, str(q.get("positions")), _fmt(q.get("top1_agreement"), "{:.4f}"), _fmt(q.get("mean_kl_nats"), "{:.5f}")]
+        for name, q in quality.items()
+    ]
     return header, rows
 
 
@@ -330,14 +370,22 @@ def report_markdown(results: BenchResults) -> str:
         lines.append("Greedy: tokens differ from plain decoding of the same runner on:")
         lines += [f"- `{m['runner']}` on prompt {m['prompt_id']} ({m['category']})" for m in ex.get("mismatches", [])]
         if c.get("dtype") != "float32":
-            lines += ["", f"With {c.get('dtype')} weights a pass over k + 1 tokens and a pass over one token round "
-                      "differently, so a near-tie between two tokens can flip; float32 makes that far rarer."]
+            lines += [
+                "",
+                f"With {c.get('dtype')} weights a pass over k + 1 tokens and a pass over one token round "
+                "differently, so a near-tie between two tokens can flip; float32 makes that far rarer.",
+            ]
     lines += ["", f"## Acceptance by output position (buckets of {OUTPUT_BUCKET_TOKENS} tokens)", ""]
     decay = [r for r in s if r.category == ALL and r.acceptance_by_output_bucket]
     if decay:
         width = max(len(r.acceptance_by_output_bucket) for r in decay)
         header = ["runner"] + [f"{b * OUTPUT_BUCKET_TOKENS}-{(b + 1) * OUTPUT_BUCKET_TOKENS - 1}" for b in range(width)]
-        rows = [[r.runner] + [_fmt(v) for v in r.acceptance_by_output_bucket] + ["—"] * (width - len(r.acceptance_by_output_bucket)) for r in decay]
+        rows = [
+            [r.runner]
+            + [_fmt(v) for v in r.acceptance_by_output_bucket]
+            + ["—"] * (width - len(r.acceptance_by_output_bucket))
+            for r in decay
+        ]
         lines.append(markdown_table(header, rows))
     else:
         lines.append("No drafts.")
@@ -351,18 +399,30 @@ def report_markdown(results: BenchResults) -> str:
             f"{_mib(after - before if None not in (before, after) else None)}",
         ]
     lines.append(f"- peak RSS of the whole run: {_mib(results.memory.get('peak_rss_bytes'))}")
-    lines += [f"- {model.get('runner', c.get('runner'))} {model['role']} `{model['name']}`: loaded in {model['load_time_s']:.1f} s" for model in results.models]
+    lines += [
+        f"- {model.get('runner', c.get('runner'))} {model['role']} `{model['name']}`: loaded in {model['load_time_s']:.1f} s"
+        for model in results.models
+    ]
     if results.curves:
         lines += ["", "## Cost of one target pass (ms, median)", "", markdown_table(*curve_rows(results.curves))]
     if results.prefill:
         lines += ["", "## One prefill from an empty cache", "", markdown_table(*prefill_rows(results.prefill))]
     if results.quality:
-        lines += ["", "## Agreement with the float32 model (teacher-forced on its greedy output)", "",
-                  markdown_table(*quality_rows(results.quality))]
+        lines += [
+            "",
+            "## Agreement with the float32 model (teacher-forced on its greedy output)",
+            "",
+            markdown_table(*quality_rows(results.quality)),
+        ]
     a = results.audit
     if a.get("audited"):
-        lines += ["", "## Audit", "", f"{a['audited']} audited: {a['agreed']} agreed, {a['disagreed']} disagreed, {a['sampled']} sampling audits "
-                  f"(target log-prob per token: output {_fmt(a.get('mean_output_logprob'), '{:.3f}')}, plain {_fmt(a.get('mean_plain_logprob'), '{:.3f}')})."]
+        lines += [
+            "",
+            "## Audit",
+            "",
+            f"{a['audited']} audited: {a['agreed']} agreed, {a['disagreed']} disagreed, {a['sampled']} sampling audits "
+            f"(target log-prob per token: output {_fmt(a.get('mean_output_logprob'), '{:.3f}')}, plain {_fmt(a.get('mean_plain_logprob'), '{:.3f}')}).",
+        ]
     if results.plots:
         lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({p})" for p in results.plots]
     lines += ["", "Environment: " + ", ".join(f"{k} {v}" for k, v in results.environment.items()), ""]

@@ -8,20 +8,21 @@ Knows nothing about figures or file formats (see ``figures`` and ``report``).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Protocol, Sequence
+from typing import Protocol
 
 import torch
 
+from verispec.algorithms.sampling import SamplingParams
 from verispec.bench.audit import QualityAuditor
 from verispec.bench.peers import PEER_FAMILIES, TRANSFORMERS_METHODS, LlamaCppPeer, TransformersPeer
 from verispec.bench.workload import WorkloadItem
 from verispec.engine import METHODS, GenerationOutput, SpeculativeConfig, SpeculativeEngine
-from verispec.errors import InvalidParameterError
 from verispec.engine.loader import SpeculativePipeline
+from verispec.errors import InvalidParameterError
 from verispec.runners.notices import kernel_facts
-from verispec.algorithms.sampling import SamplingParams
 
 REFERENCE_RUNNER = "verispec:none"  # results written before runners were named by kind
 VERISPEC_FAMILIES = ("verispec", "gguf", "int8", "llamacpp", "torch")  # verispec's engine on each runner
@@ -82,13 +83,19 @@ class BenchConfig:
         unknown = [m for m in self.methods if m not in METHODS]
         if unknown:
             raise InvalidParameterError(f"unknown method {', '.join(unknown)}; choose from {', '.join(METHODS)}")
-        object.__setattr__(self, "methods", tuple(dict.fromkeys(("none",) + tuple(self.methods))))  # none first, no repeats
+        object.__setattr__(
+            self, "methods", tuple(dict.fromkeys(("none",) + tuple(self.methods)))
+        )  # none first, no repeats
         bad_peers = [p for p in self.peers if p not in PEER_FAMILIES]
         if bad_peers:
-            raise InvalidParameterError(f"unknown peer {', '.join(bad_peers)}; choose from {', '.join(PEER_FAMILIES)} or none")
+            raise InvalidParameterError(
+                f"unknown peer {', '.join(bad_peers)}; choose from {', '.join(PEER_FAMILIES)} or none"
+            )
         if self.threads is not None and self.threads < 1:
             raise InvalidParameterError(f"threads must be >= 1, got {self.threads}")
-        SpeculativeConfig(num_speculative_tokens=self.num_speculative_tokens, schedule=self.schedule)  # validates k and schedule
+        SpeculativeConfig(
+            num_speculative_tokens=self.num_speculative_tokens, schedule=self.schedule
+        )  # validates k and schedule
         SamplingParams(temperature=self.temperature, max_tokens=self.max_tokens, sampling=self.sampling)  # validates
         if not 0.0 <= self.audit_rate <= 1.0:
             raise InvalidParameterError(f"audit rate must be in [0, 1], got {self.audit_rate}")
@@ -96,7 +103,9 @@ class BenchConfig:
     def params(self, prompt_index: int) -> SamplingParams:
         """Sampling parameters of one prompt: the same for every runner (seed + index when sampling)."""
         seed = self.seed + prompt_index if self.temperature > 0 else None
-        return SamplingParams(temperature=self.temperature, max_tokens=self.max_tokens, seed=seed, sampling=self.sampling)
+        return SamplingParams(
+            temperature=self.temperature, max_tokens=self.max_tokens, seed=seed, sampling=self.sampling
+        )
 
 
 @dataclass
@@ -197,11 +206,19 @@ class VerispecParticipant:
     ``"<kind>:<method>"`` (``int8:draft``), its family is the kind. ``settings`` name the kernels
     it runs (gguf: ``kernel_isa``; int8: ``int8_kernel``)."""
 
-    def __init__(self, engine: SpeculativeEngine, method: str, num_speculative_tokens: int, kind: str = "verispec",
-                 schedule: str = "cost") -> None:
+    def __init__(
+        self,
+        engine: SpeculativeEngine,
+        method: str,
+        num_speculative_tokens: int,
+        kind: str = "verispec",
+        schedule: str = "cost",
+    ) -> None:
         self.engine, self.method, self.family, self.name = engine, method, kind, f"{kind}:{method}"
         self.spec = SpeculativeConfig(method=method, num_speculative_tokens=num_speculative_tokens, schedule=schedule)
-        self.settings = {} if method == "none" else {"num_speculative_tokens": num_speculative_tokens, "schedule": schedule}
+        self.settings = (
+            {} if method == "none" else {"num_speculative_tokens": num_speculative_tokens, "schedule": schedule}
+        )
         self.settings |= {key: value for key, value in kernel_facts(kind).items() if key != "cpu_features"}
 
     def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> GenerationOutput:
@@ -220,7 +237,9 @@ class ParticipantInfo:
     load_time_s: float | None = None
 
 
-def build_participants(pipes: Mapping[str, SpeculativePipeline], config: BenchConfig) -> tuple[list[Participant], list[ParticipantInfo]]:
+def build_participants(
+    pipes: Mapping[str, SpeculativePipeline], config: BenchConfig
+) -> tuple[list[Participant], list[ParticipantInfo]]:
     """The participants ``config`` asks for over each pipeline of ``pipes`` (``{runner kind: pipeline}``,
     the first is the reference), then the peers, and a description of each (skipped ones too).
     The transformers peers run on the pipeline that holds a torch model; llama.cpp on the
@@ -234,25 +253,48 @@ def build_participants(pipes: Mapping[str, SpeculativePipeline], config: BenchCo
         loaded = set(pipe.engine.proposers)
         missing = [m for m in config.methods if m not in ("none", "auto") and m not in loaded]
         if missing:
-            raise InvalidParameterError(f"method {', '.join(missing)} needs a drafter the {kind} runner did not load (loaded: {', '.join(sorted(loaded))})")
+            raise InvalidParameterError(
+                f"method {', '.join(missing)} needs a drafter the {kind} runner did not load (loaded: {', '.join(sorted(loaded))})"
+            )
         # each method its own suffix cache: it learns from its own earlier answers, never from
         # another method's answer to the same prompt (the methods take turns on every prompt)
-        runners += [VerispecParticipant(pipe.engine.with_own_suffix_cache(), m, config.num_speculative_tokens, kind, config.schedule)
-                    for m in config.methods]
+        runners += [
+            VerispecParticipant(
+                pipe.engine.with_own_suffix_cache(), m, config.num_speculative_tokens, kind, config.schedule
+            )
+            for m in config.methods
+        ]
     infos = [ParticipantInfo(r.name, r.family, r.method, settings=r.settings) for r in runners]
     first = next(iter(pipes.values()))
     if "transformers" in config.peers:
         torch_pipe = next((p for p in pipes.values() if p.target.model is not None), None)
         for method in TRANSFORMERS_METHODS:
             if torch_pipe is None:
-                which = f"the {next(iter(pipes))} runner holds no torch model" if len(pipes) == 1 else f"none of the {', '.join(pipes)} runners holds a torch model"
-                infos.append(ParticipantInfo(f"transformers:{method}", "transformers", method, f"skipped: {which} (add torch to --runner)"))
+                which = (
+                    f"the {next(iter(pipes))} runner holds no torch model"
+                    if len(pipes) == 1
+                    else f"none of the {', '.join(pipes)} runners holds a torch model"
+                )
+                infos.append(
+                    ParticipantInfo(
+                        f"transformers:{method}", "transformers", method, f"skipped: {which} (add torch to --runner)"
+                    )
+                )
                 continue
             if method == "assisted" and torch_pipe.draft is None:
-                infos.append(ParticipantInfo(f"transformers:{method}", "transformers", method, "skipped: no draft model loaded"))
+                infos.append(
+                    ParticipantInfo(f"transformers:{method}", "transformers", method, "skipped: no draft model loaded")
+                )
                 continue
             draft_model = torch_pipe.draft.model if torch_pipe.draft is not None else None
-            peer = TransformersPeer(method, torch_pipe.target.model, torch_pipe.tokenizer, torch_pipe.target.eos_token_ids, draft_model, config.num_speculative_tokens)
+            peer = TransformersPeer(
+                method,
+                torch_pipe.target.model,
+                torch_pipe.tokenizer,
+                torch_pipe.target.eos_token_ids,
+                draft_model,
+                config.num_speculative_tokens,
+            )
             runners.append(peer)
             infos.append(ParticipantInfo(peer.name, peer.family, method, settings=peer.settings))
     if "llama.cpp" in config.peers:
@@ -270,7 +312,9 @@ def _llama_cpp(pipe: SpeculativePipeline, config: BenchConfig) -> tuple[LlamaCpp
         info.status = "skipped: the target is not a GGUF file"
         return None, info
     try:
-        peer = LlamaCppPeer(str(path), pipe.tokenizer, pipe.target.eos_token_ids, config.threads or torch.get_num_threads())
+        peer = LlamaCppPeer(
+            str(path), pipe.tokenizer, pipe.target.eos_token_ids, config.threads or torch.get_num_threads()
+        )
     except ImportError:
         info.status = "not installed"
         return None, info
@@ -357,7 +401,9 @@ def mark_exactness(batch: list[RunRecord]) -> None:
             record.matches_reference = record.token_ids == reference.token_ids
 
 
-def _audit(auditor: QualityAuditor, engine, prompt, params, outputs: dict[str, GenerationOutput], request_id: str, kind: str) -> None:
+def _audit(
+    auditor: QualityAuditor, engine, prompt, params, outputs: dict[str, GenerationOutput], request_id: str, kind: str
+) -> None:
     plain = outputs.get(f"{kind}:none")
     for name, output in outputs.items():
         if name.startswith(f"{kind}:") and name != f"{kind}:none" and auditor.select():

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from verispec.errors import VerispecError
 
@@ -133,7 +133,10 @@ def data_dir() -> Path:
         WorkloadError: none of them exists.
     """
     candidates = [Path(os.environ[DATA_DIR_ENV])] if os.environ.get(DATA_DIR_ENV) else []
-    candidates += [Path.cwd() / ".." / "shared" / "data", Path(__file__).resolve().parents[4] / ".." / "shared" / "data"]
+    candidates += [
+        Path.cwd() / ".." / "shared" / "data",
+        Path(__file__).resolve().parents[4] / ".." / "shared" / "data",
+    ]
     for candidate in candidates:
         if candidate.is_dir():
             return candidate.resolve()
@@ -152,7 +155,9 @@ def regroup(items: Sequence[WorkloadItem], group: str) -> list[WorkloadItem]:
     return [_with_category(item, group) for item in items]
 
 
-def select(items: Sequence[WorkloadItem], categories: Sequence[str] | None = None, limit: int | None = None) -> list[WorkloadItem]:
+def select(
+    items: Sequence[WorkloadItem], categories: Sequence[str] | None = None, limit: int | None = None
+) -> list[WorkloadItem]:
     """The first ``limit`` items of each category (all when None), only ``categories`` if given.
 
     Order: categories in order of first appearance, items in file order within each.
@@ -191,7 +196,9 @@ def load_workload(
     if prompts is not None:
         return select(read_jsonl(prompts), categories, limit)
     if workload not in BUILTIN_WORKLOADS:
-        raise WorkloadError(f"unknown workload {workload!r}; built-in: {', '.join(BUILTIN_WORKLOADS)} (or --prompts FILE)")
+        raise WorkloadError(
+            f"unknown workload {workload!r}; built-in: {', '.join(BUILTIN_WORKLOADS)} (or --prompts FILE)"
+        )
     builtin = BUILTIN_WORKLOADS[workload]
     items = regroup(read_jsonl(data_dir() / builtin.file_name), builtin.group)
     return select(items, categories, limit)

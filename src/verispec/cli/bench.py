@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 from rich.console import Console
@@ -20,12 +19,12 @@ from verispec.cli.common import (
     draft_option,
     draft_or_none,
     draft_quantization_option,
-    eagle_head_option,
-    head_quantization_option,
     draft_vocab_corpus_option,
     draft_vocab_option,
     dtype_option,
+    eagle_head_option,
     err,
+    head_quantization_option,
     json_option,
     num_speculative_tokens_option,
     prompts_option,
@@ -38,44 +37,69 @@ from verispec.errors import InvalidParameterError
 
 
 def bench(
-    workload: Optional[str] = workload_option(),
-    prompts: Optional[Path] = prompts_option(),
-    categories: Optional[str] = categories_option(),
-    limit: Optional[int] = typer.Option(None, help="Prompts per category at most."),
-    methods: Optional[str] = typer.Option(None, help="Comma-separated verispec methods (default: all loaded); none always runs."),
-    peers: str = typer.Option("transformers,llama.cpp", help="Peers in the same loop: transformers, llama.cpp, or none."),
+    workload: str | None = workload_option(),
+    prompts: Path | None = prompts_option(),
+    categories: str | None = categories_option(),
+    limit: int | None = typer.Option(None, help="Prompts per category at most."),
+    methods: str | None = typer.Option(
+        None, help="Comma-separated verispec methods (default: all loaded); none always runs."
+    ),
+    peers: str = typer.Option(
+        "transformers,llama.cpp", help="Peers in the same loop: transformers, llama.cpp, or none."
+    ),
     num_speculative_tokens: int = num_speculative_tokens_option(K_BENCH),
-    schedule: str = typer.Option("cost", help="Draft length: cost (the default, as generate and serve: the cost model, seeded with the machine's cost curve; drafts only where it expects a gain), heuristic or constant (every method at -k, even where slower than plain)."),
+    schedule: str = typer.Option(
+        "cost",
+        help="Draft length: cost (the default, as generate and serve: the cost model, seeded with the machine's cost curve; drafts only where it expects a gain), heuristic or constant (every method at -k, even where slower than plain).",
+    ),
     max_tokens: int = typer.Option(128, help="New tokens at most per prompt."),
     temperature: float = typer.Option(0.0, help="0 = greedy (checks exactness); > 0 samples."),
     seed: int = typer.Option(0, help="Seed of sampling runs (prompt i uses seed + i) and of the audit draws."),
-    sampling: str = typer.Option("coupled", help="Sampled runs: coupled (a seed fixes the text under every method) "
-                                 "or rejection (modified rejection sampling)."),
-    threads: Optional[int] = typer.Option(None, help="CPU threads for every runner (default: torch's)."),
-    chat: Optional[bool] = chat_template_option(),
+    sampling: str = typer.Option(
+        "coupled",
+        help="Sampled runs: coupled (a seed fixes the text under every method) "
+        "or rejection (modified rejection sampling).",
+    ),
+    threads: int | None = typer.Option(None, help="CPU threads for every runner (default: torch's)."),
+    chat: bool | None = chat_template_option(),
     audit_rate: float = typer.Option(0.0, help="Fraction of speculative runs audited against plain decoding."),
     warmup: bool = typer.Option(True, "--warmup/--no-warmup", help="One short untimed run per runner first."),
     target: str = target_option("Target model reference."),
     draft: str = draft_option(),
     dtype: str = dtype_option(),
-    runner: str = runner_option("Comma-separated runners compared in one run (as generate's --runner), e.g. gguf,int8,torch; transformers peers need torch."),
+    runner: str = runner_option(
+        "Comma-separated runners compared in one run (as generate's --runner), e.g. gguf,int8,torch; transformers peers need torch."
+    ),
     draft_quantization: str = draft_quantization_option(),
-    eagle_head: Optional[Path] = eagle_head_option(),
+    eagle_head: Path | None = eagle_head_option(),
     head_quantization: str = head_quantization_option(),
-    draft_vocab: Optional[int] = draft_vocab_option(),
-    draft_vocab_corpus: Optional[List[str]] = draft_vocab_corpus_option(),
-    curves: bool = typer.Option(False, "--curves/--no-curves", help="Also time one target pass of k = 1..16 tokens and one draft pass per runner."),
-    prefill_tokens: str = typer.Option("", help="Also time one prefill of each of these prompt lengths per runner, e.g. 512,2048 (llama.cpp's beside when it is a peer)."),
-    quality_prompts: int = typer.Option(0, min=0, help="Also score each runner against the float32 model (teacher-forced, 32 tokens) on the first N prompts."),
-    out: Optional[Path] = typer.Option(None, help="Write results.json, report.md and PNG plots into this folder."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display (prompt i of n, method, decode tok/s so far) on stderr."),
+    draft_vocab: int | None = draft_vocab_option(),
+    draft_vocab_corpus: list[str] | None = draft_vocab_corpus_option(),
+    curves: bool = typer.Option(
+        False,
+        "--curves/--no-curves",
+        help="Also time one target pass of k = 1..16 tokens and one draft pass per runner.",
+    ),
+    prefill_tokens: str = typer.Option(
+        "",
+        help="Also time one prefill of each of these prompt lengths per runner, e.g. 512,2048 (llama.cpp's beside when it is a peer).",
+    ),
+    quality_prompts: int = typer.Option(
+        0,
+        min=0,
+        help="Also score each runner against the float32 model (teacher-forced, 32 tokens) on the first N prompts.",
+    ),
+    out: Path | None = typer.Option(None, help="Write results.json, report.md and PNG plots into this folder."),
+    quiet: bool = typer.Option(
+        False, "--quiet", "-q", help="No progress display (prompt i of n, method, decode tok/s so far) on stderr."
+    ),
     as_json: bool = json_option("Also print the results (as results.json) as one JSON object on stdout."),
 ) -> None:
     """Benchmark plain decoding, every speculative method and the peers, interleaved prompt by prompt."""
     from verispec.bench.command import available_methods, load_pipelines, print_summary, run_and_report, split
     from verispec.bench.run import BenchConfig
-    from verispec.engine.loader import DrafterOptions
     from verispec.bench.workload import load_workload
+    from verispec.engine.loader import DrafterOptions
     from verispec.runners.select import RUNNERS, RunnerOptions
 
     with user_errors():
@@ -85,7 +109,9 @@ def bench(
         if unknown:
             raise InvalidParameterError(f"unknown runner {', '.join(unknown)}; choose from {', '.join(RUNNERS)}")
         items = load_workload(None if prompts else workload or "specbench", prompts, split(categories), limit)
-        drafters = DrafterOptions(draft_quantization=draft_quantization, eagle_head=eagle_head, head_quantization=head_quantization)
+        drafters = DrafterOptions(
+            draft_quantization=draft_quantization, eagle_head=eagle_head, head_quantization=head_quantization
+        )
         options = RunnerOptions(draft_vocab_size=draft_vocab, draft_vocab_corpus=tuple(draft_vocab_corpus or ()))
         pipes, rss = load_pipelines(target, draft_or_none(draft), dtype, err, kinds, drafters=drafters, options=options)
         config = BenchConfig(
@@ -102,13 +128,26 @@ def bench(
             chat=chat,
             audit_rate=audit_rate,
         )
-        results = run_and_report(pipes, items, config, out, workload=str(prompts or workload or "specbench"), dtype=dtype, rss=rss,
-                                 console=err, curves=curves, prefill_tokens=lengths, quality_prompts=quality_prompts,
-                                 show_progress=not quiet)
+        results = run_and_report(
+            pipes,
+            items,
+            config,
+            out,
+            workload=str(prompts or workload or "specbench"),
+            dtype=dtype,
+            rss=rss,
+            console=err,
+            curves=curves,
+            prefill_tokens=lengths,
+            quality_prompts=quality_prompts,
+            show_progress=not quiet,
+        )
     report = err if as_json else Console()  # stdout is the JSON's with --json
     print_summary(results, report)
     if out is not None:
-        report.print(f"wrote {out / 'results.json'}, {out / 'report.md'} and {len(results.plots)} plots", highlight=False)
+        report.print(
+            f"wrote {out / 'results.json'}, {out / 'report.md'} and {len(results.plots)} plots", highlight=False
+        )
     if as_json:
         print(json.dumps(results.to_dict(), ensure_ascii=False))
 

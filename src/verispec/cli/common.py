@@ -8,8 +8,9 @@ checks raise :class:`~verispec.errors.InvalidParameterError`); :func:`user_error
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -97,7 +98,10 @@ def draft_option(help: str = DRAFT_HELP) -> Any:
 
 
 def dtype_option() -> Any:
-    return typer.Option("float32", help="float32, bfloat16 or float16: the float model of --runner torch / transformers (the gguf, int8 and llama.cpp runners compute in their own formats).")
+    return typer.Option(
+        "float32",
+        help="float32, bfloat16 or float16: the float model of --runner torch / transformers (the gguf, int8 and llama.cpp runners compute in their own formats).",
+    )
 
 
 def runner_option(help: str = RUNNER_HELP) -> Any:
@@ -127,25 +131,32 @@ def json_option(help: str) -> Any:
 
 def draft_quantization_option() -> Any:
     return typer.Option(
-        "auto", help="auto (iq4_nl on the gguf runner, else none); none; int8 (weight-only, --runner torch); iq4_nl or q4_0 (--runner gguf: the draft's 5-8-bit matrices re-quantized to 4.5 bits per weight as they load, once, kept under $VERISPEC_HOME/weights). Changes only what the draft proposes, never the output."
+        "auto",
+        help="auto (iq4_nl on the gguf runner, else none); none; int8 (weight-only, --runner torch); iq4_nl or q4_0 (--runner gguf: the draft's 5-8-bit matrices re-quantized to 4.5 bits per weight as they load, once, kept under $VERISPEC_HOME/weights). Changes only what the draft proposes, never the output.",
     )
 
 
 def draft_vocab_option() -> Any:
-    return typer.Option(None, help="Reduced draft LM head: keep this many most frequent tokens (FR-Spec; --runner gguf or int8).")
+    return typer.Option(
+        None, help="Reduced draft LM head: keep this many most frequent tokens (FR-Spec; --runner gguf or int8)."
+    )
 
 
 def draft_vocab_corpus_option() -> Any:
-    return typer.Option(None, help="Text file whose token counts pick the --draft-vocab tokens (repeatable; default: BPE rank).")
+    return typer.Option(
+        None, help="Text file whose token counts pick the --draft-vocab tokens (repeatable; default: BPE rank)."
+    )
 
 
 def head_quantization_option() -> Any:
     return typer.Option(
-        "auto", help="The EAGLE head's linear layers at inference: auto (q8_0 over the gguf runner, else none), none (float32), q8_0 or iq4_nl (GGUF blocks, the gguf kernels). Changes only what the head drafts, never the output."
+        "auto",
+        help="The EAGLE head's linear layers at inference: auto (q8_0 over the gguf runner, else none), none (float32), q8_0 or iq4_nl (GGUF blocks, the gguf kernels). Changes only what the head drafts, never the output.",
     )
 
 
 def eagle_head_option() -> Any:
     return typer.Option(
-        None, help="EAGLE-3 head file (verispec train-head) for --method eagle, and for auto to draft with it where the lookup fails."
+        None,
+        help="EAGLE-3 head file (verispec train-head) for --method eagle, and for auto to draft with it where the lookup fails.",
     )

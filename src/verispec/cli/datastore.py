@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import List
 
 import typer
 
 from verispec.cli.common import err, target_option, user_errors
 from verispec.errors import InvalidParameterError
-from verispec.training.corpus import corpus_files
 from verispec.progress import steps
+from verispec.training.corpus import corpus_files
 
 datastore_app = typer.Typer(
     help="Static corpora for suffix drafting (REST-style retrieval).", no_args_is_help=True, rich_markup_mode=None
@@ -22,19 +21,23 @@ datastore_app = typer.Typer(
 
 @datastore_app.command("build")
 def build(
-    corpus: List[Path] = typer.Argument(..., help="Files and directories (their text files, recursively)."),
+    corpus: list[Path] = typer.Argument(..., help="Files and directories (their text files, recursively)."),
     out: Path = typer.Option(..., help="Directory to write the datastore to."),
     target: str = target_option("The model whose tokenizer tokenizes the corpus (the target you serve)."),
     depth: int = typer.Option(8, min=1, max=32, help="Longest n-gram the datastore can match."),
-    exclude: List[str] = typer.Option([], help="Directory names to skip inside the corpus directories (repeatable)."),
+    exclude: list[str] = typer.Option([], help="Directory names to skip inside the corpus directories (repeatable)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display on stderr."),
 ) -> None:
     """Tokenize CORPUS with the target's tokenizer and write its suffix array to --out."""
-    from verispec.proposers.datastore import build_datastore
     from verispec.models.loading import load_gguf_info
+    from verispec.proposers.datastore import build_datastore
 
     with user_errors(OSError):
-        if not str(out) or out.is_file() or (out.is_dir() and any(out.iterdir()) and not (out / "datastore.json").exists()):
+        if (
+            not str(out)
+            or out.is_file()
+            or (out.is_dir() and any(out.iterdir()) and not (out / "datastore.json").exists())
+        ):
             raise InvalidParameterError(f"--out {str(out)!r} must be a new or empty directory, or an earlier datastore")
         files = corpus_files(corpus, exclude)
         if not files:
@@ -43,6 +46,7 @@ def build(
         start = time.perf_counter()
 
         with steps("datastore file", len(files), enabled=not quiet, console=err) as shown:
+
             def documents():
                 num_tokens = 0
                 for path in files:
@@ -56,4 +60,6 @@ def build(
                         yield ids
 
             summary = build_datastore(documents(), out, depth=depth)
-    err.print(f"{summary['num_documents']} documents, {summary['num_tokens']} tokens -> {out} in {time.perf_counter() - start:.1f} s")
+    err.print(
+        f"{summary['num_documents']} documents, {summary['num_tokens']} tokens -> {out} in {time.perf_counter() - start:.1f} s"
+    )

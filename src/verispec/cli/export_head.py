@@ -4,7 +4,6 @@ and SGLang serve (:mod:`verispec.bench.export_head`); this module parses, valida
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -13,19 +12,27 @@ from verispec.cli.common import err, runner_option, target_option, user_errors
 
 def export_head(
     head: Path = typer.Argument(..., help="The head file (verispec train-head)."),
-    out: Optional[Path] = typer.Option(None, help="Folder to write (config.json, model.safetensors); default: beside the head, NAME-eagle3."),
-    target: str = target_option("The target the head drafts for (it lends the embedding and, for a shared LM head, its rows)."),
+    out: Path | None = typer.Option(
+        None, help="Folder to write (config.json, model.safetensors); default: beside the head, NAME-eagle3."
+    ),
+    target: str = target_option(
+        "The target the head drafts for (it lends the embedding and, for a shared LM head, its rows)."
+    ),
     dtype: str = typer.Option("bfloat16", help="Weights of the checkpoint: bfloat16, float16 or float32."),
     runner: str = runner_option("Runner that holds the target while converting (default auto)."),
 ) -> None:
     """Write HEAD as an EAGLE-3 checkpoint folder for vLLM (--speculative-config method eagle3) and SGLang (EAGLE3)."""
-    from verispec.engine.loader import SpeculativePipeline
     from verispec.bench.export_head import export_head as run_export
+    from verispec.engine.loader import SpeculativePipeline
     from verispec.runners.select import RunnerOptions
 
     with user_errors(OSError):
         pipe = SpeculativePipeline.load(target, None, runners=RunnerOptions(kind=runner))
         folder = run_export(head, pipe.target_runner, target, out, dtype=dtype)
-    err.print(f"wrote {folder} (config.json, model.safetensors): vLLM --speculative-config "
-              f"'{{\"method\": \"eagle3\", \"model\": \"{folder}\", \"num_speculative_tokens\": 4}}'; "
-              f"SGLang --speculative-algorithm EAGLE3 --speculative-draft-model-path {folder}", highlight=False, markup=False)
+    err.print(
+        f"wrote {folder} (config.json, model.safetensors): vLLM --speculative-config "
+        f'\'{{"method": "eagle3", "model": "{folder}", "num_speculative_tokens": 4}}\'; '
+        f"SGLang --speculative-algorithm EAGLE3 --speculative-draft-model-path {folder}",
+        highlight=False,
+        markup=False,
+    )

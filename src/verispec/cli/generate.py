@@ -7,21 +7,22 @@ import json
 import sys
 from contextlib import nullcontext
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
+from verispec.algorithms.sampling import SamplingParams
+from verispec.bench.audit import QualityAuditor, describe_audit
 from verispec.cli.common import (
     DEFAULT_METHOD,
     K_GENERATE,
+    draft_option,
     draft_quantization_option,
-    eagle_head_option,
-    head_quantization_option,
     draft_vocab_corpus_option,
     draft_vocab_option,
-    draft_option,
     dtype_option,
+    eagle_head_option,
     err,
+    head_quantization_option,
     json_option,
     max_context_option,
     num_speculative_tokens_option,
@@ -34,15 +35,13 @@ from verispec.engine import SpeculativeConfig
 from verispec.engine.loader import DrafterOptions, SpeculativePipeline
 from verispec.errors import InvalidParameterError
 from verispec.metrics import peak_rss_bytes
-from verispec.bench.audit import QualityAuditor, describe_audit
 from verispec.progress import working
 from verispec.runners.notices import kernel_facts, runner_label
 from verispec.runners.select import RunnerOptions
-from verispec.algorithms.sampling import SamplingParams
 
 
 def generate(
-    prompt: Optional[str] = typer.Argument(None, help="Prompt text; read from stdin when omitted."),
+    prompt: str | None = typer.Argument(None, help="Prompt text; read from stdin when omitted."),
     target: str = target_option(),
     draft: str = draft_option("Draft model reference (same forms as --target), or 'none'."),
     method: str = typer.Option(
@@ -57,35 +56,38 @@ def generate(
     draft_stop_threshold: float = typer.Option(0.0, help="Stop drafting below this draft confidence (0 = off)."),
     min_ngram: int = typer.Option(2, help="Shortest context suffix n-gram lookup matches (methods ngram, tree)."),
     max_ngram: int = typer.Option(4, help="Longest context suffix n-gram lookup matches (methods ngram, tree)."),
-    tree_choices: Optional[str] = typer.Option(
+    tree_choices: str | None = typer.Option(
         None,
         help="Static draft tree shape for --method tree, as JSON paths of child ranks, e.g. "
         "'[[0],[1],[0,0],[0,1],[0,0,0]]' (default: dynamic tree).",
     ),
-    layer_skip_layers: Optional[int] = typer.Option(
+    layer_skip_layers: int | None = typer.Option(
         None, help="Target layers the layer-skip drafter runs (default: a quarter; 0 = no layer skip)."
     ),
     draft_quantization: str = draft_quantization_option(),
-    eagle_head: Optional[Path] = eagle_head_option(),
+    eagle_head: Path | None = eagle_head_option(),
     head_quantization: str = head_quantization_option(),
     runner: str = runner_option(),
-    max_context: Optional[int] = max_context_option(),
+    max_context: int | None = max_context_option(),
     compare_plain: bool = typer.Option(
-        False, "--compare-plain", help="Also decode the prompt plainly (after a 4-token untimed warm-up) and print both rates, the measured speedup and whether the tokens match."
+        False,
+        "--compare-plain",
+        help="Also decode the prompt plainly (after a 4-token untimed warm-up) and print both rates, the measured speedup and whether the tokens match.",
     ),
-    draft_vocab: Optional[int] = draft_vocab_option(),
-    draft_vocab_corpus: Optional[List[str]] = draft_vocab_corpus_option(),
+    draft_vocab: int | None = draft_vocab_option(),
+    draft_vocab_corpus: list[str] | None = draft_vocab_corpus_option(),
     temperature: float = typer.Option(0.0, help="0 = greedy."),
     top_k: int = typer.Option(0, help="Keep the k most likely tokens (0 = off)."),
     top_p: float = typer.Option(1.0, help="Nucleus mass in (0, 1]."),
     repetition_penalty: float = typer.Option(1.0, help="CTRL repetition penalty (1 = off)."),
     max_tokens: int = typer.Option(128, help="New tokens at most."),
-    seed: Optional[int] = typer.Option(None, help="Seed for sampling."),
+    seed: int | None = typer.Option(None, help="Seed for sampling."),
     sampling: str = typer.Option(
-        "coupled", help="coupled (Gumbel-max keyed by seed and position: a seed gives plain decoding's text under "
+        "coupled",
+        help="coupled (Gumbel-max keyed by seed and position: a seed gives plain decoding's text under "
         "every method) or rejection (modified rejection sampling: the text depends on the drafts).",
     ),
-    stop: Optional[List[str]] = typer.Option(None, help="Stop string (repeatable)."),
+    stop: list[str] | None = typer.Option(None, help="Stop string (repeatable)."),
     chat: bool = typer.Option(False, help="Apply the model's chat template to the prompt."),
     dtype: str = dtype_option(),
     as_json: bool = json_option("Print one JSON object (text, token_ids, metrics)."),
@@ -104,24 +106,40 @@ def generate(
         if method == "layer-skip" and layer_skip_layers == 0:
             raise InvalidParameterError("--method layer-skip with --layer-skip-layers 0: nothing would draft")
         params = SamplingParams(
-            temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
-            max_tokens=max_tokens, seed=seed, stop=tuple(stop or ()), sampling=sampling,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            repetition_penalty=repetition_penalty,
+            max_tokens=max_tokens,
+            seed=seed,
+            stop=tuple(stop or ()),
+            sampling=sampling,
         )
         auditor = QualityAuditor(audit_rate, seed=seed)
         spec = SpeculativeConfig(
-            method=method, num_speculative_tokens=num_speculative_tokens, schedule=schedule,
+            method=method,
+            num_speculative_tokens=num_speculative_tokens,
+            schedule=schedule,
             draft_stop_threshold=draft_stop_threshold,
         )
         drafters = DrafterOptions(
-            min_ngram=min_ngram, max_ngram=max_ngram, layer_skip_layers=layer_skip_layers,
-            draft_quantization=draft_quantization, tree_choices=parse_tree_choices(tree_choices, method), eagle_head=eagle_head,
+            min_ngram=min_ngram,
+            max_ngram=max_ngram,
+            layer_skip_layers=layer_skip_layers,
+            draft_quantization=draft_quantization,
+            tree_choices=parse_tree_choices(tree_choices, method),
+            eagle_head=eagle_head,
             head_quantization=head_quantization,
         )
         if method in ("eagle", "eagle-tree") and eagle_head is None:
             raise InvalidParameterError(f"--method {method} needs --eagle-head FILE (a head from verispec train-head)")
         use_draft = method in ("draft", "auto", "tree") and draft.lower() != "none"
-        runners = RunnerOptions(kind=runner, max_context_length=max_context, draft_vocab_size=draft_vocab,
-                                draft_vocab_corpus=tuple(draft_vocab_corpus or ()))
+        runners = RunnerOptions(
+            kind=runner,
+            max_context_length=max_context,
+            draft_vocab_size=draft_vocab,
+            draft_vocab_corpus=tuple(draft_vocab_corpus or ()),
+        )
         if dtype != "float32" and method != "none" and runner == "torch":
             err.print(
                 f"[yellow]warning:[/yellow] {dtype} matmuls on this CPU round a k-token verify pass slightly "
@@ -134,9 +152,17 @@ def generate(
                 target, draft if use_draft else None, dtype=dtype, drafters=drafters, runners=runners
             )
         for summary in pipe.model_summaries():
-            requantized = f", re-quantized to {pipe.draft_requantize}" if summary.role == "draft" and pipe.draft_requantize else ""
-            err.print(f"loaded {summary.role} {summary.name} ({runner_label(pipe.runner_kind)}{requantized}, "
-                      f"{summary.param_bytes / 2**30:.2f} GiB) in {summary.load_time_s:.1f} s", highlight=False, markup=False)
+            requantized = (
+                f", re-quantized to {pipe.draft_requantize}"
+                if summary.role == "draft" and pipe.draft_requantize
+                else ""
+            )
+            err.print(
+                f"loaded {summary.role} {summary.name} ({runner_label(pipe.runner_kind)}{requantized}, "
+                f"{summary.param_bytes / 2**30:.2f} GiB) in {summary.load_time_s:.1f} s",
+                highlight=False,
+                markup=False,
+            )
         pipe.check_window(len(pipe.encode(prompt, chat=chat)), params.max_tokens)  # refused, never cut at the window
         if pipe.runner_kind == "llamacpp" and method != "none":
             err.print(
@@ -147,9 +173,15 @@ def generate(
             )
         if compare_plain:  # both timed runs start warm: neither pays the first pass's one-off costs
             with working("warming up (--compare-plain)", "4 untimed tokens, so both timed runs start warm", err):
-                pipe.generate(prompt, SamplingParams(max_tokens=min(4, params.max_tokens)), spec, chat=chat, learn=False)
+                pipe.generate(
+                    prompt, SamplingParams(max_tokens=min(4, params.max_tokens)), spec, chat=chat, learn=False
+                )
         output = None
-        with working("generating", f"--json prints at the end; at most {params.max_tokens} tokens", err) if as_json else nullcontext():
+        with (
+            working("generating", f"--json prints at the end; at most {params.max_tokens} tokens", err)
+            if as_json
+            else nullcontext()
+        ):
             for chunk in pipe.stream(prompt, params, spec, chat=chat):
                 if not as_json:
                     sys.stdout.write(chunk.text)
@@ -157,13 +189,21 @@ def generate(
                 output = chunk.output or output
         comparison = None
         if compare_plain:
-            with working("plain decoding of the same prompt (--compare-plain)", f"at most {params.max_tokens} tokens, timed", err):
+            with working(
+                "plain decoding of the same prompt (--compare-plain)", f"at most {params.max_tokens} tokens, timed", err
+            ):
                 plain = pipe.generate(prompt, params, SpeculativeConfig(method="none"), chat=chat)
             comparison = plain_comparison(output, plain, greedy=params.temperature == 0)
     models = [vars(m) for m in pipe.model_summaries()]
     if as_json:
         data = output.to_dict()
-        data.update(method=method, runner=pipe.runner_kind, **kernel_facts(pipe.runner_kind), models=models, peak_rss_bytes=peak_rss_bytes())
+        data.update(
+            method=method,
+            runner=pipe.runner_kind,
+            **kernel_facts(pipe.runner_kind),
+            models=models,
+            peak_rss_bytes=peak_rss_bytes(),
+        )
         if comparison is not None:
             data["compare_plain"] = comparison
         print(json.dumps(data))
@@ -188,7 +228,7 @@ def stdin_prompt(text: str) -> str:
     return text[:-1] if text.endswith("\n") else text
 
 
-def parse_tree_choices(text: Optional[str], method: str):
+def parse_tree_choices(text: str | None, method: str):
     """``--tree-choices`` as a list of rank paths (validated by DrafterOptions), or None.
 
     Raises:

@@ -39,13 +39,18 @@ def slowdown_hint(output: GenerationOutput, method: str, comparison: dict | None
     if method == "none" or not spec.num_draft_tokens:
         return None
     measured = None if comparison is None else comparison.get("measured_speedup")
-    speedup, how = (measured, "measured against plain decoding") if measured is not None else (
-        spec.realised_speedup, "estimated from its step times")
+    speedup, how = (
+        (measured, "measured against plain decoding")
+        if measured is not None
+        else (spec.realised_speedup, "estimated from its step times")
+    )
     if speedup is None or speedup >= SLOWDOWN_HINT_BELOW:
         return None
     rate = "—" if spec.acceptance_rate is None else f"{spec.acceptance_rate:.2f}"
-    return (f"note: --method {method} was {speedup:.2f}x plain decoding on this request ({how}; acceptance rate "
-            f"{rate}): the drafts cost more than they saved here; --method none decodes this kind of request faster")
+    return (
+        f"note: --method {method} was {speedup:.2f}x plain decoding on this request ({how}; acceptance rate "
+        f"{rate}): the drafts cost more than they saved here; --method none decodes this kind of request faster"
+    )
 
 
 def stats_table(output: GenerationOutput, method: str, models: list[dict], comparison: dict | None = None) -> Table:
@@ -69,14 +74,20 @@ def stats_table(output: GenerationOutput, method: str, models: list[dict], compa
     ]
     if method != "none":
         rows += [
-            ("drafts / drafted / accepted", f"{spec.num_drafts} / {spec.num_draft_tokens} / {spec.num_accepted_tokens}"),
+            (
+                "drafts / drafted / accepted",
+                f"{spec.num_drafts} / {spec.num_draft_tokens} / {spec.num_accepted_tokens}",
+            ),
             ("acceptance rate", fmt(spec.acceptance_rate, "{:.3f}")),
             ("mean acceptance length", fmt(spec.mean_acceptance_length, "{:.2f}")),
             ("acceptance per position", " ".join(f"{r:.2f}" for r in spec.acceptance_rate_per_position)),
             ("accepted-length histogram", " ".join(str(c) for c in spec.accepted_length_histogram)),
             ("chosen k histogram (k = 0, 1, ...)", " ".join(str(c) for c in spec.chosen_k_histogram)),
             # estimates: in units of the controller's plain-step cost, not a plain run (--compare-plain measures one)
-            ("speedup estimate: predicted / from step times", f"{fmt(spec.predicted_speedup, '{:.2f}')} / {fmt(spec.realised_speedup, '{:.2f}')}"),
+            (
+                "speedup estimate: predicted / from step times",
+                f"{fmt(spec.predicted_speedup, '{:.2f}')} / {fmt(spec.realised_speedup, '{:.2f}')}",
+            ),
         ]
         for name, drafter in sorted(spec.per_drafter.items()):
             rows.append(
@@ -88,7 +99,10 @@ def stats_table(output: GenerationOutput, method: str, models: list[dict], compa
             )
     for model in models:
         rows.append(
-            (f"{model['role']}: {model['name']}", f"load {model['load_time_s']:.1f} s · {model['param_bytes'] / 2**20:.0f} MiB")
+            (
+                f"{model['role']}: {model['name']}",
+                f"load {model['load_time_s']:.1f} s · {model['param_bytes'] / 2**20:.0f} MiB",
+            )
         )
     if comparison is not None:
         identical = {True: "yes", False: "NO", None: "not compared (sampling)"}[comparison["identical"]]

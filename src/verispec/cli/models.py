@@ -41,28 +41,47 @@ def list_models(
     cache_root = store.home / "models"
     with user_errors():
         rows = [
-            {"name": name, "role": entry.role, "arch": entry.arch, "quantization": entry.quantization,
-             "size_bytes": entry.size_bytes, "cached": store.cache_state(name), "path": str(store.model_path(name))}
+            {
+                "name": name,
+                "role": entry.role,
+                "arch": entry.arch,
+                "quantization": entry.quantization,
+                "size_bytes": entry.size_bytes,
+                "cached": store.cache_state(name),
+                "path": str(store.model_path(name)),
+            }
             for name, entry in store.registry.items()
         ]
     if as_json or paths:
         for row in rows:
             typer.echo(json.dumps(row) if as_json else f"{row['name']}\t{row['path']}")
         return
-    table = Table(title="Built-in models", box=box.SIMPLE_HEAD, title_justify="left", show_edge=False, pad_edge=False,
-                  collapse_padding=True)
+    table = Table(
+        title="Built-in models",
+        box=box.SIMPLE_HEAD,
+        title_justify="left",
+        show_edge=False,
+        pad_edge=False,
+        collapse_padding=True,
+    )
     for column in ("name", "role", "arch", "size", "cached"):
         table.add_column(column, no_wrap=True)
     for row in rows:
-        table.add_row(row["name"], row["role"] or "—", f"{row['arch']} {row['quantization']}",
-                      _format_bytes(row["size_bytes"]), _CACHE_LABELS[row["cached"]])
+        table.add_row(
+            row["name"],
+            row["role"] or "—",
+            f"{row['arch']} {row['quantization']}",
+            _format_bytes(row["size_bytes"]),
+            _CACHE_LABELS[row["cached"]],
+        )
     console = Console()
     console.print(table)
     console.print("files (full paths: verispec models list --paths):", highlight=False)
     console.print(f"  {cache_root}/NAME/FILE", highlight=False, soft_wrap=True)  # a path is never folded
     if any(row["cached"] == "unverified" for row in rows):
-        console.print("changed: the file differs from when it was verified; it is re-hashed on its next use",
-                      highlight=False)
+        console.print(
+            "changed: the file differs from when it was verified; it is re-hashed on its next use", highlight=False
+        )
 
 
 @models_app.command("fetch")
@@ -73,7 +92,11 @@ def fetch_model(
 ) -> None:
     """Download and verify a built-in model, then print the path of its file."""
     # a terminal gets the store's byte bar; a log or pipe (where a bar shows nothing) a line every 8 s
-    lines = announce_slow(f"fetching {name}", "download and sha256 check") if not quiet and not sys.stderr.isatty() else nullcontext()
+    lines = (
+        announce_slow(f"fetching {name}", "download and sha256 check")
+        if not quiet and not sys.stderr.isatty()
+        else nullcontext()
+    )
     with user_errors(), lines:
         path = ModelStore(progress=not quiet).fetch(name, force=force)
     typer.echo(str(path))

@@ -54,8 +54,11 @@ class ReplicaOptions:
             first = num_replicas if self.min_replicas is None else max(1, self.min_replicas)
             cpus = 1.0 if self.ray_address else float(max(1, (os.cpu_count() or 1) // max(1, first)))
         return ScalingOptions(
-            num_replicas=num_replicas, min_replicas=self.min_replicas, max_replicas=self.max_replicas,
-            target_ongoing_requests=self.target_ongoing_requests, num_cpus=cpus,
+            num_replicas=num_replicas,
+            min_replicas=self.min_replicas,
+            max_replicas=self.max_replicas,
+            target_ongoing_requests=self.target_ongoing_requests,
+            num_cpus=cpus,
             max_ongoing_requests=config.max_queue + (config.max_num_seqs or DEFAULT_MAX_NUM_SEQS),
         )
 

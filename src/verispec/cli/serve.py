@@ -7,7 +7,6 @@ import gc
 import logging
 import signal
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -16,10 +15,10 @@ from verispec.cli.common import (
     K_SERVE,
     draft_option,
     draft_or_none,
-    eagle_head_option,
-    head_quantization_option,
     dtype_option,
+    eagle_head_option,
     err,
+    head_quantization_option,
     max_context_option,
     num_speculative_tokens_option,
     runner_option,
@@ -38,60 +37,78 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 def serve(
     target: str = target_option(),
-    draft: str = draft_option("Draft model reference, or 'none' (no draft model: auto then drafts by lookup only; --method none serves plain decoding)."),
+    draft: str = draft_option(
+        "Draft model reference, or 'none' (no draft model: auto then drafts by lookup only; --method none serves plain decoding)."
+    ),
     method: str = typer.Option(
-        DEFAULT_METHOD, help="Default method of requests without 'speculative': auto (lookup where it matches, else the draft "
-        "model; plain steps where a batch makes speculation cost more), draft, none, ... (as generate)."
+        DEFAULT_METHOD,
+        help="Default method of requests without 'speculative': auto (lookup where it matches, else the draft "
+        "model; plain steps where a batch makes speculation cost more), draft, none, ... (as generate).",
     ),
     num_speculative_tokens: int = num_speculative_tokens_option(K_SERVE),
     schedule: str = typer.Option(
         "cost", help="Default draft-length schedule: cost (batch-aware cost model), heuristic or constant."
     ),
     sampling: str = typer.Option(
-        "coupled", help="Default sampling mode: coupled (a seed gives the same text under every method, batched or "
-        "alone) or rejection (modified rejection sampling); requests may send \"sampling\".",
+        "coupled",
+        help="Default sampling mode: coupled (a seed gives the same text under every method, batched or "
+        'alone) or rejection (modified rejection sampling); requests may send "sampling".',
     ),
     host: str = typer.Option("127.0.0.1", help="Address to bind; loopback unless you say otherwise."),
     port: int = typer.Option(8000, help="TCP port."),
-    api_key: Optional[str] = typer.Option(None, envvar="VERISPEC_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1."),
+    api_key: str | None = typer.Option(
+        None, envvar="VERISPEC_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1."
+    ),
     dtype: str = dtype_option(),
     runner: str = runner_option(),
-    max_context: Optional[int] = max_context_option(),
+    max_context: int | None = max_context_option(),
     max_queue: int = typer.Option(64, min=1, help="Requests that may wait for the engine before 429."),
-    max_num_seqs: Optional[int] = typer.Option(
+    max_num_seqs: int | None = typer.Option(
         None, min=1, help="Requests batched into one target pass (default 8; 1 on the llama.cpp runner)."
     ),
-    max_kv_tokens: Optional[int] = typer.Option(
+    max_kv_tokens: int | None = typer.Option(
         None, min=1, help="KV-cache tokens the running requests may reserve together (default: a context each)."
     ),
     max_num_batched_tokens: int = typer.Option(
         256, min=1, help="Prompt tokens prefilled per pass while other requests decode (chunked prefill)."
     ),
     max_tokens_cap: int = typer.Option(2048, min=1, help="Largest max_tokens a request may ask for."),
-    suffix_cache: Optional[Path] = typer.Option(
-        None, help="File for the suffix drafter's cache of past requests: loaded at start if present, written atomically within --suffix-snapshot-seconds of a change and at shutdown."
+    suffix_cache: Path | None = typer.Option(
+        None,
+        help="File for the suffix drafter's cache of past requests: loaded at start if present, written atomically within --suffix-snapshot-seconds of a change and at shutdown.",
     ),
     suffix_snapshot_seconds: float = typer.Option(
-        60.0, help="The longest a change of --suffix-cache waits before it is on disk (what a crash or kill -9 can lose)."
+        60.0,
+        help="The longest a change of --suffix-cache waits before it is on disk (what a crash or kill -9 can lose).",
     ),
-    datastore: Optional[Path] = typer.Option(None, help="A corpus datastore (verispec datastore build) the suffix drafter also reads."),
-    record_traffic: Optional[Path] = typer.Option(
-        None, help="Append each answered request's prompt (user turns or completion prompt; no answers, no system messages, no client details) to DIR/traffic-<pid>.jsonl, for verispec train-head --prompts. Off by default."
+    datastore: Path | None = typer.Option(
+        None, help="A corpus datastore (verispec datastore build) the suffix drafter also reads."
     ),
-    eagle_head: Optional[Path] = eagle_head_option(),
+    record_traffic: Path | None = typer.Option(
+        None,
+        help="Append each answered request's prompt (user turns or completion prompt; no answers, no system messages, no client details) to DIR/traffic-<pid>.jsonl, for verispec train-head --prompts. Off by default.",
+    ),
+    eagle_head: Path | None = eagle_head_option(),
     head_quantization: str = head_quantization_option(),
     max_body_bytes: int = typer.Option(4 * 1024 * 1024, min=1024, help="Largest request body (bytes)."),
     log_level: str = typer.Option("info", help="debug, info, warning or error."),
     audit_rate: float = typer.Option(
         0.0, help="Fraction of responses re-decoded plainly when the engine is idle, to count agreement (0 = off)."
     ),
-    replicas: Optional[int] = typer.Option(None, help="Serve N replicas on Ray Serve, each its own batched engine (needs verispec[ray])."),
-    ray_address: Optional[str] = typer.Option(None, help="Join this Ray cluster (e.g. auto or ray://host:10001) instead of starting one."),
-    min_replicas: Optional[int] = typer.Option(None, help="Autoscale replicas from this many (Ray Serve autoscaling)."),
-    max_replicas: Optional[int] = typer.Option(None, help="Autoscale replicas up to this many."),
-    target_ongoing_requests: Optional[float] = typer.Option(None, help="Requests in flight per replica the autoscaler aims at."),
-    replica_cpus: Optional[float] = typer.Option(
-        None, help="CPUs Ray reserves for each replica, its runners' threads (default: the cores / replicas; 1 on --ray-address)."
+    replicas: int | None = typer.Option(
+        None, help="Serve N replicas on Ray Serve, each its own batched engine (needs verispec[ray])."
+    ),
+    ray_address: str | None = typer.Option(
+        None, help="Join this Ray cluster (e.g. auto or ray://host:10001) instead of starting one."
+    ),
+    min_replicas: int | None = typer.Option(None, help="Autoscale replicas from this many (Ray Serve autoscaling)."),
+    max_replicas: int | None = typer.Option(None, help="Autoscale replicas up to this many."),
+    target_ongoing_requests: float | None = typer.Option(
+        None, help="Requests in flight per replica the autoscaler aims at."
+    ),
+    replica_cpus: float | None = typer.Option(
+        None,
+        help="CPUs Ray reserves for each replica, its runners' threads (default: the cores / replicas; 1 on --ray-address).",
     ),
 ) -> None:
     """Serve the models over an OpenAI-compatible HTTP API (completions, chat, streaming, /metrics)."""
@@ -117,44 +134,79 @@ def serve(
         logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         draft_ref = draft_or_none(draft)
         if host not in LOOPBACK and api_key is None:
-            err.print(f"[yellow]warning:[/yellow] serving on {host} without --api-key: anyone who can reach it can use it")
+            err.print(
+                f"[yellow]warning:[/yellow] serving on {host} without --api-key: anyone who can reach it can use it"
+            )
         spec = SpeculativeConfig(
-            method=method, num_speculative_tokens=num_speculative_tokens,
+            method=method,
+            num_speculative_tokens=num_speculative_tokens,
             schedule=schedule,
         )
         config = ServerConfig(
-            api_key=api_key, max_tokens_cap=max_tokens_cap, max_queue=max_queue, max_body_bytes=max_body_bytes,
-            default_spec=spec, audit_rate=audit_rate, max_num_seqs=max_num_seqs, max_kv_tokens=max_kv_tokens,
-            suffix_cache=None if suffix_cache is None else str(suffix_cache), suffix_snapshot_s=suffix_snapshot_seconds,
-            record_traffic=None if record_traffic is None else str(record_traffic), sampling=sampling,
+            api_key=api_key,
+            max_tokens_cap=max_tokens_cap,
+            max_queue=max_queue,
+            max_body_bytes=max_body_bytes,
+            default_spec=spec,
+            audit_rate=audit_rate,
+            max_num_seqs=max_num_seqs,
+            max_kv_tokens=max_kv_tokens,
+            suffix_cache=None if suffix_cache is None else str(suffix_cache),
+            suffix_snapshot_s=suffix_snapshot_seconds,
+            record_traffic=None if record_traffic is None else str(record_traffic),
+            sampling=sampling,
         )
-        scaling = ReplicaOptions(replicas, ray_address, min_replicas, max_replicas, target_ongoing_requests, replica_cpus)
+        scaling = ReplicaOptions(
+            replicas, ray_address, min_replicas, max_replicas, target_ongoing_requests, replica_cpus
+        )
         if spec.method in ("eagle", "eagle-tree") and eagle_head is None:
-            raise InvalidParameterError(f"--method {spec.method} needs --eagle-head FILE (a head from verispec train-head)")
+            raise InvalidParameterError(
+                f"--method {spec.method} needs --eagle-head FILE (a head from verispec train-head)"
+            )
         if eagle_head is not None and not eagle_head.is_file():
             raise InvalidParameterError(f"--eagle-head {eagle_head}: no such file (a head from verispec train-head)")
-        DrafterOptions(eagle_head=eagle_head, head_quantization=head_quantization)  # its checks, before minutes of loading
+        DrafterOptions(
+            eagle_head=eagle_head, head_quantization=head_quantization
+        )  # its checks, before minutes of loading
         if scaling.requested:  # load() checks these itself; replicas would each fail after starting
             check_before_loading(target, draft_ref)
         if scaling.requested and eagle_head is not None:
             with err.status(f"checking the EAGLE head {eagle_head} against {target} (before starting the replicas)"):
-                checked = SpeculativePipeline.load(  # the same checks a replica runs: one clear error here, not N in Ray
-                    target, None, dtype=dtype, runners=RunnerOptions(kind=runner, max_context_length=max_context),
-                    max_num_batched_tokens=max_num_batched_tokens,
-                    drafters=DrafterOptions(eagle_head=eagle_head, head_quantization=head_quantization),
+                checked = (
+                    SpeculativePipeline.load(  # the same checks a replica runs: one clear error here, not N in Ray
+                        target,
+                        None,
+                        dtype=dtype,
+                        runners=RunnerOptions(kind=runner, max_context_length=max_context),
+                        max_num_batched_tokens=max_num_batched_tokens,
+                        drafters=DrafterOptions(eagle_head=eagle_head, head_quantization=head_quantization),
+                    )
                 )
                 del checked
                 gc.collect()
         if scaling.requested:
-            models = ReplicaSpec(target, draft_ref, dtype, runner, config, max_num_batched_tokens,
-                                 None if datastore is None else str(datastore),
-                                 None if eagle_head is None else str(eagle_head.resolve()), head_quantization, max_context)
+            models = ReplicaSpec(
+                target,
+                draft_ref,
+                dtype,
+                runner,
+                config,
+                max_num_batched_tokens,
+                None if datastore is None else str(datastore),
+                None if eagle_head is None else str(eagle_head.resolve()),
+                head_quantization,
+                max_context,
+            )
             serve_replicas(models, scaling, host=host, port=port)
             return
         with err.status(f"loading {target}" + (f" + {draft}" if draft_ref else "")):
             pipe = SpeculativePipeline.load(
-                target, draft_ref, dtype=dtype, runners=RunnerOptions(kind=runner, max_context_length=max_context),
-                max_num_batched_tokens=max_num_batched_tokens, drafters=DrafterOptions(eagle_head=eagle_head, head_quantization=head_quantization),
+                target,
+                draft_ref,
+                dtype=dtype,
+                runners=RunnerOptions(kind=runner, max_context_length=max_context),
+                max_num_batched_tokens=max_num_batched_tokens,
+                drafters=DrafterOptions(eagle_head=eagle_head, head_quantization=head_quantization),
             )
         if datastore is not None:
             pipe.use_datastore(datastore)

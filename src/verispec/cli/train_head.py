@@ -7,54 +7,97 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
+from verispec.bench.workload import WorkloadError
 from verispec.cli.common import err, runner_option, target_option, user_errors
 from verispec.errors import InvalidParameterError
-from verispec.bench.workload import WorkloadError
 
 DEFAULT_MAGPIE = 256  # self-generated instructions when no --prompts file is given
 
 
 def train_head(
     ctx: typer.Context,
-    out: Path = typer.Option(..., help="Head file to write (and to continue with --resume): .gguf (GGUF, architecture eagle3), else a torch file."),
+    out: Path = typer.Option(
+        ...,
+        help="Head file to write (and to continue with --resume): .gguf (GGUF, architecture eagle3), else a torch file.",
+    ),
     target: str = target_option("The target the head drafts for (built-in name, .gguf file, HF directory)."),
-    prompts: Optional[List[Path]] = typer.Option(None, help="JSONL prompts of your own traffic ('prompt' or 'turns' per line; repeatable). Benchmark prompts are refused."),
-    magpie: Optional[int] = typer.Option(None, min=0, help=f"Instructions the target writes itself (Magpie) and then answers (default: {DEFAULT_MAGPIE} without --prompts, else 0)."),
-    code: Optional[List[Path]] = typer.Option(None, help="Code or text directories the target reads teacher-forced (repeatable), e.g. Python's standard library."),
+    prompts: list[Path] | None = typer.Option(
+        None,
+        help="JSONL prompts of your own traffic ('prompt' or 'turns' per line; repeatable). Benchmark prompts are refused.",
+    ),
+    magpie: int | None = typer.Option(
+        None,
+        min=0,
+        help=f"Instructions the target writes itself (Magpie) and then answers (default: {DEFAULT_MAGPIE} without --prompts, else 0).",
+    ),
+    code: list[Path] | None = typer.Option(
+        None,
+        help="Code or text directories the target reads teacher-forced (repeatable), e.g. Python's standard library.",
+    ),
     code_tokens: int = typer.Option(100_000, min=0, help="Tokens of --code at most."),
     max_tokens: int = typer.Option(256, min=1, help="Tokens of each answer the target writes."),
-    draft_vocab: int = typer.Option(32_000, min=1, help="Rows of the head's draft vocabulary (the most frequent tokens of the data; EOS always in)."),
-    head_intermediate: int = typer.Option(2048, min=1, help="Width of the head's MLP (the target's own is 8960 for the 1.5B default): narrower drafts and trains faster."),
-    shared_lm_head: bool = typer.Option(True, "--shared-lm-head/--own-lm-head", help="Draft with the target's own LM-head rows, frozen and not stored (EAGLE's shared head: less to learn, a smaller file), or train the head's own (EAGLE-3)."),
-    weights: str = typer.Option("f32", help="How --out stores the matrices: f32 (what --resume continues exactly), f16, or q8_0 (8.5 bits a weight, what the gguf runner drafts with: a head to ship)."),
-    minutes: Optional[float] = typer.Option(60.0, help="Training budget in minutes (the data is generated first, outside it)."),
-    steps: Optional[int] = typer.Option(None, min=1, help="Optimiser steps at most (with --minutes: whichever comes first)."),
+    draft_vocab: int = typer.Option(
+        32_000, min=1, help="Rows of the head's draft vocabulary (the most frequent tokens of the data; EOS always in)."
+    ),
+    head_intermediate: int = typer.Option(
+        2048,
+        min=1,
+        help="Width of the head's MLP (the target's own is 8960 for the 1.5B default): narrower drafts and trains faster.",
+    ),
+    shared_lm_head: bool = typer.Option(
+        True,
+        "--shared-lm-head/--own-lm-head",
+        help="Draft with the target's own LM-head rows, frozen and not stored (EAGLE's shared head: less to learn, a smaller file), or train the head's own (EAGLE-3).",
+    ),
+    weights: str = typer.Option(
+        "f32",
+        help="How --out stores the matrices: f32 (what --resume continues exactly), f16, or q8_0 (8.5 bits a weight, what the gguf runner drafts with: a head to ship).",
+    ),
+    minutes: float | None = typer.Option(
+        60.0, help="Training budget in minutes (the data is generated first, outside it)."
+    ),
+    steps: int | None = typer.Option(
+        None, min=1, help="Optimiser steps at most (with --minutes: whichever comes first)."
+    ),
     lr: float = typer.Option(3e-4, help="AdamW learning rate."),
     batch_positions: int = typer.Option(512, min=1, help="Anchors per optimiser step."),
-    held_out: float = typer.Option(0.1, help="Fraction of the sequences kept out of training for the agreement figures."),
-    seed: int = typer.Option(0, help="Seeds the data (Magpie), the split, the batch order and the head's initialisation."),
+    held_out: float = typer.Option(
+        0.1, help="Fraction of the sequences kept out of training for the agreement figures."
+    ),
+    seed: int = typer.Option(
+        0, help="Seeds the data (Magpie), the split, the batch order and the head's initialisation."
+    ),
     runner: str = runner_option("Runner that answers the prompts (default auto: gguf on a CPU)."),
-    teacher: str = typer.Option("auto", help="Who reads the data for the head to learn from: 'runner' (the target on --runner's kernels, e.g. the gguf runner: the quantized model served, at its prefill speed), 'torch' (float32 transformers), 'auto' (runner where it can hand out its hidden states: gguf, int8)."),
-    teacher_cache: Optional[str] = typer.Option(None, help="Folder keeping the target's reading of each sequence (features, ~24 KB a token for the 1.5B default), so --resume and later runs on the same data skip it (default: --out with .teacher; 'none': keep nothing)."),
-    device: str = typer.Option("cpu", help="Where the head trains and the float32 teacher runs (torch device: cpu, cuda, cuda:1, mps); the gguf runner reads on the CPU either way."),
-    checkpoint_minutes: float = typer.Option(5.0, help="Write the head to --out this often while training (and on Ctrl-C)."),
+    teacher: str = typer.Option(
+        "auto",
+        help="Who reads the data for the head to learn from: 'runner' (the target on --runner's kernels, e.g. the gguf runner: the quantized model served, at its prefill speed), 'torch' (float32 transformers), 'auto' (runner where it can hand out its hidden states: gguf, int8).",
+    ),
+    teacher_cache: str | None = typer.Option(
+        None,
+        help="Folder keeping the target's reading of each sequence (features, ~24 KB a token for the 1.5B default), so --resume and later runs on the same data skip it (default: --out with .teacher; 'none': keep nothing).",
+    ),
+    device: str = typer.Option(
+        "cpu",
+        help="Where the head trains and the float32 teacher runs (torch device: cpu, cuda, cuda:1, mps); the gguf runner reads on the CPU either way.",
+    ),
+    checkpoint_minutes: float = typer.Option(
+        5.0, help="Write the head to --out this often while training (and on Ctrl-C)."
+    ),
     resume: bool = typer.Option(False, help="Continue the head in --out with the data recorded beside it."),
-    plot: Optional[Path] = typer.Option(None, help="Loss-curve PNG (default: --out with .png)."),
+    plot: Path | None = typer.Option(None, help="Loss-curve PNG (default: --out with .png)."),
 ) -> None:
     """Train an EAGLE-3 draft head for TARGET on the target's own answers; use it with --eagle-head."""
-    import torch
 
     from verispec.engine.loader import SpeculativePipeline
     from verispec.models.loading import load_model, parse_device
-    from verispec.training.data import HeadData
-    from verispec.training.loop import TrainOptions, make_optimizer
+    from verispec.runners.cpu.reduced_vocab import token_counts
     from verispec.runners.eagle.file import WEIGHT_TYPES
     from verispec.runners.eagle.head import EagleHead, choose_draft_vocabulary
-    from verispec.runners.cpu.reduced_vocab import token_counts
+    from verispec.training.data import HeadData
+    from verispec.training.loop import TrainOptions, make_optimizer
 
     command = _command_line(ctx.params)
     data_path = out.with_name(out.name + ".data.json")
@@ -71,27 +114,42 @@ def train_head(
         parse_device(device)  # before any data is generated: a missing GPU is said at once
         if teacher not in ("auto", "runner", "torch"):
             raise InvalidParameterError(f"--teacher must be auto, runner or torch, not {teacher!r}")
-        options = TrainOptions(steps=steps, minutes=minutes, lr=lr, batch_positions=batch_positions, held_out=held_out, seed=seed)
+        options = TrainOptions(
+            steps=steps, minutes=minutes, lr=lr, batch_positions=batch_positions, held_out=held_out, seed=seed
+        )
         pipe = None
         if resume:
             data = HeadData.load(data_path)
-            err.print(f"resuming {out}: {data.manifest['sequences']} sequences, {data.manifest['tokens']} tokens from {data_path}")
+            err.print(
+                f"resuming {out}: {data.manifest['sequences']} sequences, {data.manifest['tokens']} tokens from {data_path}"
+            )
         else:
             pipe = SpeculativePipeline.load(target, None, **_runner_options(runner))
-            data = collect(pipe, prompts or [], DEFAULT_MAGPIE if magpie is None and not prompts else (magpie or 0),
-                           code or [], code_tokens, max_tokens, seed)
+            data = collect(
+                pipe,
+                prompts or [],
+                DEFAULT_MAGPIE if magpie is None and not prompts else (magpie or 0),
+                code or [],
+                code_tokens,
+                max_tokens,
+                seed,
+            )
             data.save(data_path)
         if teacher != "torch" and pipe is None:
             pipe = SpeculativePipeline.load(target, None, **_runner_options(runner))
         reader = None if teacher == "torch" else pipe.target_runner
         if reader is not None and not hasattr(reader, "capture_final_hidden"):
             if teacher == "runner":
-                raise InvalidParameterError(f"--teacher runner: the {pipe.runner_kind} runner cannot hand out its hidden states; "
-                                            "use --runner gguf (or int8), or --teacher torch")
+                raise InvalidParameterError(
+                    f"--teacher runner: the {pipe.runner_kind} runner cannot hand out its hidden states; "
+                    "use --runner gguf (or int8), or --teacher torch"
+                )
             reader = None
         if reader is None:
             pipe = None  # its memory back before the float32 model loads
-        err.print(f"the teacher: {'the target on the ' + pipe.runner_kind + ' runner' if reader is not None else 'float32 transformers'}")
+        err.print(
+            f"the teacher: {'the target on the ' + pipe.runner_kind + ' runner' if reader is not None else 'float32 transformers'}"
+        )
         with _announce(f"loading {target} into torch (the teacher: its features and distributions)"):
             model = load_model(target, device=device)
         if resume:
@@ -100,8 +158,13 @@ def train_head(
             counts = token_counts(data.sequences, model.vocab_size)
             size = min(draft_vocab, model.vocab_size)
             draft_ids = choose_draft_vocabulary(counts, size, eos_token_ids=model.eos_token_ids)
-            head = EagleHead.from_target(model.model, draft_token_ids=draft_ids, seed=seed, intermediate_size=head_intermediate,
-                                         lm_head_from_target=shared_lm_head)
+            head = EagleHead.from_target(
+                model.model,
+                draft_token_ids=draft_ids,
+                seed=seed,
+                intermediate_size=head_intermediate,
+                lm_head_from_target=shared_lm_head,
+            )
         head.to(model.model.device)  # --device: the head trains beside the float32 target
         record = dict(head.training_record)
         record.update(command=command, seed=seed, target=target, data=data.manifest, runs=record.get("runs", []))
@@ -110,13 +173,23 @@ def train_head(
         optimizer = make_optimizer(head, options, _optimizer_state(optimizer_path) if resume else None)
         record["teacher"] = "torch" if reader is None else pipe.runner_kind
         read, cache = _reader(head, model, reader, record["teacher"], target, teacher_cache, out)
-        report = _train(head, model.model, data, options, out, checkpoint_minutes, optimizer, optimizer_path, read, weights)
+        report = _train(
+            head, model.model, data, options, out, checkpoint_minutes, optimizer, optimizer_path, read, weights
+        )
         if cache is not None:
             err.print(cache.summary())
-        record["runs"].append({"steps": report.steps, "seconds": round(report.seconds, 1), "positions": report.positions,
-                               "held_out_top1_before": report.held_out_top1_before, "held_out_top1": report.held_out_top1,
-                               "held_out_top1_by_step": report.held_out_top1_by_step, "held_out_loss": report.held_out_loss,
-                               "final_loss": report.losses[-1] if report.losses else None})
+        record["runs"].append(
+            {
+                "steps": report.steps,
+                "seconds": round(report.seconds, 1),
+                "positions": report.positions,
+                "held_out_top1_before": report.held_out_top1_before,
+                "held_out_top1": report.held_out_top1,
+                "held_out_top1_by_step": report.held_out_top1_by_step,
+                "held_out_loss": report.held_out_loss,
+                "final_loss": report.losses[-1] if report.losses else None,
+            }
+        )
         _save(head, out, optimizer, optimizer_path, weights)
         _plot(report, plot or out.with_suffix(".png"))
     err.print(
@@ -178,9 +251,16 @@ def collect(pipe, prompt_files, magpie: int, code_dirs, code_tokens: int, max_to
     """The training data: the target's answers to the prompt files and to ``magpie`` instructions
     it writes itself, and windows of the code directories; progress per stage
     (:func:`verispec.progress.steps`: a bar on a terminal, lines in a log)."""
-    from verispec.training.data import HeadData, code_windows, file_sha256, generate_all, magpie_instructions, read_prompt_files
-    from verispec.progress import steps
     from verispec.algorithms.sampling import SamplingParams
+    from verispec.progress import steps
+    from verispec.training.data import (
+        HeadData,
+        code_windows,
+        file_sha256,
+        generate_all,
+        magpie_instructions,
+        read_prompt_files,
+    )
 
     data = HeadData()
     greedy = lambda i: SamplingParams(max_tokens=max_tokens)  # noqa: E731
@@ -197,15 +277,27 @@ def collect(pipe, prompt_files, magpie: int, code_dirs, code_tokens: int, max_to
 
     for path, items in read_prompt_files(prompt_files):
         prompts = [pipe.encode(item.text, chat=item.chat) for item in items]
-        outputs = stage(f"answering {path.name}", len(items),
-                        lambda on_done, prompts=prompts: generate_all(pipe.engine, prompts, greedy, on_done=on_done), "answer")
+        outputs = stage(
+            f"answering {path.name}",
+            len(items),
+            lambda on_done, prompts=prompts: generate_all(pipe.engine, prompts, greedy, on_done=on_done),
+            "answer",
+        )
         data.add("prompts", [p + o for p, o in zip(prompts, outputs)], str(path), file_sha256(path))
     if magpie:
-        texts = stage("writing instructions (Magpie)", magpie,
-                      lambda on_done: magpie_instructions(pipe.engine, pipe.tokenizer, magpie, seed=seed, on_done=on_done), "instruction")
+        texts = stage(
+            "writing instructions (Magpie)",
+            magpie,
+            lambda on_done: magpie_instructions(pipe.engine, pipe.tokenizer, magpie, seed=seed, on_done=on_done),
+            "instruction",
+        )
         prompts = [pipe.encode(text, chat=True) for text in texts]
-        outputs = stage("answering them", len(texts), lambda on_done: generate_all(pipe.engine, prompts, greedy, on_done=on_done),
-                        "answer")
+        outputs = stage(
+            "answering them",
+            len(texts),
+            lambda on_done: generate_all(pipe.engine, prompts, greedy, on_done=on_done),
+            "answer",
+        )
         data.add("magpie", [p + o for p, o in zip(prompts, outputs)], f"{magpie} asked, {len(texts)} kept, seed {seed}")
     if code_dirs and code_tokens:
         windows = code_windows(pipe.tokenizer, code_dirs, max_tokens=code_tokens)
@@ -221,7 +313,9 @@ def _optimizer_state(path: Path) -> dict | None:
     import torch
 
     if not path.is_file():
-        err.print(f"no optimiser state at {path}: AdamW starts afresh (its moment estimates are rebuilt within ~100 steps)")
+        err.print(
+            f"no optimiser state at {path}: AdamW starts afresh (its moment estimates are rebuilt within ~100 steps)"
+        )
         return None
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
@@ -243,8 +337,18 @@ def _save(head, out: Path, optimizer, optimizer_path: Path, weights: str = "f32"
     os.replace(partial, optimizer_path)
 
 
-def _train(head, model, data, options, out: Path, checkpoint_minutes: float, optimizer, optimizer_path: Path, read=None,
-           weights: str = "f32"):
+def _train(
+    head,
+    model,
+    data,
+    options,
+    out: Path,
+    checkpoint_minutes: float,
+    optimizer,
+    optimizer_path: Path,
+    read=None,
+    weights: str = "f32",
+):
     """:func:`verispec.training.loop.train_head` under a rich bar on a terminal, else a line on
     stderr every :data:`verispec.progress.LINE_EVERY_S` seconds (a log shows it too); the head
     and its optimiser's state written beside ``out`` every ``checkpoint_minutes`` and on Ctrl-C
@@ -258,8 +362,13 @@ def _train(head, model, data, options, out: Path, checkpoint_minutes: float, opt
 
     last_save = last_line = time.monotonic()
     total = options.steps if options.minutes is None else None
-    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("step {task.completed}"), TextColumn("{task.fields[stats]}"),
-               TimeElapsedColumn())
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("step {task.completed}"),
+        TextColumn("{task.fields[stats]}"),
+        TimeElapsedColumn(),
+    )
     bar = Progress(*columns, console=err) if err.is_terminal else None
     with bar if bar is not None else nullcontext():
         reading = bar.add_task("the target reading the data", total=None, stats="") if bar is not None else None
@@ -273,8 +382,11 @@ def _train(head, model, data, options, out: Path, checkpoint_minutes: float, opt
             if bar is not None:
                 bar.update(task, completed=step, stats=stats)
             elif step == 1 or now - last_line >= progress.LINE_EVERY_S or step == total:
-                print(f"verispec: training the head · step {step}{'' if total is None else f'/{total}'} · {stats} ({now - train_start:.0f} s)",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"verispec: training the head · step {step}{'' if total is None else f'/{total}'} · {stats} ({now - train_start:.0f} s)",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 last_line = now
             if now - last_save > 60 * checkpoint_minutes:
                 _save(head, out, optimizer, optimizer_path, weights)
@@ -286,12 +398,24 @@ def _train(head, model, data, options, out: Path, checkpoint_minutes: float, opt
             if bar is not None:
                 bar.update(reading, completed=done, total=total)
             elif done in (1, total) or now - last_line >= progress.LINE_EVERY_S:
-                print(f"verispec: the target reading the data (its features and distributions) {done}/{total} ({now - start:.0f} s)",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"verispec: the target reading the data (its features and distributions) {done}/{total} ({now - start:.0f} s)",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 last_line = now
 
         try:
-            return run(head, model, data.sequences, options, on_step=on_step, on_teacher=on_teacher, optimizer=optimizer, read=read)
+            return run(
+                head,
+                model,
+                data.sequences,
+                options,
+                on_step=on_step,
+                on_teacher=on_teacher,
+                optimizer=optimizer,
+                read=read,
+            )
         except KeyboardInterrupt:
             _save(head, out, optimizer, optimizer_path, weights)
             err.print(f"interrupted: the head so far is in {out}; continue with --resume")

@@ -16,6 +16,12 @@ from verispec.engine.request import (
 from verispec.engine.state import RequestState, Slot
 
 __all__ = [
-    "MAX_SPECULATIVE_TOKENS", "METHODS", "GenerationOutput", "RequestState", "Slot", "SpeculativeConfig",
-    "SpeculativeEngine", "StreamChunk",
+    "MAX_SPECULATIVE_TOKENS",
+    "METHODS",
+    "GenerationOutput",
+    "RequestState",
+    "Slot",
+    "SpeculativeConfig",
+    "SpeculativeEngine",
+    "StreamChunk",
 ]

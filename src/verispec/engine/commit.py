@@ -13,16 +13,16 @@ from dataclasses import dataclass
 
 import torch
 
+from verispec.algorithms.control import CostModel
+from verispec.algorithms.sampling import process_logits, token_logprobs
+from verispec.algorithms.step import pick_token, verify_chain, verify_tree
+from verispec.algorithms.tree import tree_attention_mask, tree_position_ids
 from verispec.engine.policy import DraftStep
 from verispec.engine.request import GenerationOutput, StreamChunk
 from verispec.engine.state import RequestState
 from verispec.metrics import RequestMetrics
 from verispec.proposers.base import DraftRequest
 from verispec.runners import ForwardCall
-from verispec.algorithms.control import CostModel
-from verispec.algorithms.sampling import process_logits, token_logprobs
-from verispec.algorithms.step import pick_token, verify_chain, verify_tree
-from verispec.algorithms.tree import tree_attention_mask, tree_position_ids
 
 TARGET_SOURCE = "target"  # token_sources entry of a token the target chose (not a draft token)
 
@@ -45,10 +45,14 @@ def verify_call(plan: Plan) -> ForwardCall:
     if tree is None:
         return ForwardCall(target, [plan.state.pending] + plan.step.draft.draft_token_ids)
     cached = plan.cached
-    return ForwardCall(target, list(tree.token_ids), None, tree_position_ids(tree, cached), tree_attention_mask(tree, cached))
+    return ForwardCall(
+        target, list(tree.token_ids), None, tree_position_ids(tree, cached), tree_attention_mask(tree, cached)
+    )
 
 
-def commit(plan: Plan, logits: torch.Tensor, pass_s: float, base_rows: int, cost_model: CostModel) -> StreamChunk | None:
+def commit(
+    plan: Plan, logits: torch.Tensor, pass_s: float, base_rows: int, cost_model: CostModel
+) -> StreamChunk | None:
     """Apply one pass's ``logits`` (``[rows of plan.call, vocab]`` float32) to the plan's request:
     a prefill chunk's prompt logprobs and, after the last chunk, the first token; or a verify
     (:func:`verispec.algorithms.step.verify_chain` / ``verify_tree``), the commit of the accepted
@@ -77,8 +81,12 @@ def commit(plan: Plan, logits: torch.Tensor, pass_s: float, base_rows: int, cost
         if out.finished:
             return finish(state, cost_model, list(out.token_ids))
         prompt_logprobs = list(state.prompt_logprobs) if params.prompt_logprobs is not None else None
-        return StreamChunk(out.take_delta(), list(out.token_ids), logprobs=state.chunk_logprobs(out.token_ids),
-                           prompt_logprobs=prompt_logprobs)
+        return StreamChunk(
+            out.take_delta(),
+            list(out.token_ids),
+            logprobs=state.chunk_logprobs(out.token_ids),
+            prompt_logprobs=prompt_logprobs,
+        )
     step, target = plan.step, state.slot.target
     draft_token_ids = step.draft.draft_token_ids
     constraints = state.constraints
@@ -91,7 +99,9 @@ def commit(plan: Plan, logits: torch.Tensor, pass_s: float, base_rows: int, cost
         accepted_nodes = None
         scoring_rows = list(range(len(result.token_ids)))
     else:
-        paths = [[tree.token_ids[j] for j in tree.path_to(i)] for i in range(tree.num_nodes)] if constraints.active else []
+        paths = (
+            [[tree.token_ids[j] for j in tree.path_to(i)] for i in range(tree.num_nodes)] if constraints.active else []
+        )
         allowed = constraints.path_masks(len(out.token_ids), paths)
         result, rows = verify_tree(tree, logits, params, state.prompt, out.token_ids, state.generator, allowed)
         target.keep_tree_path(plan.cached, [0] + result.accepted_nodes)  # the accepted path's KV
@@ -136,7 +146,11 @@ def finish(state: RequestState, cost_model: CostModel, committed: list[int]) -> 
         proposer.end_request(state.prompt, out.token_ids)
     metrics = RequestMetrics.from_times(state.times, len(state.prompt), len(out.token_ids), state.stats)
     state.output = GenerationOutput(
-        list(out.token_ids), out.text, out.finish_reason or "length", metrics, state.sources,
+        list(out.token_ids),
+        out.text,
+        out.finish_reason or "length",
+        metrics,
+        state.sources,
         list(state.logprobs) if state.params.logprobs is not None else None,
         list(state.prompt_logprobs) if state.params.prompt_logprobs is not None else None,
     )

@@ -15,17 +15,16 @@ plain decoding's. Knows nothing about models, runners or text beyond the tokeniz
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
-from typing import Sequence
-
 import dataclasses
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from verispec.errors import InvalidParameterError
 from verispec.algorithms.draft import DraftOutput
+from verispec.errors import InvalidParameterError
 
 STRUCTURED_KINDS = ("json_object", "json_schema", "regex", "grammar")
 # JSON as compact as json.dumps: ", " and ": ", no other whitespace (a sampled model otherwise
@@ -52,7 +51,9 @@ class StructuredOutput:
 
     def __post_init__(self) -> None:
         if self.kind not in STRUCTURED_KINDS:
-            raise InvalidParameterError(f"unknown structured output {self.kind!r}; choose one of {', '.join(STRUCTURED_KINDS)}")
+            raise InvalidParameterError(
+                f"unknown structured output {self.kind!r}; choose one of {', '.join(STRUCTURED_KINDS)}"
+            )
         if self.kind == "json_schema":
             try:
                 schema = json.loads(self.definition)
@@ -101,7 +102,9 @@ class GrammarCompiler:
             raise InvalidParameterError("structured outputs need a Hugging Face fast tokenizer (tokenizers)")
         self.vocab_size = vocab_size
         self.stop_token_ids = tuple(stop_token_ids)
-        self._tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=list(self.stop_token_ids) or None)
+        self._tokenizer = llguidance.hf.from_tokenizer(
+            tokenizer, n_vocab=vocab_size, eos_token=list(self.stop_token_ids) or None
+        )
 
     def matcher(self, output: StructuredOutput):
         """A fresh ``llguidance.LLMatcher`` at the start of ``output``'s grammar.
@@ -139,8 +142,14 @@ class TokenConstraints:
     from nothing, in plain decoding and in every verify row alike.
     """
 
-    def __init__(self, vocab_size: int, stop_token_ids: Sequence[int], min_tokens: int = 0, matcher=None,
-                 end_token_ids: Sequence[int] | None = None) -> None:
+    def __init__(
+        self,
+        vocab_size: int,
+        stop_token_ids: Sequence[int],
+        min_tokens: int = 0,
+        matcher=None,
+        end_token_ids: Sequence[int] | None = None,
+    ) -> None:
         self.vocab_size = vocab_size
         self.stop_token_ids = _ids(stop_token_ids, vocab_size)
         self.end_token_ids = self.stop_token_ids if end_token_ids is None else _ids(end_token_ids, vocab_size)

@@ -15,23 +15,23 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 from verispec.algorithms.control import ControllerConfig
+from verispec.algorithms.sampling import SamplingParams
 from verispec.engine.loop import DEFAULT_MAX_NUM_BATCHED_TOKENS, SpeculativeEngine
 from verispec.engine.request import GenerationOutput, SpeculativeConfig, StreamChunk
 from verispec.errors import ContextLengthError, InvalidParameterError
 from verispec.models.compat import check_draft_compatibility
 from verispec.models.loading import DTYPES, LoadedModel, load_gguf_info, load_model
 from verispec.models.preflight import check_before_loading
+from verispec.progress import announce_slow
 from verispec.proposers.factory import DRAFT_QUANTIZATIONS, DrafterOptions, build_drafters
-from verispec.runners.cpu.quantize import quantize_linear_layers
 from verispec.runners import kv_cache_bytes
 from verispec.runners.costs import seed_cost_model
-from verispec.progress import announce_slow
+from verispec.runners.cpu.quantize import quantize_linear_layers
 from verispec.runners.select import RunnerOptions, auto_file_runner, build_runners, cached_auto_choice, cached_curve
-from verispec.algorithms.sampling import SamplingParams
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
@@ -96,7 +96,9 @@ class SpeculativePipeline:
                 draft_eos_token_ids=draft.eos_token_ids,
             )
         if draft is not None and drafters.draft_quantization == "int8" and runners.kind != "torch":
-            raise InvalidParameterError(f"--draft-quantization int8 needs --runner torch, not {runners.kind} (gguf: iq4_nl or q4_0)")
+            raise InvalidParameterError(
+                f"--draft-quantization int8 needs --runner torch, not {runners.kind} (gguf: iq4_nl or q4_0)"
+            )
         if draft is not None and drafters.draft_quantization == "int8":
             if draft.model is target.model:
                 raise InvalidParameterError("cannot quantize a draft that is the target model itself")
@@ -106,7 +108,9 @@ class SpeculativePipeline:
         self.tokenizer = target.tokenizer
         quantization = drafters.draft_quantization
         requantize = quantization if quantization == "auto" or DRAFT_QUANTIZATIONS[quantization] == "gguf" else None
-        built = build_runners(runners, target, draft, draft_requantize=requantize)  # gguf, int8, llama.cpp, torch; auto resolved
+        built = build_runners(
+            runners, target, draft, draft_requantize=requantize
+        )  # gguf, int8, llama.cpp, torch; auto resolved
         self.runner_kind = built.kind
         self.draft_requantize = built.draft_requantize  # e.g. "iq4_nl": the gguf draft's 4-bit blocks
         # what the user is told: the load time including the runner's own weight loading, and the
@@ -115,8 +119,13 @@ class SpeculativePipeline:
         draft = None if draft is None else _with_runner_facts(draft, built, "draft")
         self.target = target
         self.draft = draft
-        self.target_runner, self.draft_runner = built.target, built.draft  # verispec.runners.Runner (draft: None without one)
-        proposers = build_drafters(drafters, target, built.draft if draft is not None else None, built.draft_tree, built.target)
+        self.target_runner, self.draft_runner = (
+            built.target,
+            built.draft,
+        )  # verispec.runners.Runner (draft: None without one)
+        proposers = build_drafters(
+            drafters, target, built.draft if draft is not None else None, built.draft_tree, built.target
+        )
         self.engine = SpeculativeEngine(
             built.target,
             self.tokenizer,
@@ -170,13 +179,17 @@ class SpeculativePipeline:
         if runners.kind in ("llamacpp", "gguf") or (runners.kind == "int8" and _is_gguf(target, draft)):
             # weights are read by the runner itself
             name = {"llamacpp": "llama.cpp"}.get(runners.kind, runners.kind)
-            with announce_slow(f"reading the GGUF headers and tokenizer of {target}" + (f" and {draft}" if draft else ""),
-                               "the tokenizer is built from the file once, then cached"):
+            with announce_slow(
+                f"reading the GGUF headers and tokenizer of {target}" + (f" and {draft}" if draft else ""),
+                "the tokenizer is built from the file once, then cached",
+            ):
                 target_model = load_gguf_info(target, runner=name)
                 draft_model = load_gguf_info(draft, runner=name) if draft else None
         else:
-            with announce_slow(f"loading {target}" + (f" and {draft}" if draft else "") + " into torch",
-                               f"--runner {runners.kind} starts from the float model"):
+            with announce_slow(
+                f"loading {target}" + (f" and {draft}" if draft else "") + " into torch",
+                f"--runner {runners.kind} starts from the float model",
+            ):
                 target_model = load_model(target, dtype=dtype, device=device)
                 draft_model = load_model(draft, dtype=dtype, device=device) if draft else None
         return cls(target_model, draft_model, drafters, controller, runners, max_num_batched_tokens)
@@ -200,14 +213,24 @@ class SpeculativePipeline:
         return list(self.tokenizer.encode(prompt, add_special_tokens=True))
 
     def generate(
-        self, prompt: str, params: SamplingParams | None = None, spec: SpeculativeConfig | None = None, *,
-        chat: bool = False, learn: bool = True,
+        self,
+        prompt: str,
+        params: SamplingParams | None = None,
+        spec: SpeculativeConfig | None = None,
+        *,
+        chat: bool = False,
+        learn: bool = True,
     ) -> GenerationOutput:
         """Encode ``prompt`` and generate; see :meth:`SpeculativeEngine.stream` (``learn`` too)."""
         return self.engine.generate(self.encode(prompt, chat=chat), params, spec, learn=learn)
 
     def stream(
-        self, prompt: str, params: SamplingParams | None = None, spec: SpeculativeConfig | None = None, *, chat: bool = False
+        self,
+        prompt: str,
+        params: SamplingParams | None = None,
+        spec: SpeculativeConfig | None = None,
+        *,
+        chat: bool = False,
     ) -> Iterator[StreamChunk]:
         """Encode ``prompt`` and stream chunks; the last one carries the output."""
         return self.engine.stream(self.encode(prompt, chat=chat), params, spec)
@@ -243,8 +266,11 @@ class SpeculativePipeline:
         """One line: the context window and what its KV caches cost, per sequence and for
         ``num_sequences`` (bytes = layers x 2 x kv_heads x head_dim x bytes per element x tokens,
         target and draft; allocated at the window, pages resident only as tokens fill them)."""
-        sizes = {role: kv_cache_bytes(runner) for role, runner in (("target", self.target_runner), ("draft", self.draft_runner))
-                 if runner is not None}
+        sizes = {
+            role: kv_cache_bytes(runner)
+            for role, runner in (("target", self.target_runner), ("draft", self.draft_runner))
+            if runner is not None
+        }
         known = {role: size for role, size in sizes.items() if size is not None}
         line = f"context window {self.context_window} tokens"
         if not known:
@@ -285,7 +311,10 @@ def _cached_auto(target: str, draft: str | None, device: str) -> str | None:
     if chosen is not None:
         return chosen
     return cached_auto_choice(
-        target_source.name, target_source.path, speculative=draft is not None, device=device,
+        target_source.name,
+        target_source.path,
+        speculative=draft is not None,
+        device=device,
         draft=(draft_source.name, draft_source.path) if draft_source else None,
     )
 

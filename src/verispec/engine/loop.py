@@ -16,26 +16,26 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 
+from verispec.algorithms.control import ControllerConfig, CostModel
+from verispec.algorithms.sampling import SamplingParams
 from verispec.engine.commit import Plan, commit, finish, verify_call
 from verispec.engine.constraints import GrammarCompiler, TokenConstraints, cut_draft
-from verispec.algorithms.control import ControllerConfig, CostModel
-from verispec.errors import ContextLengthError, IncompatibleDraftError, InvalidParameterError
-from verispec.output import Detokenizer, OutputBuilder
 from verispec.engine.policy import DraftStep, drafter_order, make_policy
-from verispec.proposers.base import DraftRequest, Proposer
-from verispec.proposers.factory import for_new_sequence, with_lookup_drafters, with_own_suffix_cache
 from verispec.engine.request import (
     GenerationOutput,
     SpeculativeConfig,
     StreamChunk,
 )
 from verispec.engine.state import RequestState, Slot
+from verispec.errors import ContextLengthError, IncompatibleDraftError, InvalidParameterError
+from verispec.output import Detokenizer, OutputBuilder
+from verispec.proposers.base import DraftRequest, Proposer
+from verispec.proposers.factory import for_new_sequence, with_lookup_drafters, with_own_suffix_cache
 from verispec.runners import ForwardCall, Runner, forward_batch
-from verispec.algorithms.sampling import SamplingParams
 
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 256  # prompt tokens per pass while others decode (vLLM's name)
 
@@ -93,9 +93,14 @@ class SpeculativeEngine:
         Benchmarks give each method one: a method run after another on the same prompt must not
         be drafted from the other's answer (a cache shared across methods would be).
         """
-        engine = SpeculativeEngine(self.target, self.tokenizer, eos_token_ids=self.eos_token_ids,
-                                   proposers=with_own_suffix_cache(self.proposers),
-                                   controller=self.controller, max_num_batched_tokens=self.max_num_batched_tokens)
+        engine = SpeculativeEngine(
+            self.target,
+            self.tokenizer,
+            eos_token_ids=self.eos_token_ids,
+            proposers=with_own_suffix_cache(self.proposers),
+            controller=self.controller,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+        )
         engine.cost_model = self.cost_model  # the machine's measured costs, as this engine's requests see them
         return engine
 
@@ -180,7 +185,12 @@ class SpeculativeEngine:
         prompt = [int(t) for t in prompt_token_ids]
         self.check_request(prompt, spec)
         policy = make_policy(
-            spec.method, slot.proposers, spec.schedule, spec.num_speculative_tokens, self.cost_model, self.controller,
+            spec.method,
+            slot.proposers,
+            spec.schedule,
+            spec.num_speculative_tokens,
+            self.cost_model,
+            self.controller,
             trees=self.target.supports_trees,
         )
         generator = torch.Generator()
@@ -206,7 +216,9 @@ class SpeculativeEngine:
                 self._grammar_compiler = GrammarCompiler(self.tokenizer, self.target.vocab_size, self.eos_token_ids)
             matcher = self._grammar_compiler.matcher(params.structured_output)
         stop_ids = () if params.ignore_eos else self.eos_token_ids
-        return TokenConstraints(self.target.vocab_size, stop_ids, params.min_tokens, matcher, end_token_ids=self.eos_token_ids)
+        return TokenConstraints(
+            self.target.vocab_size, stop_ids, params.min_tokens, matcher, end_token_ids=self.eos_token_ids
+        )
 
     def step(self, states: Sequence[RequestState]) -> list[StreamChunk | None]:
         """One target pass over every unfinished request of ``states`` (each on its own slot).
@@ -283,12 +295,15 @@ class SpeculativeEngine:
             return None
         limit = min(state.params.max_tokens - len(out.token_ids) - 1, room)  # draft tokens that fit
         request = DraftRequest(
-            state.prompt, out.token_ids, state.params, state.generator, state.spec.draft_stop_threshold,
-            state.constraints if state.constraints.active else None, target.vocab_size,
+            state.prompt,
+            out.token_ids,
+            state.params,
+            state.generator,
+            state.spec.draft_stop_threshold,
+            state.constraints if state.constraints.active else None,
+            target.vocab_size,
         )
-        step = state.policy.draft(
-            request, limit, batch_size=batch_size, defer=state.slot.batched_drafters
-        )
+        step = state.policy.draft(request, limit, batch_size=batch_size, defer=state.slot.batched_drafters)
         return Plan(state, None, cached, limit, step, request)
 
     @staticmethod
@@ -354,7 +369,9 @@ def capture_features(target: Runner, proposers) -> None:
     if not layers:
         return
     if len(layers) > 1:
-        raise InvalidParameterError(f"the drafters read different target layers ({sorted(layers)}): load one feature drafter")
+        raise InvalidParameterError(
+            f"the drafters read different target layers ({sorted(layers)}): load one feature drafter"
+        )
     if not target.supports_features:
         raise InvalidParameterError(
             f"the {type(target).__name__} cannot hand its hidden states to a feature drafter (EAGLE head): "

@@ -12,8 +12,8 @@ nothing about verification, caches or text.
 from __future__ import annotations
 
 import time
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Collection, Mapping, Sequence
 
 from verispec.algorithms.control import (
     CATCH_UP_MIN_ROWS,
@@ -30,12 +30,17 @@ from verispec.proposers.suffix import ConfidentProposer
 
 LOOKUP_DRAFTERS = ("suffix", "ngram")  # auto: the first loaded one drafts whenever its lookup matches
 MODEL_DRAFTERS = ("eagle", "draft")  # auto: every loaded one backs up the lookup (the better per step)
-ALTERNATIVE_DRAFTERS = ("eagle", "eagle-tree", "draft", "tree")  # auto: per step, the best realised rate of those offered
+ALTERNATIVE_DRAFTERS = (
+    "eagle",
+    "eagle-tree",
+    "draft",
+    "tree",
+)  # auto: per step, the best realised rate of those offered
 TREE_DRAFTERS = ("ngram-tree", "tree")  # tree: n-gram branches when the lookup matches, else the draft tree
 TREE_SCHEDULED = (*TREE_DRAFTERS, "suffix-tree", "eagle-tree")  # drafters whose budget is a tree's node count
 MISSING_DRAFTER_HINTS = {  # what loads a model drafter, for the error when it is not loaded
     "layer-skip": "layer skip runs the first layers of the target's float model, which the gguf and llama.cpp "
-                  "runners (and int8 from a GGUF file) do not hold: use --runner torch",
+    "runners (and int8 from a GGUF file) do not hold: use --runner torch",
     "eagle": "load a head with --eagle-head FILE (verispec train-head writes one)",
     "eagle-tree": "load a head with --eagle-head FILE (verispec train-head writes one)",
     "draft": "load a draft model with --draft",
@@ -71,7 +76,9 @@ def drafter_order(method: str, loaded: Sequence[str], trees: bool = False) -> li
     if method not in loaded:
         names = ", ".join(sorted(loaded)) or "none"
         hint = MISSING_DRAFTER_HINTS.get(method, "")
-        raise InvalidParameterError(f"method {method!r} needs its drafter loaded (loaded: {names})" + (f": {hint}" if hint else ""))
+        raise InvalidParameterError(
+            f"method {method!r} needs its drafter loaded (loaded: {names})" + (f": {hint}" if hint else "")
+        )
     return [method]
 
 
@@ -154,9 +161,7 @@ class DraftPolicy:
         """False for plain decoding (no drafter)."""
         return bool(self._proposers)
 
-    def draft(
-        self, request: DraftRequest, limit: int, batch_size: int = 1, defer: Collection[str] = ()
-    ) -> DraftStep:
+    def draft(self, request: DraftRequest, limit: int, batch_size: int = 1, defer: Collection[str] = ()) -> DraftStep:
         """Ask the drafters in order; the first non-empty proposal of at most ``limit`` tokens wins.
 
         ``batch_size``: requests decoding in the same target pass (continuous batching); the
@@ -240,12 +245,26 @@ class DraftPolicy:
         if not steady:
             self._mark_catch_up(step.drafter, step.catch_up_rows, request)
         self._previous = step.drafter
-        return DraftStep(step.drafter, step.chosen_k, draft, step.draft_s + seconds, step.predicted, steady, seconds,
-                         catch_up_rows=step.catch_up_rows)
+        return DraftStep(
+            step.drafter,
+            step.chosen_k,
+            draft,
+            step.draft_s + seconds,
+            step.predicted,
+            steady,
+            seconds,
+            catch_up_rows=step.catch_up_rows,
+        )
 
     def _catch_up_pays(
-        self, name: str, rows: int, predicted: tuple[float, float] | None, request: DraftRequest, limit: int,
-        batch_size: int, num_tokens: int,
+        self,
+        name: str,
+        rows: int,
+        predicted: tuple[float, float] | None,
+        request: DraftRequest,
+        limit: int,
+        batch_size: int,
+        num_tokens: int,
     ) -> bool:
         """False when ``name`` must feed ``rows`` unseen context tokens first and that costs more
         than its steps over the rest of the answer save (cost schedules only; a probe of a
@@ -312,8 +331,9 @@ class DraftPolicy:
             self.costs.record_draft_ratio(step.drafter, num_draft, step.drafter_s, verify_s)
         if step.drafter is not None:
             self.alphas[step.drafter].update(num_draft, num_accepted_tokens)
-            self.costs.record_acceptance(step.drafter, num_draft, num_accepted_tokens, self._carried_alpha_weight,
-                                         self._alpha_prior)
+            self.costs.record_acceptance(
+                step.drafter, num_draft, num_accepted_tokens, self._carried_alpha_weight, self._alpha_prior
+            )
             self.schedules[step.drafter].update(num_draft, num_accepted_tokens)
             schedule = self.schedules[step.drafter]
             if accepted_nodes is not None and isinstance(schedule, TreeBudgetSchedule):
@@ -362,9 +382,7 @@ class DraftPolicy:
             ranked.insert(0, self._exploring)
         return ranked
 
-    def _predicted(
-        self, name: str, num_draft_tokens: int, batch_size: int = 1
-    ) -> tuple[float, float] | None:
+    def _predicted(self, name: str, num_draft_tokens: int, batch_size: int = 1) -> tuple[float, float] | None:
         step_costs = self.costs.step_costs(name, num_draft_tokens, batch_size)
         if step_costs is None:
             return None

@@ -14,14 +14,15 @@ nothing about HTTP, threads or text.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
+from verispec.algorithms.sampling import SamplingParams
 from verispec.engine.loop import SpeculativeEngine
 from verispec.engine.request import SpeculativeConfig, StreamChunk
 from verispec.engine.state import RequestState, Slot
 from verispec.errors import InvalidParameterError
-from verispec.algorithms.sampling import SamplingParams
 
 DEFAULT_MAX_NUM_SEQS = 8
 
@@ -65,8 +66,9 @@ class Scheduler:
             (:attr:`SpeculativeEngine.supports_batching`), or a budget below one context window.
     """
 
-    def __init__(self, engine: SpeculativeEngine, *, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
-                 max_kv_tokens: int | None = None) -> None:
+    def __init__(
+        self, engine: SpeculativeEngine, *, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS, max_kv_tokens: int | None = None
+    ) -> None:
         if max_num_seqs < 1:
             raise InvalidParameterError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
         if max_num_seqs > 1 and not engine.supports_batching:
@@ -100,8 +102,9 @@ class Scheduler:
     def reserved_kv_tokens(self) -> int:
         return self._reserved
 
-    def add(self, prompt_token_ids: Sequence[int], params: SamplingParams, spec: SpeculativeConfig,
-            tag: Any = None) -> ScheduledRequest:
+    def add(
+        self, prompt_token_ids: Sequence[int], params: SamplingParams, spec: SpeculativeConfig, tag: Any = None
+    ) -> ScheduledRequest:
         """Queue a request; it starts at a later :meth:`step` when a slot and its KV tokens are free.
 
         Raises (before queueing anything):
@@ -183,7 +186,8 @@ class Scheduler:
         if not _shares_prompt(request):
             return None
         sources = [
-            r for r in self.running
+            r
+            for r in self.running
             if r.prompt_source is None and r.prompt_token_ids == request.prompt_token_ids and _shares_prompt(r)
         ]
         return max(sources, key=lambda r: r.state.num_prefilled, default=None)

@@ -8,19 +8,19 @@ Knows nothing about running a pass (:mod:`verispec.engine` does).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 
+from verispec.algorithms.sampling import SamplingParams, TokenLogprob, token_logprobs
 from verispec.engine.constraints import TokenConstraints
+from verispec.engine.policy import DraftPolicy
+from verispec.engine.request import GenerationOutput, SpeculativeConfig
 from verispec.metrics import RequestTimes, SpecDecodeStats
 from verispec.output import OutputBuilder
-from verispec.engine.policy import DraftPolicy
 from verispec.proposers import Proposer
-from verispec.engine.request import GenerationOutput, SpeculativeConfig
 from verispec.runners import Runner
-from verispec.algorithms.sampling import SamplingParams, TokenLogprob, token_logprobs
 
 
 @dataclass
@@ -34,7 +34,9 @@ class Slot:
     target: Runner
     proposers: dict[str, Proposer]
     batched_drafters: list[str] = field(init=False)  # run for many requests at once (``Proposer.batches``)
-    feature_readers: list[Proposer] = field(init=False)  # drafters fed the target's features (``Proposer.feature_layers``)
+    feature_readers: list[Proposer] = field(
+        init=False
+    )  # drafters fed the target's features (``Proposer.feature_layers``)
 
     def __post_init__(self) -> None:
         self.batched_drafters = [name for name, p in self.proposers.items() if p.batches]
@@ -100,4 +102,4 @@ class RequestState:
         """The last ``len(committed)`` entries (a stream chunk's); None when not asked for."""
         if self.params.logprobs is None:
             return None
-        return self.logprobs[len(self.logprobs) - len(committed):] if committed else []
+        return self.logprobs[len(self.logprobs) - len(committed) :] if committed else []

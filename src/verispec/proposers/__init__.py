@@ -7,7 +7,7 @@ model's chains (:mod:`.draft_model`) and trees (:mod:`.draft_tree`), layer skip
 corpus datastore (:mod:`.suffix`, :mod:`.datastore`).
 """
 
-from verispec.proposers.base import DraftCacheSequences, DraftRequest, Proposer, common_prefix_length
 from verispec.algorithms.draft import DraftOutput
+from verispec.proposers.base import DraftCacheSequences, DraftRequest, Proposer, common_prefix_length
 
 __all__ = ["DraftCacheSequences", "DraftOutput", "DraftRequest", "Proposer", "common_prefix_length"]

@@ -11,8 +11,8 @@ Knows nothing about verification or about the target model.
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 

@@ -11,8 +11,8 @@ matching tail, continuations read from the matches). Knows nothing about models 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -71,21 +71,31 @@ class Datastore:
             self.tokens = np.load(path / "tokens.npy", mmap_mode="r")
             self.suffixes = np.load(path / "suffixes.npy", mmap_mode="r")
         except FileNotFoundError:
-            raise InvalidParameterError(f"{path} is not a verispec datastore (build one: verispec datastore build)") from None
+            raise InvalidParameterError(
+                f"{path} is not a verispec datastore (build one: verispec datastore build)"
+            ) from None
         except (OSError, ValueError, EOFError, TypeError) as exc:
             raise InvalidParameterError(f"{path} is not a readable verispec datastore ({exc})") from None
         summary = self.summary
-        if (not isinstance(summary, dict) or summary.get("format") != FORMAT or not isinstance(summary.get("depth"), int)
-                or summary["depth"] < 1 or self.tokens.dtype != np.int32 or self.suffixes.dtype != np.int64
-                or self.tokens.ndim != 1 or self.suffixes.ndim != 1):
+        if (
+            not isinstance(summary, dict)
+            or summary.get("format") != FORMAT
+            or not isinstance(summary.get("depth"), int)
+            or summary["depth"] < 1
+            or self.tokens.dtype != np.int32
+            or self.suffixes.dtype != np.int64
+            or self.tokens.ndim != 1
+            or self.suffixes.ndim != 1
+        ):
             raise InvalidParameterError(f"{path} is a damaged datastore or one of another format: rebuild it")
         if len(self.suffixes) and (int(self.suffixes.max()) >= len(self.tokens) or int(self.suffixes.min()) < 0):
             raise InvalidParameterError(f"{path} is corrupt: its suffix array points outside its tokens")
         self.depth = int(self.summary["depth"])
         self.path = path
 
-    def continuations(self, context: Sequence[int], length: int, min_ngram: int = 2, max_ngram: int = 8,
-                      max_matches: int = 32) -> tuple[int, list[list[int]]]:
+    def continuations(
+        self, context: Sequence[int], length: int, min_ngram: int = 2, max_ngram: int = 8, max_matches: int = 32
+    ) -> tuple[int, list[list[int]]]:
         """``(n, continuations)``: the longest n-gram (``min_ngram <= n <= min(max_ngram, depth)``)
         of ``context``'s tail in the corpus, and what followed up to ``max_matches`` of its
         occurrences (spread evenly over all of them, so their shares are the corpus's

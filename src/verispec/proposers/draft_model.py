@@ -7,15 +7,15 @@ recomputed) and feeds only what is new. Knows nothing about the target or verifi
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
-from verispec.proposers.base import DraftCacheSequences, DraftRequest
 from verispec.algorithms.draft import DraftOutput
-from verispec.runners import ForwardCall, Runner, forward_batch
 from verispec.algorithms.sampling import ProcessedRows, process_logits
 from verispec.algorithms.step import pick_token
+from verispec.proposers.base import DraftCacheSequences, DraftRequest
+from verispec.runners import ForwardCall, Runner, forward_batch
 
 
 class DraftModelProposer(DraftCacheSequences):
@@ -81,7 +81,10 @@ def propose_batch(items: Sequence[tuple[DraftModelProposer, DraftRequest, int]])
             proposer.cached_token_ids.extend(pending)
             # The draft's row is processed like the target's would be at this point of the chain.
             rows = process_logits(
-                row, request.params, request.prompt_token_ids, list(request.output_token_ids) + draft_token_ids,
+                row,
+                request.params,
+                request.prompt_token_ids,
+                list(request.output_token_ids) + draft_token_ids,
                 allowed=request.allowed_after(draft_token_ids, row.shape[-1]),
             )
             if rows.probs is None:

@@ -9,19 +9,19 @@ token as its root (see :mod:`verispec.algorithms.tree`).
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import Callable, Generator, Sequence
 
 import torch
 from torch import Tensor
 
-from verispec.errors import InvalidParameterError
-from verispec.proposers.base import DraftCacheSequences, DraftRequest
-from verispec.algorithms.draft import DraftOutput
 from verispec.algorithms.coupling import gumbel_noise
+from verispec.algorithms.draft import DraftOutput
 from verispec.algorithms.sampling import process_logits
 from verispec.algorithms.step import coupling_key
 from verispec.algorithms.tree import TokenTree, tree_attention_mask, tree_position_ids
+from verispec.errors import InvalidParameterError
+from verispec.proposers.base import DraftCacheSequences, DraftRequest
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,9 @@ def select_candidates(candidates: Sequence[Candidate], budget: int) -> list[Cand
     return [c for _, c in sorted(best, key=lambda item: (item[1].parent, -item[1].log_prob, item[0]))]
 
 
-def top_children(request: DraftRequest, tree: TokenTree, node: int, logits: Tensor, count: int) -> tuple[list[float], list[int]]:
+def top_children(
+    request: DraftRequest, tree: TokenTree, node: int, logits: Tensor, count: int
+) -> tuple[list[float], list[int]]:
     """The ``count`` most probable draft tokens after ``node`` of ``tree`` (``logits``: ``[1,
     vocab]`` float32, the draft's row for the node, over the target's vocabulary), processed as
     the target's rows are (penalties, grammar, temperature, top-k/p): their log-probabilities
@@ -53,7 +55,10 @@ def top_children(request: DraftRequest, tree: TokenTree, node: int, logits: Tens
     with the r-th highest draft log-probability (its rank, not its own probability)."""
     path = [tree.token_ids[i] for i in tree.path_to(node)]
     rows = process_logits(
-        logits, request.params, request.prompt_token_ids, list(request.output_token_ids) + path,
+        logits,
+        request.params,
+        request.prompt_token_ids,
+        list(request.output_token_ids) + path,
         allowed=request.allowed_after(path, logits.shape[-1]),
     )
     dist = torch.log_softmax(rows.logits, -1)[0] if rows.probs is None else rows.probs[0].log()
@@ -109,7 +114,9 @@ def dynamic_tree_levels(
         tree = TokenTree(tuple(token_ids), tuple(parents))
         for row, node in enumerate(frontier):
             values, ids = top_children(request, tree, node, frontier_logits[row : row + 1], branching)
-            candidates += [Candidate(log_probs[node] + float(lp), node, int(t)) for lp, t in zip(values, ids) if lp > float("-inf")]
+            candidates += [
+                Candidate(log_probs[node] + float(lp), node, int(t)) for lp, t in zip(values, ids) if lp > float("-inf")
+            ]
         chosen = select_candidates(candidates, num_nodes + 1 - len(token_ids))
         if not chosen:
             break
@@ -179,7 +186,9 @@ class DraftTreeProposer(DraftCacheSequences):
             (:class:`~verispec.proposers.DraftCacheSequences`).
     """
 
-    def __init__(self, runner, *, branching: int = 2, max_depth: int = 6, choices=None, context_window: int | None = None) -> None:
+    def __init__(
+        self, runner, *, branching: int = 2, max_depth: int = 6, choices=None, context_window: int | None = None
+    ) -> None:
         if branching < 1 or max_depth < 1:
             raise ValueError("branching and max_depth must be >= 1")
         self.runner = runner
@@ -228,7 +237,10 @@ class DraftTreeProposer(DraftCacheSequences):
             for path in level:
                 parent = node_of[path[:-1]]
                 needed[parent] = max(needed.get(parent, 0), path[-1] + 1)
-            top = {parent: top_children(request, tree, parent, logits_of[parent], count) for parent, count in needed.items()}
+            top = {
+                parent: top_children(request, tree, parent, logits_of[parent], count)
+                for parent, count in needed.items()
+            }
             first_new = len(token_ids)
             for path in level:
                 parent = node_of[path[:-1]]
@@ -247,8 +259,14 @@ class DraftTreeProposer(DraftCacheSequences):
 
     def _dynamic_tree(self, request: DraftRequest, num_prefix: int, num_nodes: int, root_logits) -> TokenTree:
         """EAGLE-2 expansion over the draft model (``num_prefix``: the draft cache slot of the root)."""
-        return grow_dynamic_tree(request, root_logits, num_nodes, self.branching, self.max_depth,
-                                 lambda token_ids, parents, first_new: self._forward_level(token_ids, parents, first_new, num_prefix))
+        return grow_dynamic_tree(
+            request,
+            root_logits,
+            num_nodes,
+            self.branching,
+            self.max_depth,
+            lambda token_ids, parents, first_new: self._forward_level(token_ids, parents, first_new, num_prefix),
+        )
 
     def propose(self, request: DraftRequest, num_speculative_tokens: int) -> DraftOutput:
         """The proposer protocol: a tree of at most ``num_speculative_tokens`` nodes."""
@@ -257,4 +275,3 @@ class DraftTreeProposer(DraftCacheSequences):
 
     def observe(self, num_accepted_tokens: int) -> None:
         """Nothing to do: the next proposal rolls the cache back to the shared prefix."""
-

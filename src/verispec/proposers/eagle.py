@@ -17,18 +17,18 @@ own output in place of the feature it does not have.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
-from verispec.proposers.base import DraftRequest, Proposer, common_prefix_length
-from verispec.proposers.draft_tree import dynamic_tree_levels
-from verispec.runners.eagle.head import EagleHead, HeadCall, forward_heads
 from verispec.algorithms.draft import DraftOutput
 from verispec.algorithms.sampling import process_logits
 from verispec.algorithms.step import pick_token
 from verispec.algorithms.tree import TokenTree
+from verispec.proposers.base import DraftRequest, Proposer, common_prefix_length
+from verispec.proposers.draft_tree import dynamic_tree_levels
+from verispec.runners.eagle.head import EagleHead, HeadCall, forward_heads
 
 TREE_BRANCHING = 2  # eagle-tree: children expanded per frontier node (EAGLE-2's top-k) ...
 TREE_MAX_DEPTH = 6  # ... over this many levels at most
@@ -53,7 +53,9 @@ class EagleProposer(Proposer):
         self.feature_layers = tuple(head.shape.feature_layers)
         self._start = 0  # position of the head's first cache row
         self._row_token_ids: list[int] = []  # token p + 1 of each real row p = start, start + 1, ...
-        self._pending = torch.zeros(0, head.fc.in_features)  # [rows, layers * hidden] features of positions start + len(rows) ...
+        self._pending = torch.zeros(
+            0, head.fc.in_features
+        )  # [rows, layers * hidden] features of positions start + len(rows) ...
 
     @property
     def _next_position(self) -> int:
@@ -128,12 +130,16 @@ class EagleProposer(Proposer):
                     outputs[index] = DraftOutput(draft_token_ids, torch.stack(draft_rows) if draft_rows else None)
                     continue
                 position = len(request.context) - 1 + len(draft_token_ids) - 1  # row L - 2 is the last real one
-                next_calls.append(HeadCall(proposer.head, [token], hidden=hidden[-1:], positions=torch.tensor([position])))
+                next_calls.append(
+                    HeadCall(proposer.head, [token], hidden=hidden[-1:], positions=torch.tensor([position]))
+                )
                 still.append([index, draft_token_ids, draft_rows, left - 1])
             calls, active = next_calls, still
         return outputs
 
-    def propose_tree(self, request: DraftRequest, num_nodes: int, *, branching: int = TREE_BRANCHING, max_depth: int = TREE_MAX_DEPTH) -> TokenTree:
+    def propose_tree(
+        self, request: DraftRequest, num_nodes: int, *, branching: int = TREE_BRANCHING, max_depth: int = TREE_MAX_DEPTH
+    ) -> TokenTree:
         """A dynamic tree of at most ``num_nodes`` drafted nodes below the root (the context's
         last token), grown by the head's confidence (EAGLE-2, Li et al. 2024, arXiv 2406.16858,
         §4; :func:`~verispec.proposers.draft_tree.grow_dynamic_tree`): one head pass per level,
@@ -175,7 +181,9 @@ class EagleProposer(Proposer):
             proposer.head.truncate(len(proposer._row_token_ids))  # back to the real rows
         return trees
 
-    def _level_call(self, request: DraftRequest, level: tuple[list[int], list[int], int], outputs: dict, real: int) -> HeadCall:
+    def _level_call(
+        self, request: DraftRequest, level: tuple[list[int], list[int], int], outputs: dict, real: int
+    ) -> HeadCall:
         """The head rows of a tree level's new nodes: each fed its parent's output at its depth's
         position, attending to the ``real`` rows and its own ancestors (node ``n``'s row is cache
         row ``real + n - 1``: levels are fed in node order)."""
@@ -186,9 +194,17 @@ class EagleProposer(Proposer):
         mask[:, :real] = True
         for row, node in enumerate(new):
             mask[row, [real + a - 1 for a in tree.path_to(node)]] = True
-        depths, first_position = tree.depths(), len(request.context) - 1  # a depth-1 node's row: row L - 2 is the last real one
-        return HeadCall(self.head, [token_ids[n] for n in new], hidden=torch.cat([outputs[parents[n]] for n in new]),
-                        positions=torch.tensor([first_position + depths[n] - 1 for n in new]), attention_mask=mask)
+        depths, first_position = (
+            tree.depths(),
+            len(request.context) - 1,
+        )  # a depth-1 node's row: row L - 2 is the last real one
+        return HeadCall(
+            self.head,
+            [token_ids[n] for n in new],
+            hidden=torch.cat([outputs[parents[n]] for n in new]),
+            positions=torch.tensor([first_position + depths[n] - 1 for n in new]),
+            attention_mask=mask,
+        )
 
     def _rows_match(self, context: Sequence[int]) -> bool:
         """The real rows were built from this context's tokens (else the context changed under them)."""
@@ -207,8 +223,12 @@ class EagleProposer(Proposer):
         count = min(self._pending.shape[0], len(context) - 1 - first)
         if count <= 0 or first + count != len(context) - 1:
             return None
-        return HeadCall(self.head, list(context[first + 1 : first + 1 + count]), features=self._pending[:count],
-                        positions=torch.arange(first, first + count))
+        return HeadCall(
+            self.head,
+            list(context[first + 1 : first + 1 + count]),
+            features=self._pending[:count],
+            positions=torch.arange(first, first + count),
+        )
 
     def _caught_up(self, call: HeadCall) -> None:
         """``call`` (from :meth:`_catch_up_call`) ran: its rows are real, its features consumed."""
@@ -234,7 +254,10 @@ class EagleProposer(Proposer):
         every allowed token is outside the draft vocabulary."""
         row = self._target_row(draft_logits)
         rows = process_logits(
-            row, request.params, request.prompt_token_ids, list(request.output_token_ids) + draft_token_ids,
+            row,
+            request.params,
+            request.prompt_token_ids,
+            list(request.output_token_ids) + draft_token_ids,
             allowed=request.allowed_after(draft_token_ids, row.shape[-1]),
         )
         if not torch.isfinite(rows.logits).any():
@@ -276,7 +299,9 @@ class EagleTreeProposer(Proposer):
         ValueError: ``branching`` or ``max_depth`` below 1.
     """
 
-    def __init__(self, eagle: EagleProposer, *, branching: int = TREE_BRANCHING, max_depth: int = TREE_MAX_DEPTH) -> None:
+    def __init__(
+        self, eagle: EagleProposer, *, branching: int = TREE_BRANCHING, max_depth: int = TREE_MAX_DEPTH
+    ) -> None:
         if branching < 1 or max_depth < 1:
             raise ValueError("branching and max_depth must be >= 1")
         self.eagle, self.branching, self.max_depth = eagle, branching, max_depth
@@ -303,7 +328,9 @@ class EagleTreeProposer(Proposer):
     def propose_batch(items: Sequence[tuple[EagleTreeProposer, DraftRequest, int]]) -> list[DraftOutput]:
         """Trees for several requests (``num_speculative_tokens``: nodes), grown level by level in
         shared head passes (:meth:`EagleProposer.propose_trees`)."""
-        trees = EagleProposer.propose_trees([(p.eagle, request, k, p.branching, p.max_depth) for p, request, k in items])
+        trees = EagleProposer.propose_trees(
+            [(p.eagle, request, k, p.branching, p.max_depth) for p, request, k in items]
+        )
         return [DraftOutput.of_tree(tree) for tree in trees]
 
     def release(self) -> None:

@@ -9,16 +9,16 @@ set for another sequence (:func:`for_new_sequence`) or with a fresh suffix cache
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 from verispec.errors import InvalidParameterError
 from verispec.models.loading import LoadedModel
 from verispec.proposers.base import Proposer
 from verispec.proposers.draft_model import DraftModelProposer
-from verispec.proposers.eagle import EagleProposer, EagleTreeProposer
 from verispec.proposers.draft_tree import DraftTreeProposer, validate_tree_choices
+from verispec.proposers.eagle import EagleProposer, EagleTreeProposer
 from verispec.proposers.layer_skip import LayerSkipProposer
 from verispec.proposers.ngram import NgramProposer, NgramTreeProposer
 from verispec.proposers.suffix import SuffixProposer, SuffixTreeProposer
@@ -114,7 +114,10 @@ class DrafterOptions:
 
 
 def build_drafters(
-    options: DrafterOptions, target: LoadedModel, draft_runner: Runner | None = None, tree_runner: Runner | None = None,
+    options: DrafterOptions,
+    target: LoadedModel,
+    draft_runner: Runner | None = None,
+    tree_runner: Runner | None = None,
     target_runner: Runner | None = None,
 ) -> dict[str, Proposer]:
     """The drafters of a loaded pair, by method name: ``ngram`` always, ``draft`` over
@@ -131,11 +134,15 @@ def build_drafters(
     if draft_runner is not None:
         proposers["draft"] = DraftModelProposer(draft_runner, context_window=options.draft_context_window)
     if tree_runner is not None:
-        proposers["tree"] = DraftTreeProposer(tree_runner, choices=options.tree_choices, context_window=options.draft_context_window)
+        proposers["tree"] = DraftTreeProposer(
+            tree_runner, choices=options.tree_choices, context_window=options.draft_context_window
+        )
     if options.eagle_head is not None:
         if target_runner is None or not target_runner.supports_features:
             kind = type(target_runner).__name__ if target_runner is not None else "no runner"
-            raise InvalidParameterError(f"--eagle-head needs a runner that hands out the target's features (gguf, int8, torch), not {kind}")
+            raise InvalidParameterError(
+                f"--eagle-head needs a runner that hands out the target's features (gguf, int8, torch), not {kind}"
+            )
         head = EagleHead.load(options.eagle_head, target_runner)
         quantization = head_quantization_for(options.head_quantization, target_runner)
         if quantization != "none":
@@ -229,7 +236,8 @@ def with_own_suffix_cache(proposers: Mapping[str, Proposer]) -> dict[str, Propos
         return dict(proposers)
     fresh = suffix.with_empty_cache()
     rebuilt = {
-        name: fresh if p is suffix else p for name, p in proposers.items()
+        name: fresh if p is suffix else p
+        for name, p in proposers.items()
         if not (name == "suffix-tree" and isinstance(p, SuffixTreeProposer))
     }
     return with_lookup_drafters(rebuilt)

@@ -10,12 +10,12 @@ one-hot draft (a deterministic proposal). Knows nothing about models, verificati
 from __future__ import annotations
 
 import heapq
-from typing import Sequence
+from collections.abc import Sequence
 
-from verispec.errors import InvalidParameterError
-from verispec.proposers.base import DraftRequest, Proposer
 from verispec.algorithms.draft import DraftOutput
 from verispec.algorithms.tree import TokenTree
+from verispec.errors import InvalidParameterError
+from verispec.proposers.base import DraftRequest, Proposer
 
 MAX_OCCURRENCES = 4  # most recent occurrences the index keeps per n-gram (tree branches come from them)
 
@@ -214,7 +214,9 @@ class NgramProposer(Proposer):
         if num_nodes <= 0:
             return TokenTree((root,), (-1,))
         matches = index.matches(self.max_branches)
-        return ngram_tree(root, [copy_continuation(index.token_ids, start, num_nodes) for _, start in matches], num_nodes)
+        return ngram_tree(
+            root, [copy_continuation(index.token_ids, start, num_nodes) for _, start in matches], num_nodes
+        )
 
     def observe(self, num_accepted_tokens: int) -> None:
         """Nothing to learn: accepted tokens arrive with the next request's context."""

@@ -21,14 +21,15 @@ from __future__ import annotations
 import math
 import threading
 from collections import deque
-from typing import Protocol, Sequence, runtime_checkable
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
+from verispec.algorithms.draft import DraftOutput
+from verispec.algorithms.tree import TokenTree
 from verispec.errors import InvalidParameterError
 from verispec.proposers.base import DraftRequest, Proposer
-from verispec.algorithms.draft import DraftOutput
 from verispec.proposers.ngram import NgramIndex, NgramProposer, copy_continuation, ngram_tree
 from verispec.proposers.suffix_file import read_sequences, write_sequences
-from verispec.algorithms.tree import TokenTree
 
 DEFAULT_MAX_TOKENS = 65_536  # tokens of past requests kept (the index costs up to ~2-3 KB a token)
 PRIOR_OCCURRENCES = 1.0  # weight of the realised acceptance in node_confidences, in occurrences
@@ -41,8 +42,7 @@ class ConfidentProposer(Protocol):
     probability that verification accepts each of its tokens (tree nodes: in tree order) and
     every token before it; ``prior``: the drafter's realised per-token acceptance."""
 
-    def draft_confidences(self, request: DraftRequest, num_tokens: int, prior: float) -> list[float]:
-        ...
+    def draft_confidences(self, request: DraftRequest, num_tokens: int, prior: float) -> list[float]: ...
 
 
 class SuffixCache:
@@ -58,13 +58,19 @@ class SuffixCache:
         InvalidParameterError: a bad n-gram range, occurrence count or token budget.
     """
 
-    def __init__(self, max_tokens: int = DEFAULT_MAX_TOKENS, min_ngram: int = 2, max_ngram: int = 8,
-                 max_occurrences: int = 8) -> None:
+    def __init__(
+        self, max_tokens: int = DEFAULT_MAX_TOKENS, min_ngram: int = 2, max_ngram: int = 8, max_occurrences: int = 8
+    ) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise InvalidParameterError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         if max_occurrences < 1 or max_tokens < 1:
             raise InvalidParameterError("max_occurrences and max_tokens must be >= 1")
-        self.max_tokens, self.min_ngram, self.max_ngram, self.max_occurrences = max_tokens, min_ngram, max_ngram, max_occurrences
+        self.max_tokens, self.min_ngram, self.max_ngram, self.max_occurrences = (
+            max_tokens,
+            min_ngram,
+            max_ngram,
+            max_occurrences,
+        )
         self._lock = threading.Lock()
         self._sequences: deque[tuple[int, list[int]]] = deque()  # (id, tokens), oldest first
         self._next_id = 0
@@ -197,20 +203,34 @@ class SuffixProposer(Proposer):
             too; the request's own context, then the cache, win a tie with it.
     """
 
-    def __init__(self, cache: SuffixCache | None = None, min_ngram: int = 2, max_ngram: int = 8,
-                 spec_factor: float = 2.0, add_prompts: bool = False, datastore=None) -> None:
+    def __init__(
+        self,
+        cache: SuffixCache | None = None,
+        min_ngram: int = 2,
+        max_ngram: int = 8,
+        spec_factor: float = 2.0,
+        add_prompts: bool = False,
+        datastore=None,
+    ) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise InvalidParameterError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         if spec_factor <= 0:
             raise InvalidParameterError(f"spec_factor must be > 0, got {spec_factor}")
         self.cache = cache if cache is not None else SuffixCache(min_ngram=min_ngram, max_ngram=max_ngram)
-        self.min_ngram, self.max_ngram, self.spec_factor, self.add_prompts = min_ngram, max_ngram, spec_factor, add_prompts
+        self.min_ngram, self.max_ngram, self.spec_factor, self.add_prompts = (
+            min_ngram,
+            max_ngram,
+            spec_factor,
+            add_prompts,
+        )
         self.datastore = datastore
         self._local = NgramProposer(min_ngram, max_ngram, max_branches=8)  # the request's own context
 
     def new_sequence(self) -> SuffixProposer:
         """The same drafter for another request: the same shared cache, its own context index."""
-        return SuffixProposer(self.cache, self.min_ngram, self.max_ngram, self.spec_factor, self.add_prompts, self.datastore)
+        return SuffixProposer(
+            self.cache, self.min_ngram, self.max_ngram, self.spec_factor, self.add_prompts, self.datastore
+        )
 
     def with_empty_cache(self) -> SuffixProposer:
         """The same drafter (settings, datastore) over a new, empty cache of the same settings."""
@@ -230,8 +250,9 @@ class SuffixProposer(Proposer):
         root, the last context token); with ``chain``, its most frequent path only."""
         return self._scored_tree(request, num_nodes, chain)[0]
 
-    def draft_confidences(self, request: DraftRequest, num_tokens: int, prior: float,
-                          chain: bool = True) -> list[float]:
+    def draft_confidences(
+        self, request: DraftRequest, num_tokens: int, prior: float, chain: bool = True
+    ) -> list[float]:
         """``[num_draft_tokens]`` :func:`node_confidences` of the proposal of ``num_tokens`` (the
         chain :meth:`propose` returns; with ``chain`` False, :meth:`propose_tree`'s nodes);
         ``prior``: the drafter's realised per-token acceptance rate in [0, 1]."""
@@ -302,8 +323,9 @@ class SuffixTreeProposer(Proposer):
         return self.suffix.draft_confidences(request, num_tokens, prior, chain=False)
 
 
-def node_confidences(tree: TokenTree, continuations: Sequence[Sequence[int]], prior: float,
-                     prior_weight: float = PRIOR_OCCURRENCES) -> list[float]:
+def node_confidences(
+    tree: TokenTree, continuations: Sequence[Sequence[int]], prior: float, prior_weight: float = PRIOR_OCCURRENCES
+) -> list[float]:
     """``[num_nodes - 1]`` estimated probability that verification accepts each node below the
     root of ``tree`` (and so its whole path), from the ``continuations`` the tree was built from.
 

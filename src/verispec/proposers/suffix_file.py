@@ -16,8 +16,8 @@ from __future__ import annotations
 import logging
 import threading
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -43,7 +43,9 @@ class SuffixSnapshots:
     ``verispec.suffix``) until one succeeds again; it never raises into the server.
     """
 
-    def __init__(self, cache, path: Path | str, interval_s: float = SNAPSHOT_INTERVAL_S, written: int | None = None) -> None:
+    def __init__(
+        self, cache, path: Path | str, interval_s: float = SNAPSHOT_INTERVAL_S, written: int | None = None
+    ) -> None:
         if interval_s <= 0:
             raise InvalidParameterError(f"the snapshot interval must be > 0 seconds, got {interval_s}")
         self.cache, self.path, self.interval_s = cache, Path(path), interval_s
@@ -67,7 +69,9 @@ class SuffixSnapshots:
                 write_sequences(self.path, sequences)
             except OSError as exc:
                 if not self._failing:
-                    log.error("suffix cache: could not write a snapshot to %s (%s); the previous one is kept", self.path, exc)
+                    log.error(
+                        "suffix cache: could not write a snapshot to %s (%s); the previous one is kept", self.path, exc
+                    )
                 self._failing = True
                 return False
             self._written, self._failing = changes, False

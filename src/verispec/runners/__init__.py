@@ -11,8 +11,8 @@ where the runner can. Knows nothing about drafting, verification or sampling.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from torch import Tensor
 
@@ -226,7 +226,9 @@ def check_new_tokens(num_cached_tokens: int, num_new_tokens: int, max_context_le
     if num_new_tokens == 0:
         raise ValueError("forward needs at least one token")
     if num_cached_tokens + num_new_tokens > max_context_length:
-        raise ValueError(f"{num_cached_tokens + num_new_tokens} positions exceed the context length {max_context_length}")
+        raise ValueError(
+            f"{num_cached_tokens + num_new_tokens} positions exceed the context length {max_context_length}"
+        )
 
 
 def prefill(runner: Runner, token_ids: Sequence[int]) -> Tensor:

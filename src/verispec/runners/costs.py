@@ -17,15 +17,15 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import torch
 
+from verispec.algorithms.control import CostModel, expected_tokens, interpolate
 from verispec.errors import CacheFileError
 from verispec.models.cache_files import read_checked, report_damaged, write_checked
-from verispec.algorithms.control import CostModel, expected_tokens, interpolate
 from verispec.runners import Runner
 
 COST_KS = (1, 2, 4, 8, 16)
@@ -104,11 +104,17 @@ def measure_cost_curve(
     if budget_s is not None and _timed_pass(runner, context_tokens, new_tokens[ks[0]]) > SLOW_PASS_S * 1000:
         warmup, repeats = 0, 1
     enough = min(2, len(ks))
-    for i, k in [(i, k) for i in range(warmup + repeats) for k in ks]:  # k round-robin: a load change hits every k alike
+    for i, k in [
+        (i, k) for i in range(warmup + repeats) for k in ks
+    ]:  # k round-robin: a load change hits every k alike
         ms = _timed_pass(runner, context_tokens, new_tokens[k])
         if i >= warmup:
             samples[k].append(ms)
-        if budget_s is not None and time.perf_counter() - start > budget_s and sum(map(bool, samples.values())) >= enough:
+        if (
+            budget_s is not None
+            and time.perf_counter() - start > budget_s
+            and sum(map(bool, samples.values())) >= enough
+        ):
             break
     samples = {k: v for k, v in samples.items() if v}
     ms = {k: statistics.median(v) for k, v in samples.items()}

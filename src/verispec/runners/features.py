@@ -48,7 +48,9 @@ def check_feature_layers(layers: Sequence[int], num_layers: int) -> tuple[int, .
     return checked
 
 
-def concat_features(states: Mapping[int, Tensor] | Sequence[Tensor], layers: Sequence[int], start: int, end: int) -> Tensor:
+def concat_features(
+    states: Mapping[int, Tensor] | Sequence[Tensor], layers: Sequence[int], start: int, end: int
+) -> Tensor:
     """Rows ``start .. end - 1`` of ``states[i]`` for each ``i`` in ``layers``, side by side.
 
     Args:

@@ -13,8 +13,10 @@ import sys
 # measured on an AVX2-only AMD Zen 3 host (issue 26), the default pair: the portable path decoded at
 # 1.10 tokens/s plain and 0.68 speculative (a k-token pass costs about k one-token steps there),
 # llama.cpp at 10.06 plain
-PORTABLE_COST = ("about 9x slower than llama.cpp (plain decoding 1.1 against 10.1 tokens/s on an AVX2-only host), "
-                 "and speculation slows it further")
+PORTABLE_COST = (
+    "about 9x slower than llama.cpp (plain decoding 1.1 against 10.1 tokens/s on an AVX2-only host), "
+    "and speculation slows it further"
+)
 INT8_KERNELS = {"onednn": "oneDNN VNNI int8 kernel", "int_mm": "torch._int_mm int8 kernel"}
 _SAID: set[str] = set()
 
@@ -85,8 +87,10 @@ def portable_gguf_warning(*, llama_cpp_installed: bool, auto_uses_llama_cpp: boo
     else:
         where = f"the gguf kernels run on their portable path (forced by VERISPEC_KERNEL_ISA or set_kernel_isa; this CPU could run {best})"
     if auto_uses_llama_cpp:
-        advice = ("--runner auto uses llama.cpp instead (not token-identical under speculation; "
-                  "--runner gguf keeps exactness at this speed)")
+        advice = (
+            "--runner auto uses llama.cpp instead (not token-identical under speculation; "
+            "--runner gguf keeps exactness at this speed)"
+        )
     elif best != "portable":
         advice = "use --runner llamacpp"
     elif llama_cpp_installed:
@@ -98,9 +102,11 @@ def portable_gguf_warning(*, llama_cpp_installed: bool, auto_uses_llama_cpp: boo
     return f"{where}, {PORTABLE_COST}; {advice}"
 
 
-INT8_SLOW = ("oneDNN's int8 product is missing or not exact on this CPU (exact needs AVX-512 VNNI), so the int8 runner "
-             "multiplies with torch._int_mm: several times slower (below 0.35 tokens/s for the 1.5B target on "
-             "an AVX2-only host)")
+INT8_SLOW = (
+    "oneDNN's int8 product is missing or not exact on this CPU (exact needs AVX-512 VNNI), so the int8 runner "
+    "multiplies with torch._int_mm: several times slower (below 0.35 tokens/s for the 1.5B target on "
+    "an AVX2-only host)"
+)
 
 
 def int8_warning(*, auto: bool) -> str | None:

@@ -12,18 +12,26 @@ fast kernel is exact). A slow choice is said on stderr, once, and so is every st
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 from verispec.errors import InvalidParameterError
-from verispec.runners import Runner
-from verispec.runners.costs import COST_KS, QUICK_CURVE, CostCache, CostCurve, choose_runner, measure_cost_curve, model_key
 from verispec.progress import announce_slow
-from verispec.runners.notices import int8_warning, kernel_key, portable_gguf_warning, say_once
+from verispec.runners import Runner
+from verispec.runners.costs import (
+    COST_KS,
+    QUICK_CURVE,
+    CostCache,
+    CostCurve,
+    choose_runner,
+    measure_cost_curve,
+    model_key,
+)
 from verispec.runners.cpu.weight_cache import default_cache_dir
+from verispec.runners.notices import int8_warning, kernel_key, portable_gguf_warning, say_once
 
 RUNNERS = ("auto", "gguf", "int8", "llamacpp", "torch")
 BATCH_INVARIANT = ("gguf", "int8")  # runners whose verify rows equal their decode rows, bit for bit
@@ -65,8 +73,9 @@ class RunnerOptions:
             raise InvalidParameterError(f"draft_vocab_size must be >= 1, got {self.draft_vocab_size}")
 
 
-def make_runner(kind: str, loaded, *, max_context_length: int | None = None, head_token_ids=None,
-                requantize: str | None = None) -> Runner:
+def make_runner(
+    kind: str, loaded, *, max_context_length: int | None = None, head_token_ids=None, requantize: str | None = None
+) -> Runner:
     """A runner of kind ``kind`` (not ``auto``) over ``loaded`` (a ``LoadedModel``).
 
     ``head_token_ids`` ``[kept]``: reduced LM head (gguf, int8). ``requantize``: see
@@ -88,8 +97,13 @@ def make_runner(kind: str, loaded, *, max_context_length: int | None = None, hea
         if loaded.path is None or Path(loaded.path).suffix != ".gguf":
             raise InvalidParameterError(f"the gguf runner needs a .gguf model; {loaded.name} is not one")
         capacity = max_context_length or min(loaded.context_length, DEFAULT_MAX_CONTEXT)
-        return GGUFRunner.from_file(loaded.path, max_context_length=capacity, head_token_ids=head_token_ids, requantize=requantize,
-                                    cache_dir=default_cache_dir())
+        return GGUFRunner.from_file(
+            loaded.path,
+            max_context_length=capacity,
+            head_token_ids=head_token_ids,
+            requantize=requantize,
+            cache_dir=default_cache_dir(),
+        )
     if kind == "llamacpp":
         from verispec.runners.llamacpp import LlamaCppRunner
 
@@ -97,14 +111,18 @@ def make_runner(kind: str, loaded, *, max_context_length: int | None = None, hea
             raise InvalidParameterError(f"the llama.cpp runner needs a .gguf model; {loaded.name} is not one")
         return LlamaCppRunner(loaded.path, max_context_length=max_context_length)
     if kind == "int8" and loaded.model is None and loaded.path is not None and Path(loaded.path).suffix == ".gguf":
-        from verispec.runners.cpu.int8_gguf import int8_weights_from_gguf
         from verispec.runners.cpu.int8 import Int8Runner
+        from verispec.runners.cpu.int8_gguf import int8_weights_from_gguf
 
         capacity = max_context_length or min(loaded.context_length, DEFAULT_MAX_CONTEXT)
-        weights = int8_weights_from_gguf(loaded.path, capacity, head_token_ids=head_token_ids, cache_dir=default_cache_dir())
+        weights = int8_weights_from_gguf(
+            loaded.path, capacity, head_token_ids=head_token_ids, cache_dir=default_cache_dir()
+        )
         return Int8Runner(weights, max_context_length=capacity)
     if loaded.model is None:
-        raise InvalidParameterError(f"the {kind} runner needs the model's weights in torch; {loaded.name} was loaded without")
+        raise InvalidParameterError(
+            f"the {kind} runner needs the model's weights in torch; {loaded.name} was loaded without"
+        )
     if kind == "int8":
         from verispec.runners.cpu.int8 import Int8Runner
 
@@ -140,7 +158,12 @@ def gguf_runner_supports(path: Path | None) -> str | None:
     if header.arch_value("rope.scaling.type") not in (None, "none"):
         return "RoPE scaling"
     for name, info in header.tensors.items():
-        if name.endswith(".weight") and len(info.shape) == 2 and name != "token_embd.weight" and info.qtype not in SUPPORTED_TYPES:
+        if (
+            name.endswith(".weight")
+            and len(info.shape) == 2
+            and name != "token_embd.weight"
+            and info.qtype not in SUPPORTED_TYPES
+        ):
             return f"{name} is {info.type_name}"
     return None
 
@@ -151,7 +174,9 @@ def auto_picks_gguf(target_path: Path | None, draft_path: Path | None = None, de
     ``auto`` falls back to the other runners."""
     if not str(device).startswith("cpu"):
         return False
-    if gguf_runner_supports(target_path) is not None or (draft_path is not None and gguf_runner_supports(draft_path) is not None):
+    if gguf_runner_supports(target_path) is not None or (
+        draft_path is not None and gguf_runner_supports(draft_path) is not None
+    ):
         return False
     from verispec.runners.kernels import gguf_kernels
 
@@ -242,12 +267,16 @@ def resolve_auto(
     return choose_runner(targets, drafts if speculative else None)
 
 
-def _curve(cache: CostCache, name: str, path: Path | None, kind: str, build: Callable[[str], Runner]) -> CostCurve | None:
+def _curve(
+    cache: CostCache, name: str, path: Path | None, kind: str, build: Callable[[str], Runner]
+) -> CostCurve | None:
     key = model_key(name, path)
     curve = cache.get(key, kernel_key(kind))
     if curve is None:
         try:
-            with announce_slow(f"loading {name} on the {kind} runner", "--runner auto times each candidate runner once"):
+            with announce_slow(
+                f"loading {name} on the {kind} runner", "--runner auto times each candidate runner once"
+            ):
                 runner = build(kind)
         except InvalidParameterError:
             return None
@@ -276,8 +305,9 @@ class BuiltRunners:
     draft_requantize: str | None = None  # what the draft was re-quantized to as it loaded (gguf), None: as stored
 
 
-def build_runners(options: RunnerOptions, target, draft=None, *, cache: CostCache | None = None,
-                  draft_requantize: str | None = None) -> BuiltRunners:
+def build_runners(
+    options: RunnerOptions, target, draft=None, *, cache: CostCache | None = None, draft_requantize: str | None = None
+) -> BuiltRunners:
     """Target and draft runners for loaded models (``LoadedModel``) as ``options`` asks.
 
     ``auto`` is resolved by cost curves (measured and cached on first use). The draft gets the
@@ -295,20 +325,33 @@ def build_runners(options: RunnerOptions, target, draft=None, *, cache: CostCach
     if kind == "auto":
         draft_spec = None
         if draft is not None:
-            draft_spec = (draft.name, draft.path, lambda k: make_runner(k, draft, max_context_length=min(256, draft.context_length)))
+            draft_spec = (
+                draft.name,
+                draft.path,
+                lambda k: make_runner(k, draft, max_context_length=min(256, draft.context_length)),
+            )
         kind = resolve_auto(
-            target.name, target.path, lambda k: make_runner(k, target, max_context_length=min(256, target.context_length)),
-            speculative=draft is not None, device=device, cache=cache, draft=draft_spec,
+            target.name,
+            target.path,
+            lambda k: make_runner(k, target, max_context_length=min(256, target.context_length)),
+            speculative=draft is not None,
+            device=device,
+            cache=cache,
+            draft=draft_spec,
         )
     head_token_ids = None
     if options.draft_vocab_size is not None and draft is not None:
         if kind not in BATCH_INVARIANT:
             raise InvalidParameterError(f"a reduced draft vocabulary needs --runner gguf or int8, not {kind}")
-        head_token_ids = draft_head_token_ids(options, draft, always=tuple(target.eos_token_ids) + tuple(draft.eos_token_ids))
+        head_token_ids = draft_head_token_ids(
+            options, draft, always=tuple(target.eos_token_ids) + tuple(draft.eos_token_ids)
+        )
     if draft_requantize == "auto":
         draft_requantize = "iq4_nl" if kind == "gguf" else None
     if draft_requantize is not None and draft is not None and kind != "gguf":
-        raise InvalidParameterError(f"--draft-quantization {draft_requantize} needs --runner gguf (or auto choosing it), not {kind}")
+        raise InvalidParameterError(
+            f"--draft-quantization {draft_requantize} needs --runner gguf (or auto choosing it), not {kind}"
+        )
     _warn_slow_kernels(kind)
     load_s: dict[str, float] = {}
     start = time.perf_counter()
@@ -319,10 +362,19 @@ def build_runners(options: RunnerOptions, target, draft=None, *, cache: CostCach
     if draft is not None:
         start = time.perf_counter()
         requantizing = f"; re-quantizing them to {draft_requantize} unless cached" if draft_requantize else ""
-        with announce_slow(f"loading the draft {draft.name} on the {kind} runner", f"reading and repacking its weights{requantizing}"):
-            draft_capacity = None if capacity is None else min(capacity, draft.context_length)  # the drafter slides past it
-            draft_runner = make_runner(kind, draft, max_context_length=draft_capacity, head_token_ids=head_token_ids,
-                                       requantize=draft_requantize)
+        with announce_slow(
+            f"loading the draft {draft.name} on the {kind} runner", f"reading and repacking its weights{requantizing}"
+        ):
+            draft_capacity = (
+                None if capacity is None else min(capacity, draft.context_length)
+            )  # the drafter slides past it
+            draft_runner = make_runner(
+                kind,
+                draft,
+                max_context_length=draft_capacity,
+                head_token_ids=head_token_ids,
+                requantize=draft_requantize,
+            )
         load_s["draft"] = time.perf_counter() - start
         if kind in BATCH_INVARIANT:  # same weights, its own KV cache
             draft_tree = type(draft_runner)(draft_runner.weights, max_context_length=draft_runner.max_context_length)
@@ -332,16 +384,30 @@ def build_runners(options: RunnerOptions, target, draft=None, *, cache: CostCach
         _ensure_curve(cache or CostCache(), target, target_runner, kind)
         if draft_runner is not None and options.draft_vocab_size is None and draft_requantize is None:
             _ensure_curve(cache or CostCache(), draft, draft_runner, kind)
-    weight_bytes = {role: runner.weights.nbytes() for role, runner in (("target", target_runner), ("draft", draft_runner))
-                    if runner is not None and hasattr(runner, "weights")}
-    return BuiltRunners(kind, target_runner, draft_runner, draft_tree, load_s, weight_bytes,
-                        draft_requantize if draft_runner is not None else None)
+    weight_bytes = {
+        role: runner.weights.nbytes()
+        for role, runner in (("target", target_runner), ("draft", draft_runner))
+        if runner is not None and hasattr(runner, "weights")
+    }
+    return BuiltRunners(
+        kind,
+        target_runner,
+        draft_runner,
+        draft_tree,
+        load_s,
+        weight_bytes,
+        draft_requantize if draft_runner is not None else None,
+    )
 
 
 def _ensure_curve(cache: CostCache, loaded, runner: Runner, kind: str) -> None:
     key = model_key(loaded.name, loaded.path)
-    if cache.get(key, kernel_key(kind)) is None and runner.max_context_length >= QUICK_CURVE["context_tokens"] + max(COST_KS):
-        cache.put(key, _measure(runner, kind, key, loaded.name, "the draft-length controller starts from this CPU's costs"))
+    if cache.get(key, kernel_key(kind)) is None and runner.max_context_length >= QUICK_CURVE["context_tokens"] + max(
+        COST_KS
+    ):
+        cache.put(
+            key, _measure(runner, kind, key, loaded.name, "the draft-length controller starts from this CPU's costs")
+        )
 
 
 def _warn_slow_kernels(kind: str) -> None:
@@ -377,8 +443,15 @@ def cached_curve(name: str, path: Path | None, kind: str, cache: CostCache | Non
     return (cache or CostCache()).get(model_key(name, path), kernel_key(kind))
 
 
-def cached_auto_choice(name: str, path: Path | None, *, speculative: bool, device: str = "cpu",
-                       draft: tuple[str, Path | None] | None = None, cache: CostCache | None = None) -> str | None:
+def cached_auto_choice(
+    name: str,
+    path: Path | None,
+    *,
+    speculative: bool,
+    device: str = "cpu",
+    draft: tuple[str, Path | None] | None = None,
+    cache: CostCache | None = None,
+) -> str | None:
     """What ``auto`` would pick from cached curves alone; None when a candidate's curve is missing;
     ``"torch"`` when there is no candidate (as :func:`resolve_auto`)."""
     cache = cache or CostCache()

@@ -8,7 +8,7 @@ on, a pass also hands out chosen ``output_hidden_states`` (EAGLE-3 features,
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -152,4 +152,3 @@ class TransformersRunner(Runner):
             layer.keys = torch.cat([layer.keys[..., :num_prefix_tokens, :], layer.keys[..., keep, :]], dim=-2)
             layer.values = torch.cat([layer.values[..., :num_prefix_tokens, :], layer.values[..., keep, :]], dim=-2)
         self._num_cached = num_prefix_tokens + keep.numel()
-

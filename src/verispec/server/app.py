@@ -17,8 +17,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hmac
-import os
 import logging
+import os
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -35,13 +35,12 @@ from verispec.errors import CacheFileError, InvalidParameterError
 from verispec.metrics import peak_rss_bytes
 from verispec.models.cache_files import report_damaged
 from verispec.proposers.suffix_file import SuffixSnapshots
-from verispec.server.config import ServerConfig
-from verispec.server.traffic import TrafficRecorder, chat_record, completion_records
 from verispec.runners.notices import kernel_facts
 from verispec.server import logprobs, protocol
+from verispec.server.config import ServerConfig
+from verispec.server.faults import RETRY_AFTER_S, APIError
 from verispec.server.limits import BodyLimitMiddleware, check_method, fit_window, validation_error
 from verispec.server.prom import ServerMetrics
-from verispec.server.faults import RETRY_AFTER_S, APIError
 from verispec.server.responses import Choice, ChoiceView, ClientGone, next_event, sse
 from verispec.server.schemas import (
     ChatCompletionRequest,
@@ -52,6 +51,7 @@ from verispec.server.schemas import (
     ModelCard,
     ModelList,
 )
+from verispec.server.traffic import TrafficRecorder, chat_record, completion_records
 from verispec.server.worker import EngineWorker, Job, QueueFullError
 
 log = logging.getLogger("verispec.server")
@@ -136,7 +136,10 @@ def create_app(pipeline, config: ServerConfig | None = None, *, metrics_expositi
             snapshots.stop()  # the last snapshot, after the last request
 
     app = FastAPI(  # strict_content_type=False: a body without Content-Type is read as JSON (curl -d, OpenAI)
-        title="verispec", version="0.1.0", lifespan=lifespan, summary="OpenAI-compatible lossless speculative decoding",
+        title="verispec",
+        version="0.1.0",
+        lifespan=lifespan,
+        summary="OpenAI-compatible lossless speculative decoding",
         strict_content_type=False,
     )
     app.state.verispec = state
@@ -161,8 +164,11 @@ def create_app(pipeline, config: ServerConfig | None = None, *, metrics_expositi
             return JSONResponse({"status": "loading"}, status_code=503)
         problem = _engine_problem(state)
         if problem is not None:
-            return JSONResponse({"status": "unavailable", "problem": problem}, status_code=503,
-                                headers={"Retry-After": str(RETRY_AFTER_S)})
+            return JSONResponse(
+                {"status": "unavailable", "problem": problem},
+                status_code=503,
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            )
         audit = {"rate": state.auditor.rate, "pending": state.auditor.num_pending, **state.auditor.snapshot().to_dict()}
         return JSONResponse({"status": "ok", "model": state.model_name, "audit": audit})
 
@@ -255,27 +261,43 @@ async def _serve(state: _State, request: Request, body, prompts: list[list[int]]
         )
     problem = _engine_problem(state)
     if problem is not None:
-        raise APIError(503, f"this server cannot generate now ({problem}): retry later", type="server_error",
-                       code="engine_unavailable", reason="engine_unavailable", retry_after_s=RETRY_AFTER_S)
+        raise APIError(
+            503,
+            f"this server cannot generate now ({problem}): retry later",
+            type="server_error",
+            code="engine_unavailable",
+            reason="engine_unavailable",
+            retry_after_s=RETRY_AFTER_S,
+        )
     structured = protocol.structured_output(body, state.pipeline.tokenizer)
     max_tokens = protocol.max_tokens_of(body, cap=state.config.max_tokens_cap)
     max_tokens = fit_window(state.pipeline, body, prompts, max_tokens, "messages" if header.chat else "prompt")
     params = protocol.sampling_params(
-        body, max_tokens=max_tokens, vocab_size=state.pipeline.target.vocab_size, structured=structured,
+        body,
+        max_tokens=max_tokens,
+        vocab_size=state.pipeline.target.vocab_size,
+        structured=structured,
         default_sampling=state.config.sampling,
     )
     spec = protocol.speculative_config(body.speculative, state.default_spec)
     check_method(state.pipeline, prompts[0], spec)
     loop = asyncio.get_running_loop()
     choices = [
-        Choice(i * body.n + j, i, prompt_ids, Job(prompt_ids, protocol.choice_params(params, i * body.n + j), spec, loop=loop, request_id=header.id))
+        Choice(
+            i * body.n + j,
+            i,
+            prompt_ids,
+            Job(prompt_ids, protocol.choice_params(params, i * body.n + j), spec, loop=loop, request_id=header.id),
+        )
         for i, prompt_ids in enumerate(prompts)
         for j in range(body.n)
     ]
     if len(choices) > state.config.max_queue:
         raise APIError(
-            400, f"n x prompts = {len(choices)} choices exceed this server's queue of {state.config.max_queue}: "
-            "send fewer per request", param="n",
+            400,
+            f"n x prompts = {len(choices)} choices exceed this server's queue of {state.config.max_queue}: "
+            "send fewer per request",
+            param="n",
         )
     submitted = []
     try:
@@ -298,12 +320,16 @@ async def _serve(state: _State, request: Request, body, prompts: list[list[int]]
 
     def finished() -> None:  # every choice ended without an error: the prompt joins the recorded traffic
         if state.traffic is not None:
-            state.traffic.record(chat_record(body.messages) if header.chat else completion_records(state.pipeline.tokenizer, prompts))
+            state.traffic.record(
+                chat_record(body.messages) if header.chat else completion_records(state.pipeline.tokenizer, prompts)
+            )
 
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(sse(state.metrics, choices, firsts, view, include_usage, on_finished=finished),
-                                 media_type="text/event-stream")
+        return StreamingResponse(
+            sse(state.metrics, choices, firsts, view, include_usage, on_finished=finished),
+            media_type="text/event-stream",
+        )
     outputs = []
     try:
         for choice, chunk in zip(choices, firsts):
@@ -350,8 +376,9 @@ def _install_error_handlers(app: FastAPI, state: _State) -> None:
         error_id = uuid.uuid4().hex[:12]
         log.error("unhandled error %s on %s %s", error_id, request.method, request.url.path, exc_info=exc)
         message = f"internal server error (error id {error_id})"
-        return respond(500, APIError(500, message, type="server_error", code="server_error").body(),
-                       reason="internal_error")
+        return respond(
+            500, APIError(500, message, type="server_error", code="server_error").body(), reason="internal_error"
+        )
 
 
 def _openapi_without_422(app: FastAPI):

@@ -31,8 +31,11 @@ _RAY_ANSWERS = {
     408: ("timeout", "timeout", "the request timed out in Ray Serve's proxy: retry"),
     429: ("rate_limit_error", "overloaded", "every replica's queue is full: retry later"),
 }
-_UNAVAILABLE = ("server_error", "replica_unavailable", "the replica serving this request is unavailable (it died or "
-                "restarts): retry, another replica will answer")
+_UNAVAILABLE = (
+    "server_error",
+    "replica_unavailable",
+    "the replica serving this request is unavailable (it died or restarts): retry, another replica will answer",
+)
 
 
 class APIError(Exception):
@@ -106,8 +109,13 @@ class FaultLayer:
         try:
             await self.app(scope, exchange.receive, exchange.send)
         except Exception as exc:  # the proxy's own failure (Ray catches the replica's): answered below
-            log.warning("request %s %s failed in the proxy: %s: %s", scope.get("method"), scope.get("path"),
-                        type(exc).__name__, exc)
+            log.warning(
+                "request %s %s failed in the proxy: %s: %s",
+                scope.get("method"),
+                scope.get("path"),
+                type(exc).__name__,
+                exc,
+            )
             await exchange.finish(exc)
         else:
             await exchange.finish(None)
@@ -127,8 +135,13 @@ class FaultLayer:
             return APIError(status, text.strip() or "request failed", code="not_found" if status == 404 else None), ""
         status = 503 if status >= 500 else status  # Ray's text 500 / 502 / 503: the replica is out of reach
         retry = self.retry_after_s if status in (429, 503) else None
-        return APIError(status, f"{message} ({text.strip()})" if text.strip() else message, type=type_, code=reason,
-                        retry_after_s=retry), reason
+        return APIError(
+            status,
+            f"{message} ({text.strip()})" if text.strip() else message,
+            type=type_,
+            code=reason,
+            retry_after_s=retry,
+        ), reason
 
     def metrics_text(self) -> str:
         return generate_latest(self.registry).decode()
@@ -224,8 +237,13 @@ class _Exchange:
                 error, reason = self.layer.unavailable(exc)
                 self.layer.failed.labels(reason=reason).inc()
                 lead = b"" if not self.tail or self.tail.endswith(b"\n\n") else b"\n\n"
-                await self._send({"type": "http.response.body", "more_body": True,
-                                  "body": lead + error_event(error).encode() + DONE_EVENT.encode()})
+                await self._send(
+                    {
+                        "type": "http.response.body",
+                        "more_body": True,
+                        "body": lead + error_event(error).encode() + DONE_EVENT.encode(),
+                    }
+                )
             await self._send({"type": "http.response.body", "body": b""})
         elif self.open:  # a JSON body cut midway cannot be mended: the client sees the cut
             self.layer.failed.labels(reason="replica_unavailable").inc()

@@ -10,7 +10,8 @@ generation.
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from verispec.engine import SpeculativeConfig
 from verispec.errors import ContextLengthError, InvalidParameterError
@@ -124,8 +125,13 @@ def _readable(loc: list[str]) -> list[str]:
     ]
 
 
-def fit_window(pipeline, body: CompletionRequest | ChatCompletionRequest, prompts: Sequence[Sequence[int]],
-               max_tokens: int, param: str) -> int:
+def fit_window(
+    pipeline,
+    body: CompletionRequest | ChatCompletionRequest,
+    prompts: Sequence[Sequence[int]],
+    max_tokens: int,
+    param: str,
+) -> int:
     """The request's ``max_tokens`` inside the pipeline's context window (``--max-context``).
 
     Asked for (``max_tokens`` / ``max_completion_tokens``): a prompt plus it over the window is
@@ -134,7 +140,9 @@ def fit_window(pipeline, body: CompletionRequest | ChatCompletionRequest, prompt
     ``prompt`` or ``messages``) with the prompt's tokens, max_tokens and the window
     (:meth:`verispec.engine.loader.SpeculativePipeline.check_window`).
     """
-    asked = body.max_tokens is not None or (isinstance(body, ChatCompletionRequest) and body.max_completion_tokens is not None)
+    asked = body.max_tokens is not None or (
+        isinstance(body, ChatCompletionRequest) and body.max_completion_tokens is not None
+    )
     if not asked:
         max_tokens = max(1, min(max_tokens, pipeline.context_window - max(len(p) for p in prompts)))
     for prompt_ids in prompts:

@@ -8,8 +8,9 @@ for byte-level BPE tokens that hold part of a character. Knows nothing about dec
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import lru_cache
-from typing import Any, Sequence
+from typing import Any
 
 from verispec.algorithms.sampling import TokenLogprob
 
@@ -55,8 +56,9 @@ class TokenText:
         return tuple(self._decoded(token_id).encode("utf-8"))
 
 
-def completion_logprobs(texts: TokenText, entries: Sequence[TokenLogprob | None], token_ids: Sequence[int],
-                        prefix: bytes = b"") -> dict[str, Any]:
+def completion_logprobs(
+    texts: TokenText, entries: Sequence[TokenLogprob | None], token_ids: Sequence[int], prefix: bytes = b""
+) -> dict[str, Any]:
     """The completions ``logprobs`` object; an entry None (the prompt's first token) is null.
 
     ``text_offset[i]``: characters of the text before token i (``prefix``: the bytes of the text
@@ -82,10 +84,14 @@ def chat_logprobs(texts: TokenText, entries: Sequence[TokenLogprob]) -> dict[str
     """The chat ``logprobs`` object (``{"content": [...]}``)."""
     content = []
     for entry in entries:
-        content.append({
-            "token": texts.text(entry.token_id),
-            "logprob": entry.logprob,
-            "bytes": list(texts.bytes(entry.token_id)),
-            "top_logprobs": [{"token": texts.text(t), "logprob": lp, "bytes": list(texts.bytes(t))} for t, lp in entry.top],
-        })
+        content.append(
+            {
+                "token": texts.text(entry.token_id),
+                "logprob": entry.logprob,
+                "bytes": list(texts.bytes(entry.token_id)),
+                "top_logprobs": [
+                    {"token": texts.text(t), "logprob": lp, "bytes": list(texts.bytes(t))} for t, lp in entry.top
+                ],
+            }
+        )
     return {"content": content}

@@ -11,7 +11,8 @@ process (tests). The figures themselves are defined once, in
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -44,8 +45,9 @@ FAILURE_REASONS = (
 def failure_counter(registry: CollectorRegistry) -> Counter:
     """``verispec_requests_failed{reason}`` in ``registry``, every reason of :data:`FAILURE_REASONS`
     exported from zero (the same family in every replica and proxy, so their counts merge)."""
-    counter = Counter("verispec_requests_failed", "Requests that died without their answer, by reason.", ["reason"],
-                      registry=registry)
+    counter = Counter(
+        "verispec_requests_failed", "Requests that died without their answer, by reason.", ["reason"], registry=registry
+    )
     for reason in FAILURE_REASONS:
         counter.labels(reason=reason)
     return counter
@@ -129,7 +131,10 @@ class ServerMetrics:
             "verispec_batch_size", "Requests per target pass.", buckets=BATCH_BUCKETS, registry=r
         )
         self.iteration_tokens = Histogram(
-            "verispec_iteration_tokens_total", "Rows (tokens) per target pass.", buckets=ITERATION_TOKEN_BUCKETS, registry=r
+            "verispec_iteration_tokens_total",
+            "Rows (tokens) per target pass.",
+            buckets=ITERATION_TOKEN_BUCKETS,
+            registry=r,
         )
         self.kernel = Info("verispec_kernel", "The runner and the kernels it runs on this CPU.", registry=r)
         for reason in FINISH_REASONS:
@@ -189,13 +194,22 @@ class AuditCollector:
     def collect(self) -> Iterator[Metric]:
         c = self.auditor.snapshot()
         audits = CounterMetricFamily("verispec_audits", "Quality audits by result.", labels=["result"])
-        for result, value in (("agree", c.agreed), ("disagree", c.disagreed), ("sampled", c.sampled), ("failed", c.failed)):
+        for result, value in (
+            ("agree", c.agreed),
+            ("disagree", c.disagreed),
+            ("sampled", c.sampled),
+            ("failed", c.failed),
+        ):
             audits.add_metric([result], value)
         yield audits
-        yield CounterMetricFamily("verispec_audit_requests", "Delivered requests offered to the auditor.", value=c.requests)
+        yield CounterMetricFamily(
+            "verispec_audit_requests", "Delivered requests offered to the auditor.", value=c.requests
+        )
         yield CounterMetricFamily("verispec_audit_selected", "Requests drawn for an audit.", value=c.selected)
         yield CounterMetricFamily("verispec_audit_dropped", "Audits dropped: queue full.", value=c.dropped)
-        tokens = CounterMetricFamily("verispec_audit_logprob_tokens", "Tokens scored by sampling audits.", labels=["decoding"])
+        tokens = CounterMetricFamily(
+            "verispec_audit_logprob_tokens", "Tokens scored by sampling audits.", labels=["decoding"]
+        )
         logprob = GaugeMetricFamily("verispec_audit_logprob_sum", "Summed target log-prob (nats).", labels=["decoding"])
         for decoding, total, count in (
             ("speculative", c.output_logprob_sum, c.output_logprob_tokens),
@@ -205,7 +219,9 @@ class AuditCollector:
             logprob.add_metric([decoding], total)
         yield tokens
         yield logprob
-        yield GaugeMetricFamily("verispec_audits_pending", "Audits queued for idle time.", value=self.auditor.num_pending)
+        yield GaugeMetricFamily(
+            "verispec_audits_pending", "Audits queued for idle time.", value=self.auditor.num_pending
+        )
 
 
 def merge_expositions(texts: list[str], count_replicas: bool = True) -> str:
@@ -230,15 +246,20 @@ def merge_expositions(texts: list[str], count_replicas: bool = True) -> str:
                     samples[key] += sample.value
     lines = []
     if count_replicas:
-        lines += ["# HELP verispec_replicas Replicas whose metrics are merged here.", "# TYPE verispec_replicas gauge",
-                  f"verispec_replicas {float(len(texts))}"]
+        lines += [
+            "# HELP verispec_replicas Replicas whose metrics are merged here.",
+            "# TYPE verispec_replicas gauge",
+            f"verispec_replicas {float(len(texts))}",
+        ]
     for name, (kind, doc, samples) in families.items():
         declared = name + "_total" if kind == "counter" else name  # as prometheus_client writes counters
         lines.append(f"# HELP {declared} {_escape(doc, help_text=True)}")
         lines.append(f"# TYPE {declared} {kind}")
         for (sample_name, labels), value in samples.items():
             rendered = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
-            lines.append(f"{sample_name}{{{rendered}}} {_number(value)}" if labels else f"{sample_name} {_number(value)}")
+            lines.append(
+                f"{sample_name}{{{rendered}}} {_number(value)}" if labels else f"{sample_name} {_number(value)}"
+            )
     return "\n".join(lines) + "\n"
 
 

@@ -14,14 +14,15 @@ import dataclasses
 import hashlib
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from verispec.engine.constraints import StructuredOutput
+from verispec.algorithms.sampling import SamplingParams
 from verispec.engine import SpeculativeConfig
+from verispec.engine.constraints import StructuredOutput
 from verispec.errors import InvalidParameterError, VerispecError
 from verispec.metrics import RequestMetrics, acceptance_rate, mean_acceptance_length
-from verispec.algorithms.sampling import SamplingParams
 from verispec.server import tools
 from verispec.server.faults import APIError
 from verispec.server.schemas import (
@@ -38,8 +39,14 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return APIError(400, message, param=param, code=code)
 
 
-def sampling_params(body: CompletionRequest | ChatCompletionRequest, *, max_tokens: int, vocab_size: int,
-                    structured: StructuredOutput | None = None, default_sampling: str = "coupled") -> SamplingParams:
+def sampling_params(
+    body: CompletionRequest | ChatCompletionRequest,
+    *,
+    max_tokens: int,
+    vocab_size: int,
+    structured: StructuredOutput | None = None,
+    default_sampling: str = "coupled",
+) -> SamplingParams:
     """SamplingParams of a request (``structured``: its grammar, :func:`structured_output`;
     ``default_sampling``: the mode of a request that names none, the server's ``--sampling``).
 
@@ -208,8 +215,9 @@ def chat_prompt_ids(pipeline, body: ChatCompletionRequest) -> list[int]:
     for i, message in enumerate(body.messages):
         if message.content is None and not (message.role == "assistant" and message.tool_calls):
             need = "content or tool_calls" if message.role == "assistant" else "content"
-            raise bad_request(f"messages[{i}].content is missing: a {message.role} message needs {need}",
-                              f"messages[{i}].content")
+            raise bad_request(
+                f"messages[{i}].content is missing: a {message.role} message needs {need}", f"messages[{i}].content"
+            )
     conversation = [tools.template_message(m) for m in body.messages]
     options = {}
     if body.tools and body.tool_choice != "none":
@@ -265,8 +273,14 @@ class ResponseHeader:
     def __post_init__(self) -> None:
         self.id = self.id or ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex
 
-    def choice(self, index: int, text: str | None, finish_reason: str | None, logprobs: dict | None = None,
-               tool_calls: list | None = None) -> dict[str, Any]:
+    def choice(
+        self,
+        index: int,
+        text: str | None,
+        finish_reason: str | None,
+        logprobs: dict | None = None,
+        tool_calls: list | None = None,
+    ) -> dict[str, Any]:
         """One choice of a non-streaming response."""
         if self.chat:
             message: dict[str, Any] = {"role": "assistant", "content": text}
@@ -279,8 +293,16 @@ class ResponseHeader:
         """The non-streaming response."""
         return self._frame("chat.completion" if self.chat else "text_completion", choices, usage_.model_dump())
 
-    def chunk(self, text: str | None, finish_reason: str | None = None, *, role: bool = False, index: int = 0,
-              logprobs: dict | None = None, tool_calls: list | None = None) -> dict[str, Any]:
+    def chunk(
+        self,
+        text: str | None,
+        finish_reason: str | None = None,
+        *,
+        role: bool = False,
+        index: int = 0,
+        logprobs: dict | None = None,
+        tool_calls: list | None = None,
+    ) -> dict[str, Any]:
         """One streamed chunk; ``text=None`` sends an empty delta (chat's closing chunk)."""
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant"} if role else {}

@@ -112,13 +112,15 @@ class ScalingOptions:
         if self.num_replicas < 1:
             raise InvalidParameterError(f"--replicas must be >= 1, got {self.num_replicas}")
         low, high = self.bounds
-        if self.autoscaling and not 0 <= low <= high or high < 1:
+        if (self.autoscaling and not 0 <= low <= high) or high < 1:
             raise InvalidParameterError(
                 f"autoscaling needs 0 <= min replicas <= max replicas and max >= 1, got {low} and {high} "
                 "(--min-replicas defaults to --replicas)"
             )
         if self.target_ongoing_requests is not None and not self.autoscaling:
-            raise InvalidParameterError("--target-ongoing-requests steers autoscaling: give --min-replicas / --max-replicas too")
+            raise InvalidParameterError(
+                "--target-ongoing-requests steers autoscaling: give --min-replicas / --max-replicas too"
+            )
         if self.target_ongoing_requests is not None and not self.target_ongoing_requests > 0:
             raise InvalidParameterError(f"--target-ongoing-requests must be > 0, got {self.target_ongoing_requests}")
         if not (self.num_cpus > 0 and math.isfinite(self.num_cpus)):
@@ -147,7 +149,11 @@ class ScalingOptions:
         }
         if self.autoscaling:
             low, high = self.bounds
-            autoscaling = {"min_replicas": low, "max_replicas": high, "initial_replicas": max(low, min(self.num_replicas, high))}
+            autoscaling = {
+                "min_replicas": low,
+                "max_replicas": high,
+                "initial_replicas": max(low, min(self.num_replicas, high)),
+            }
             if self.target_ongoing_requests is not None:
                 autoscaling["target_ongoing_requests"] = self.target_ongoing_requests
             options["autoscaling_config"] = autoscaling
@@ -214,8 +220,14 @@ def replica_app(spec: ReplicaSpec, replica_id: str, merged_metrics=None):
     from verispec.server.app import create_app
 
     drafters = DrafterOptions(eagle_head=spec.eagle_head, head_quantization=spec.head_quantization)
-    pipe = SpeculativePipeline.load(spec.target, spec.draft, dtype=spec.dtype, runners=RunnerOptions(kind=spec.runner, max_context_length=spec.max_context),
-                                    max_num_batched_tokens=spec.max_num_batched_tokens, drafters=drafters)
+    pipe = SpeculativePipeline.load(
+        spec.target,
+        spec.draft,
+        dtype=spec.dtype,
+        runners=RunnerOptions(kind=spec.runner, max_context_length=spec.max_context),
+        max_num_batched_tokens=spec.max_num_batched_tokens,
+        drafters=drafters,
+    )
     if spec.datastore is not None:
         pipe.use_datastore(spec.datastore)
     config = dataclasses.replace(spec.config, unhealthy_is_unavailable=True)
@@ -288,8 +300,15 @@ def build_deployment(spec: ReplicaSpec, scaling: ScalingOptions):
     return serve.deployment(cls, name=DEPLOYMENT_NAME, **scaling.deployment_options()).bind()
 
 
-def run_replicas(spec: ReplicaSpec, scaling: ScalingOptions, *, host: str = "127.0.0.1", port: int = 8000,
-                 ray_address: str | None = None, blocking: bool = True):
+def run_replicas(
+    spec: ReplicaSpec,
+    scaling: ScalingOptions,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    ray_address: str | None = None,
+    blocking: bool = True,
+):
     """Start (or join, with ``ray_address``) a Ray cluster, deploy the replicas behind one HTTP
     endpoint at ``host:port`` and, with ``blocking``, serve until interrupted, then shut Serve
     down. Returns the ingress handle when not blocking. Ray's HTTP proxies run
@@ -314,15 +333,19 @@ def run_replicas(spec: ReplicaSpec, scaling: ScalingOptions, *, host: str = "127
                 f"{scaling.bounds[0]} replicas x {scaling.num_cpus:g} CPUs need {need:g} CPUs but this machine's Ray "
                 f"cluster has {total:g}: lower --replicas or --replica-cpus"
             )
-    serve.start(http_options={"host": host, "port": port},
-                controller_options={"runtime_env": {"env_vars": {PROXY_CALLBACK_ENV: PROXY_CALLBACK}}})
+    serve.start(
+        http_options={"host": host, "port": port},
+        controller_options={"runtime_env": {"env_vars": {PROXY_CALLBACK_ENV: PROXY_CALLBACK}}},
+    )
     try:
         handle = serve.run(build_deployment(spec, scaling), name=APP_NAME, route_prefix="/")
     except Exception as exc:  # a replica that cannot load: Ray wraps the error
         serve.shutdown()
         raise ReplicasFailedError(f"the replicas did not start: {_first_line(exc)}") from None
     low, high = scaling.bounds
-    log.info("serving %s on http://%s:%d with %s replicas", APP_NAME, host, port, low if low == high else f"{low}-{high}")
+    log.info(
+        "serving %s on http://%s:%d with %s replicas", APP_NAME, host, port, low if low == high else f"{low}-{high}"
+    )
     if not blocking:
         return handle
     try:
@@ -344,6 +367,15 @@ def _first_line(exc: BaseException) -> str:
 
 
 __all__ = [
-    "RAY_MISSING", "REPLICA_HEADER", "RayMissingError", "ReplicasFailedError", "ReplicaSpec", "ScalingOptions", "build_deployment",
-    "merge_expositions", "replica_app", "run_replicas", "import_serve",
+    "RAY_MISSING",
+    "REPLICA_HEADER",
+    "RayMissingError",
+    "ReplicaSpec",
+    "ReplicasFailedError",
+    "ScalingOptions",
+    "build_deployment",
+    "import_serve",
+    "merge_expositions",
+    "replica_app",
+    "run_replicas",
 ]

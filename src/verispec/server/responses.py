@@ -16,15 +16,14 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable
-from typing import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from fastapi import Request
 
 from verispec.engine import StreamChunk
 from verispec.server import logprobs, protocol, tools
-from verispec.server.prom import ServerMetrics
 from verispec.server.faults import DONE_EVENT, APIError, error_event
+from verispec.server.prom import ServerMetrics
 from verispec.server.worker import Job, JobFailed
 
 log = logging.getLogger("verispec.server")
@@ -66,7 +65,10 @@ class ChoiceView:
         if self.header.chat:
             return logprobs.chat_logprobs(self.texts, entries)
         if prompt_entries is not None and self.echo:
-            token_ids, entries = list(choice.prompt_ids) + list(token_ids), [None] + list(prompt_entries) + list(entries)
+            token_ids, entries = (
+                list(choice.prompt_ids) + list(token_ids),
+                [None] + list(prompt_entries) + list(entries),
+            )
         return logprobs.completion_logprobs(self.texts, entries, token_ids, prefix)
 
     def choice_body(self, choice: Choice, output) -> dict:
@@ -81,7 +83,11 @@ class ChoiceView:
 
 
 async def sse(
-    metrics: ServerMetrics, choices: list[Choice], firsts: list[StreamChunk], view: ChoiceView, include_usage: bool,
+    metrics: ServerMetrics,
+    choices: list[Choice],
+    firsts: list[StreamChunk],
+    view: ChoiceView,
+    include_usage: bool,
     on_finished: Callable[[], None] | None = None,
 ) -> AsyncIterator[str]:
     """Server-Sent Events: text deltas as accepted (each with its choice's index), a finish chunk
@@ -140,8 +146,16 @@ async def sse(
     except Exception as exc:  # a bug while shaping the stream: still an error event, never a cut
         error_id = uuid.uuid4().hex[:12]
         log.error("stream failed (error id %s)", error_id, exc_info=exc)
-        yield _failed(metrics, APIError(500, f"internal server error (error id {error_id})", type="server_error",
-                                        code="server_error", reason="internal_error"))
+        yield _failed(
+            metrics,
+            APIError(
+                500,
+                f"internal server error (error id {error_id})",
+                type="server_error",
+                code="server_error",
+                reason="internal_error",
+            ),
+        )
     finally:
         metrics.in_flight.dec()
         for choice in choices:
@@ -198,8 +212,13 @@ async def next_event(job: Job, request: Request | None) -> StreamChunk:
     if isinstance(event, JobFailed):
         if event.client_error:
             raise APIError(400, event.message)
-        raise APIError(500, f"{event.message} (error id {event.error_id})", type="server_error", code="server_error",
-                       reason="worker_error")
+        raise APIError(
+            500,
+            f"{event.message} (error id {event.error_id})",
+            type="server_error",
+            code="server_error",
+            reason="worker_error",
+        )
     return event
 
 

@@ -120,7 +120,8 @@ class _SamplingRequest(_Request):
     min_tokens: Integer = Field(0, ge=0, description="extension: EOS is masked until the output has this many tokens")
     ignore_eos: bool = Field(False, description="extension: keep generating past EOS")
     sampling: Literal["coupled", "rejection"] | None = Field(
-        None, description="extension: coupled (a seed gives the same text under every method, batched or alone) or "
+        None,
+        description="extension: coupled (a seed gives the same text under every method, batched or alone) or "
         "rejection (modified rejection sampling); default: the server's --sampling",
     )
     response_format: ResponseFormat | None = None
@@ -153,11 +154,16 @@ class _SamplingRequest(_Request):
 class CompletionRequest(_SamplingRequest):
     """``POST /v1/completions``. ``prompt``: text, token ids, or a list of either (one choice set each)."""
 
-    prompt: str | Annotated[list[str], Field(min_length=1, max_length=MAX_PROMPTS)] | list[Integer] | Annotated[
-        list[list[Integer]], Field(min_length=1, max_length=MAX_PROMPTS)
-    ]
+    prompt: (
+        str
+        | Annotated[list[str], Field(min_length=1, max_length=MAX_PROMPTS)]
+        | list[Integer]
+        | Annotated[list[list[Integer]], Field(min_length=1, max_length=MAX_PROMPTS)]
+    )
     echo: bool = False
-    logprobs: Integer | None = Field(None, ge=0, le=20, description="alternatives per token (0..20) with log-probabilities")
+    logprobs: Integer | None = Field(
+        None, ge=0, le=20, description="alternatives per token (0..20) with log-probabilities"
+    )
 
     @field_validator("prompt")
     @classmethod

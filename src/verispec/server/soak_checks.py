@@ -37,8 +37,9 @@ class Fault:
     variant: int = 0
 
 
-def fault_schedule(seed: int, seconds: float, every_s: float, kills: int, kill_kind: str = "kill",
-                   num_greedy: int = 3) -> list[Fault]:
+def fault_schedule(
+    seed: int, seconds: float, every_s: float, kills: int, kill_kind: str = "kill", num_greedy: int = 3
+) -> list[Fault]:
     """The faults of a soak, sorted by time, the same for the same arguments.
 
     Request faults arrive as a Poisson process (mean gap ``every_s`` seconds), each kind equally
@@ -115,8 +116,10 @@ def tally(outcomes: list[Outcome], outages: list[Outage]) -> dict:
     lost = [o for o in outcomes if o.result == "lost" or o.end_s is None]
     by_status = Counter(o.status for o in outcomes if o.result == "http_error")
     faults_outside = [
-        o for o in outcomes
-        if ((o.result == "http_error" and (o.status or 0) >= 500) or o.result == "stream_error") and not overlaps(o, outages)
+        o
+        for o in outcomes
+        if ((o.result == "http_error" and (o.status or 0) >= 500) or o.result == "stream_error")
+        and not overlaps(o, outages)
     ]
     return {
         "sent": len(outcomes),
@@ -154,8 +157,9 @@ def unexpected_answers(outcomes: list[Outcome]) -> list[str]:
     return found
 
 
-def kill_check(in_flight: list[Outcome], kill_s: float, within_s: float = KILL_ANSWER_S,
-               others_may_answer: bool = False) -> dict:
+def kill_check(
+    in_flight: list[Outcome], kill_s: float, within_s: float = KILL_ANSWER_S, others_may_answer: bool = False
+) -> dict:
     """Whether every request in flight at a kill (``kill_s``) ended within ``within_s`` seconds:
     with an OpenAI error JSON, an error event, a cut connection, or (already written) its answer.
     ``others_may_answer`` (a replica killed, the others serving): a request answered in full later
@@ -169,8 +173,13 @@ def kill_check(in_flight: list[Outcome], kill_s: float, within_s: float = KILL_A
             by_others += 1
             continue
         late.append(f"{o.kind} sent at {o.sent_s:.1f} s: {o.result or 'unanswered'} at {o.end_s}")
-    check = {"kill_s": round(kill_s, 2), "in_flight": len(in_flight),
-             "ended_in_time": len(in_flight) - len(late) - by_others, "late": late, "ok": not late}
+    check = {
+        "kill_s": round(kill_s, 2),
+        "in_flight": len(in_flight),
+        "ended_in_time": len(in_flight) - len(late) - by_others,
+        "late": late,
+        "ok": not late,
+    }
     if others_may_answer:
         check["answered_by_others"] = by_others
     return check
@@ -181,7 +190,8 @@ def greedy_mismatches(reference: dict[int, str], probes: list[Outcome]) -> list[
     to the idle server (``reference``: variant -> text). Probes that failed (a kill) are not texts."""
     return [
         f"greedy prompt {o.variant} at {o.sent_s:.1f} s: {o.text!r} != {reference.get(o.variant)!r}"
-        for o in probes if o.result == "answered" and o.text != reference.get(o.variant)
+        for o in probes
+        if o.result == "answered" and o.text != reference.get(o.variant)
     ]
 
 
@@ -221,4 +231,6 @@ def process_trends(samples: list[tuple[float, dict[str, int]]]) -> dict[str, flo
             pid = label.rsplit(":", 1)[-1]
             series.setdefault(pid, []).append((t, rss))
             labels[pid] = label
-    return {labels[pid]: rss_trend_mib([(t - points[0][0], rss) for t, rss in points]) for pid, points in series.items()}
+    return {
+        labels[pid]: rss_trend_mib([(t - points[0][0], rss) for t, rss in points]) for pid, points in series.items()
+    }

@@ -21,7 +21,8 @@ import functools
 import json
 import re
 import uuid
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 OPEN_TAG = "<tool_call>"
 FENCE = "```"
@@ -63,12 +64,12 @@ class ToolCallStream:
         """Append ``chunk``; returns the content that became safe to send (may be empty)."""
         self.text += chunk
         end = max(self.sent, _hold_start(self.text, self.sent))
-        out, self.sent = self.text[self.sent:end], end
+        out, self.sent = self.text[self.sent : end], end
         return out
 
     def finish(self) -> tuple[str, list[dict[str, Any]]]:
         """``(rest of the content, calls)`` once the answer ended."""
-        region = self.text[self.sent:]
+        region = self.text[self.sent :]
         spans = _spans(region, self.tools, whole=self.sent == 0)
         if not spans:
             return region, []
@@ -101,7 +102,7 @@ def _may_open(text: str) -> bool:
         return FENCE.startswith(text)
     if not text.startswith(FENCE):
         return False
-    rest = text[len(FENCE):]
+    rest = text[len(FENCE) :]
     if rest.startswith("json"):
         rest = rest[4:]
     elif "json".startswith(rest):
@@ -142,8 +143,11 @@ def _call(text: str, tools: dict) -> dict[str, Any] | None:
     encoded = json.dumps(arguments, ensure_ascii=False)
     if not schema_accepts(json.dumps(tools[payload["name"]].function.parameters), encoded):
         return None
-    return {"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
-            "function": {"name": payload["name"], "arguments": encoded}}
+    return {
+        "id": "call_" + uuid.uuid4().hex[:24],
+        "type": "function",
+        "function": {"name": payload["name"], "arguments": encoded},
+    }
 
 
 def _object(text: str) -> dict | None:

@@ -10,7 +10,8 @@ template asks the model to use) into OpenAI ``tool_calls``. Knows nothing about 
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from verispec.engine.constraints import JSON_OPTIONS, StructuredOutput
 from verispec.server.tool_parser import ToolCallStream, parse_tool_calls
@@ -69,8 +70,11 @@ def template_message(message) -> dict[str, Any]:
     entry: dict[str, Any] = {"role": role, "content": message.text()}
     if message.tool_calls:
         entry["tool_calls"] = [
-            {"type": "function", "id": call.id,
-             "function": {"name": call.function.name, "arguments": _arguments(call.function.arguments)}}
+            {
+                "type": "function",
+                "id": call.id,
+                "function": {"name": call.function.name, "arguments": _arguments(call.function.arguments)},
+            }
             for call in message.tool_calls
         ]
     if message.tool_call_id is not None:

@@ -60,7 +60,9 @@ class TrafficRecorder:
             except OSError as exc:
                 self.failed += len(items)
                 if self.failed == len(items):  # the first failure only: a full disk must not flood the log
-                    log.warning("--record-traffic: cannot write %s (%s); requests are answered, not recorded", self.path, exc)
+                    log.warning(
+                        "--record-traffic: cannot write %s (%s); requests are answered, not recorded", self.path, exc
+                    )
 
 
 def chat_record(messages) -> list[dict]:

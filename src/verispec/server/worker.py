@@ -19,16 +19,16 @@ import queue
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
+from verispec.algorithms.sampling import SamplingParams
 from verispec.bench.audit import QualityAuditor
 from verispec.engine import SpeculativeConfig, SpeculativeEngine, StreamChunk
+from verispec.engine.scheduler import ScheduledRequest, Scheduler
 from verispec.errors import VerispecError
 from verispec.runners.cpu.gguf_weights import release_freed_memory
 from verispec.runners.openmp import release_thread_pool
-from verispec.algorithms.sampling import SamplingParams
-from verispec.engine.scheduler import ScheduledRequest, Scheduler
 from verispec.server.prom import ServerMetrics
 
 log = logging.getLogger("verispec.server")
@@ -207,7 +207,9 @@ class EngineWorker:
                 error_id = uuid.uuid4().hex[:12]
                 log.exception("engine loop error (error id %s)", error_id)
                 for request in self.scheduler.fail_running():
-                    _emit(request.tag, JobFailed("the server failed to generate", client_error=False, error_id=error_id))
+                    _emit(
+                        request.tag, JobFailed("the server failed to generate", client_error=False, error_id=error_id)
+                    )
             finally:
                 self.last_turn_end = time.monotonic()
                 if self.last_turn_end - self.last_heap_trim >= self.heap_trim_every_s:
@@ -328,7 +330,9 @@ class EngineWorker:
             log.exception("warm-up failed; requests will report the error")
         finally:
             self.engine.slot.release()
-        log.info("warm-up done in %.2f s; ready (up to %d requests per pass)", time.perf_counter() - start, self.max_num_seqs)
+        log.info(
+            "warm-up done in %.2f s; ready (up to %d requests per pass)", time.perf_counter() - start, self.max_num_seqs
+        )
         self.ready.set()
 
 

@@ -76,14 +76,21 @@ class TeacherCache:
             return None
         try:
             tensors = load_file(path)
-            found = Teacher(tensors["token_ids"], tensors["features"], tensors["final_hidden"], tensors["target_argmax"])
+            found = Teacher(
+                tensors["token_ids"], tensors["features"], tensors["final_hidden"], tensors["target_argmax"]
+            )
         except (OSError, SafetensorError, KeyError, ValueError, RuntimeError):
             self.damaged += 1
             return None
         rows = len(token_ids)
         ids = torch.as_tensor([int(t) for t in token_ids], dtype=torch.int64)
-        shapes_ok = (found.features.dim() == 2 and found.final_hidden.dim() == 2 and found.features.shape[0] == rows
-                     and found.final_hidden.shape[0] == rows and found.target_argmax.shape == (rows,))
+        shapes_ok = (
+            found.features.dim() == 2
+            and found.final_hidden.dim() == 2
+            and found.features.shape[0] == rows
+            and found.final_hidden.shape[0] == rows
+            and found.target_argmax.shape == (rows,)
+        )
         if found.token_ids.shape != ids.shape or not torch.equal(found.token_ids, ids) or not shapes_ok:
             self.damaged += 1
             return None
@@ -93,13 +100,22 @@ class TeacherCache:
         """Write ``teacher`` atomically (temporary file, then rename)."""
         path = self.path(feature_layers, teacher.token_ids.tolist())
         partial = path.with_name(path.name + ".partial")
-        tensors = {"token_ids": teacher.token_ids, "features": teacher.features, "final_hidden": teacher.final_hidden,
-                   "target_argmax": teacher.target_argmax}
-        save_file({k: v.contiguous() for k, v in tensors.items()}, partial,
-                  metadata={"reader": self.reader, "feature_layers": json.dumps([int(i) for i in feature_layers])})
+        tensors = {
+            "token_ids": teacher.token_ids,
+            "features": teacher.features,
+            "final_hidden": teacher.final_hidden,
+            "target_argmax": teacher.target_argmax,
+        }
+        save_file(
+            {k: v.contiguous() for k, v in tensors.items()},
+            partial,
+            metadata={"reader": self.reader, "feature_layers": json.dumps([int(i) for i in feature_layers])},
+        )
         os.replace(partial, path)
 
-    def reading(self, read: Callable[[Sequence[int]], Teacher], feature_layers: Sequence[int]) -> Callable[[Sequence[int]], Teacher]:
+    def reading(
+        self, read: Callable[[Sequence[int]], Teacher], feature_layers: Sequence[int]
+    ) -> Callable[[Sequence[int]], Teacher]:
         """``read`` (one sequence -> its teacher, the target's pass) behind this cache. Stored
         as read (float32, int64), so a first run and a later one train on the same bits. A
         teacher shorter than its sequence (cut at the runner's context) is not stored."""
@@ -126,5 +142,7 @@ class TeacherCache:
     def summary(self) -> str:
         """One line: what came from the files, what was read, the folder's size."""
         damaged = f" ({self.damaged} damaged files read again)" if self.damaged else ""
-        return (f"teacher cache {self.folder}: {self.hits} sequences from the cache, {self.misses} read by the target{damaged}; "
-                f"{self.size_bytes() / 2**30:.2f} GiB")
+        return (
+            f"teacher cache {self.folder}: {self.hits} sequences from the cache, {self.misses} read by the target{damaged}; "
+            f"{self.size_bytes() / 2**30:.2f} GiB"
+        )

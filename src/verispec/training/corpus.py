@@ -11,7 +11,28 @@ from pathlib import Path
 
 from verispec.errors import InvalidParameterError
 
-TEXT_SUFFIXES = (".py", ".txt", ".md", ".rst", ".json", ".jsonl", ".c", ".h", ".cpp", ".js", ".ts", ".java", ".go", ".rs", ".html", ".yaml", ".yml", ".toml", ".cfg", ".sh")
+TEXT_SUFFIXES = (
+    ".py",
+    ".txt",
+    ".md",
+    ".rst",
+    ".json",
+    ".jsonl",
+    ".c",
+    ".h",
+    ".cpp",
+    ".js",
+    ".ts",
+    ".java",
+    ".go",
+    ".rs",
+    ".html",
+    ".yaml",
+    ".yml",
+    ".toml",
+    ".cfg",
+    ".sh",
+)
 
 
 def corpus_files(paths: Sequence[Path], exclude: Sequence[str] = ()) -> list[Path]:
@@ -26,7 +47,8 @@ def corpus_files(paths: Sequence[Path], exclude: Sequence[str] = ()) -> list[Pat
     for path in map(Path, paths):
         if path.is_dir():
             files += sorted(
-                p for p in path.rglob("*")
+                p
+                for p in path.rglob("*")
                 if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES and not skip & set(p.relative_to(path).parts[:-1])
             )
         elif path.is_file():

@@ -19,12 +19,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from verispec.algorithms.sampling import SamplingParams
+from verispec.bench.workload import BUILTIN_WORKLOADS, WorkloadError, data_dir, read_jsonl
 from verispec.engine import SpeculativeConfig
 from verispec.engine.scheduler import Scheduler
 from verispec.errors import InvalidParameterError
 from verispec.training.corpus import corpus_files
-from verispec.bench.workload import BUILTIN_WORKLOADS, WorkloadError, data_dir, read_jsonl
-from verispec.algorithms.sampling import SamplingParams
 
 MAGPIE_MARKER = "\x00verispec-magpie\x00"  # stands for the user's words when the template is cut
 
@@ -40,11 +40,15 @@ class HeadData:
     sequences: list[list[int]] = field(default_factory=list)
     manifest: dict = field(default_factory=lambda: {"sources": [], "sequences": 0, "tokens": 0})
 
-    def add(self, kind: str, sequences: Sequence[Sequence[int]], path: str | None = None, sha256: str | None = None) -> None:
+    def add(
+        self, kind: str, sequences: Sequence[Sequence[int]], path: str | None = None, sha256: str | None = None
+    ) -> None:
         kept = [list(s) for s in sequences if len(s) >= 2]
         self.sequences += kept
         tokens = sum(len(s) for s in kept)
-        self.manifest["sources"].append({"kind": kind, "path": path, "sha256": sha256, "sequences": len(kept), "tokens": tokens})
+        self.manifest["sources"].append(
+            {"kind": kind, "path": path, "sha256": sha256, "sequences": len(kept), "tokens": tokens}
+        )
         self.manifest["sequences"] += len(kept)
         self.manifest["tokens"] += tokens
 
@@ -114,12 +118,18 @@ def magpie_prefix(tokenizer) -> list[int]:
     """
     if not getattr(tokenizer, "chat_template", None):
         raise InvalidParameterError("self-generated instructions need a chat template; give --prompts files instead")
-    text = tokenizer.apply_chat_template([{"role": "user", "content": MAGPIE_MARKER}], tokenize=False, add_generation_prompt=False)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": MAGPIE_MARKER}], tokenize=False, add_generation_prompt=False
+    )
     return list(tokenizer.encode(text[: text.index(MAGPIE_MARKER)], add_special_tokens=False))
 
 
 def generate_all(
-    engine, prompts: Sequence[Sequence[int]], params: Callable[[int], SamplingParams], *, max_num_seqs: int = 8,
+    engine,
+    prompts: Sequence[Sequence[int]],
+    params: Callable[[int], SamplingParams],
+    *,
+    max_num_seqs: int = 8,
     on_done: Callable[[int], None] | None = None,
 ) -> list[list[int]]:
     """The output token ids of every prompt, run together through a :class:`Scheduler` (the

@@ -25,8 +25,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from verispec.errors import InvalidParameterError
-from verispec.training.teacher import Teacher, runner_teacher, teacher  # noqa: F401  (runner_teacher: re-exported)
 from verispec.runners.eagle.head import EagleHead
+from verispec.training.teacher import Teacher, runner_teacher, teacher  # noqa: F401  (runner_teacher: re-exported)
 
 Window = tuple[int, int, int]  # (sequence index, first anchor, end anchor): anchors start .. end - 1
 
@@ -113,7 +113,9 @@ class Batch:
     valid: Tensor
 
 
-def pack(teachers: Sequence[Teacher], windows: Sequence[Window], ttt_steps: int, device: torch.device | str = "cpu") -> Batch:
+def pack(
+    teachers: Sequence[Teacher], windows: Sequence[Window], ttt_steps: int, device: torch.device | str = "cpu"
+) -> Batch:
     """A :class:`Batch` of windows ``(sequence index, first anchor, end anchor)``, on ``device``
     (the teacher's tensors stay where they are: on the CPU, with the teacher cache)."""
     parts = []
@@ -123,8 +125,17 @@ def pack(teachers: Sequence[Teacher], windows: Sequence[Window], ttt_steps: int,
         ahead = anchors[None, :] + torch.arange(1, ttt_steps + 1)[:, None]  # [K, rows]: t + j + 1
         rows = ahead.clamp(max=last)
         segments = torch.full_like(anchors, segment)
-        parts.append((data.features[anchors], anchors, segments, data.token_ids[rows], data.target_argmax[rows],
-                      data.final_hidden[rows], ahead <= last))
+        parts.append(
+            (
+                data.features[anchors],
+                anchors,
+                segments,
+                data.token_ids[rows],
+                data.target_argmax[rows],
+                data.final_hidden[rows],
+                ahead <= last,
+            )
+        )
     columns = list(zip(*parts))
     dims = (0, 0, 0, 1, 1, 1, 1)
     return Batch(*(torch.cat(column, dim=dim).to(device) for column, dim in zip(columns, dims)))
@@ -149,7 +160,9 @@ def ttt_unroll(
     causal = (segments[None, :] == segments[:, None]) & (positions[None, :] <= positions[:, None])
     diagonal = torch.eye(rows, dtype=torch.bool, device=device)
     hidden = head.fuse(features)
-    keys = values = torch.zeros(head.shape.num_key_value_heads, 0, head.shape.head_dim, dtype=hidden.dtype, device=device)
+    keys = values = torch.zeros(
+        head.shape.num_key_value_heads, 0, head.shape.head_dim, dtype=hidden.dtype, device=device
+    )
     step_logits = []
     for step, step_tokens in enumerate(token_ids):
         mask = torch.cat([causal] + [diagonal] * step, dim=1)  # step 0's rows, then this anchor's later rows
@@ -199,8 +212,11 @@ def _device_of(module: torch.nn.Module) -> torch.device:
 def windows_of(teachers: Sequence[Teacher], indices: Sequence[int], window: int) -> list[Window]:
     """Windows ``(sequence, first anchor, end anchor)`` of at most ``window`` anchors; anchors
     are ``0 .. L - 2`` (the last token has no next token to pair with)."""
-    return [(i, start, min(start + window, teachers[i].token_ids.numel() - 1))
-            for i in indices for start in range(0, teachers[i].token_ids.numel() - 1, window)]
+    return [
+        (i, start, min(start + window, teachers[i].token_ids.numel() - 1))
+        for i in indices
+        for start in range(0, teachers[i].token_ids.numel() - 1, window)
+    ]
 
 
 def batches(windows: Sequence[Window], batch_positions: int) -> list[list[Window]]:
@@ -305,7 +321,9 @@ def train_head(
         if on_teacher is not None:
             on_teacher(len(teachers), len(usable))
     device = head.fc.weight.device  # where the head trains (--device); the teacher data stays on the CPU
-    target_head = tuple(None if t is None else t.to(device) for t in target_draft_head(target, head.d2t.to(_device_of(target))))
+    target_head = tuple(
+        None if t is None else t.to(device) for t in target_draft_head(target, head.d2t.to(_device_of(target)))
+    )
     held_groups = batches(windows_of(teachers, sorted(order[:num_held]), options.window), options.batch_positions)
     train_windows = windows_of(teachers, sorted(order[num_held:]), options.window)
     report = TrainReport()

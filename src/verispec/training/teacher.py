@@ -76,8 +76,10 @@ def runner_teacher(runner, token_ids: Sequence[int], feature_layers: Sequence[in
             use :func:`teacher`), or ``chunk < 1``.
     """
     if not hasattr(runner, "capture_final_hidden"):
-        raise InvalidParameterError(f"the {type(runner).__name__} cannot hand out its final hidden states; "
-                                    "train with the gguf or int8 runner, or the torch teacher")
+        raise InvalidParameterError(
+            f"the {type(runner).__name__} cannot hand out its final hidden states; "
+            "train with the gguf or int8 runner, or the torch teacher"
+        )
     if chunk < 1:
         raise InvalidParameterError(f"chunk must be >= 1, not {chunk}")
     ids = [int(t) for t in token_ids][: runner.max_context_length]

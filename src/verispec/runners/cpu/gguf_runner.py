@@ -40,16 +40,30 @@ class GGUFRunner(Int8Runner):
     """
 
     @classmethod
-    def from_file(cls, path: Path, *, context_length: int | None = None, max_context_length: int | None = None,
-                  head_token_ids: Tensor | None = None, requantize: str | None = None,
-                  cache_dir: Path | None = None) -> GGUFRunner:
+    def from_file(
+        cls,
+        path: Path,
+        *,
+        context_length: int | None = None,
+        max_context_length: int | None = None,
+        head_token_ids: Tensor | None = None,
+        requantize: str | None = None,
+        cache_dir: Path | None = None,
+    ) -> GGUFRunner:
         """Load ``path``; capacity defaults to min(the model's context length, 4096); ``requantize``,
         ``cache_dir``: see :meth:`GGUFWeights.from_file`."""
         if max_context_length is None:
-            header_length = context_length or int(read_gguf_header(Path(path)).arch_value("context_length", DEFAULT_MAX_CONTEXT))
+            header_length = context_length or int(
+                read_gguf_header(Path(path)).arch_value("context_length", DEFAULT_MAX_CONTEXT)
+            )
             max_context_length = min(header_length, DEFAULT_MAX_CONTEXT)
-        weights = GGUFWeights.from_file(Path(path), int(max_context_length), head_token_ids=head_token_ids, requantize=requantize,
-                                        cache_dir=cache_dir)
+        weights = GGUFWeights.from_file(
+            Path(path),
+            int(max_context_length),
+            head_token_ids=head_token_ids,
+            requantize=requantize,
+            cache_dir=cache_dir,
+        )
         return cls(weights, max_context_length=int(max_context_length))
 
     def _rope_rows(self, positions: Tensor) -> Tensor:
@@ -80,12 +94,16 @@ class GGUFRunner(Int8Runner):
     def _swiglu(self, gate_up: Tensor) -> Tensor:
         return loaded_kernels().silu_mul(gate_up, kernel_isa_number())
 
-    def _attend(self, q: Tensor, keys: Tensor, values: Tensor, start: int, tree: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    def _attend(
+        self, q: Tensor, keys: Tensor, values: Tensor, start: int, tree: tuple[Tensor, Tensor] | None = None
+    ) -> Tensor:
         """The C++ kernel's attention: same contract as :meth:`Int8Runner._attend` (row i over
         slots ``0 .. start + i`` or its tree slots from :meth:`_tree_slots`, in order), parallel
         over (row, head)."""
         slots, lengths = (_EMPTY, _EMPTY) if tree is None else tree
-        return loaded_kernels().attention(q, keys, values, start, slots, lengths, self.weights.head_dim**-0.5, kernel_isa_number())
+        return loaded_kernels().attention(
+            q, keys, values, start, slots, lengths, self.weights.head_dim**-0.5, kernel_isa_number()
+        )
 
 
 _EMPTY = torch.empty(0, dtype=torch.int64)

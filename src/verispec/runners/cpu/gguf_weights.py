@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -92,8 +92,15 @@ class GGUFWeights:
         return self.embedding.raw.numel() + decoder_nbytes(self)
 
     @classmethod
-    def from_file(cls, path: Path, max_positions: int, *, head_token_ids: Tensor | None = None,
-                  requantize: str | None = None, cache_dir: Path | None = None) -> GGUFWeights:
+    def from_file(
+        cls,
+        path: Path,
+        max_positions: int,
+        *,
+        head_token_ids: Tensor | None = None,
+        requantize: str | None = None,
+        cache_dir: Path | None = None,
+    ) -> GGUFWeights:
         """Read and repack ``path`` (see the module docstring); ``requantize``: one of
         :data:`REQUANTIZATIONS` or None (the file's own blocks); ``cache_dir``: where re-quantized
         matrices are kept for the next load (:class:`verispec.runners.cpu.weight_cache.WeightCache`;
@@ -118,7 +125,9 @@ class GGUFWeights:
 class GGUFLoader:
     def __init__(self, header: GGUFHeader, *, requantize: str | None = None, cache_dir: Path | None = None) -> None:
         if requantize is not None and requantize not in REQUANTIZATIONS:
-            raise InvalidParameterError(f"unknown re-quantization {requantize!r}; choose one of {', '.join(REQUANTIZATIONS)}")
+            raise InvalidParameterError(
+                f"unknown re-quantization {requantize!r}; choose one of {', '.join(REQUANTIZATIONS)}"
+            )
         self.requantize = requantize
         self.cache = None
         if requantize is not None and cache_dir is not None:
@@ -126,8 +135,11 @@ class GGUFLoader:
 
             self.cache = WeightCache(Path(header.path), cache_dir, requantize, REQUANTIZE_CACHE_VERSION)
             if not self.cache.hit and requantize == "iq4_nl":
-                print(f"verispec: re-quantizing {Path(header.path).name} to IQ4_NL (once, a few seconds; kept in {cache_dir})",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"verispec: re-quantizing {Path(header.path).name} to IQ4_NL (once, a few seconds; kept in {cache_dir})",
+                    file=sys.stderr,
+                    flush=True,
+                )
         self.header = header
         self.path = header.path
         arch = header.architecture
@@ -137,14 +149,18 @@ class GGUFLoader:
             )
         scaling = header.arch_value("rope.scaling.type")
         if scaling not in (None, "none"):
-            raise InvalidParameterError(f"the gguf runner does not support RoPE scaling ({scaling!r}): use --runner torch")
+            raise InvalidParameterError(
+                f"the gguf runner does not support RoPE scaling ({scaling!r}): use --runner torch"
+            )
         self.hidden = int(header.arch_value("embedding_length"))
         self.num_heads = int(header.arch_value("attention.head_count"))
         self.num_kv_heads = int(header.arch_value("attention.head_count_kv", self.num_heads))
         self.head_dim = int(header.arch_value("attention.key_length", self.hidden // self.num_heads))
         rope_dims = header.arch_value("rope.dimension_count")
         if rope_dims is not None and int(rope_dims) != self.head_dim:
-            raise InvalidParameterError("the gguf runner does not support partial rotary embeddings: use --runner torch")
+            raise InvalidParameterError(
+                "the gguf runner does not support partial rotary embeddings: use --runner torch"
+            )
         self.num_layers = int(header.arch_value("block_count"))
         self.eps = float(header.arch_value("attention.layer_norm_rms_epsilon", 1e-6))
         self.rope_base = float(header.arch_value("rope.freq_base", 10000.0))
@@ -170,17 +186,22 @@ class GGUFLoader:
     def floats(self, name: str) -> Tensor:
         info = self.tensor(name)
         if info.qtype not in FLOAT_TYPES:
-            raise InvalidParameterError(f"{name} in {self.path} is {info.type_name}; the gguf runner expects F32/F16 there")
+            raise InvalidParameterError(
+                f"{name} in {self.path} is {info.type_name}; the gguf runner expects F32/F16 there"
+            )
         return torch.from_numpy(self.raw(info).numpy().view(FLOAT_TYPES[info.qtype]).astype(np.float32))
 
-    def rows(self, name: str, expected_in: int, *, any_type: bool = False,
-             row_range: tuple[int, int] | None = None) -> tuple[Tensor, TensorInfo]:
+    def rows(
+        self, name: str, expected_in: int, *, any_type: bool = False, row_range: tuple[int, int] | None = None
+    ) -> tuple[Tensor, TensorInfo]:
         """Raw blocks ``[out, row_bytes]`` uint8 of a 2-D weight with rows of ``expected_in`` values
         (``any_type``: also block types the kernels do not multiply; ``row_range``: only rows
         ``start .. stop - 1`` (clipped), mapped by themselves)."""
         info = self.tensor(name)
         if len(info.shape) != 2 or info.shape[0] != expected_in:
-            raise ModelIntegrityError(f"{name} in {self.path} has shape {list(info.shape)}, expected rows of {expected_in}")
+            raise ModelIntegrityError(
+                f"{name} in {self.path} has shape {list(info.shape)}, expected rows of {expected_in}"
+            )
         if info.qtype not in SUPPORTED_TYPES and not any_type:
             supported = ", ".join(SUPPORTED_TYPES.values())
             raise InvalidParameterError(
@@ -194,8 +215,15 @@ class GGUFLoader:
         start, stop = max(0, row_range[0]), min(out_features, row_range[1])
         return self.raw(info, start * row_bytes, (stop - start) * row_bytes).view(stop - start, row_bytes), info
 
-    def linear(self, names: Sequence[str], in_features: int, *, permute_heads: Sequence[int | None] = (),
-               bias: Tensor | None = None, row_ids: Tensor | None = None) -> GGUFLinear:
+    def linear(
+        self,
+        names: Sequence[str],
+        in_features: int,
+        *,
+        permute_heads: Sequence[int | None] = (),
+        bias: Tensor | None = None,
+        row_ids: Tensor | None = None,
+    ) -> GGUFLinear:
         """One linear layer from tensors ``names`` stacked along the output (e.g. q, k, v)."""
         kernels = loaded_kernels()
         groups: list[tuple[int, list[Tensor]]] = []
@@ -227,7 +255,9 @@ class GGUFLoader:
         to = REQUANTIZATIONS[self.requantize]
 
         def compute() -> tuple[Tensor]:
-            flat = loaded_kernels().requantize_4bit(raw.contiguous().view(-1), qtype, raw.shape[0], in_features, to, kernel_isa_number())
+            flat = loaded_kernels().requantize_4bit(
+                raw.contiguous().view(-1), qtype, raw.shape[0], in_features, to, kernel_isa_number()
+            )
             return (flat.view(raw.shape[0], -1),)
 
         if self.cache is None:
@@ -262,20 +292,29 @@ class GGUFLoader:
         for i in range(self.num_layers):
             p = f"blk.{i}."
             ffn = int(self.tensor(p + "ffn_down.weight").shape[0])
-            layers.append(Int8Layer(
-                input_norm=self.floats(p + "attn_norm.weight"),
-                qkv=linear([p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], self.hidden, self.q_heads, self.qkv_bias(p)),
-                o=linear([p + "attn_output.weight"], self.num_heads * self.head_dim, (), None),
-                post_norm=self.floats(p + "ffn_norm.weight"),
-                gate_up=linear([p + "ffn_gate.weight", p + "ffn_up.weight"], self.hidden, (), None),
-                down=linear([p + "ffn_down.weight"], ffn, (), None),
-            ))
+            layers.append(
+                Int8Layer(
+                    input_norm=self.floats(p + "attn_norm.weight"),
+                    qkv=linear(
+                        [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"],
+                        self.hidden,
+                        self.q_heads,
+                        self.qkv_bias(p),
+                    ),
+                    o=linear([p + "attn_output.weight"], self.num_heads * self.head_dim, (), None),
+                    post_norm=self.floats(p + "ffn_norm.weight"),
+                    gate_up=linear([p + "ffn_gate.weight", p + "ffn_up.weight"], self.hidden, (), None),
+                    down=linear([p + "ffn_down.weight"], ffn, (), None),
+                )
+            )
             release_freed_memory()
         return layers
 
     def weights(self, max_positions: int, head_token_ids: Tensor | None) -> GGUFWeights:
         hidden = self.hidden
-        layers = self.decoder_layers(lambda names, in_features, heads, bias: self.linear(names, in_features, permute_heads=heads, bias=bias))
+        layers = self.decoder_layers(
+            lambda names, in_features, heads, bias: self.linear(names, in_features, permute_heads=heads, bias=bias)
+        )
         embed_info = self.tensor("token_embd.weight")
         embedding = GGUFEmbedding(self.raw(embed_info).view(int(embed_info.shape[1]), -1), embed_info.qtype, hidden)
         head_name = "output.weight" if "output.weight" in self.header.tensors else "token_embd.weight"
@@ -288,9 +327,18 @@ class GGUFLoader:
         final_norm = self.floats("output_norm.weight")
         cos, sin = rope_tables(self.head_dim, self.rope_base, max_positions)
         return GGUFWeights(
-            num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim, rms_norm_eps=self.eps,
-            embedding=embedding, layers=layers, final_norm=final_norm, lm_head=lm_head, cos=cos, sin=sin,
-            head_token_ids=row_ids, head_rows=head_rows,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            rms_norm_eps=self.eps,
+            embedding=embedding,
+            layers=layers,
+            final_norm=final_norm,
+            lm_head=lm_head,
+            cos=cos,
+            sin=sin,
+            head_token_ids=row_ids,
+            head_rows=head_rows,
         )
 
 
@@ -327,4 +375,3 @@ def rope_tables(head_dim: int, base: float, max_positions: int) -> tuple[Tensor,
     freqs = positions[:, None] * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().contiguous(), emb.sin().contiguous()
-

@@ -15,17 +15,17 @@ or sampling.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 from torch import Tensor
 
 from verispec.runners import ForwardCall, Runner, check_new_tokens
-from verispec.runners.features import check_feature_layers, concat_features
 from verispec.runners.cpu.int8_weights import DEFAULT_MAX_CONTEXT, Int8Weights
 from verispec.runners.cpu.memory import release_pages
+from verispec.runners.features import check_feature_layers, concat_features
 
 
 @contextmanager
@@ -237,7 +237,9 @@ class Int8Runner(Runner):
         gate, up = gate_up.chunk(2, dim=-1)
         return torch.nn.functional.silu(gate) * up
 
-    def _attend(self, q: Tensor, keys: Tensor, values: Tensor, start: int, visible: list[Tensor] | None = None) -> Tensor:
+    def _attend(
+        self, q: Tensor, keys: Tensor, values: Tensor, start: int, visible: list[Tensor] | None = None
+    ) -> Tensor:
         """GQA attention, one query at a time over exactly its visible keys.
 
         ``q`` ``[rows, heads, head_dim]``; ``keys``/``values`` ``[kv_heads, capacity, head_dim]``

@@ -9,25 +9,25 @@ nothing about decoding.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import torch
 from torch import Tensor
 
 from verispec.errors import InvalidParameterError
 from verispec.models.gguf_file import TensorInfo, read_gguf_header
-from verispec.runners.cpu.weight_cache import WeightCache
 from verispec.runners.cpu.gguf_blocks import SUPPORTED_TYPES, GGUFEmbedding, dequantize_blocks, loaded_kernels
-from verispec.runners.cpu.gguf_weights import GGUFWeights, GGUFLoader, unpermute_rows, release_freed_memory, rope_tables
-
+from verispec.runners.cpu.gguf_weights import GGUFLoader, GGUFWeights, release_freed_memory, rope_tables, unpermute_rows
+from verispec.runners.cpu.weight_cache import WeightCache
 
 INT8_CACHE_VERSION = 1  # bump when the re-quantization (requantize_int8 and its callers) changes
 
 
-def int8_weights_from_gguf(path: Path, max_positions: int, *, head_token_ids: Tensor | None = None,
-                           cache_dir: Path | None = None) -> GGUFWeights:
+def int8_weights_from_gguf(
+    path: Path, max_positions: int, *, head_token_ids: Tensor | None = None, cache_dir: Path | None = None
+) -> GGUFWeights:
     """Weights for :class:`verispec.runners.cpu.int8.Int8Runner` read straight from a GGUF file, layer
     by layer: int8 linear layers and LM head (:class:`Int8Weight`), the embedding in the file's
     own blocks (:class:`GGUFEmbedding`, mapped).
@@ -56,8 +56,10 @@ def int8_weights_from_gguf(path: Path, max_positions: int, *, head_token_ids: Te
         if info.qtype in SUPPORTED_TYPES:
             return kernels.requantize_int8(raw.contiguous().view(-1), info.qtype, raw.shape[0], in_features)
         # other block types: gguf's numpy de-quantization, a few thousand rows at a time
-        parts = [quantize_weight_rows(dequantize_blocks(kernels, raw[s : s + 8192].contiguous(), info.qtype, in_features))
-                 for s in range(0, raw.shape[0], 8192)]
+        parts = [
+            quantize_weight_rows(dequantize_blocks(kernels, raw[s : s + 8192].contiguous(), info.qtype, in_features))
+            for s in range(0, raw.shape[0], 8192)
+        ]
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
     def int8_rows(names: Sequence[str], in_features: int, heads: Sequence[int | None] = ()) -> tuple[Tensor, Tensor]:
@@ -71,7 +73,9 @@ def int8_weights_from_gguf(path: Path, max_positions: int, *, head_token_ids: Te
             scales.append(scale)
         return (torch.cat(pieces), torch.cat(scales)) if len(pieces) > 1 else (pieces[0], scales[0])
 
-    def linear(names: Sequence[str], in_features: int, heads: Sequence[int | None] = (), bias: Tensor | None = None) -> Int8Weight:
+    def linear(
+        names: Sequence[str], in_features: int, heads: Sequence[int | None] = (), bias: Tensor | None = None
+    ) -> Int8Weight:
         return Int8Weight.from_int8(*int8_rows(names, in_features, heads), bias)
 
     hidden = loader.hidden
@@ -84,7 +88,9 @@ def int8_weights_from_gguf(path: Path, max_positions: int, *, head_token_ids: Te
     head_name = "output.weight" if "output.weight" in loader.header.tensors else "token_embd.weight"
     head_info = loader.tensor(head_name)
     parts = []
-    for start in range(0, int(head_info.shape[1]), RowChunks.CHUNK_ROWS):  # a range of rows mapped, re-quantized, packed, dropped
+    for start in range(
+        0, int(head_info.shape[1]), RowChunks.CHUNK_ROWS
+    ):  # a range of rows mapped, re-quantized, packed, dropped
         raw, info = loader.rows(head_name, hidden, any_type=True, row_range=(start, start + RowChunks.CHUNK_ROWS))
         int8, scale = int8_of(raw, info, hidden, f"{head_name}@{start}:{start + raw.shape[0]}")
         if rows is not None:  # FR-Spec: the kept rows of this range
@@ -99,9 +105,17 @@ def int8_weights_from_gguf(path: Path, max_positions: int, *, head_token_ids: Te
         cache.finish()
     cos, sin = rope_tables(loader.head_dim, loader.rope_base, max_positions)
     return GGUFWeights(
-        num_heads=loader.num_heads, num_kv_heads=loader.num_kv_heads, head_dim=loader.head_dim, rms_norm_eps=loader.eps,
-        embedding=embedding, layers=layers, final_norm=loader.floats("output_norm.weight"),
-        lm_head=lm_head, cos=cos, sin=sin, head_token_ids=rows,
+        num_heads=loader.num_heads,
+        num_kv_heads=loader.num_kv_heads,
+        head_dim=loader.head_dim,
+        rms_norm_eps=loader.eps,
+        embedding=embedding,
+        layers=layers,
+        final_norm=loader.floats("output_norm.weight"),
+        lm_head=lm_head,
+        cos=cos,
+        sin=sin,
+        head_token_ids=rows,
     )
 
 

@@ -83,8 +83,15 @@ def _probe_onednn() -> bool:
     weight[:8] = INT8_MAX
     weight[8:16] = -INT8_MAX
     scales = torch.ones(64)
-    layer = Int8Weight(256, 64, scales, None, "onednn", packed=torch.ops.onednn.qlinear_prepack(weight, None),
-                       zero_points=torch.zeros(64, dtype=torch.int64))
+    layer = Int8Weight(
+        256,
+        64,
+        scales,
+        None,
+        "onednn",
+        packed=torch.ops.onednn.qlinear_prepack(weight, None),
+        zero_points=torch.zeros(64, dtype=torch.int64),
+    )
     for rows in (1, 5, 33):
         x = torch.randint(-INT8_MAX, INT8_MAX + 1, (rows, 256), generator=generator, dtype=torch.int8)
         x[0] = INT8_MAX
@@ -95,8 +102,10 @@ def _probe_onednn() -> bool:
 
 
 def _onednn_available() -> bool:
-    return hasattr(torch.ops, "onednn") and hasattr(torch.ops.onednn, "qlinear_pointwise") and (
-        torch.backends.mkldnn.is_available()
+    return (
+        hasattr(torch.ops, "onednn")
+        and hasattr(torch.ops.onednn, "qlinear_pointwise")
+        and (torch.backends.mkldnn.is_available())
     )
 
 
@@ -131,14 +140,18 @@ class Int8Weight:
         return cls.from_int8(int8_weight, scales, bias, kernel=kernel)
 
     @classmethod
-    def from_int8(cls, int8_weight: Tensor, scales: Tensor, bias: Tensor | None = None, *, kernel: str = "auto") -> Int8Weight:
+    def from_int8(
+        cls, int8_weight: Tensor, scales: Tensor, bias: Tensor | None = None, *, kernel: str = "auto"
+    ) -> Int8Weight:
         if kernel not in ("auto", "onednn", "int_mm"):
             raise ValueError(f"unknown int8 kernel {kernel!r}")
         out_features, in_features = int8_weight.shape
         bias = None if bias is None else bias.detach().float().contiguous()
         scales = scales.float().contiguous()
         if kernel in ("auto", "onednn") and _onednn_available():
-            packed = torch.ops.onednn.qlinear_prepack(int8_weight.contiguous(), None if PACK_HINT[0] is None else [PACK_HINT[0], in_features])
+            packed = torch.ops.onednn.qlinear_prepack(
+                int8_weight.contiguous(), None if PACK_HINT[0] is None else [PACK_HINT[0], in_features]
+            )
             zero_points = torch.zeros(out_features, dtype=torch.int64)
             if kernel == "onednn" or onednn_is_exact():
                 return cls(in_features, out_features, scales, bias, "onednn", packed=packed, zero_points=zero_points)
@@ -153,7 +166,19 @@ class Int8Weight:
             # 128 is the same integer product (the offset is compensated exactly in int32).
             offset_x = int8_x.view(torch.uint8).bitwise_xor(0x80)
             return torch.ops.onednn.qlinear_pointwise(
-                offset_x, 1.0, 128, self.packed, self.scales, self.zero_points, None, 1.0, 0, torch.float32, "none", [], ""
+                offset_x,
+                1.0,
+                128,
+                self.packed,
+                self.scales,
+                self.zero_points,
+                None,
+                1.0,
+                0,
+                torch.float32,
+                "none",
+                [],
+                "",
             )
         return torch._int_mm(int8_x, self.weight_t).float() * self.scales
 
@@ -163,7 +188,19 @@ class Int8Weight:
             x_scales = activation_scales(x)
             offset_x = x.div(x_scales).round_().add_(128).to(torch.uint8)  # = quantize_activation_rows + 128
             out = torch.ops.onednn.qlinear_pointwise(
-                offset_x, 1.0, 128, self.packed, self.scales, self.zero_points, None, 1.0, 0, torch.float32, "none", [], ""
+                offset_x,
+                1.0,
+                128,
+                self.packed,
+                self.scales,
+                self.zero_points,
+                None,
+                1.0,
+                0,
+                torch.float32,
+                "none",
+                [],
+                "",
             )
         else:
             int8_x, x_scales = quantize_activation_rows(x)

@@ -14,7 +14,6 @@ import torch
 from torch import Tensor
 
 from verispec.errors import InvalidParameterError
-
 from verispec.runners.cpu.int8_ops import quantize_weight_rows
 
 QUANTIZATIONS = ("none", "int8")

@@ -12,8 +12,8 @@ nothing about models.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import torch
 from torch import Tensor
@@ -36,6 +36,7 @@ def corpus_counts(tokenizer, paths: Iterable[str | Path], vocab_size: int, *, ma
 
     ``tokenizer.encode(text, add_special_tokens=False)`` turns each file into ids.
     """
+
     def texts():
         budget = max_bytes
         for path in paths:
@@ -101,7 +102,9 @@ def choose_draft_vocabulary(counts: Tensor, draft_vocab_size: int, eos_token_ids
     vocab = counts.shape[0]
     always = sorted({int(t) for t in eos_token_ids})
     if not max(len(always), 1) <= draft_vocab_size <= vocab:
-        raise InvalidParameterError(f"draft_vocab_size must be in [{max(len(always), 1)}, {vocab}], got {draft_vocab_size}")
+        raise InvalidParameterError(
+            f"draft_vocab_size must be in [{max(len(always), 1)}, {vocab}], got {draft_vocab_size}"
+        )
     if any(not 0 <= t < vocab for t in always):
         raise InvalidParameterError(f"an EOS id of {always} is outside the vocabulary of {vocab}")
     boosted = counts.double().clone()

@@ -12,8 +12,8 @@ import json
 import os
 import sys
 import zlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -21,6 +21,7 @@ from torch import Tensor
 
 from verispec.errors import CacheFileError
 from verispec.models.cache_files import read_checked, report_damaged, write_checked
+
 
 def default_cache_dir() -> Path:
     """Where the runners keep derived weights: ``$VERISPEC_HOME/weights``."""
@@ -58,7 +59,9 @@ class WeightCache:
 
     def __init__(self, gguf_path: Path, directory: Path, kind: str, version: int) -> None:
         stat = gguf_path.stat()
-        digest = hashlib.sha256(f"{version}:{kind}:{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+        digest = hashlib.sha256(
+            f"{version}:{kind}:{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()
+        ).hexdigest()[:16]
         self.prefix = f"{gguf_path.stem}-{kind}-"
         self.data_path = Path(directory) / f"{self.prefix}{digest}.bin"
         self.index_path = self.data_path.with_suffix(".json")
@@ -144,16 +147,25 @@ class WeightCache:
                 name = next(n for n, (t, _) in DTYPES.items() if t == array.dtype)
                 data = memoryview(array.contiguous().numpy()).cast("B")
                 self._writer.write(data)
-                records.append({"offset": self._offset, "nbytes": data.nbytes, "dtype": name, "shape": list(array.shape),
-                                "crc32": zlib.crc32(data)})
+                records.append(
+                    {
+                        "offset": self._offset,
+                        "nbytes": data.nbytes,
+                        "dtype": name,
+                        "shape": list(array.shape),
+                        "crc32": zlib.crc32(data),
+                    }
+                )
                 self._offset += data.nbytes
             self._written[key] = records
         except OSError as exc:
             self._abandon(exc)
 
     def _abandon(self, exc: OSError) -> None:
-        print(f"verispec: not caching derived weights in {self.data_path.parent} ({exc}); the next load computes them again",
-              file=sys.stderr)
+        print(
+            f"verispec: not caching derived weights in {self.data_path.parent} ({exc}); the next load computes them again",
+            file=sys.stderr,
+        )
         if self._writer is not None:
             self._writer.close()
             Path(self._writer.name).unlink(missing_ok=True)

@@ -55,7 +55,9 @@ def quantize_head_(head: nn.Module, quantization: str = "q8_0") -> nn.Module:
             multiple of 32 (the block size).
     """
     if quantization not in HEAD_QUANTIZATIONS:
-        raise InvalidParameterError(f"unknown head quantization {quantization!r}; choose one of {', '.join(HEAD_QUANTIZATIONS)}")
+        raise InvalidParameterError(
+            f"unknown head quantization {quantization!r}; choose one of {', '.join(HEAD_QUANTIZATIONS)}"
+        )
     from gguf import GGMLQuantizationType, quants
 
     kernels = loaded_kernels()
@@ -65,7 +67,9 @@ def quantize_head_(head: nn.Module, quantization: str = "q8_0") -> nn.Module:
             continue
         rows, width = module.weight.shape
         if width % BLOCK:
-            raise InvalidParameterError(f"the head's {name} has {width} inputs, not a multiple of {BLOCK}: it cannot be quantized")
+            raise InvalidParameterError(
+                f"the head's {name} has {width} inputs, not a multiple of {BLOCK}: it cannot be quantized"
+            )
         values = module.weight.detach().float().numpy()
         raw = torch.from_numpy(np.ascontiguousarray(quants.quantize(values, GGMLQuantizationType.Q8_0)))
         qtype = Q8_0

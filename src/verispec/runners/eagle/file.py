@@ -59,7 +59,9 @@ def _stored(name: str, value: Tensor, weights: str) -> tuple[np.ndarray, object]
     return array.astype(np.float16), None
 
 
-def write_head_gguf(path: str | Path, config: dict, state: dict[str, Tensor], training: dict, weights: str = "f32") -> None:
+def write_head_gguf(
+    path: str | Path, config: dict, state: dict[str, Tensor], training: dict, weights: str = "f32"
+) -> None:
     """Write a head as GGUF, atomically (a temporary file beside ``path``, then a rename).
 
     Args:
@@ -118,7 +120,9 @@ def read_head_gguf(path: str | Path) -> tuple[dict, dict[str, Tensor], dict]:
     except Exception as exc:  # gguf raises ValueError, IndexError, ... for a damaged file
         raise ModelIntegrityError(f"{path} is not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
     if fields.get("general.architecture") != ARCHITECTURE:
-        raise ModelIntegrityError(f"{path} is a GGUF file of architecture {fields.get('general.architecture')!r}, not an EAGLE head ({ARCHITECTURE})")
+        raise ModelIntegrityError(
+            f"{path} is a GGUF file of architecture {fields.get('general.architecture')!r}, not an EAGLE head ({ARCHITECTURE})"
+        )
     try:
         arrays, types = [], {}
         for t in reader.tensors:
@@ -132,13 +136,18 @@ def read_head_gguf(path: str | Path) -> tuple[dict, dict[str, Tensor], dict]:
     prefix = f"{ARCHITECTURE}."
     if _tensors_sha256(arrays) != fields.get(prefix + "tensors_sha256"):
         raise ModelIntegrityError(f"{path}: its weights do not match the sha256 it recorded (a damaged file)")
-    config = {key[len(prefix):]: value for key, value in fields.items() if key.startswith(prefix)}
+    config = {key[len(prefix) :]: value for key, value in fields.items() if key.startswith(prefix)}
     training = json.loads(config.pop("training", "{}"))
     config.pop("tensors_sha256")
     try:
-        state = {name: torch.from_numpy(np.ascontiguousarray(
-                     quants.dequantize(array, types[name]) if name in types else array).astype(
-                     np.int64 if name == "d2t" else np.float32)) for name, array in arrays}
+        state = {
+            name: torch.from_numpy(
+                np.ascontiguousarray(quants.dequantize(array, types[name]) if name in types else array).astype(
+                    np.int64 if name == "d2t" else np.float32
+                )
+            )
+            for name, array in arrays
+        }
     except Exception as exc:
         raise ModelIntegrityError(f"{path}: its tensors cannot be read ({type(exc).__name__}: {exc})") from exc
     return config, state, training

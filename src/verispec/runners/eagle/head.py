@@ -24,11 +24,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from verispec.errors import InvalidParameterError, ModelIntegrityError, ModelNotFoundError, one_line
+from verispec.runners.cpu.reduced_vocab import choose_draft_vocabulary  # noqa: F401  (the head's vocabulary, re-exported)
 from verispec.runners.eagle.file import is_gguf, read_head_gguf, write_head_gguf
 from verispec.runners.eagle.shape import SUPPORTED_MODEL_TYPES, HeadShape  # noqa: F401  (re-exported)
-from verispec.runners.eagle.target import HeadTarget, final_norm, norm_digest  # noqa: F401  (HeadTarget, norm_digest: re-exported)
+from verispec.runners.eagle.target import HeadTarget, final_norm, norm_digest
 from verispec.runners.features import default_feature_layers
-from verispec.runners.cpu.reduced_vocab import choose_draft_vocabulary  # noqa: F401  (the head's vocabulary, re-exported)
 
 
 def _checked_d2t(d2t: Sequence[int] | Tensor, vocab_size: int) -> Tensor:
@@ -64,7 +64,13 @@ class EagleHead(nn.Module):
     """
 
     def __init__(
-        self, shape: HeadShape, embed_tokens: nn.Module, d2t: Tensor, lm_head_weight: Tensor | None = None, *, seed: int = 0
+        self,
+        shape: HeadShape,
+        embed_tokens: nn.Module,
+        d2t: Tensor,
+        lm_head_weight: Tensor | None = None,
+        *,
+        seed: int = 0,
     ) -> None:
         super().__init__()
         hidden, heads, head_dim = shape.hidden_size, shape.num_attention_heads, shape.head_dim
@@ -186,13 +192,17 @@ class EagleHead(nn.Module):
                 gone), or an unknown ``weights``.
         """
         if getattr(self, "quantization", None):
-            raise InvalidParameterError(f"this head was quantized to {self.quantization} for inference; save the float head")
+            raise InvalidParameterError(
+                f"this head was quantized to {self.quantization} for inference; save the float head"
+            )
         path = Path(path)
         if path.suffix == ".gguf":
             write_head_gguf(path, self.config, self.stored_state(), self.training_record, weights)
             return
         partial = path.with_name(path.name + ".partial")
-        torch.save({"config": self.config, "state_dict": self.stored_state(), "training": self.training_record}, partial)
+        torch.save(
+            {"config": self.config, "state_dict": self.stored_state(), "training": self.training_record}, partial
+        )
         os.replace(partial, path)
 
     @classmethod
@@ -218,13 +228,20 @@ class EagleHead(nn.Module):
                 stored = torch.load(path, map_location="cpu", weights_only=True)
                 config, state, training = stored["config"], stored["state_dict"], stored.get("training")
             fields = {k: v for k, v in config.items() if k != "architecture"}
-            shape = HeadShape(**{**fields, "feature_layers": tuple(fields["feature_layers"]),
-                                 "lm_head_from_target": bool(fields.get("lm_head_from_target", False))})
+            shape = HeadShape(
+                **{
+                    **fields,
+                    "feature_layers": tuple(fields["feature_layers"]),
+                    "lm_head_from_target": bool(fields.get("lm_head_from_target", False)),
+                }
+            )
         except ModelIntegrityError:
             raise
         except Exception as exc:  # torch raises many kinds for a damaged file
-            raise ModelIntegrityError(f"{path} is not a readable EAGLE head ({one_line(exc)}); a head is the .gguf or "
-                                      "torch file verispec train-head writes") from exc
+            raise ModelIntegrityError(
+                f"{path} is not a readable EAGLE head ({one_line(exc)}); a head is the .gguf or "
+                "torch file verispec train-head writes"
+            ) from exc
         state = facts.check_head(shape, state, path)  # another target refused; a shared LM head's rows lent
         head = cls(shape, facts.embed_tokens, state["d2t"])
         try:
@@ -288,9 +305,15 @@ class EagleHead(nn.Module):
             stop = start + mask.shape[0]
             new.append((k[:, start:stop], v[:, start:stop]))
             keys, values = torch.cat([past_keys, new[-1][0]], dim=1), torch.cat([past_values, new[-1][1]], dim=1)
-            parts.append(F.scaled_dot_product_attention(
-                q[None, :, start:stop], keys[None], values[None], attn_mask=mask[None, None], enable_gqa=True  # GQA: kv heads shared
-            )[0])
+            parts.append(
+                F.scaled_dot_product_attention(
+                    q[None, :, start:stop],
+                    keys[None],
+                    values[None],
+                    attn_mask=mask[None, None],
+                    enable_gqa=True,  # GQA: kv heads shared
+                )[0]
+            )
             start = stop
         attended = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
         h = hidden + self.o_proj(attended.transpose(0, 1).reshape(rows, -1))
@@ -373,27 +396,44 @@ def forward_heads(calls: Sequence[HeadCall]) -> list[tuple[Tensor, Tensor]]:
     if any((call.features is None) == (call.hidden is None) for call in calls):
         raise InvalidParameterError("pass exactly one of features (the target's) and hidden (the head's own)")
     featured = [call.features for call in calls if call.features is not None]
-    fused = iter(base.fuse(torch.cat(featured)).split([f.shape[0] for f in featured]) if featured else ())  # fc read once
+    fused = iter(
+        base.fuse(torch.cat(featured)).split([f.shape[0] for f in featured]) if featured else ()
+    )  # fc read once
     ids, inputs, positions, segments = [], [], [], []
     for call in calls:
         head, row_ids = call.head, torch.as_tensor(call.token_ids, dtype=torch.long).reshape(-1)
         num_new, cached = row_ids.numel(), head.num_cached_tokens
         rows = next(fused) if call.features is not None else call.hidden.to(head.norm.weight.dtype)
         if num_new == 0 or rows.shape != (num_new, head.shape.hidden_size):
-            raise InvalidParameterError(f"need one [{head.shape.hidden_size}] input row per token; got {num_new} tokens, {list(rows.shape)}")
+            raise InvalidParameterError(
+                f"need one [{head.shape.hidden_size}] input row per token; got {num_new} tokens, {list(rows.shape)}"
+            )
         mask = call.attention_mask
         if mask is None:
             mask = torch.arange(cached + num_new)[None, :] <= torch.arange(cached, cached + num_new)[:, None]
         if mask.dtype != torch.bool or mask.shape != (num_new, cached + num_new):
-            raise InvalidParameterError(f"attention_mask must be bool [{num_new}, {cached + num_new}], got {mask.dtype} {list(mask.shape)}")
+            raise InvalidParameterError(
+                f"attention_mask must be bool [{num_new}, {cached + num_new}], got {mask.dtype} {list(mask.shape)}"
+            )
         ids.append(row_ids)
         inputs.append(rows)
-        positions.append(torch.arange(cached, cached + num_new) if call.positions is None else torch.as_tensor(call.positions, dtype=torch.long))
+        positions.append(
+            torch.arange(cached, cached + num_new)
+            if call.positions is None
+            else torch.as_tensor(call.positions, dtype=torch.long)
+        )
         segments.append((head._keys, head._values, mask))
     one = len(calls) == 1
-    out, new = base.layer_segments(inputs[0] if one else torch.cat(inputs), ids[0] if one else torch.cat(ids),
-                                   positions[0] if one else torch.cat(positions), segments)
+    out, new = base.layer_segments(
+        inputs[0] if one else torch.cat(inputs),
+        ids[0] if one else torch.cat(ids),
+        positions[0] if one else torch.cat(positions),
+        segments,
+    )
     for call, (keys, values) in zip(calls, new):
-        call.head._keys, call.head._values = torch.cat([call.head._keys, keys], 1), torch.cat([call.head._values, values], 1)
+        call.head._keys, call.head._values = (
+            torch.cat([call.head._keys, keys], 1),
+            torch.cat([call.head._values, values], 1),
+        )
     logits, sizes = base.logits(out), [len(i) for i in ids]
     return list(zip(logits.split(sizes), out.split(sizes)))

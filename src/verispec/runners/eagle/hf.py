@@ -95,7 +95,9 @@ def hf_config(shape, *, max_position_embeddings: int, dtype: str = "bfloat16") -
         if len(layers) != 3:
             raise InvalidParameterError(f"the engines' EAGLE-3 fuses 3 feature layers; this head fuses {len(layers)}")
         if 0 in layers:
-            raise InvalidParameterError("SGLang names fused layers by their output, so the embedding (layer 0) cannot be exported")
+            raise InvalidParameterError(
+                "SGLang names fused layers by their output, so the embedding (layer 0) cannot be exported"
+            )
         config["eagle_aux_hidden_state_layer_ids"] = list(layers)  # vLLM: hidden-state indices
         config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in layers]}  # SGLang: outputs
     return config
@@ -109,7 +111,9 @@ def hf_tensors(head, dtype: str = "bfloat16") -> dict[str, Tensor]:
     Raises InvalidParameterError for a head quantized for inference (its float weights are gone)
     or an unknown ``dtype``."""
     if getattr(head, "quantization", None):
-        raise InvalidParameterError(f"this head was quantized to {head.quantization} for inference; export the loaded file")
+        raise InvalidParameterError(
+            f"this head was quantized to {head.quantization} for inference; export the loaded file"
+        )
     if dtype not in HF_DTYPES:
         raise InvalidParameterError(f"checkpoint dtype must be one of {', '.join(HF_DTYPES)}, not {dtype!r}")
     state = head.state_dict()
@@ -122,8 +126,9 @@ def hf_tensors(head, dtype: str = "bfloat16") -> dict[str, Tensor]:
     return tensors
 
 
-def write_hf_checkpoint(head, folder: str | Path, *, max_position_embeddings: int, dtype: str = "bfloat16",
-                        extra: dict | None = None) -> Path:
+def write_hf_checkpoint(
+    head, folder: str | Path, *, max_position_embeddings: int, dtype: str = "bfloat16", extra: dict | None = None
+) -> Path:
     """Write ``folder`` (created; it must not exist or be empty) with ``config.json`` and
     ``model.safetensors`` of ``head``, whole or not at all (written beside it, then renamed).
     ``extra``: more ``config.json`` keys (e.g. where the head came from).

@@ -44,7 +44,9 @@ class HeadShape:
         num_layers = int(config.num_hidden_layers)
         layers = tuple(int(i) for i in feature_layers)
         if not layers or any(not 0 <= i < num_layers for i in layers):
-            raise InvalidParameterError(f"feature layers {layers} must be hidden-state indices in [0, {num_layers - 1}]")
+            raise InvalidParameterError(
+                f"feature layers {layers} must be hidden-state indices in [0, {num_layers - 1}]"
+            )
         rope = getattr(config, "rope_parameters", None) or {}
         heads = int(config.num_attention_heads)
         return HeadShape(

@@ -43,7 +43,9 @@ class HeadTarget:
     num_layers: int
     model_type: str | None
     norm_sha256: str | None = None  # norm_digest; None where the target does not show its final norm
-    output_rows: Callable[[Tensor], Tensor] | None = None  # int64 [n] -> float32 [n, hidden] LM-head rows; None: not lent
+    output_rows: Callable[[Tensor], Tensor] | None = (
+        None  # int64 [n] -> float32 [n, hidden] LM-head rows; None: not lent
+    )
 
     def check_head(self, shape, state: dict[str, Tensor], path) -> dict[str, Tensor]:
         """``state`` of the head file ``path`` (shape ``shape``: a ``HeadShape``) ready to load on
@@ -57,7 +59,8 @@ class HeadTarget:
         mismatched = [
             f"{name} {mine} != {theirs}"
             for name, mine, theirs in (
-                ("hidden_size", shape.hidden_size, self.hidden_size), ("vocab_size", shape.vocab_size, self.vocab_size),
+                ("hidden_size", shape.hidden_size, self.hidden_size),
+                ("vocab_size", shape.vocab_size, self.vocab_size),
                 ("num_target_layers", shape.num_target_layers, self.num_layers),
                 ("target_model_type", shape.target_model_type, self.model_type or shape.target_model_type),
             )
@@ -94,14 +97,28 @@ class HeadTarget:
             norm = final_norm(model)
             output = model.get_output_embeddings()
             rows = None if output is None else (lambda ids: output.weight.detach()[ids].float())
-            return cls(embedding, int(config.hidden_size), int(embedding.weight.shape[0]), int(config.num_hidden_layers),
-                       getattr(config, "model_type", None), None if norm is None else norm_digest(norm), rows)
+            return cls(
+                embedding,
+                int(config.hidden_size),
+                int(embedding.weight.shape[0]),
+                int(config.num_hidden_layers),
+                getattr(config, "model_type", None),
+                None if norm is None else norm_digest(norm),
+                rows,
+            )
         weights = getattr(target, "weights", None)
         if weights is not None and hasattr(weights, "embed"):
             width = int(weights.embed(torch.zeros(1, dtype=torch.long)).shape[-1])
             norm = getattr(weights, "final_norm", None)
-            return cls(weights.embed, width, int(weights.vocab_size), len(weights.layers), None,
-                       None if norm is None else norm_digest(norm), getattr(weights, "output_rows", None))
+            return cls(
+                weights.embed,
+                width,
+                int(weights.vocab_size),
+                len(weights.layers),
+                None,
+                None if norm is None else norm_digest(norm),
+                getattr(weights, "output_rows", None),
+            )
         raise InvalidParameterError(
             f"an EAGLE head cannot borrow the token embedding of a {type(target).__name__}: use the gguf, int8 or torch runner"
         )

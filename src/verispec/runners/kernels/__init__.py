@@ -31,8 +31,18 @@ except ImportError:  # Windows: concurrent builds are not serialized, stale torc
 
 DIRECTORY = Path(__file__).parent
 # The torch-free core (one file per concern and per ISA, see core.h) and the torch bindings.
-CORE_SOURCES = ("formats.cpp", "portable.cpp", "dispatch.cpp", "attention.cpp", "row_ops.cpp", "requantize.cpp",
-                "x86_avx512.cpp", "x86_avx2.cpp", "arm_neon.cpp", "arm_neon_float.cpp")
+CORE_SOURCES = (
+    "formats.cpp",
+    "portable.cpp",
+    "dispatch.cpp",
+    "attention.cpp",
+    "row_ops.cpp",
+    "requantize.cpp",
+    "x86_avx512.cpp",
+    "x86_avx2.cpp",
+    "arm_neon.cpp",
+    "arm_neon_float.cpp",
+)
 SOURCES = tuple(DIRECTORY / name for name in CORE_SOURCES + ("bindings.cpp",))
 HEADERS = (DIRECTORY / "core.h",)
 CFLAGS = ["-O3", "-ffp-contract=off", "-fno-math-errno", "-std=c++17", "-fopenmp"]
@@ -97,15 +107,21 @@ def _build():
             module = _load(directory)
         except Exception as exc:  # cpp_extension raises RuntimeError, OSError, ImportError, CalledProcessError
             if not built_before:
-                raise InvalidParameterError(f"building the gguf kernels failed ({type(exc).__name__}: {exc}); use --runner int8") from exc
+                raise InvalidParameterError(
+                    f"building the gguf kernels failed ({type(exc).__name__}: {exc}); use --runner int8"
+                ) from exc
             # a damaged object file or build log fails the link or the load: once more from nothing
-            report_damaged(directory, f"could not be built or loaded ({type(exc).__name__})", "built again from scratch")
+            report_damaged(
+                directory, f"could not be built or loaded ({type(exc).__name__})", "built again from scratch"
+            )
             shutil.rmtree(directory, ignore_errors=True)
             directory.mkdir(parents=True, exist_ok=True)
             try:
                 module = _load(directory)
             except Exception as again:
-                raise InvalidParameterError(f"building the gguf kernels failed ({type(again).__name__}: {again}); use --runner int8") from again
+                raise InvalidParameterError(
+                    f"building the gguf kernels failed ({type(again).__name__}: {again}); use --runner int8"
+                ) from again
         _record_build(directory, Path(module.__file__))
     return module
 
@@ -115,8 +131,11 @@ def _load(directory: Path):
     from torch.utils import cpp_extension
 
     compiling = not list(directory.glob("*.so"))
-    with announce_slow("compiling the gguf runner's kernels", f"once, ~40 s on 2 cores, into {directory}",
-                       after_s=0.0 if compiling else NOTICE_AFTER_S):
+    with announce_slow(
+        "compiling the gguf runner's kernels",
+        f"once, ~40 s on 2 cores, into {directory}",
+        after_s=0.0 if compiling else NOTICE_AFTER_S,
+    ):
         return cpp_extension.load(
             name=f"verispec_gguf_{build_key()}",
             sources=[str(path) for path in SOURCES],
