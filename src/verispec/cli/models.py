@@ -33,7 +33,7 @@ def list_models(
     ),
     as_json: bool = json_option("Print one JSON object a line, one per model, with the full path of its file."),
 ) -> None:
-    """Show the built-in models, their roles, sizes and whether they are in the cache.
+    """Show the built-in models, their roles, sizes, licences and whether they are in the cache.
 
     The table keeps one line per model at 80 columns; the files' paths follow it in one line
     (``--paths`` or ``--json``: each model's full path)."""
@@ -47,6 +47,7 @@ def list_models(
                 "arch": entry.arch,
                 "quantization": entry.quantization,
                 "size_bytes": entry.size_bytes,
+                "license": entry.license,
                 "cached": store.cache_state(name),
                 "path": str(store.model_path(name)),
             }
@@ -76,6 +77,7 @@ def list_models(
         )
     console = Console()
     console.print(table)
+    console.print(_licence_line(store.registry.values()), highlight=False, soft_wrap=True)
     console.print("files (full paths: verispec models list --paths):", highlight=False)
     console.print(f"  {cache_root}/NAME/FILE", highlight=False, soft_wrap=True)  # a path is never folded
     if any(row["cached"] == "unverified" for row in rows):
@@ -100,6 +102,15 @@ def fetch_model(
     with user_errors(), lines:
         path = ModelStore(progress=not quiet).fetch(name, force=force)
     typer.echo(str(path))
+
+
+def _licence_line(entries) -> str:
+    """``licences: Apache-2.0`` and, for each model under other terms, its name, licence and URL."""
+    others = [entry for entry in entries if entry.license != "Apache-2.0"]
+    if not others:
+        return "licences: Apache-2.0"
+    named = "; ".join(f"{e.name}: {e.license}" + (f" ({e.license_url})" if e.license_url else "") for e in others)
+    return f"licences: Apache-2.0, except {named}"
 
 
 def _format_bytes(size: int) -> str:

