@@ -24,6 +24,7 @@ from verispec.engine.loop import DEFAULT_MAX_NUM_BATCHED_TOKENS, SpeculativeEngi
 from verispec.engine.request import GenerationOutput, SpeculativeConfig, StreamChunk
 from verispec.errors import ContextLengthError, InvalidParameterError
 from verispec.models.compat import check_draft_compatibility
+from verispec.models.gguf_tokenizer import chat_token_ids
 from verispec.models.loading import DTYPES, LoadedModel, load_gguf_info, load_model
 from verispec.models.preflight import check_before_loading
 from verispec.progress import announce_slow
@@ -205,11 +206,7 @@ class SpeculativePipeline:
         if chat:
             if not getattr(self.tokenizer, "chat_template", None):
                 raise InvalidParameterError(f"{self.target.name} has no chat template: drop --chat")
-            return list(
-                self.tokenizer.apply_chat_template(
-                    [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False
-                )
-            )
+            return chat_token_ids(self.tokenizer, [{"role": "user", "content": prompt}])  # BOS as llama.cpp
         return list(self.tokenizer.encode(prompt, add_special_tokens=True))
 
     def generate(

@@ -3,15 +3,13 @@
 Owns parsing the GGUF header (spec: ggml-org/ggml ``docs/gguf.md``) fast enough for a cold start:
 scalars are decoded, arrays are skipped (the tokenizer's 150k strings included) and only their
 byte ranges kept, which also gives a digest of the tokenizer so two files sharing one tokenizer
-are known to without building either. Also owns the tokenizer cache: transformers builds a GGUF
-file's tokenizer once (~15 s for Qwen2.5's), ``$VERISPEC_HOME/tokenizers/<digest>`` keeps it.
+are known to without building either (the tokenizer itself: ``gguf_tokenizer.py``).
 Knows nothing about running models.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import struct
 import time
@@ -185,7 +183,7 @@ def read_gguf_header(path: Path) -> GGUFHeader:
         alignment = int(metadata.get("general.alignment", DEFAULT_ALIGNMENT))
         data_start = -(-source.tell() // alignment) * alignment
     tensors = {}
-    needed = data_start
+    needed = data_start if raw_tensors else 0  # a vocabulary-only file ends at its header, unpadded
     for name, qtype, shape, offset in raw_tensors:
         if qtype not in GGML_QUANT_SIZES:
             raise ModelIntegrityError(f"{path}: tensor {name} has unknown type {qtype}")
@@ -218,55 +216,7 @@ def refetch_hint(path: Path) -> str:
 
 
 def cached_tokenizer(header: GGUFHeader, directory: Path | None = None):
-    """The transformers tokenizer of a GGUF file, built once and kept by tokenizer digest.
+    """The file's tokenizer, tokenizing as llama.cpp does: :func:`verispec.models.gguf_tokenizer.cached_tokenizer`."""
+    from verispec.models.gguf_tokenizer import cached_tokenizer as tokenizer_of
 
-    The first call converts the GGUF vocabulary with transformers (seconds); later calls, for
-    this file or any file with the same tokenizer, load the saved fast tokenizer. Within one
-    process, files with the same tokenizer digest share one tokenizer object (~100 MiB each for
-    a 152k-token vocabulary: a bench over several runners loads each file once per runner);
-    nothing in verispec mutates it. Raises
-    ModelIntegrityError when transformers cannot build it.
-    """
-    from transformers import AutoTokenizer
-
-    if directory is None:
-        from verispec.models.store import verispec_home
-
-        directory = verispec_home() / "tokenizers"
-    target = Path(directory) / header.tokenizer_digest[:24]
-    key = str(target.resolve())
-    if key in _IN_PROCESS:
-        return _IN_PROCESS[key]
-    tokenizer = _load_or_build(header, target, AutoTokenizer)
-    _IN_PROCESS[key] = tokenizer
-    return tokenizer
-
-
-_IN_PROCESS: dict = {}  # resolved cache folder -> tokenizer object, for this process
-
-
-def _load_or_build(header: GGUFHeader, target: Path, AutoTokenizer):
-    """The saved tokenizer in ``target``, or one built from the GGUF file and saved there."""
-    if (target / "tokenizer_config.json").exists():
-        try:
-            return AutoTokenizer.from_pretrained(target, local_files_only=True)
-        except Exception:  # a damaged cache entry: rebuild it below
-            pass
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(header.path.parent, gguf_file=header.path.name, local_files_only=True)
-    except Exception as exc:  # transformers raises anything from OSError to bare Exception
-        raise ModelIntegrityError(
-            f"could not read the tokenizer of {header.path}: {type(exc).__name__}: {exc}"
-        ) from exc
-    temporary = target.with_name(target.name + f".tmp{os.getpid()}")
-    try:
-        tokenizer.save_pretrained(temporary)
-        (temporary / "verispec.json").write_text(json.dumps({"source": str(header.path)}))
-        if target.exists():
-            import shutil
-
-            shutil.rmtree(target, ignore_errors=True)
-        temporary.replace(target)
-    except OSError:
-        pass  # a read-only cache only costs the next start its time
-    return tokenizer
+    return tokenizer_of(header, directory)

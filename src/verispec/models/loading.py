@@ -2,7 +2,8 @@
 
 Owns the transformers calls, the dtype/device choice, the header checks that turn corrupt
 weight files into clear errors, and the facts the engine needs (EOS ids, context length, logits
-width), or those facts alone for a GGUF reference (:func:`load_gguf_info`). Where the files come from is ``store.py``'s business; this module knows nothing about
+width), or those facts alone for a GGUF reference (:func:`load_gguf_info`). Where the files come
+from is ``store.py``'s business; this module knows nothing about
 generation or speculation.
 """
 
@@ -22,6 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from verispec.errors import InvalidParameterError, ModelIntegrityError, ModelNotFoundError
 from verispec.models.gguf_file import read_gguf_header
+from verispec.models.gguf_tokenizer import cached_tokenizer
 from verispec.models.store import ModelSource, ModelStore
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -153,8 +155,9 @@ def parse_device(device: str) -> torch.device:
 def _load_source(source: ModelSource, torch_dtype: torch.dtype) -> tuple[Any, Any]:
     """Run transformers on a resolved source; turn its failures into verispec errors."""
     options: dict[str, Any] = {"local_files_only": source.kind != "hub"}
+    header = None
     if source.kind == "gguf":
-        read_gguf_header(source.path)  # not a GGUF file, or truncated: said here, not as numpy's reshape error
+        header = read_gguf_header(source.path)  # not a GGUF file, or truncated: said here, not as numpy's reshape error
         location: str | Path = source.path.parent
         options["gguf_file"] = source.path.name
     elif source.kind == "directory":
@@ -166,7 +169,8 @@ def _load_source(source: ModelSource, torch_dtype: torch.dtype) -> tuple[Any, An
     try:
         with _quiet_transformers():  # our own one-line progress says what loads; no carriage-return bars
             model = AutoModelForCausalLM.from_pretrained(location, dtype=torch_dtype, **options)
-            tokenizer = AutoTokenizer.from_pretrained(location, **options)
+            # a GGUF's tokenizer is the one every runner uses: llama.cpp's BOS and rules, cached
+            tokenizer = cached_tokenizer(header) if header else AutoTokenizer.from_pretrained(location, **options)
     except Exception as exc:  # transformers raises anything from OSError to bare Exception
         if source.kind == "hub":
             raise ModelNotFoundError(f"could not load {source.hub_id!r} from the Hugging Face hub: {exc}") from exc
@@ -281,16 +285,15 @@ def _logits_width(model: Any) -> int:
 
 
 def load_gguf_info(ref: str, *, store=None, runner: str = "llama.cpp"):
-    """A :class:`LoadedModel` for a GGUF reference (every runner but torch reads its weights itself), without a torch model.
+    """A :class:`LoadedModel` for a GGUF reference without a torch model (every runner but torch
+    reads its weights itself).
 
-    ``model`` is None; the tokenizer (built once, then cached by tokenizer digest: see
-    :func:`verispec.models.gguf_file.cached_tokenizer`), EOS ids, context length and logits width
+    ``model`` is None; the tokenizer (built once, then cached by tokenizer: see
+    :func:`verispec.models.gguf_tokenizer.cached_tokenizer`), EOS ids, context length and logits width
     come from the GGUF header; no tensor is read. ``param_bytes`` is the file size. Raises
     InvalidParameterError when ``ref`` is not a GGUF file, and the model store's errors
     (ModelNotFoundError, ModelIntegrityError, ModelFetchError).
     """
-    from verispec.models.gguf_file import cached_tokenizer
-
     source = (store or ModelStore()).resolve(ref)
     if source.kind != "gguf":
         raise InvalidParameterError(f"the {runner} runner needs a .gguf model, and {ref!r} is a {source.kind}")
