@@ -106,6 +106,41 @@ def test_a_built_in_draft_of_another_vocabulary_is_refused_before_its_download(f
     assert not (fresh_home / "models" / "smollm2-135m-instruct").exists()
 
 
+def vocabulary_only(path: Path, tokens: list[str]) -> Path:
+    """A GGUF with a token list and nothing else (what the pre-load check reads)."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "qwen2")
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize(
+    "draft_tokens, message",
+    [
+        # one string changed, sizes equal: the size alone would pass
+        (TOKENS[:-1] + ["zz"], f"id 95 is {TOKENS[-1]!r} in the target and 'zz' in the draft; the draft must use"),
+        # the same tokens and one more: named by the id only the draft has
+        (
+            TOKENS + ["extra"],
+            "id 96 is absent in the target and 'extra' in the draft (it has 97 tokens, the target 96)",
+        ),
+        (TOKENS[:-1], f"id 95 is {TOKENS[-1]!r} in the target and absent in the draft (it has 95 tokens"),
+    ],
+)
+def test_a_draft_vocabulary_is_refused_naming_its_first_differing_token(
+    files, nothing_loads, tmp_path, draft_tokens, message
+):
+    draft = vocabulary_only(tmp_path / "draft.gguf", draft_tokens)
+    result = cli.invoke(app, ["generate", "x", "--target", str(files["target"]), "--draft", str(draft)])
+    one_line_error(result, "error: draft vocabulary differs from the target's: " + message)
+
+
 def test_the_library_load_checks_before_loading(files, nothing_loads):
     with pytest.raises(IncompatibleDraftError, match="id 3 is '!' in the target"):
         SpeculativePipeline.load(str(files["target"]), str(files["other"]))

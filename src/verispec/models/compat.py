@@ -25,7 +25,7 @@ def check_draft_compatibility(
 ) -> None:
     """Raise IncompatibleDraftError unless the draft can serve the target.
 
-    Requires: equal token strings for every shared id and equal tokenizer lengths; logits widths
+    Requires: the same token string for every id (:func:`check_same_tokens`); logits widths
     (``*_vocab_size``, the last dimension of the logits) each at least ``len(tokenizer)``, which
     lets them differ by padding rows only (151936 vs 152064 is fine); and the same set of EOS ids.
     The message names the first mismatch found. Takes ~0.1 s for a 152k-token vocabulary.
@@ -49,24 +49,28 @@ def _tokens_by_id(tokenizer: Any) -> list[str | None]:
 
 
 def check_same_tokens(target_tokens: list[str | None], draft_tokens: list[str | None]) -> None:
+    """Raise IncompatibleDraftError, in one line naming the first id whose token differs and both
+    strings, unless the two lists are equal (``None``: an unassigned id). An id past the end of the
+    shorter list counts as absent there, so lists that agree on every shared id but differ in length
+    are named by the first id only one of them has. Equal sizes are not enough: every string counts.
+    """
+    if target_tokens == draft_tokens:
+        return
     shared = min(len(target_tokens), len(draft_tokens))
-    if target_tokens[:shared] != draft_tokens[:shared]:
-        token_id = next(i for i in range(shared) if target_tokens[i] != draft_tokens[i])
-        sizes = (
-            f" (and it has {len(draft_tokens)} tokens, the target's {len(target_tokens)})"
-            if len(target_tokens) != len(draft_tokens)
-            else ""
-        )
-        raise IncompatibleDraftError(
-            f"draft vocabulary differs from the target's: id {token_id} is "
-            f"{_show(target_tokens[token_id])} in the target and {_show(draft_tokens[token_id])} "
-            f"in the draft{sizes}; the draft must use the target's tokenizer"
-        )
-    if len(target_tokens) != len(draft_tokens):
-        raise IncompatibleDraftError(
-            f"draft tokenizer has {len(draft_tokens)} tokens but the target's has "
-            f"{len(target_tokens)}; the draft must use the target's tokenizer"
-        )
+    token_id = next((i for i in range(shared) if target_tokens[i] != draft_tokens[i]), shared)
+    sizes = (
+        f" (it has {len(draft_tokens)} tokens, the target {len(target_tokens)})"
+        if len(target_tokens) != len(draft_tokens)
+        else ""
+    )
+    raise IncompatibleDraftError(
+        f"draft vocabulary differs from the target's: id {token_id} is {_show_at(target_tokens, token_id)} in the "
+        f"target and {_show_at(draft_tokens, token_id)} in the draft{sizes}; the draft must use the target's tokenizer"
+    )
+
+
+def _show_at(tokens: list[str | None], token_id: int) -> str:
+    return _show(tokens[token_id]) if token_id < len(tokens) else "absent"
 
 
 def _check_logits_width(role: str, logits_width: int, tokenizer_size: int) -> None:

@@ -35,16 +35,16 @@ def check_before_loading(target: str, draft: str | None = None, *, store: ModelS
     Checks each reference names something (a built-in name, a ``.gguf`` file, a checkpoint folder,
     a hub id); reads each local GGUF file's header and tensor table (magic, version, a file as long
     as its tensors need) and each checkpoint's safetensors headers; then, where both vocabularies
-    are known without loading, that the draft's token list is the target's. Nothing is
-    downloaded: a built-in model is judged by the registry's record of its token list. A pair
-    whose shared ids agree but whose lengths differ is left to the full check after loading.
+    are known without loading, that the draft's token list is the target's, string for string (an
+    equal size is not enough). Nothing is downloaded: a built-in model not in the cache is judged by
+    the registry's record of its token list (its size and digest: the sizes are named, not a token).
     Takes milliseconds for built-in names and about 0.3 s per 150k-token GGUF header read.
 
     Raises:
         ModelNotFoundError: a reference that names nothing usable.
         ModelIntegrityError: a file that is not a valid GGUF or safetensors file, or is truncated.
-        IncompatibleDraftError: the vocabularies differ (the first id that differs where both
-            token lists are on disk; else both sizes, from the registry).
+        IncompatibleDraftError: the vocabularies differ (where both token lists are on disk, in
+            one line naming the first id that differs and both its strings; else both sizes).
     """
     store = store or ModelStore()
     target_vocabulary = _vocabulary(target, store)
@@ -78,9 +78,7 @@ def _check_same_vocabulary(target: _Vocabulary, draft: _Vocabulary) -> None:
         return
     target_tokens, draft_tokens = _tokens(target), _tokens(draft)
     if target_tokens is not None and draft_tokens is not None:
-        shared = min(len(target_tokens), len(draft_tokens))
-        if target_tokens[:shared] != draft_tokens[:shared]:
-            check_same_tokens(target_tokens, draft_tokens)  # raises, naming the first id that differs
+        check_same_tokens(target_tokens, draft_tokens)  # raises, naming the first id that differs and both strings
         return
     raise IncompatibleDraftError(
         f"draft vocabulary differs from the target's: the draft {draft.label} has {draft.size} tokens and the "
