@@ -183,7 +183,8 @@ def test_int8_head_from_the_gguf_in_row_ranges(files, monkeypatch):
 
 
 def test_files_with_one_tokenizer_share_one_tokenizer_object(files, tmp_path):
-    from verispec.models.gguf_file import cached_tokenizer, read_gguf_header
+    from verispec.models.gguf_file import read_gguf_header
+    from verispec.models.gguf_tokenizer import cached_tokenizer
 
     target, again, draft = (cached_tokenizer(read_gguf_header(files[n])) for n in ("target", "target", "draft"))
     assert target is again is draft  # same tokenizer digest: built (or loaded) once per process

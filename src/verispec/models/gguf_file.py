@@ -213,10 +213,3 @@ def refetch_hint(path: Path) -> str:
         command = f"verispec models fetch {names[0]}"
         return f"fetch it again with `{command} --force` (or delete it and run `{command}`)"
     return "download or copy it again (an interrupted download leaves a file like this)"
-
-
-def cached_tokenizer(header: GGUFHeader, directory: Path | None = None):
-    """The file's tokenizer, tokenizing as llama.cpp does: :func:`verispec.models.gguf_tokenizer.cached_tokenizer`."""
-    from verispec.models.gguf_tokenizer import cached_tokenizer as tokenizer_of
-
-    return tokenizer_of(header, directory)
