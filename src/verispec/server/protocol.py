@@ -23,6 +23,7 @@ from verispec.engine import SpeculativeConfig
 from verispec.engine.constraints import StructuredOutput
 from verispec.errors import InvalidParameterError, VerispecError
 from verispec.metrics import RequestMetrics, acceptance_rate, mean_acceptance_length
+from verispec.models.gguf_tokenizer import chat_token_ids
 from verispec.server import tools
 from verispec.server.faults import APIError
 from verispec.server.schemas import (
@@ -223,9 +224,7 @@ def chat_prompt_ids(pipeline, body: ChatCompletionRequest) -> list[int]:
     if body.tools and body.tool_choice != "none":
         options["tools"] = tools.template_tools(body.tools)
     try:
-        ids = tokenizer.apply_chat_template(
-            conversation, add_generation_prompt=True, tokenize=True, return_dict=False, **options
-        )
+        ids = chat_token_ids(tokenizer, conversation, **options)  # one BOS, as llama.cpp (and generate --chat)
     except Exception as exc:  # jinja raises TemplateError for conversations a template refuses
         raise bad_request(f"the chat template rejected the messages: {exc}", "messages") from None
     return list(ids)
