@@ -193,7 +193,7 @@ def test_greedy_speculative_equals_plain_for_every_method(files, tmp_path, name)
             rate = out.metrics.spec.acceptance_rate  # None: nothing drafted (no n-gram matched)
             accepted.setdefault(method, []).append(None if rate is None else round(rate, 3))
     print(f"\nSPECULATIVE {name}: ngram, draft, tree, auto == plain on 2 prompts x 32 tokens; acceptance {accepted}")
-    assert max(accepted["draft"]) > 0.2  # a draft that agrees some of the time: accepted and rejected drafts both ran
+    assert max(r or 0.0 for r in accepted["draft"]) > 0.2  # the draft ran and was accepted (rejections: tree, ngram)
 
 
 @pytest.mark.parametrize(
