@@ -8,7 +8,7 @@
 //     activation rows: random, exact .5 ties, all zero, one huge block, negative zeros, NaN,
 //     infinities, subnormals, values at the int8 clamp;
 //   - activation quantization (quantize_activation_rows: q, d and the 16/32-value sums);
-//   - attention chains (causal, several starts) and trees (slot lists, short and empty rows), head_dim
+//   - attention chains (causal, several starts, sliding windows) and trees (slot lists, short and empty rows), head_dim
 //     16..128, GQA groups (14/2, 12/2, 3/1, 34/2: one group above MAX_GROUP), NaN payloads; and the
 //     scores / weighted sums directly for many key counts;
 //   - the IQ4_NL fit (fit_iq4_nl_*) and quantize_block_iq4_nl over random and edge blocks.
@@ -364,7 +364,7 @@ struct Harness {
     // attention_items over every (row, KV head): a chain (causal from `start`) or a tree (slot
     // lists of the given lengths).
     void attention(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t start, const std::vector<int64_t>& lengths,
-                   bool nans, uint64_t seed) {
+                   bool nans, uint64_t seed, int64_t window = 0) {
         Rng rng(seed);
         const bool tree = !lengths.empty();
         const int64_t rows = tree ? (int64_t)lengths.size() : 5;
@@ -396,14 +396,15 @@ struct Harness {
             std::snprintf(what, sizeof what, "attention tree heads=%lld/%lld dim=%lld rows=%lld%s", (long long)heads,
                           (long long)kv_heads, (long long)head_dim, (long long)rows, nans ? " NaN" : "");
         else
-            std::snprintf(what, sizeof what, "attention chain heads=%lld/%lld dim=%lld start=%lld%s", (long long)heads,
-                          (long long)kv_heads, (long long)head_dim, (long long)start, nans ? " NaN" : "");
+            std::snprintf(what, sizeof what, "attention chain heads=%lld/%lld dim=%lld start=%lld window=%lld%s",
+                          (long long)heads, (long long)kv_heads, (long long)head_dim, (long long)start, (long long)window,
+                          nans ? " NaN" : "");
         check(what, [&](Isa isa, bool oracle) {
             std::vector<float> out(rows * heads * head_dim);
             std::memset(out.data(), fill_byte(oracle), out.size() * 4);
             AttentionArgs a{q.data(), keys.data(), values.data(), rows, heads, kv_heads, capacity, head_dim, start,
                             tree ? visible.data() : nullptr, tree ? lengths.data() : nullptr, width,
-                            1.0f / std::sqrt((float)head_dim), out.data()};
+                            1.0f / std::sqrt((float)head_dim), out.data(), window};
             check_attention(a);
             attention_items(a, 0, rows * kv_heads, isa);
             Blob blob;
@@ -532,7 +533,7 @@ struct Harness {
         });
     }
 
-    // The row ops of a decoder step: silu_mul_row (an AVX2 version of its own) on normal values and
+    // The row ops of a decoder step: silu_mul_row and gelu_mul_row (AVX2 and NEON versions of their own) on normal values and
     // the edges of exp_clamped (the clamps, infinities, NaN, signed zeros, subnormals), n = 1..40
     // and 8960 (tails of every length); rms_norm_row (one function, every CPU) of several widths.
     void row_ops(uint64_t seed) {
@@ -555,6 +556,22 @@ struct Harness {
             out.insert(out.end(), row.begin(), row.end());
             Blob blob;
             blob.floats("silu(gate) * up", out.data(), out.size());
+            blob.cases = 41;
+            return blob;
+        });
+        check("gelu_mul_row (n = 1..40 and 8960)", [&](Isa isa, bool oracle) {
+            std::vector<float> out;
+            for (int64_t n = 1; n <= 40; ++n) {
+                std::vector<float> row(n);
+                std::memset(row.data(), fill_byte(oracle), n * 4);
+                gelu_mul_row(gate.data() + 7 * n % 64, up.data() + n, n, row.data(), isa);
+                out.insert(out.end(), row.begin(), row.end());
+            }
+            std::vector<float> row(gate.size());
+            gelu_mul_row(gate.data(), up.data(), (int64_t)gate.size(), row.data(), isa);
+            out.insert(out.end(), row.begin(), row.end());
+            Blob blob;
+            blob.floats("gelu_tanh(gate) * up", out.data(), out.size());
             blob.cases = 41;
             return blob;
         });
@@ -747,6 +764,10 @@ int main(int argc, char** argv) {
     // groups of Qwen2.5-1.5B (6) and 0.5B (7).
     h.attention(12, 2, 128, 300, {}, false, seed++);
     h.attention(14, 2, 64, 157, {}, false, seed++);
+    // sliding windows (Gemma 3's local layers, head_dim 256; Mistral-style): shorter, equal and longer than the rows
+    h.attention(4, 1, 256, 17, {}, false, seed++, 4);
+    h.attention(14, 2, 64, 157, {}, false, seed++, 32);
+    h.attention(3, 1, 128, 2, {}, false, seed++, 500);
 
     std::printf("SUMMARY: %d checks, %ld cases, %d mismatches or failures; ISAs compared: %s; oracle digest %016" PRIx64 "\n",
                 h.checks, h.cases, h.failures, compared.empty() ? "none" : compared.c_str(), h.digest.h);

@@ -140,12 +140,12 @@ def make_runner(
 def gguf_runner_supports(path: Path | None) -> str | None:
     """Why the gguf runner cannot run the file at ``path`` (None: it can).
 
-    Reads the GGUF header only: architecture, RoPE, and the block type of every weight matrix.
+    Reads the GGUF header only: what its architecture declares, and every weight matrix's block type.
     """
-    from verispec.errors import ModelIntegrityError
+    from verispec.errors import InvalidParameterError, ModelIntegrityError
     from verispec.models.gguf_file import read_gguf_header
+    from verispec.runners.cpu.gguf_arch import read_architecture
     from verispec.runners.cpu.gguf_blocks import SUPPORTED_TYPES
-    from verispec.runners.cpu.gguf_weights import SUPPORTED_ARCHITECTURES
 
     if path is None or Path(path).suffix != ".gguf":
         return "not a GGUF file"
@@ -153,10 +153,10 @@ def gguf_runner_supports(path: Path | None) -> str | None:
         header = read_gguf_header(Path(path))
     except ModelIntegrityError as exc:
         return str(exc)
-    if header.architecture not in SUPPORTED_ARCHITECTURES:
-        return f"architecture {header.architecture!r}"
-    if header.arch_value("rope.scaling.type") not in (None, "none"):
-        return "RoPE scaling"
+    try:
+        read_architecture(header)
+    except InvalidParameterError as exc:
+        return str(exc)
     for name, info in header.tensors.items():
         if (
             name.endswith(".weight")

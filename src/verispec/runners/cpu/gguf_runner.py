@@ -1,10 +1,11 @@
 """The batch-invariant 4-bit CPU runner: a GGUF file's own quantized blocks, read straight from disk.
 
 Owns the gguf runner's forward ops on the compiled kernels: RoPE and the KV store in one C++ call,
-RMSNorm (fused with the residual add), SwiGLU, and attention one (row, head) at a time over the KV
-cache or a tree's slots. The weights (the file's blocks repacked into the kernels' tiles) are
-:mod:`verispec.runners.cpu.gguf_weights`'; the forward pass, KV cache, tree verification and rollback
-are :class:`verispec.runners.cpu.int8.Int8Runner`'s: every op is row-local and the block products
+RMSNorm (fused with the residual add), SwiGLU or GELU-tanh, and attention one (row, head) at a time
+over the KV cache (or its sliding window) or a tree's slots. The weights (the file's blocks repacked
+into the kernels' tiles) are :mod:`verispec.runners.cpu.gguf_weights`'; the layer order is
+:mod:`verispec.runners.cpu.decoder`'s; the KV cache, tree verification and rollback are
+:class:`verispec.runners.cpu.int8.Int8Runner`'s: every op is row-local and the block products
 (:mod:`verispec.runners.kernels`) accumulate in one fixed order, so a k-token verify pass gives
 bit-identical logits to k one-token steps. Knows nothing about drafting or sampling.
 """
@@ -19,7 +20,7 @@ from torch import Tensor
 from verispec.models.gguf_file import read_gguf_header
 from verispec.runners.cpu.gguf_blocks import loaded_kernels
 from verispec.runners.cpu.gguf_weights import GGUFWeights
-from verispec.runners.cpu.int8 import Int8Runner
+from verispec.runners.cpu.int8 import Int8Runner, attention_scale
 from verispec.runners.cpu.int8_weights import DEFAULT_MAX_CONTEXT
 from verispec.runners.kernels import kernel_isa_number, set_kernel_isa
 
@@ -77,10 +78,13 @@ class GGUFRunner(Int8Runner):
             slots[i, : len(v)] = v
         return slots, lengths
 
-    def _rope_store(self, qkv: Tensor, rope: Tensor, keys: Tensor, values: Tensor, start: int) -> Tensor:
+    def _rope_store(
+        self, qkv: Tensor, rope: Tensor, keys: Tensor, values: Tensor, start: int, local: bool = False
+    ) -> Tensor:
         """:meth:`Int8Runner._rope_store` in one C++ call (same formula, same row-local arithmetic)."""
         w = self.weights
-        return loaded_kernels().rope_store(qkv, rope, w.cos, w.sin, keys, values, start, w.num_heads)
+        cos, sin = (w.local_cos, w.local_sin) if local else (w.cos, w.sin)
+        return loaded_kernels().rope_store(qkv, rope, cos, sin, keys, values, start, w.num_heads)
 
     def _norm(self, x: Tensor, weight: Tensor) -> Tensor:
         """The C++ RMSNorm: 16 partial sums of squares in a fixed order (not torch's), row-local."""
@@ -91,19 +95,27 @@ class GGUFRunner(Int8Runner):
         total, normed = loaded_kernels().add_rms_norm(x, delta, weight, self.weights.rms_norm_eps)
         return total, normed
 
-    def _swiglu(self, gate_up: Tensor) -> Tensor:
+    def _gated(self, gate_up: Tensor) -> Tensor:
+        """The C++ ``silu(gate) * up`` or ``gelu_tanh(gate) * up`` (exp_clamped, the same bits on every ISA)."""
+        if self.weights.arch.activation == "gelu_tanh":
+            return loaded_kernels().gelu_mul(gate_up, kernel_isa_number())
         return loaded_kernels().silu_mul(gate_up, kernel_isa_number())
 
     def _attend(
-        self, q: Tensor, keys: Tensor, values: Tensor, start: int, tree: tuple[Tensor, Tensor] | None = None
+        self,
+        q: Tensor,
+        keys: Tensor,
+        values: Tensor,
+        start: int,
+        tree: tuple[Tensor, Tensor] | None = None,
+        window: int = 0,
     ) -> Tensor:
         """The C++ kernel's attention: same contract as :meth:`Int8Runner._attend` (row i over
-        slots ``0 .. start + i`` or its tree slots from :meth:`_tree_slots`, in order), parallel
-        over (row, head)."""
+        slots ``0 .. start + i``, the last ``window`` of them, or its tree slots from
+        :meth:`_tree_slots`, in order), parallel over (row, head)."""
         slots, lengths = (_EMPTY, _EMPTY) if tree is None else tree
-        return loaded_kernels().attention(
-            q, keys, values, start, slots, lengths, self.weights.head_dim**-0.5, kernel_isa_number()
-        )
+        scale = attention_scale(self.weights)
+        return loaded_kernels().attention(q, keys, values, start, slots, lengths, scale, kernel_isa_number(), window)
 
 
 _EMPTY = torch.empty(0, dtype=torch.int64)

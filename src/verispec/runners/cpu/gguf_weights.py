@@ -1,6 +1,7 @@
 """Reading a GGUF file into the decoder the gguf and int8 runners run: :class:`GGUFWeights`.
 
-Owns turning a Qwen2 / Llama GGUF file into :class:`GGUFWeights` (:class:`GGUFLoader`): each weight
+Owns turning a GGUF file of an architecture :mod:`verispec.runners.cpu.gguf_arch` describes (Llama,
+Qwen2, Qwen3, Gemma 3, Phi-3) into :class:`GGUFWeights` (:class:`GGUFLoader`): each weight
 matrix's blocks (:data:`verispec.runners.cpu.gguf_blocks.SUPPORTED_TYPES`: the same bits llama.cpp
 runs) are memory-mapped one tensor at a time (no fp32 model; the mapping goes once the tensor is
 repacked) and repacked into the kernels' 16-column tiles (a draft may be re-quantized to 4 bits on
@@ -15,7 +16,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,7 @@ from torch import Tensor
 
 from verispec.errors import InvalidParameterError, ModelIntegrityError
 from verispec.models.gguf_file import GGUFHeader, TensorInfo, read_gguf_header
+from verispec.runners.cpu.gguf_arch import SUPPORTED_ARCHITECTURES, Architecture, read_architecture
 from verispec.runners.cpu.gguf_blocks import (
     FLOAT_TYPES,
     FOUR_BIT_TYPES,
@@ -35,6 +37,7 @@ from verispec.runners.cpu.gguf_blocks import (
     loaded_kernels,
 )
 from verispec.runners.cpu.int8_weights import Int8Layer, decoder_nbytes
+from verispec.runners.cpu.rope import rope_tables, unpermute_rows
 from verispec.runners.kernels import kernel_isa_number
 
 # What ``requantize`` may ask of the loader: re-quantize every matrix stored in more than 4.5 bits
@@ -44,17 +47,18 @@ from verispec.runners.kernels import kernel_isa_number
 # what it proposes, never what the target emits.
 REQUANTIZATIONS = {"q4_0": Q4_0, "iq4_nl": IQ4_NL}
 REQUANTIZE_CACHE_VERSION = 2  # bump when requantize_4bit's results change
-SUPPORTED_ARCHITECTURES = ("qwen2", "llama")
+__all__ = ["SUPPORTED_ARCHITECTURES", "GGUFLoader", "GGUFWeights", "rope_tables", "unpermute_rows"]
 
 
 @dataclass
 class GGUFWeights:
-    """A Llama/Qwen2 decoder as :class:`verispec.runners.cpu.int8.Int8Runner` runs it, with the
+    """A decoder as :class:`verispec.runners.cpu.int8.Int8Runner` runs it (its structure: ``arch``), with the
     embedding in the GGUF's own blocks and GGUF-block linear layers (:class:`GGUFLinear`;
     :func:`verispec.runners.cpu.int8_gguf.int8_weights_from_gguf` puts
     :class:`verispec.runners.cpu.int8_ops.Int8Weight` layers here instead).
 
-    ``cos``/``sin``: ``[max_positions, head_dim]`` float32 RoPE tables. ``head_token_ids``
+    ``cos``/``sin``: ``[max_positions, rot]`` float32 RoPE tables (``local_cos``/``local_sin``: the
+    local layers', or None). ``head_token_ids``
     ``[kept]`` int64: the rows a reduced draft head keeps (FR-Spec), None for the full head.
     """
 
@@ -71,6 +75,9 @@ class GGUFWeights:
     head_token_ids: Tensor | None = None
     load_time_s: float = 0.0
     head_rows: GGUFEmbedding | None = None  # the LM head's rows as the file stores them (token_embd when tied)
+    arch: Architecture = field(default_factory=Architecture)
+    local_cos: Tensor | None = None
+    local_sin: Tensor | None = None
 
     def output_rows(self, ids: Tensor) -> Tensor:
         """float32 ``[n, hidden]``: rows ``ids`` (int64 ``[n]``, full-vocabulary ids) of the
@@ -107,9 +114,8 @@ class GGUFWeights:
         None: computed every time).
 
         Raises:
-            InvalidParameterError: an architecture other than qwen2/llama, RoPE scaling or partial
-                rotary, a weight in a block type the kernels do not multiply (named), or an unknown
-                ``requantize``.
+            InvalidParameterError: what :func:`read_architecture` refuses, a weight in a block type
+                the kernels do not multiply (named), or an unknown ``requantize``.
             ModelIntegrityError: a missing tensor, a truncated file, or a tensor of the wrong shape.
         """
         start = time.perf_counter()
@@ -142,28 +148,13 @@ class GGUFLoader:
                 )
         self.header = header
         self.path = header.path
-        arch = header.architecture
-        if arch not in SUPPORTED_ARCHITECTURES:
-            raise InvalidParameterError(
-                f"the gguf runner supports {', '.join(SUPPORTED_ARCHITECTURES)} models, not {arch!r}: use --runner llamacpp or torch"
-            )
-        scaling = header.arch_value("rope.scaling.type")
-        if scaling not in (None, "none"):
-            raise InvalidParameterError(
-                f"the gguf runner does not support RoPE scaling ({scaling!r}): use --runner torch"
-            )
+        self.arch = read_architecture(header)  # refuses what the forward does not implement, before any tensor
         self.hidden = int(header.arch_value("embedding_length"))
         self.num_heads = int(header.arch_value("attention.head_count"))
         self.num_kv_heads = int(header.arch_value("attention.head_count_kv", self.num_heads))
         self.head_dim = int(header.arch_value("attention.key_length", self.hidden // self.num_heads))
-        rope_dims = header.arch_value("rope.dimension_count")
-        if rope_dims is not None and int(rope_dims) != self.head_dim:
-            raise InvalidParameterError(
-                "the gguf runner does not support partial rotary embeddings: use --runner torch"
-            )
         self.num_layers = int(header.arch_value("block_count"))
         self.eps = float(header.arch_value("attention.layer_norm_rms_epsilon", 1e-6))
-        self.rope_base = float(header.arch_value("rope.freq_base", 10000.0))
 
     def tensor(self, name: str) -> TensorInfo:
         info = self.header.tensors.get(name)
@@ -267,7 +258,7 @@ class GGUFLoader:
     @property
     def q_heads(self) -> tuple:
         """Heads of q, k, v whose rows llama.cpp's converter interleaved (llama files), else ()."""
-        return (self.num_heads, self.num_kv_heads, None) if self.header.architecture == "llama" else ()
+        return (self.num_heads, self.num_kv_heads, None) if self.arch.permuted_qk else ()
 
     def qkv_bias(self, prefix: str) -> Tensor | None:
         """The fused q/k/v bias of layer ``prefix`` (rows in the un-permuted order), None without one.
@@ -287,28 +278,53 @@ class GGUFLoader:
 
     def decoder_layers(self, linear: Callable) -> list[Int8Layer]:
         """One :class:`Int8Layer` per block, its matrices made by ``linear(names, in_features,
-        heads, bias)`` (q, k and v fused; gate and up fused); the C heap trimmed after each."""
-        layers = []
+        heads, bias)`` (q, k and v fused; gate and up fused, as the file fuses them or not); the
+        norms :attr:`arch` declares; the C heap trimmed after each.
+
+        Raises ModelIntegrityError when a fused matrix has the wrong number of rows."""
+        arch, layers = self.arch, []
         for i in range(self.num_layers):
             p = f"blk.{i}."
             ffn = int(self.tensor(p + "ffn_down.weight").shape[0])
+            if arch.fused_qkv:
+                qkv = linear([p + "attn_qkv.weight"], self.hidden, (), None)
+            else:
+                names = [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"]
+                qkv = linear(names, self.hidden, self.q_heads, self.qkv_bias(p))
+            if arch.fused_gate_up:
+                gate_up = linear([p + "ffn_up.weight"], self.hidden, (), None)
+            else:
+                gate_up = linear([p + "ffn_gate.weight", p + "ffn_up.weight"], self.hidden, (), None)
+            expected = ((self.num_heads + 2 * self.num_kv_heads) * self.head_dim, 2 * ffn)
+            if (qkv.out_features, gate_up.out_features) != expected:
+                raise ModelIntegrityError(f"{self.path}: layer {i}'s q/k/v or gate/up rows do not match the header")
+            norm = self.floats
             layers.append(
                 Int8Layer(
-                    input_norm=self.floats(p + "attn_norm.weight"),
-                    qkv=linear(
-                        [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"],
-                        self.hidden,
-                        self.q_heads,
-                        self.qkv_bias(p),
-                    ),
+                    input_norm=norm(p + "attn_norm.weight"),
+                    qkv=qkv,
                     o=linear([p + "attn_output.weight"], self.num_heads * self.head_dim, (), None),
-                    post_norm=self.floats(p + "ffn_norm.weight"),
-                    gate_up=linear([p + "ffn_gate.weight", p + "ffn_up.weight"], self.hidden, (), None),
+                    post_norm=norm(p + "ffn_norm.weight"),
+                    gate_up=gate_up,
                     down=linear([p + "ffn_down.weight"], ffn, (), None),
+                    q_norm=norm(p + "attn_q_norm.weight") if arch.qk_norm else None,
+                    k_norm=norm(p + "attn_k_norm.weight") if arch.qk_norm else None,
+                    attn_post_norm=norm(p + "post_attention_norm.weight") if arch.post_norms else None,
+                    ffn_post_norm=norm(p + "post_ffw_norm.weight") if arch.post_norms else None,
                 )
             )
             release_freed_memory()
         return layers
+
+    def rope_tables(self, max_positions: int) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+        """``cos``, ``sin`` and the local layers' ``local_cos``, ``local_sin`` (or None), each
+        ``[max_positions, rot]`` float32, for :attr:`arch`'s RoPE (with the file's ``rope_freqs``)."""
+        rope = self.arch.rope
+        factors = self.floats("rope_freqs.weight") if rope.freq_factors else None
+        cos, sin = rope_tables(rope.dims, rope.base, max_positions, factor=rope.factor, freq_factors=factors)
+        if rope.local_base is None:
+            return cos, sin, None, None
+        return (cos, sin, *rope_tables(rope.dims, rope.local_base, max_positions))
 
     def weights(self, max_positions: int, head_token_ids: Tensor | None) -> GGUFWeights:
         hidden = self.hidden
@@ -325,7 +341,7 @@ class GGUFLoader:
             head_info = self.tensor(head_name)
             head_rows = GGUFEmbedding(self.raw(head_info).view(int(head_info.shape[1]), -1), head_info.qtype, hidden)
         final_norm = self.floats("output_norm.weight")
-        cos, sin = rope_tables(self.head_dim, self.rope_base, max_positions)
+        cos, sin, local_cos, local_sin = self.rope_tables(max_positions)
         return GGUFWeights(
             num_heads=self.num_heads,
             num_kv_heads=self.num_kv_heads,
@@ -339,6 +355,9 @@ class GGUFLoader:
             sin=sin,
             head_token_ids=row_ids,
             head_rows=head_rows,
+            arch=self.arch,
+            local_cos=local_cos,
+            local_sin=local_sin,
         )
 
 
@@ -358,20 +377,3 @@ def release_freed_memory() -> None:
 
 
 _LIBC: list = []
-
-
-def unpermute_rows(rows: int, heads: int) -> Tensor:
-    """Row order that undoes llama.cpp's q/k permutation (``convert_hf_to_gguf.py``'s ``permute``),
-    so the half-split RoPE of :func:`verispec.runners.cpu.int8.rotate` applies."""
-    half = rows // heads // 2
-    return torch.arange(rows).view(heads, half, 2).transpose(1, 2).reshape(-1)
-
-
-def rope_tables(head_dim: int, base: float, max_positions: int) -> tuple[Tensor, Tensor]:
-    """``cos``, ``sin`` ``[max_positions, head_dim]`` float32, half-split layout (Su et al. 2021),
-    computed as transformers' default RoPE does."""
-    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-    positions = torch.arange(max_positions, dtype=torch.float32)
-    freqs = positions[:, None] * inv_freq[None, :]
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().contiguous(), emb.sin().contiguous()

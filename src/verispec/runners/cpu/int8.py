@@ -1,31 +1,32 @@
-"""Fast batch-invariant CPU runner for the Llama/Qwen2 family: int8 weights, a lean forward.
+"""Fast batch-invariant CPU runner: int8 weights, a lean forward.
 
 Owns a static KV cache per sequence over a decoder's int8 weights
-(:class:`verispec.runners.cpu.int8_weights.Int8Weights`) and a forward pass written for them
-(RMSNorm, RoPE, grouped-query attention, SwiGLU), over one or several sequences. Every row of every op depends on its own token only: the linear layers use per-row
-activation scales with exact int32 accumulation (:mod:`verispec.runners.cpu.int8_ops`), norms and
-activations are row-wise, and attention runs one query at a time over exactly the keys it sees,
-with the same shapes as a one-token decode step. So a k-token verify pass gives bit-identical
-logits and KV entries to k one-token steps, and speculative greedy output equals plain greedy
-output of this runner. With :meth:`Int8Runner.capture_features` on, a pass also hands out the
-hidden states of chosen layers for every row (EAGLE-3 features, :mod:`verispec.runners.features`),
-which are as batch-invariant as the logits. Rollback moves a length. Knows nothing about drafting
-or sampling.
+(:class:`verispec.runners.cpu.int8_weights.Int8Weights`) and the row-local ops of a forward pass
+written for them (RMSNorm, RoPE, grouped-query attention, SwiGLU / GELU-tanh), over one or several
+sequences; the layer order is :mod:`verispec.runners.cpu.decoder`'s. Every row of every op depends
+on its own token only: the linear layers use per-row activation scales with exact int32 accumulation
+(:mod:`verispec.runners.cpu.int8_ops`), norms and activations are row-wise, and attention runs one
+query at a time over exactly the keys it sees, with the same shapes as a one-token decode step. So a
+k-token verify pass gives bit-identical logits and KV entries to k one-token steps, and speculative
+greedy output equals plain greedy output of this runner. With :meth:`Int8Runner.capture_features`
+on, a pass also hands out the hidden states of chosen layers for every row (EAGLE-3 features,
+:mod:`verispec.runners.features`), which are as batch-invariant as the logits. Rollback moves a
+length. Knows nothing about drafting or sampling.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from verispec.runners import ForwardCall, Runner, check_new_tokens
+from verispec.runners.cpu.decoder import Segment, run_segments
 from verispec.runners.cpu.int8_weights import DEFAULT_MAX_CONTEXT, Int8Weights
 from verispec.runners.cpu.memory import release_pages
-from verispec.runners.features import check_feature_layers, concat_features
+from verispec.runners.features import check_feature_layers
 
 
 @contextmanager
@@ -45,10 +46,19 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 
 
 def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """RoPE, half-split layout (Su et al. 2021): ``x`` ``[rows, heads, head_dim]``, ``cos``/``sin`` ``[rows, head_dim]``."""
-    half = x.shape[-1] // 2
+    """RoPE, half-split layout (Su et al. 2021): ``x`` ``[rows, heads, head_dim]``, ``cos``/``sin``
+    ``[rows, rot]``: each head's first ``rot`` dimensions rotate, the others pass (partial rotary)."""
+    rot = cos.shape[-1]
+    if rot < x.shape[-1]:
+        return torch.cat((rotate(x[..., :rot], cos, sin), x[..., rot:]), dim=-1)
+    half = rot // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+def attention_scale(weights) -> float:
+    """The factor of attention scores: ``query_pre_attn_scalar ** -0.5`` (Gemma), else ``head_dim ** -0.5``."""
+    return (weights.arch.query_pre_attn_scalar or weights.head_dim) ** -0.5
 
 
 class Int8Runner(Runner):
@@ -144,7 +154,7 @@ class Int8Runner(Runner):
 
     @torch.inference_mode()
     def forward(self, token_ids: Sequence[int], num_logits: int | None = None) -> Tensor:
-        return _run_segments([self._segment(ForwardCall(self, token_ids, num_logits))])[0]
+        return run_segments([self._segment(ForwardCall(self, token_ids, num_logits))])[0]
 
     @torch.inference_mode()
     def forward_tree(self, token_ids: Sequence[int], position_ids: Tensor, attention_mask: Tensor) -> Tensor:
@@ -161,7 +171,7 @@ class Int8Runner(Runner):
             accepted path gets the logits plain decoding would. Follow with
             :meth:`keep_tree_path`.
         """
-        return _run_segments([self._segment(ForwardCall(self, token_ids, None, position_ids, attention_mask))])[0]
+        return run_segments([self._segment(ForwardCall(self, token_ids, None, position_ids, attention_mask))])[0]
 
     @staticmethod
     @torch.inference_mode()
@@ -170,7 +180,7 @@ class Int8Runner(Runner):
         all their rows go through each linear layer together, attention runs per sequence over
         its own cache. Every op is row-local, so each sequence's logits are bit-identical to its
         own ``forward`` / ``forward_tree``. Raises ValueError as those do, before any cache changes."""
-        return _run_segments([call.runner._segment(call) for call in calls])
+        return run_segments([call.runner._segment(call) for call in calls])
 
     def keep_tree_path(self, num_prefix_tokens: int, node_indices: Sequence[int]) -> None:
         """Keep ``num_prefix_tokens`` cache entries plus tree nodes ``node_indices`` (offsets after
@@ -183,14 +193,14 @@ class Int8Runner(Runner):
         self._values[:, :, num_prefix_tokens:end] = self._values[:, :, keep]
         self._num_cached = end
 
-    def _segment(self, call: ForwardCall) -> _Segment:
+    def _segment(self, call: ForwardCall) -> Segment:
         """Check ``call`` against this cache and say where its rows go; nothing changes yet."""
         num_new, start = len(call.token_ids), self._num_cached
         if not call.is_tree:
             check_new_tokens(start, num_new, self.max_context_length)
             if call.num_logits is not None and not 0 <= call.num_logits <= num_new:
                 raise ValueError(f"num_logits {call.num_logits} outside 0..{num_new}")
-            return _Segment(self, list(call.token_ids), torch.arange(start, start + num_new), None, call.num_logits)
+            return Segment(self, list(call.token_ids), torch.arange(start, start + num_new), None, call.num_logits)
         if num_new == 0:
             raise ValueError("forward_tree needs at least one node")
         mask, positions = call.attention_mask, call.position_ids
@@ -199,24 +209,26 @@ class Int8Runner(Runner):
         if start + num_new > self.max_context_length or int(positions.max()) >= self.max_context_length:
             raise ValueError(f"the tree does not fit the context length {self.max_context_length}")
         visible = [row.nonzero().flatten() for row in mask]
-        return _Segment(self, list(call.token_ids), positions.long(), visible, None)
+        return Segment(self, list(call.token_ids), positions.long(), visible, None)
 
     def _rope_rows(self, positions: Tensor):
         """What :meth:`_rope_store` needs for ``positions`` ``[rows]``, computed once per pass:
-        here the ``cos``, ``sin`` rows ``[rows, head_dim]``."""
-        return self.weights.cos[positions], self.weights.sin[positions]
+        here the ``cos``, ``sin`` rows ``[rows, rot]`` of the global table and of the local one."""
+        w = self.weights
+        local = None if w.local_cos is None else (w.local_cos[positions], w.local_sin[positions])
+        return (w.cos[positions], w.sin[positions]), local
 
     def _tree_slots(self, visible: list[Tensor]):
         """What :meth:`_attend` needs for a tree pass, once per pass: here the per-row slot lists."""
         return visible
 
-    def _rope_store(self, qkv: Tensor, rope, keys: Tensor, values: Tensor, start: int) -> Tensor:
+    def _rope_store(self, qkv: Tensor, rope, keys: Tensor, values: Tensor, start: int, local: bool = False) -> Tensor:
         """RoPE on the q and k parts of ``qkv`` ``[rows, (heads + 2 kv_heads) * head_dim]`` with
-        ``rope`` from :meth:`_rope_rows`; k and v go to cache slots ``start ..``; returns q
-        ``[rows, heads, head_dim]``."""
+        ``rope`` from :meth:`_rope_rows` (``local``: the local layers' table); k and v go to cache
+        slots ``start ..``; returns q ``[rows, heads, head_dim]``."""
         w = self.weights
         rows, q_width, kv_width = qkv.shape[0], w.num_heads * w.head_dim, w.num_kv_heads * w.head_dim
-        cos, sin = rope
+        cos, sin = rope[1] if local else rope[0]
         qk = rotate(qkv[:, : q_width + kv_width].view(rows, w.num_heads + w.num_kv_heads, w.head_dim), cos, sin)
         v = qkv[:, q_width + kv_width :].view(rows, w.num_kv_heads, w.head_dim)
         keys[:, start : start + rows] = qk[:, w.num_heads :].transpose(0, 1)
@@ -232,22 +244,26 @@ class Int8Runner(Runner):
         x = x + delta
         return x, self._norm(x, weight)
 
-    def _swiglu(self, gate_up: Tensor) -> Tensor:
-        """``silu(gate) * up`` of ``gate_up`` ``[rows, 2 * ffn]`` (Shazeer 2020), row-local."""
+    def _gated(self, gate_up: Tensor) -> Tensor:
+        """``act(gate) * up`` of ``gate_up`` ``[rows, 2 * ffn]`` (Shazeer 2020), row-local: SiLU
+        (SwiGLU) or GELU-tanh (GeGLU) as the architecture says."""
         gate, up = gate_up.chunk(2, dim=-1)
+        if self.weights.arch.activation == "gelu_tanh":
+            return torch.nn.functional.gelu(gate, approximate="tanh") * up
         return torch.nn.functional.silu(gate) * up
 
     def _attend(
-        self, q: Tensor, keys: Tensor, values: Tensor, start: int, visible: list[Tensor] | None = None
+        self, q: Tensor, keys: Tensor, values: Tensor, start: int, visible: list[Tensor] | None = None, window: int = 0
     ) -> Tensor:
         """GQA attention, one query at a time over exactly its visible keys.
 
         ``q`` ``[rows, heads, head_dim]``; ``keys``/``values`` ``[kv_heads, capacity, head_dim]``
-        holding slots ``0 .. start + rows - 1``. Row i sees slots ``0 .. start + i`` (causal) or
-        ``visible[i]`` (tree). Returns ``[rows, heads * head_dim]``. Query i runs the same op with
-        the same shapes as a one-token step at its position would, which is what makes verify
-        passes batch-invariant. Runs on one thread: these ops are small, and a parallel region
-        per op costs more than it saves (far more on a busy CPU).
+        holding slots ``0 .. start + rows - 1``. Row i sees slots ``0 .. start + i`` (causal; with a
+        sliding ``window``, the last ``window`` of them) or ``visible[i]`` (tree, windowed by the
+        caller). Scores are scaled by :func:`attention_scale`. Returns ``[rows, heads * head_dim]``.
+        Query i runs the same op with the same shapes as a one-token step at its position would,
+        which is what makes verify passes batch-invariant. Runs on one thread: these ops are
+        small, and a parallel region per op costs more than it saves (far more on a busy CPU).
         """
         w = self.weights
         out = torch.empty(q.shape[0], w.num_heads * w.head_dim)
@@ -255,11 +271,12 @@ class Int8Runner(Runner):
         with single_thread():
             for i in range(q.shape[0]):
                 if visible is None:
-                    seen_keys, seen_values = keys[:, :, : start + i + 1], values[:, :, : start + i + 1]
+                    first = max(0, start + i + 1 - window) if window else 0
+                    seen_keys, seen_values = keys[:, :, first : start + i + 1], values[:, :, first : start + i + 1]
                 else:
                     seen_keys, seen_values = keys[:, :, visible[i]], values[:, :, visible[i]]
                 attended = torch.nn.functional.scaled_dot_product_attention(
-                    q[i, :, None, :][None], seen_keys, seen_values, scale=w.head_dim**-0.5, enable_gqa=True
+                    q[i, :, None, :][None], seen_keys, seen_values, scale=attention_scale(w), enable_gqa=True
                 )  # [1, heads, 1, head_dim]
                 out[i] = attended.view(-1)
         return out
@@ -297,72 +314,3 @@ class Int8Runner(Runner):
         self.last_features = None
         release_pages(self._keys)
         release_pages(self._values)
-
-
-@dataclass
-class _Segment:
-    """One sequence's rows in a pass: tokens, RoPE positions ``[rows]``, tree slots or None."""
-
-    runner: Int8Runner
-    token_ids: list[int]
-    positions: Tensor
-    visible: list[Tensor] | None
-    num_logits: int | None
-
-    @property
-    def num_rows(self) -> int:
-        return len(self.token_ids) if self.num_logits is None else self.num_logits
-
-
-def _run_segments(segments: list[_Segment]) -> list[Tensor]:
-    """The decoder over every segment's new tokens (each at its cache's slots ``num_cached ..``):
-    linear layers, norms and the LM head over all rows at once; RoPE, the cache write and
-    attention per segment. Returns each segment's last ``num_rows`` logits rows, and sets each
-    capturing runner's ``last_features`` to its own rows (:meth:`Int8Runner.capture_features`)."""
-    runners = [seg.runner for seg in segments]
-    if len({id(r) for r in runners}) != len(runners):
-        raise ValueError("a sequence appears twice in one pass")
-    w = runners[0].weights
-    sizes = [len(seg.token_ids) for seg in segments]
-    bounds = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
-    x = w.embed(torch.tensor([t for seg in segments for t in seg.token_ids], dtype=torch.long))  # [rows, hidden]
-    ropes = [r._rope_rows(seg.positions) for r, seg in zip(runners, segments)]  # once per pass
-    trees = [None if seg.visible is None else r._tree_slots(seg.visible) for r, seg in zip(runners, segments)]
-    wanted = {i for r in runners for i in r._feature_layers}
-    states: dict[int, Tensor] = {}  # layer index -> the residual stream entering it, [rows, hidden]
-    ops = runners[0]  # the runner class's row-local ops (norms, SwiGLU): the same for every segment
-    normed = ops._norm(x, w.layers[0].input_norm)
-    for index, layer in enumerate(w.layers):
-        if index in wanted:
-            states[index] = x  # a reference: x is rebound below, never written in place
-        qkv = layer.qkv(normed)
-        parts = []
-        for i, r in enumerate(runners):
-            keys, values = r._keys[index], r._values[index]  # [kv_heads, capacity, head_dim]
-            q = r._rope_store(qkv[bounds[i] : bounds[i + 1]], ropes[i], keys, values, r._num_cached)
-            parts.append(r._attend(q, keys, values, r._num_cached, trees[i]))
-        x, normed = ops._add_norm(x, layer.o(parts[0] if len(parts) == 1 else torch.cat(parts)), layer.post_norm)
-        delta = layer.down(ops._swiglu(layer.gate_up(normed)))
-        if index + 1 < len(w.layers):
-            x, normed = ops._add_norm(x, delta, w.layers[index + 1].input_norm)
-        else:
-            x = x + delta
-    for i, (r, size) in enumerate(zip(runners, sizes)):
-        r._num_cached += size
-        if r._feature_layers:
-            r.last_features = concat_features(states, r._feature_layers, bounds[i], bounds[i + 1])
-        if r._capture_final:
-            r.last_final_hidden = ops._norm(x[bounds[i] : bounds[i + 1]], w.final_norm)
-    counts = [seg.num_rows for seg in segments]
-    if sum(counts) == 0:
-        return [torch.empty(0, runners[0].vocab_size) for _ in segments]
-    if len(segments) == 1:
-        last = x[bounds[1] - counts[0] :]
-    else:
-        last = x[torch.cat([torch.arange(bounds[i + 1] - n, bounds[i + 1]) for i, n in enumerate(counts)])]
-    logits = w.lm_head(ops._norm(last, w.final_norm))
-    if w.head_token_ids is not None:
-        full = torch.full((logits.shape[0], runners[0].vocab_size), float("-inf"))
-        full[:, w.head_token_ids] = logits  # tokens outside the kept set get probability 0
-        logits = full
-    return list(logits.split(counts)) if len(segments) > 1 else [logits]

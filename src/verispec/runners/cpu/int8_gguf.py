@@ -19,7 +19,8 @@ from torch import Tensor
 from verispec.errors import InvalidParameterError
 from verispec.models.gguf_file import TensorInfo, read_gguf_header
 from verispec.runners.cpu.gguf_blocks import SUPPORTED_TYPES, GGUFEmbedding, dequantize_blocks, loaded_kernels
-from verispec.runners.cpu.gguf_weights import GGUFLoader, GGUFWeights, release_freed_memory, rope_tables, unpermute_rows
+from verispec.runners.cpu.gguf_weights import GGUFLoader, GGUFWeights, release_freed_memory
+from verispec.runners.cpu.rope import unpermute_rows
 from verispec.runners.cpu.weight_cache import WeightCache
 
 INT8_CACHE_VERSION = 1  # bump when the re-quantization (requantize_int8 and its callers) changes
@@ -103,7 +104,7 @@ def int8_weights_from_gguf(
     lm_head = RowChunks(parts, hidden)
     if cache is not None:
         cache.finish()
-    cos, sin = rope_tables(loader.head_dim, loader.rope_base, max_positions)
+    cos, sin, local_cos, local_sin = loader.rope_tables(max_positions)
     return GGUFWeights(
         num_heads=loader.num_heads,
         num_kv_heads=loader.num_kv_heads,
@@ -116,6 +117,9 @@ def int8_weights_from_gguf(
         cos=cos,
         sin=sin,
         head_token_ids=rows,
+        arch=loader.arch,
+        local_cos=local_cos,
+        local_sin=local_sin,
     )
 
 

@@ -8,12 +8,13 @@ pass is :class:`verispec.runners.cpu.int8.Int8Runner`'s. Knows nothing about cac
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from verispec.errors import InvalidParameterError
+from verispec.runners.cpu.gguf_arch import Architecture
 from verispec.runners.cpu.int8_ops import Int8Weight, quantize_weight_rows
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
@@ -28,6 +29,10 @@ class Int8Layer:
     post_norm: Tensor  # [hidden] float32
     gate_up: Int8Weight  # [hidden] -> [2 * intermediate]
     down: Int8Weight  # [intermediate] -> [hidden]
+    q_norm: Tensor | None = None  # [head_dim] float32: per-head RMSNorm of q before RoPE (Qwen3, Gemma 3)
+    k_norm: Tensor | None = None  # [head_dim] float32
+    attn_post_norm: Tensor | None = None  # [hidden] float32: RMSNorm of the attention output (Gemma 3)
+    ffn_post_norm: Tensor | None = None  # [hidden] float32: RMSNorm of the MLP output (Gemma 3)
 
 
 @dataclass
@@ -51,6 +56,9 @@ class Int8Weights:
     cos: Tensor
     sin: Tensor
     head_token_ids: Tensor | None = None  # [kept] int64: rows of a reduced LM head (FR-Spec)
+    arch: Architecture = field(default_factory=Architecture)
+    local_cos: Tensor | None = None  # local layers' RoPE tables (never for a transformers module)
+    local_sin: Tensor | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -123,9 +131,19 @@ def decoder_nbytes(weights) -> int:
     """Bytes of everything but the embedding: linear layers (their ``nbytes()``), the LM head,
     float32 norms and RoPE tables. Shared by :class:`Int8Weights` and the gguf runner's weights."""
     total = weights.lm_head.nbytes() + (weights.final_norm.numel() + weights.cos.numel() + weights.sin.numel()) * 4
+    if weights.local_cos is not None:
+        total += (weights.local_cos.numel() + weights.local_sin.numel()) * 4
     for layer in weights.layers:
         total += sum(w.nbytes() for w in (layer.qkv, layer.o, layer.gate_up, layer.down))
-        total += (layer.input_norm.numel() + layer.post_norm.numel()) * 4
+        norms = (
+            layer.input_norm,
+            layer.post_norm,
+            layer.q_norm,
+            layer.k_norm,
+            layer.attn_post_norm,
+            layer.ffn_post_norm,
+        )
+        total += sum(norm.numel() for norm in norms if norm is not None) * 4
     return total
 
 

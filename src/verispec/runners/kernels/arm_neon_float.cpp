@@ -202,6 +202,23 @@ void silu_mul_row_neon(const float* gate, const float* up, int64_t n, float* out
     for (; j < n; ++j) out[j] = (gate[j] / (1.0f + exp_clamped(-gate[j]))) * up[j];
 }
 
+// gelu_mul_row's scalar loop in 4 lanes, the same operations in the same order.
+void gelu_mul_row_neon(const float* gate, const float* up, int64_t n, float* out) {
+    const float32x4_t one = vdupq_n_f32(1.0f), cubic = vdupq_n_f32(GELU_CUBIC), k = vdupq_n_f32(GELU_TWO_SQRT_2_OVER_PI);
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+        const float32x4_t v = vld1q_f32(gate + j);
+        float32x4_t t = vmulq_f32(v, v);
+        t = vmulq_f32(t, v);
+        t = vmulq_f32(t, cubic);
+        t = vaddq_f32(v, t);
+        t = vmulq_f32(t, k);
+        const float32x4_t e = exp_clamped4(vnegq_f32(t));
+        vst1q_f32(out + j, vmulq_f32(vdivq_f32(v, vaddq_f32(one, e)), vld1q_f32(up + j)));
+    }
+    gelu_mul_row_portable(gate + j, up + j, n - j, out + j);
+}
+
 // softmax_numerators' scalar loops in 4 lanes: the maximum per lane as std::max(best, x) =
 // best < x ? x : best (a select, so NaNs are skipped as there), then the lanes; then the exponentials.
 void softmax_numerators_neon(float* s, int64_t count) {
@@ -250,6 +267,7 @@ void weighted_sum_neon(const float*, int, const float*, int64_t, const int64_t*,
     fail("the NEON path is not compiled for this CPU");
 }
 void silu_mul_row_neon(const float*, const float*, int64_t, float*) { fail("the NEON path is not compiled for this CPU"); }
+void gelu_mul_row_neon(const float*, const float*, int64_t, float*) { fail("the NEON path is not compiled for this CPU"); }
 void softmax_numerators_neon(float*, int64_t) { fail("the NEON path is not compiled for this CPU"); }
 }  // namespace vsk
 

@@ -1,8 +1,9 @@
 // Attention over a static KV cache, one (query row, KV head) at a time, through the kernel table
 // of the ISA (scores, softmax numerators, weighted sums).
 //
-// Row i attends slots 0 .. start + i (causal) or the slots listed in visible[i] (a token tree),
-// in increasing order; both cases run the same loop over a list of slots, so a tree node's
+// Row i attends slots 0 .. start + i (causal; with a sliding window W, slots start + i - W + 1 ..
+// start + i) or the slots listed in visible[i] (a token tree, windows already applied by the
+// caller), in increasing order; both cases run the same loop over a list of slots, so a tree node's
 // result equals the chain position's with the same keys. Dot products keep 16 partial lanes reduced
 // in one fixed tree (each ISA's scores_* adds the same pairs); the softmax uses exp_clamped; the
 // weighted sums run over the slots in order. The query heads sharing a KV head (GQA) go through
@@ -63,13 +64,15 @@ void attention_items(const AttentionArgs& a, int64_t begin, int64_t end, Isa isa
     const int64_t group = a.heads / a.kv_heads;
     for (int64_t index = begin; index < end; ++index) {
         const int64_t i = index / a.kv_heads, kvh = index % a.kv_heads;
-        const int64_t count = a.visible ? a.lengths[i] : a.start + i + 1;
+        // causal with a sliding window: the contiguous slots first .. start + i (slot = position)
+        const int64_t first = (a.visible || a.window <= 0) ? 0 : std::max<int64_t>(0, a.start + i + 1 - a.window);
+        const int64_t count = a.visible ? a.lengths[i] : a.start + i + 1 - first;
         for (int64_t h0 = 0; h0 < group; h0 += MAX_GROUP) {
             const int nq = (int)std::min<int64_t>(MAX_GROUP, group - h0);
             const int64_t h = kvh * group + h0;
             scores.resize(std::max<int64_t>(count, 1) * nq);
-            attend_group(a.q + (i * a.heads + h) * a.head_dim, nq, a.keys + kvh * a.capacity * a.head_dim,
-                         a.values + kvh * a.capacity * a.head_dim, a.head_dim, a.visible ? a.visible + i * a.width : nullptr,
+            attend_group(a.q + (i * a.heads + h) * a.head_dim, nq, a.keys + (kvh * a.capacity + first) * a.head_dim,
+                         a.values + (kvh * a.capacity + first) * a.head_dim, a.head_dim, a.visible ? a.visible + i * a.width : nullptr,
                          count, a.scale, k, scores.data(), a.out + (i * a.heads + h) * a.head_dim);
         }
     }

@@ -158,9 +158,10 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, int64_t qtype, int64
 }
 
 // q [rows, heads, head_dim], keys / values [kv_heads, capacity, head_dim] (float32, contiguous);
-// visible: empty (causal from `start`) or int64 [rows, width] with lengths [rows]; impl as linear().
+// visible: empty (causal from `start`) or int64 [rows, width] with lengths [rows]; impl as linear();
+// window: a causal row's sliding window in positions (0: none; a tree's slot lists come windowed).
 torch::Tensor attention(torch::Tensor q, torch::Tensor keys, torch::Tensor values, int64_t start, torch::Tensor visible,
-                        torch::Tensor lengths, double scale, int64_t impl) {
+                        torch::Tensor lengths, double scale, int64_t impl, int64_t window) {
     const Isa isa = vsk::resolve_isa(impl);
     TORCH_CHECK(q.dim() == 3 && keys.dim() == 3 && values.dim() == 3, "attention expects 3-D q, keys, values");
     TORCH_CHECK(q.dtype() == torch::kFloat32 && keys.dtype() == torch::kFloat32 && values.dtype() == torch::kFloat32,
@@ -180,7 +181,7 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor keys, torch::Tensor value
     const vsk::AttentionArgs args{q.data_ptr<float>(), keys.data_ptr<float>(), values.data_ptr<float>(), q.size(0), q.size(1),
                                   keys.size(0), keys.size(1), q.size(2), start, tree ? visible.data_ptr<int64_t>() : nullptr,
                                   tree ? lengths.data_ptr<int64_t>() : nullptr, tree ? visible.size(1) : 0, (float)scale,
-                                  out.data_ptr<float>()};
+                                  out.data_ptr<float>(), window};
     vsk::check_attention(args);
     at::parallel_for(0, args.rows * args.kv_heads, 1, [&](int64_t b, int64_t e) { vsk::attention_items(args, b, e, isa); });
     return out;
@@ -191,7 +192,9 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor keys, torch::Tensor value
 
 // qkv [rows, (heads + 2 kv_heads) * head_dim]: rotates q and k by RoPE (half-split layout, Su et
 // al. 2021) at `positions` [rows], writes k and v into cache slots start .. start + rows - 1 of
-// keys / values [kv_heads, capacity, head_dim]; returns rotated q [rows, heads, head_dim].
+// keys / values [kv_heads, capacity, head_dim]; returns rotated q [rows, heads, head_dim]. The
+// tables cos / sin [positions, rot] rotate each head's first rot dimensions (partial rotary when
+// rot < head_dim: the others are copied).
 torch::Tensor rope_store(torch::Tensor qkv, torch::Tensor positions, torch::Tensor cos, torch::Tensor sin,
                          torch::Tensor keys, torch::Tensor values, int64_t start, int64_t heads) {
     TORCH_CHECK(qkv.dim() == 2 && qkv.dtype() == torch::kFloat32, "qkv must be [rows, width] float32");
@@ -203,7 +206,8 @@ torch::Tensor rope_store(torch::Tensor qkv, torch::Tensor positions, torch::Tens
     TORCH_CHECK(qkv.size(1) == (heads + 2 * kv_heads) * dim, "qkv width does not match the heads");
     TORCH_CHECK(start + rows <= capacity, "the rows do not fit the cache");
     TORCH_CHECK(positions.numel() == rows, "one position per row");
-    const int64_t half = dim / 2, width = qkv.size(1), table = cos.size(0);
+    const int64_t rot = cos.size(1), half = rot / 2, width = qkv.size(1), table = cos.size(0);
+    TORCH_CHECK(rot % 2 == 0 && rot <= dim && sin.sizes() == cos.sizes(), "the RoPE tables do not match head_dim");
     auto q = torch::empty({rows, heads, dim}, torch::kFloat32);
     const float* x = qkv.data_ptr<float>();
     const int64_t* pos = positions.data_ptr<int64_t>();
@@ -214,8 +218,8 @@ torch::Tensor rope_store(torch::Tensor qkv, torch::Tensor positions, torch::Tens
     float* ko = keys.data_ptr<float>();
     float* vo = values.data_ptr<float>();
     for (int64_t i = 0; i < rows; ++i) {
-        const float* ci = c + pos[i] * dim;
-        const float* si = s + pos[i] * dim;
+        const float* ci = c + pos[i] * rot;
+        const float* si = s + pos[i] * rot;
         for (int64_t h = 0; h < heads + kv_heads; ++h) {
             const float* in = x + i * width + h * dim;
             float* out = h < heads ? qo + (i * heads + h) * dim : ko + ((h - heads) * capacity + start + i) * dim;
@@ -225,6 +229,7 @@ torch::Tensor rope_store(torch::Tensor qkv, torch::Tensor positions, torch::Tens
                 const float e = in[d + half] * ci[d + half], f = in[d] * si[d + half];
                 out[d + half] = e + f;
             }
+            for (int64_t d = rot; d < dim; ++d) out[d] = in[d];
         }
         for (int64_t h = 0; h < kv_heads; ++h)
             std::memcpy(vo + (h * capacity + start + i) * dim, x + i * width + (heads + kv_heads + h) * dim, dim * sizeof(float));
@@ -244,6 +249,22 @@ torch::Tensor silu_mul(torch::Tensor gate_up, int64_t impl) {
     float* o = out.data_ptr<float>();
     at::parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r) vsk::silu_mul_row(g + r * 2 * ffn, g + r * 2 * ffn + ffn, ffn, o + r * ffn, isa);
+    });
+    return out;
+}
+
+// gate_up [rows, 2 * ffn] -> gelu_tanh(gate) * up [rows, ffn] (GeGLU: Gemma's MLP). impl: as linear.
+torch::Tensor gelu_mul(torch::Tensor gate_up, int64_t impl) {
+    TORCH_CHECK(gate_up.dim() == 2 && gate_up.dtype() == torch::kFloat32 && gate_up.size(1) % 2 == 0,
+                "gate_up must be [rows, 2 * ffn] float32");
+    const Isa isa = vsk::resolve_isa(impl);
+    gate_up = gate_up.contiguous();
+    const int64_t rows = gate_up.size(0), ffn = gate_up.size(1) / 2;
+    auto out = torch::empty({rows, ffn}, torch::kFloat32);
+    const float* g = gate_up.data_ptr<float>();
+    float* o = out.data_ptr<float>();
+    at::parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) vsk::gelu_mul_row(g + r * 2 * ffn, g + r * 2 * ffn + ffn, ffn, o + r * ffn, isa);
     });
     return out;
 }
@@ -310,6 +331,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("attention", &attention, "causal or tree attention over a static KV cache, one (row, head) at a time");
     m.def("rope_store", &rope_store, "RoPE on q and k, k and v into the KV cache; returns rotated q");
     m.def("silu_mul", &silu_mul, "silu(gate) * up of a fused gate_up row block");
+    m.def("gelu_mul", &gelu_mul, "gelu_tanh(gate) * up of a fused gate_up row block");
     m.def("rms_norm", &rms_norm, "RMSNorm of each row, a fixed summation order");
     m.def("add_rms_norm", &add_rms_norm, "(x + delta, RMSNorm(x + delta)): a decoder layer's residual step");
     m.def("isa_names", &isa_names, "kernel ISA names, indexed by the impl number the entry points take");

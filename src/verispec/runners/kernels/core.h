@@ -218,6 +218,7 @@ struct AttentionArgs {
     int64_t width;
     float scale;
     float* out;  // [rows][heads * head_dim]
+    int64_t window = 0;  // causal with a sliding window: row i sees slots start + i - window + 1 .. start + i (0: from 0)
 };
 
 // Validates the shapes and slots (fails with a message); call once before the work items.
@@ -231,6 +232,15 @@ void silu_mul_row(const float* gate, const float* up, int64_t n, float* out, Isa
 void silu_mul_row_portable(const float* gate, const float* up, int64_t n, float* out);
 void silu_mul_row_avx2(const float* gate, const float* up, int64_t n, float* out);
 void silu_mul_row_neon(const float* gate, const float* up, int64_t n, float* out);
+// One row: out[j] = gelu_tanh(gate[j]) * up[j] (GeGLU, Shazeer 2020; Gemma's MLP), gelu_tanh(v) =
+// v / (1 + exp_clamped(-t)), t = ((v + ((v * v) * v) * GELU_CUBIC) * GELU_TWO_SQRT_2_OVER_PI), in
+// that order on every path (row_ops.cpp; gelu_mul_row: the path of `isa`).
+constexpr float GELU_CUBIC = 0.044715f;
+constexpr float GELU_TWO_SQRT_2_OVER_PI = 1.5957691216057308f;  // 2 sqrt(2 / pi): tanh(u) = 2 sigmoid(2u) - 1
+void gelu_mul_row(const float* gate, const float* up, int64_t n, float* out, Isa isa);
+void gelu_mul_row_portable(const float* gate, const float* up, int64_t n, float* out);
+void gelu_mul_row_avx2(const float* gate, const float* up, int64_t n, float* out);
+void gelu_mul_row_neon(const float* gate, const float* up, int64_t n, float* out);
 // s[j] = exp_clamped(s[j] - max s) in place, the scalar operations lane by lane (the maximum is
 // the same value whatever the order: NaNs are skipped, and a zero's sign does not change s - max).
 // softmax_numerators: the path of `isa`.
@@ -269,6 +279,7 @@ struct KernelTable {
     WeightedSumFn weighted_sum;
     void (*softmax_numerators)(float* s, int64_t count);
     void (*silu_mul_row)(const float* gate, const float* up, int64_t n, float* out);
+    void (*gelu_mul_row)(const float* gate, const float* up, int64_t n, float* out);
     void (*fit_iq4_nl)(const float* x, const float* w, float inv, float& sumqx, float& sumq2);
 };
 

@@ -129,16 +129,16 @@ const KernelTable& kernel_table(Isa isa) {
     static const KernelTable tables[NUM_ISAS] = {
         {},  // Auto: resolved below
         {quantize_block_portable, tile_portable, scores_portable, weighted_sum_portable, softmax_numerators_portable,
-         silu_mul_row_portable, fit_iq4_nl_portable},
+         silu_mul_row_portable, gelu_mul_row_portable, fit_iq4_nl_portable},
         // AVX-512: the portable row ops, which GCC vectorises for AVX-512 (row_ops.cpp)
         {quantize_block_avx512, tile_avx512, scores_avx512, weighted_sum_avx512, softmax_numerators_portable,
-         silu_mul_row_portable, fit_iq4_nl_avx512},
+         silu_mul_row_portable, gelu_mul_row_portable, fit_iq4_nl_avx512},
         {quantize_block_avx2, tile_avx2, scores_avx2, weighted_sum_avx2, softmax_numerators_avx2, silu_mul_row_avx2,
-         fit_iq4_nl_avx2},
+         gelu_mul_row_avx2, fit_iq4_nl_avx2},
         {quantize_block_avx2, tile_avxvnni, scores_avx2, weighted_sum_avx2, softmax_numerators_avx2, silu_mul_row_avx2,
-         fit_iq4_nl_avx2},
+         gelu_mul_row_avx2, fit_iq4_nl_avx2},
         {quantize_block_neon, tile_neon, scores_neon, weighted_sum_neon, softmax_numerators_neon, silu_mul_row_neon,
-         fit_iq4_nl_neon},
+         gelu_mul_row_neon, fit_iq4_nl_neon},
     };
     return tables[(int)resolve_isa((int64_t)isa)];
 }

@@ -1,5 +1,6 @@
-// The row-local float ops of a decoder step outside attention and the products: SwiGLU, RMSNorm
-// and the softmax numerators (attention's), each the same bits on every ISA path.
+// The row-local float ops of a decoder step outside attention and the products: SwiGLU, the
+// GELU-tanh gated MLP (GeGLU), RMSNorm and the softmax numerators (attention's), each the same bits
+// on every ISA path.
 //
 // The portable versions are plain loops that GCC vectorises for the CPU it runs on (function
 // clones); the operations are the scalar ones lane by lane (no contraction, no reassociation), so
@@ -32,6 +33,25 @@ VS_CLONES void silu_mul_row_portable(const float* gate, const float* up, int64_t
         const float v = gate[j];
         out[j] = (v / (1.0f + exp_clamped(-v))) * up[j];
     }
+}
+
+// gelu_tanh(v) = 0.5 v (1 + tanh(u)) = v / (1 + exp(-2u)), u = sqrt(2 / pi) (v + 0.044715 v^3)
+// (Hendrycks & Gimpel 2016; transformers' gelu_pytorch_tanh), with exp_clamped: no libm tanh,
+// whose results differ between libraries and vector widths. The operations in this order.
+VS_CLONES void gelu_mul_row_portable(const float* gate, const float* up, int64_t n, float* out) {
+    for (int64_t j = 0; j < n; ++j) {
+        const float v = gate[j];
+        float t = v * v;
+        t = t * v;
+        t = t * GELU_CUBIC;
+        t = v + t;
+        t = t * GELU_TWO_SQRT_2_OVER_PI;
+        out[j] = (v / (1.0f + exp_clamped(-t))) * up[j];
+    }
+}
+
+void gelu_mul_row(const float* gate, const float* up, int64_t n, float* out, Isa isa) {
+    kernel_table(isa).gelu_mul_row(gate, up, n, out);
 }
 
 void softmax_numerators(float* s, int64_t count, Isa isa) { kernel_table(isa).softmax_numerators(s, count); }
