@@ -52,7 +52,7 @@ def bench_run(tmp_path_factory):
 
 
 def test_bench_writes_every_file(bench_run):
-    out, results = bench_run
+    out, _ = bench_run
     for name in [RESULTS_FILE, REPORT_FILE, *PLOT_FILES.values()]:
         assert (out / name).stat().st_size > 0, name
     report = (out / REPORT_FILE).read_text()

@@ -7,6 +7,7 @@ fail: the same statistic against a wrong distribution is far above the critical 
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -110,7 +111,7 @@ def test_positions_are_independent():
     counts = torch.zeros(16)
     for key in range(200):
         tokens = [coupled_sample(scores, key, t) for t in range(21)]
-        for a, b in zip(tokens, tokens[1:]):
+        for a, b in itertools.pairwise(tokens):
             counts[4 * a + b] += 1
     assert chi_square(counts, torch.full((16,), 1 / 16)) < CHI2_DF15_P001
 

@@ -171,7 +171,6 @@ def sequence_distribution(table: torch.Tensor, params: SamplingParams, first: in
 def test_sampled_sequences_follow_target_distribution(params):
     """20,000 three-token samples through the whole loop (prefill + one 2-token draft), in both
     sampling modes: each gives the target's distribution whatever the draft."""
-    vocab = 4
     target_table = torch.tensor(
         [[0.0, 1.0, 2.0, 0.5], [2.0, 0.0, 1.0, 1.5], [1.0, 1.0, 0.0, 2.0], [0.0, 2.0, 1.0, 0.0]]
     )

@@ -97,7 +97,8 @@ def test_stats_table_labels_the_speedup_an_estimate(files):
     result = cli.invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "speedup estimate" in result.output and "realised speedup" not in result.output
-    line = rf"loaded target target\.gguf \(gguf runner, {kernel_isa()} kernels, [0-9.]+ GiB\) in \d+\.\d s"  # the path that ran
+    # the path that ran
+    line = rf"loaded target target\.gguf \(gguf runner, {kernel_isa()} kernels, [0-9.]+ GiB\) in \d+\.\d s"
     assert re.search(line, " ".join(result.output.split()))
 
 

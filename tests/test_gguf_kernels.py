@@ -202,7 +202,8 @@ def test_attention_rows_are_their_one_query_results(impl):
 
 def test_attention_paths_give_the_same_bits():
     """The vector paths' many-keys-at-once reductions add each key's partial sums in the portable
-    tree's order: every path agrees with the portable one bit for bit (head_dim 64 and 128, GQA groups, a short last group)."""
+    tree's order: every path agrees with the portable one bit for bit (head_dim 64 and 128, GQA groups,
+    a short last group)."""
     if len(IMPLS) < 2:
         pytest.skip("this CPU runs the portable path only")
     generator = torch.Generator().manual_seed(8)

@@ -154,6 +154,8 @@ def test_activation_scales_are_per_row():
     x = torch.tensor([[1.0, -2.0], [100.0, 50.0], [0.0, 0.0]])
     int8_x, scales = quantize_activation_rows(x)
     assert int8_x.tolist() == [[64, -127], [127, 64], [0, 0]]  # each row uses its own full range
+    # max |row| / 127 per row; an all-zero row gets a tiny scale, never 0 (no division by zero)
+    assert scales.flatten().tolist() == pytest.approx([2 / 127, 100 / 127, 1e-30 / 127], rel=1e-6)
     assert torch.equal(quantize_activation_rows(x[1:2])[0], int8_x[1:2])
 
 

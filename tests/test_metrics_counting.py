@@ -48,7 +48,10 @@ def test_a_client_that_disconnects_is_counted_once_as_failed(gated, stream):
     body = json.dumps({**OK, "max_tokens": 150, "stream": stream}).encode()
     host, port = gated.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=30) as sock:
-        head = f"POST {C} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        head = (
+            f"POST {C} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        )
         sock.sendall(head.encode() + body)
         received = b""
         while stream and b"data: " not in received:

@@ -88,7 +88,7 @@ def test_long_context_is_not_rescanned():
     proposer.propose(request(prompt), 8)  # builds the index once
     output: list[int] = []
     start = time.perf_counter()
-    for step in range(200):
+    for _ in range(200):
         output.append(rng.randrange(1000))
         proposer.propose(request(prompt, output), 8)
     per_step_ms = (time.perf_counter() - start) / 200 * 1e3

@@ -67,7 +67,8 @@ def test_every_method_gives_plain_sampled_tokens_alone_and_batched(gguf_files, o
     requests = [(PROMPT, params, spec(m, schedule)) for m in METHODS]
     requests += [(p, SamplingParams(max_tokens=20, seed=s, **options), spec("draft", schedule)) for p, s in OTHERS]
     scheduler = Scheduler(engine, max_num_seqs=8)
-    handles = [scheduler.add(*r, tag=i) for i, r in enumerate(requests)]
+    for i, r in enumerate(requests):
+        scheduler.add(*r, tag=i)
     outputs, largest = [None] * len(requests), 0
     while scheduler.running or scheduler.waiting:
         largest = max(largest, len(scheduler.running))

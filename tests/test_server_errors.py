@@ -232,7 +232,10 @@ def _send_and_drop(url: str, body: bytes, read_until: bytes | None) -> None:
     """POST ``body`` over a raw socket, optionally read until ``read_until``, then disconnect."""
     host, port = url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=30) as sock:
-        head = f"POST {C} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        head = (
+            f"POST {C} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        )
         sock.sendall(head.encode() + body)
         received = b""
         while read_until is not None and read_until not in received:

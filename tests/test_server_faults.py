@@ -143,7 +143,10 @@ def _send_and_drop(url: str, body: dict, read_until: bytes | None) -> None:
     host, port = url.removeprefix("http://").split(":")
     data = json.dumps(body).encode()
     with socket.create_connection((host, int(port)), timeout=30) as sock:
-        head = f"POST {C} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+        head = (
+            f"POST {C} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\n\r\n"
+        )
         sock.sendall(head.encode() + data)
         received = b""
         while read_until is not None and read_until not in received:

@@ -323,7 +323,10 @@ def test_cli_list_shows_cache_state(cli_app, entry):
     before = CliRunner().invoke(cli_app, ["models", "list"], env={"COLUMNS": "200"})
     CliRunner().invoke(cli_app, ["models", "fetch", entry.name])
     after = CliRunner().invoke(cli_app, ["models", "list"], env={"COLUMNS": "200"})
-    row = lambda output: next(line for line in output.splitlines() if entry.name + " " in line)
+
+    def row(output: str) -> str:
+        return next(line for line in output.splitlines() if entry.name + " " in line)
+
     assert row(before.stdout).split()[-1] == "no" and row(after.stdout).split()[-1] == "yes"  # the cached column
     paths = CliRunner().invoke(cli_app, ["models", "list", "--paths"], env={"COLUMNS": "200"})
     assert "fake-model/fake-model.gguf" in paths.stdout  # full paths on request, not wrapped into the table

@@ -142,7 +142,8 @@ def test_refusals(files, tmp_path, monkeypatch):
 
 
 def test_the_server_drafts_with_the_head_and_answers_as_plain(files, tmp_path):
-    """``"speculative": {"method": "eagle"}`` (and ``"eagle-tree"``) on the server: the same text as plain decoding, drafts counted."""
+    """``"speculative": {"method": "eagle"}`` (and ``"eagle-tree"``) on the server: the same text as
+    plain decoding, drafts counted."""
     import httpx
 
     from server_support import LiveServer
@@ -295,7 +296,7 @@ def test_advise_measures_the_head_and_prices_its_memory(files, tmp_path):
     from verispec.bench.advise import head_kv_bytes
     from verispec.models.loading import load_model
 
-    folder, target = files
+    _, target = files
     head = EagleHead.from_target(load_model(str(target)).model, draft_token_ids=torch.arange(64), seed=0)
     head.save(tmp_path / "head.gguf")
     prompts = tmp_path / "prompts.jsonl"

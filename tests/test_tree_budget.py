@@ -1,5 +1,7 @@
 """Tree node budget from the cost model: pure pieces on known values, the schedule, exactness."""
 
+import itertools
+
 import pytest
 
 from helpers import make_engine, single_thread
@@ -52,7 +54,7 @@ def test_tree_acceptance_learns_every_smaller_budget():
     assert acceptance.lengths[3] == pytest.approx(prior[3] + 0.5 * (2 - prior[3]))
     assert acceptance.lengths[4] == pytest.approx(prior[4])  # never drafted: the prior stays
     expected = acceptance.expected()
-    assert all(a <= b for a, b in zip(expected, expected[1:]))  # non-decreasing in the budget
+    assert all(a <= b for a, b in itertools.pairwise(expected))  # non-decreasing in the budget
     assert expected[4] == pytest.approx(max(acceptance.lengths[3], acceptance.lengths[4]))
 
 

@@ -274,7 +274,8 @@ def _reason(fit: DrafterFit) -> str:
     if fit.alpha is None:
         return f"{fit.method}: never drafted (measured {f(fit.measured_speedup, '{:.2f}×')})"
     best = "no k beats plain decoding" if not fit.predicted_best_k else f"best k={fit.predicted_best_k}"
-    text = f"{fit.method}: measured {f(fit.measured_speedup, '{:.2f}×')}, predicted {f(fit.predicted_speedup, '{:.2f}×')} ({best})"
+    text = f"{fit.method}: measured {f(fit.measured_speedup, '{:.2f}×')}, "
+    text += f"predicted {f(fit.predicted_speedup, '{:.2f}×')} ({best})"
     text += f" (α {f(fit.alpha)} vs break-even {f(fit.break_even_alpha)}, c {f(fit.cost_ratio, '{:.3f}')}"
     return text + (f", drafts on {fit.coverage:.0%} of steps)" if fit.coverage < 0.99 else ")")
 

@@ -185,7 +185,8 @@ def kernel_line(environment: dict) -> str | None:
     parts = []
     if environment.get("kernel_isa"):
         parts.append(
-            f"gguf kernels {environment['kernel_isa']} (CPU features: {environment.get('cpu_features') or 'none detected'})"
+            f"gguf kernels {environment['kernel_isa']} (CPU features: "
+            f"{environment.get('cpu_features') or 'none detected'})"
         )
     if environment.get("int8_kernel"):
         parts.append(f"int8 kernel {environment['int8_kernel']}")
@@ -333,14 +334,17 @@ def _mib(value) -> str:
 
 
 def report_markdown(results: BenchResults) -> str:
-    """report.md: settings (and the kernels that ran), the two tables, exactness, long-text decay, memory, audit, plots."""
+    """report.md: settings (and the kernels that ran), the two tables, exactness, long-text decay, memory,
+    audit, plots."""
     c, s = results.config, results.summary
     kernels = kernel_line(results.environment)
     lines = [
         "# verispec benchmark",
         "",
-        f"{results.created_at} · workload `{c.get('workload')}` · {c.get('num_prompts')} prompts · max tokens {c.get('max_tokens')} · "
-        f"{'greedy' if c.get('temperature', 0) == 0 else 'temperature ' + str(c.get('temperature'))} · k = {c.get('num_speculative_tokens')} · "
+        f"{results.created_at} · workload `{c.get('workload')}` · {c.get('num_prompts')} prompts · "
+        f"max tokens {c.get('max_tokens')} · "
+        f"{'greedy' if c.get('temperature', 0) == 0 else 'temperature ' + str(c.get('temperature'))} · "
+        f"k = {c.get('num_speculative_tokens')} · "
         f"threads {results.environment.get('threads')} · dtype {c.get('dtype')}" + (f" · {kernels}" if kernels else ""),
         "",
         "Speedup: geometric mean over prompts of end-to-end tokens/s over plain decoding of the same runner "
@@ -394,13 +398,15 @@ def report_markdown(results: BenchResults) -> str:
     for kind, m in by_runner.items():
         before, after = m.get("rss_before_load_bytes"), m.get("rss_after_draft_bytes")
         lines += [
-            f"- {kind}: parameters held: target {_mib(m.get('target_param_bytes'))}, draft {_mib(m.get('draft_param_bytes'))} "
-            f"(draft overhead {_fmt(m.get('draft_overhead_pct'), '{:.1f}')} % of the target); RSS added by loading both "
-            f"{_mib(after - before if None not in (before, after) else None)}",
+            f"- {kind}: parameters held: target {_mib(m.get('target_param_bytes'))}, "
+            f"draft {_mib(m.get('draft_param_bytes'))} "
+            f"(draft overhead {_fmt(m.get('draft_overhead_pct'), '{:.1f}')} % of the target); "
+            f"RSS added by loading both {_mib(after - before if None not in (before, after) else None)}",
         ]
     lines.append(f"- peak RSS of the whole run: {_mib(results.memory.get('peak_rss_bytes'))}")
     lines += [
-        f"- {model.get('runner', c.get('runner'))} {model['role']} `{model['name']}`: loaded in {model['load_time_s']:.1f} s"
+        f"- {model.get('runner', c.get('runner'))} {model['role']} `{model['name']}`: loaded in "
+        f"{model['load_time_s']:.1f} s"
         for model in results.models
     ]
     if results.curves:
@@ -421,7 +427,8 @@ def report_markdown(results: BenchResults) -> str:
             "## Audit",
             "",
             f"{a['audited']} audited: {a['agreed']} agreed, {a['disagreed']} disagreed, {a['sampled']} sampling audits "
-            f"(target log-prob per token: output {_fmt(a.get('mean_output_logprob'), '{:.3f}')}, plain {_fmt(a.get('mean_plain_logprob'), '{:.3f}')}).",
+            f"(target log-prob per token: output {_fmt(a.get('mean_output_logprob'), '{:.3f}')}, plain "
+            f"{_fmt(a.get('mean_plain_logprob'), '{:.3f}')}).",
         ]
     if results.plots:
         lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({p})" for p in results.plots]

@@ -227,7 +227,8 @@ class VerispecParticipant:
 
 @dataclass
 class ParticipantInfo:
-    """A benchmark participant as results.json lists it (its ``runners`` entry): ``status`` is ``ok``, ``not installed`` or ``skipped: why``."""
+    """A benchmark participant as results.json lists it (its ``runners`` entry): ``status`` is ``ok``,
+    ``not installed`` or ``skipped: why``."""
 
     name: str
     family: str
@@ -254,7 +255,8 @@ def build_participants(
         missing = [m for m in config.methods if m not in ("none", "auto") and m not in loaded]
         if missing:
             raise InvalidParameterError(
-                f"method {', '.join(missing)} needs a drafter the {kind} runner did not load (loaded: {', '.join(sorted(loaded))})"
+                f"method {', '.join(missing)} needs a drafter the {kind} runner did not load (loaded: "
+                f"{', '.join(sorted(loaded))})"
             )
         # each method its own suffix cache: it learns from its own earlier answers, never from
         # another method's answer to the same prompt (the methods take turns on every prompt)

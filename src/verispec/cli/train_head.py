@@ -21,17 +21,20 @@ def train_head(
     ctx: typer.Context,
     out: Path = typer.Option(
         ...,
-        help="Head file to write (and to continue with --resume): .gguf (GGUF, architecture eagle3), else a torch file.",
+        help="Head file to write (and to continue with --resume): .gguf (GGUF, architecture eagle3), else a torch "
+        "file.",
     ),
     target: str = target_option("The target the head drafts for (built-in name, .gguf file, HF directory)."),
     prompts: list[Path] | None = typer.Option(
         None,
-        help="JSONL prompts of your own traffic ('prompt' or 'turns' per line; repeatable). Benchmark prompts are refused.",
+        help="JSONL prompts of your own traffic ('prompt' or 'turns' per line; repeatable). Benchmark prompts are "
+        "refused.",
     ),
     magpie: int | None = typer.Option(
         None,
         min=0,
-        help=f"Instructions the target writes itself (Magpie) and then answers (default: {DEFAULT_MAGPIE} without --prompts, else 0).",
+        help=f"Instructions the target writes itself (Magpie) and then answers (default: {DEFAULT_MAGPIE} without "
+        "--prompts, else 0).",
     ),
     code: list[Path] | None = typer.Option(
         None,
@@ -45,16 +48,19 @@ def train_head(
     head_intermediate: int = typer.Option(
         2048,
         min=1,
-        help="Width of the head's MLP (the target's own is 8960 for the 1.5B default): narrower drafts and trains faster.",
+        help="Width of the head's MLP (the target's own is 8960 for the 1.5B default): narrower drafts and trains "
+        "faster.",
     ),
     shared_lm_head: bool = typer.Option(
         True,
         "--shared-lm-head/--own-lm-head",
-        help="Draft with the target's own LM-head rows, frozen and not stored (EAGLE's shared head: less to learn, a smaller file), or train the head's own (EAGLE-3).",
+        help="Draft with the target's own LM-head rows, frozen and not stored (EAGLE's shared head: less to learn, a "
+        "smaller file), or train the head's own (EAGLE-3).",
     ),
     weights: str = typer.Option(
         "f32",
-        help="How --out stores the matrices: f32 (what --resume continues exactly), f16, or q8_0 (8.5 bits a weight, what the gguf runner drafts with: a head to ship).",
+        help="How --out stores the matrices: f32 (what --resume continues exactly), f16, or q8_0 (8.5 bits a weight, "
+        "what the gguf runner drafts with: a head to ship).",
     ),
     minutes: float | None = typer.Option(
         60.0, help="Training budget in minutes (the data is generated first, outside it)."
@@ -73,15 +79,20 @@ def train_head(
     runner: str = runner_option("Runner that answers the prompts (default auto: gguf on a CPU)."),
     teacher: str = typer.Option(
         "auto",
-        help="Who reads the data for the head to learn from: 'runner' (the target on --runner's kernels, e.g. the gguf runner: the quantized model served, at its prefill speed), 'torch' (float32 transformers), 'auto' (runner where it can hand out its hidden states: gguf, int8).",
+        help="Who reads the data for the head to learn from: 'runner' (the target on --runner's kernels, e.g. the "
+        "gguf runner: the quantized model served, at its prefill speed), 'torch' (float32 transformers), 'auto' "
+        "(runner where it can hand out its hidden states: gguf, int8).",
     ),
     teacher_cache: str | None = typer.Option(
         None,
-        help="Folder keeping the target's reading of each sequence (features, ~24 KB a token for the 1.5B default), so --resume and later runs on the same data skip it (default: --out with .teacher; 'none': keep nothing).",
+        help="Folder keeping the target's reading of each sequence (features, ~24 KB a token for the 1.5B default), "
+        "so --resume and later runs on the same data skip it (default: --out with .teacher; 'none': keep "
+        "nothing).",
     ),
     device: str = typer.Option(
         "cpu",
-        help="Where the head trains and the float32 teacher runs (torch device: cpu, cuda, cuda:1, mps); the gguf runner reads on the CPU either way.",
+        help="Where the head trains and the float32 teacher runs (torch device: cpu, cuda, cuda:1, mps); the gguf "
+        "runner reads on the CPU either way.",
     ),
     checkpoint_minutes: float = typer.Option(
         5.0, help="Write the head to --out this often while training (and on Ctrl-C)."
@@ -121,7 +132,8 @@ def train_head(
         if resume:
             data = HeadData.load(data_path)
             err.print(
-                f"resuming {out}: {data.manifest['sequences']} sequences, {data.manifest['tokens']} tokens from {data_path}"
+                f"resuming {out}: {data.manifest['sequences']} sequences, {data.manifest['tokens']} tokens from "
+                f"{data_path}"
             )
         else:
             pipe = SpeculativePipeline.load(target, None, **_runner_options(runner))
@@ -148,7 +160,8 @@ def train_head(
         if reader is None:
             pipe = None  # its memory back before the float32 model loads
         err.print(
-            f"the teacher: {'the target on the ' + pipe.runner_kind + ' runner' if reader is not None else 'float32 transformers'}"
+            "the teacher: "
+            f"{'the target on the ' + pipe.runner_kind + ' runner' if reader is not None else 'float32 transformers'}"
         )
         with _announce(f"loading {target} into torch (the teacher: its features and distributions)"):
             model = load_model(target, device=device)
@@ -383,7 +396,8 @@ def _train(
                 bar.update(task, completed=step, stats=stats)
             elif step == 1 or now - last_line >= progress.LINE_EVERY_S or step == total:
                 print(
-                    f"verispec: training the head · step {step}{'' if total is None else f'/{total}'} · {stats} ({now - train_start:.0f} s)",
+                    f"verispec: training the head · step {step}{'' if total is None else f'/{total}'} · {stats} "
+                    f"({now - train_start:.0f} s)",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -399,7 +413,8 @@ def _train(
                 bar.update(reading, completed=done, total=total)
             elif done in (1, total) or now - last_line >= progress.LINE_EVERY_S:
                 print(
-                    f"verispec: the target reading the data (its features and distributions) {done}/{total} ({now - start:.0f} s)",
+                    f"verispec: the target reading the data (its features and distributions) {done}/{total} "
+                    f"({now - start:.0f} s)",
                     file=sys.stderr,
                     flush=True,
                 )

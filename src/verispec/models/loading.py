@@ -2,8 +2,8 @@
 
 Owns the transformers calls, the dtype/device choice, the header checks that turn corrupt
 weight files into clear errors, and the facts the engine needs (EOS ids, context length, logits
-width), or those facts alone for a GGUF reference (:func:`load_gguf_info`). Where the files come from is ``store.py``'s business; this module knows nothing about
-generation or speculation.
+width), or those facts alone for a GGUF reference (:func:`load_gguf_info`). Where the files come
+from is ``store.py``'s business; this module knows nothing about generation or speculation.
 """
 
 from __future__ import annotations
@@ -281,7 +281,8 @@ def _logits_width(model: Any) -> int:
 
 
 def load_gguf_info(ref: str, *, store=None, runner: str = "llama.cpp"):
-    """A :class:`LoadedModel` for a GGUF reference (every runner but torch reads its weights itself), without a torch model.
+    """A :class:`LoadedModel` for a GGUF reference (every runner but torch reads its weights itself),
+    without a torch model.
 
     ``model`` is None; the tokenizer (built once, then cached by tokenizer digest: see
     :func:`verispec.models.gguf_file.cached_tokenizer`), EOS ids, context length and logits width

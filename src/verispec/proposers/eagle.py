@@ -171,9 +171,9 @@ class EagleProposer(Proposer):
         while growing:
             order = list(growing)
             calls = [items[i][0]._level_call(items[i][1], *growing[i][1:]) for i in order]
-            for index, call, (logits, out) in zip(order, calls, forward_heads(calls)):
+            for index, (logits, out) in zip(order, forward_heads(calls)):
                 proposer = items[index][0]
-                _, (token_ids, parents, first_new), outputs, _ = growing[index]
+                _, (token_ids, _, first_new), outputs, _ = growing[index]
                 outputs.update({n: out[row : row + 1] for row, n in enumerate(range(first_new, len(token_ids)))})
                 _advance(growing, index, trees, torch.cat([proposer._target_row(row) for row in logits]))
         for index in waiting:

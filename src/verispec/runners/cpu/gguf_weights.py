@@ -136,7 +136,8 @@ class GGUFLoader:
             self.cache = WeightCache(Path(header.path), cache_dir, requantize, REQUANTIZE_CACHE_VERSION)
             if not self.cache.hit and requantize == "iq4_nl":
                 print(
-                    f"verispec: re-quantizing {Path(header.path).name} to IQ4_NL (once, a few seconds; kept in {cache_dir})",
+                    f"verispec: re-quantizing {Path(header.path).name} to IQ4_NL (once, a few seconds; kept in "
+                    f"{cache_dir})",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -145,7 +146,8 @@ class GGUFLoader:
         arch = header.architecture
         if arch not in SUPPORTED_ARCHITECTURES:
             raise InvalidParameterError(
-                f"the gguf runner supports {', '.join(SUPPORTED_ARCHITECTURES)} models, not {arch!r}: use --runner llamacpp or torch"
+                f"the gguf runner supports {', '.join(SUPPORTED_ARCHITECTURES)} models, not {arch!r}: "
+                "use --runner llamacpp or torch"
             )
         scaling = header.arch_value("rope.scaling.type")
         if scaling not in (None, "none"):

@@ -2,9 +2,10 @@
 
 Owns a static KV cache per sequence over a decoder's int8 weights
 (:class:`verispec.runners.cpu.int8_weights.Int8Weights`) and a forward pass written for them
-(RMSNorm, RoPE, grouped-query attention, SwiGLU), over one or several sequences. Every row of every op depends on its own token only: the linear layers use per-row
-activation scales with exact int32 accumulation (:mod:`verispec.runners.cpu.int8_ops`), norms and
-activations are row-wise, and attention runs one query at a time over exactly the keys it sees,
+(RMSNorm, RoPE, grouped-query attention, SwiGLU), over one or several sequences. Every row of
+every op depends on its own token only: the linear layers use per-row activation scales with
+exact int32 accumulation (:mod:`verispec.runners.cpu.int8_ops`), norms and activations are
+row-wise, and attention runs one query at a time over exactly the keys it sees,
 with the same shapes as a one-token decode step. So a k-token verify pass gives bit-identical
 logits and KV entries to k one-token steps, and speculative greedy output equals plain greedy
 output of this runner. With :meth:`Int8Runner.capture_features` on, a pass also hands out the
@@ -45,7 +46,9 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 
 
 def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """RoPE, half-split layout (Su et al. 2021): ``x`` ``[rows, heads, head_dim]``, ``cos``/``sin`` ``[rows, head_dim]``."""
+    """RoPE, half-split layout (Su et al. 2021).
+
+    ``x`` ``[rows, heads, head_dim]``, ``cos``/``sin`` ``[rows, head_dim]``."""
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos[:, None, :] + rotated * sin[:, None, :]
