@@ -14,12 +14,11 @@ from verispec.bench.advise import (
     equivalent_settings,
     expected_speedup,
     iid_acceptance_rate,
-    kv_cache_bytes,
     linear_step_costs,
     measure_verify_curve,
-    memory_advice,
     verdict,
 )
+from verispec.bench.advise_memory import kv_cache_bytes, memory_advice
 
 
 @pytest.mark.parametrize(
@@ -90,7 +89,7 @@ def test_memory_advice_budget_and_overhead():
 
 def test_kv_geometry_of_a_gguf_runner_comes_from_the_header(tmp_path):
     from gguf_models import write_gguf_model
-    from verispec.bench.advise import kv_geometry
+    from verispec.bench.advise_memory import kv_geometry
 
     path = write_gguf_model(tmp_path / "m.gguf", num_layers=2, heads=4, kv_heads=2)  # hidden 256: head_dim 64
     loaded = SimpleNamespace(model=None, path=path)
@@ -171,7 +170,7 @@ def test_memory_advice_prices_an_eagle_head():
 
 def test_head_bytes_count_its_own_weights_and_one_layer_of_kv():
     from helpers import tiny_qwen2
-    from verispec.bench.advise import head_kv_bytes
+    from verispec.bench.advise_memory import head_kv_bytes
     from verispec.runners.eagle.blocks import head_nbytes, quantize_head_
     from verispec.runners.eagle.head import EagleHead
 

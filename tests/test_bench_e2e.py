@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 from server_support import save_tiny_pair, tiny_pipeline
 from verispec.bench.command import REPORT_FILE, RESULTS_FILE, run_and_report
 from verispec.bench.plots import PLOT_FILES
-from verispec.bench.report import SCHEMA_VERSION, BenchResults, ResultsFormatError, read_results
+from verispec.bench.results import SCHEMA_VERSION, BenchResults, ResultsFormatError, read_results
 from verispec.bench.run import BenchConfig
 from verispec.bench.workload import parse_jsonl
 from verispec.cli import app

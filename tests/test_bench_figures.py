@@ -5,8 +5,8 @@ import math
 import pytest
 
 from verispec.bench.figures import ALL, geometric_mean, mean, per_prompt_speedups, percent, ratios, summarize
-from verispec.bench.report import exactness
-from verispec.bench.run import RunRecord, mark_exactness
+from verispec.bench.records import RunRecord, mark_exactness
+from verispec.bench.results import exactness
 
 
 def record(runner, prompt, tps, category="c", spec=None, tokens=(1, 2, 3), forwards=3, decode=None):

@@ -124,7 +124,7 @@ def test_bench_names_the_kernel_path_and_times_a_prefill(files):
     from rich.console import Console
 
     from verispec.bench.command import load_pipelines, run_and_report
-    from verispec.bench.report import BenchResults
+    from verispec.bench.results import BenchResults
     from verispec.bench.run import BenchConfig
     from verispec.bench.workload import WorkloadItem
 

