@@ -74,7 +74,7 @@ def chat(client, method, **kwargs):
 def rounded(value, places=4):
     """Floats rounded (the tiny server's torch runner is not batch-invariant: a k-row verify
     pass and a 1-row step differ in the last bits; the gguf runner's rows are bit-identical,
-    tests/test_features_exact.py); the tokens themselves must be equal."""
+    tests/engine/test_features_exact.py); the tokens themselves must be equal."""
     if isinstance(value, float):
         return round(value, places)
     if isinstance(value, dict):

@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gguf_models import DRAFT_LIKE, MIXED, TOKENS, perturbed_copy, write_gguf_model
+from helpers import REPO
 from verispec.cli import app
 from verispec.engine.loader import SpeculativePipeline
 from verispec.errors import IncompatibleDraftError, ModelIntegrityError
@@ -216,7 +217,7 @@ def test_generate_help_says_what_auto_falls_back_to():
     text = " ".join(result.output.split())
     assert "the faster of the EAGLE head and the draft model" in text
     assert "layer skip only on --runner torch without either" in text
-    methods = (Path(__file__).parents[1] / "docs" / "methods.md").read_text()
+    methods = (REPO / "docs" / "methods.md").read_text()
     assert "layer skip where it is loaded (`--runner torch`)" in " ".join(methods.split())
 
 

@@ -1,6 +1,6 @@
 """verispec bench and advise on GGUF files: each measures the runner it is asked for, and bench
 compares several runners in one run (results.json, report.md and the printed summary name the
-kernels that ran). The GGUF files and the CLI runner are tests/test_gguf_cli.py's."""
+kernels that ran). The GGUF files and the CLI runner are tests/cli/test_gguf_cli.py's."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ penalties on draft rows, seeds under shared passes, drafter state leaking betwee
 into the next request, and misconfigurations that would silently never draft. Every case compares
 against plain decoding (``method="none"``) of the same request, token for token. The cases that
 go through a live server (a client leaving mid-step, streamed deltas, refused speculation) are
-tests/test_bug_classes_int8_server.py's."""
+tests/server/test_bug_classes_int8_server.py's."""
 
 from __future__ import annotations
 

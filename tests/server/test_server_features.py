@@ -2,7 +2,7 @@
 logprobs / top_logprobs, echo, n and prompt lists, logit_bias, min_tokens, text offsets. Every
 speculative method must give exactly what plain decoding (``"speculative": {"method": "none"}``)
 gives: the same tokens and the same logprobs. Structured outputs and tools are
-tests/test_server_structured.py's; the client and request helpers are tests/openai_client.py's.
+tests/server/test_server_structured.py's; the client and request helpers are tests/openai_client.py's.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Suffix drafting: the shared cache (lookup, eviction, concurrency), proposals, exactness
 against plain decoding (chains and trees, alone and batched), the sampling distribution, the cache
-file. The corpus datastore is tests/test_datastore.py's."""
+file. The corpus datastore is tests/proposers/test_datastore.py's."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""The torch-free kernel harness (tests/kernels): every instruction-set path equals the portable one bit for bit.
+"""The torch-free kernel harness (tests/runners/kernels): every instruction-set path equals the
+portable one bit for bit.
 
-tests/kernels/run_harness.sh builds harness.cpp with the kernel core (the kernels' own flags) and runs
+tests/runners/kernels/run_harness.sh builds harness.cpp with the kernel core (the kernels' own flags) and runs
 it: natively (every path this CPU runs: AVX-512, AVX2, AVX-VNNI here; and on any AVX2 host the AVX-VNNI
 code path again with its one instruction, vpdpbusd, emulated exactly), and cross-compiled for AArch64
 under qemu-aarch64 (the NEON path), twice: on qemu's "max" CPU (dotprod and i8mm: pairs of rows through

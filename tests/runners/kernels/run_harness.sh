@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Builds the torch-free kernel harness (tests/kernels/harness.cpp with the kernel core) and runs it.
+# Builds the torch-free kernel harness (tests/runners/kernels/harness.cpp with the kernel core) and runs it.
 #
-#   tests/kernels/run_harness.sh native [--isas portable,avx512,...]   g++ for this machine
-#   tests/kernels/run_harness.sh native-vnni [--isas ...]   the same with AVX-VNNI's vpdpbusd emulated
+#   tests/runners/kernels/run_harness.sh native [--isas portable,avx512,...]   g++ for this machine
+#   tests/runners/kernels/run_harness.sh native-vnni [--isas ...]   the same with AVX-VNNI's vpdpbusd emulated
 #       exactly by AVX2 instructions (-DVSK_EMULATE_AVXVNNI), so an AVX2 host tests that path's code
-#   tests/kernels/run_harness.sh qemu   [--isas portable,neon]         AArch64 (ARMv8.2 + dotprod
+#   tests/runners/kernels/run_harness.sh qemu   [--isas portable,neon]         AArch64 (ARMv8.2 + dotprod
 #       + i8mm), static, run under qemu-aarch64 -cpu $QEMU_CPU (default max: dotprod and i8mm, the
 #       smmla kernels; neoverse-n1: dotprod only, the sdot kernels)
 #       (Debian: apt-get install g++-aarch64-linux-gnu qemu-user)
@@ -21,7 +21,7 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
-kernels="$(cd "$here/../../src/verispec/runners/kernels" && pwd)"
+kernels="$(cd "$here/../../../src/verispec/runners/kernels" && pwd)"
 target="${1:-}"
 shift || true
 

@@ -1,6 +1,6 @@
 """The first run on GGUF files: auto picks the gguf runner, --compare-plain, what the stats report,
 an incompatible draft refused before any weight is read, int8 read straight from the GGUF, help text.
-bench and advise over the same files are tests/test_gguf_bench_cli.py's."""
+bench and advise over the same files are tests/cli/test_gguf_bench_cli.py's."""
 
 import json
 import re
@@ -12,7 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 from gguf_models import DRAFT_LIKE, MIXED, TOKENS, perturbed_copy, write_gguf_model
-from helpers import single_thread
+from helpers import TESTS, single_thread
 from verispec.cli import app
 from verispec.runners.cpu.int8 import Int8Runner
 from verispec.runners.kernels import gguf_kernels, kernel_isa
@@ -128,7 +128,9 @@ def test_skip_reasons_name_commands_that_exist():
     import typer.main
 
     root = typer.main.get_command(app)
-    for path in Path(__file__).parent.glob("*.py"):
+    paths = sorted(TESTS.rglob("*.py"))
+    assert len(paths) > 90  # every test folder, not only this one
+    for path in paths:
         for words in re.findall(r"reason=[^\n]*?\(verispec ([a-z][a-z -]*)", path.read_text()):
             command = root
             for word in words.split()[:2]:  # "models fetch": a group and its command
