@@ -50,7 +50,7 @@ docs: install
 	$(PY) -m pip install -q -e ".[docs]"
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
-# Lint: ruff check and ruff format --check (line length 120, [tool.ruff] in pyproject.toml); not in CI yet.
+# Lint: ruff check and ruff format --check (line length 120, [tool.ruff] in pyproject.toml); CI runs it (.ci/run).
 lint: install
 	$(PY) -m pip install -q -e ".[lint]"
 	$(VENV)/bin/ruff check src tests scripts

@@ -90,9 +90,8 @@ def dump(source: str, out: str, window: int = 64) -> None:
         result.append({"id": case_id, "task": task, "agree": agree})
     Path(out).write_text(json.dumps(result))
     total = sum(len(r["agree"]) for r in result)
-    print(
-        f"{len(result)} answers, {total} positions, draft argmax == target token {sum(sum(r['agree']) for r in result) / total:.4f}"
-    )
+    agreed = sum(sum(r["agree"]) for r in result)
+    print(f"{len(result)} answers, {total} positions, draft argmax == target token {agreed / total:.4f}")
 
 
 def verify_ratios(curve: dict[int, float]) -> list[float]:

@@ -32,8 +32,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 import httpx
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from load_bench import HUMANEVAL, free_port
 from soak_server import ServerSide, metric, plot_rss, rss_figures
 

@@ -48,7 +48,8 @@ def main() -> None:
     reps = int(sys.argv[2]) if len(sys.argv) > 2 else 5
     path = ModelStore().fetch("qwen2.5-coder-1.5b-instruct")
     print(
-        f"CPU features: {kernels.cpu_features()}; ms per pass of k = {', '.join(map(str, KS))} new tokens after {len(CONTEXT)}"
+        f"CPU features: {kernels.cpu_features()}; "
+        f"ms per pass of k = {', '.join(map(str, KS))} new tokens after {len(CONTEXT)}"
     )
     runner = GGUFRunner.from_file(path, max_context_length=512)
     for isa in isas:

@@ -14,9 +14,11 @@ RSS every 5 s: errors and RSS growth after the first minute (warm-up) are report
 Run it alone on the machine (``../shared/tools/alone python scripts/load_bench.py ...``).
 llama-server: build it from the llama.cpp sources inside llama-cpp-python's sdist::
 
-    pip download llama-cpp-python==$(pip show llama-cpp-python | sed -n 's/^Version: //p') --no-binary :all: --no-deps -d /tmp/lcpp
+    version=$(pip show llama-cpp-python | sed -n 's/^Version: //p')
+    pip download llama-cpp-python==$version --no-binary :all: --no-deps -d /tmp/lcpp
     tar xzf /tmp/lcpp/llama_cpp_python-*.tar.gz -C /tmp/lcpp && cd /tmp/lcpp/llama_cpp_python-*/vendor/llama.cpp
-    cmake -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DGGML_NATIVE=ON && cmake --build build --target llama-server
+    cmake -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DGGML_NATIVE=ON
+    cmake --build build --target llama-server
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ class Server:
     def __init__(self, name: str, command: list[str], port: int, ready_path: str, log_path: Path) -> None:
         self.name, self.command, self.port, self.ready_path = name, command, port, ready_path
         self.url = f"http://127.0.0.1:{port}"
-        self.log = open(log_path, "w")
+        self.log = open(log_path, "w")  # noqa: SIM115 -- open for the server's whole life; stop() closes it
         self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
 
     def wait_ready(self, timeout_s: float = 600.0) -> None:
@@ -149,7 +151,7 @@ def run_level(
 
 def percentile(values: list[float], q: float) -> float:
     values = sorted(values)
-    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))] if values else float("nan")
+    return values[min(len(values) - 1, round(q * (len(values) - 1)))] if values else float("nan")
 
 
 def summarise(results: list[dict], errors: list[str], wall_s: float, num_clients: int) -> dict:
@@ -174,13 +176,15 @@ def summarise(results: list[dict], errors: list[str], wall_s: float, num_clients
 def print_table(title: str, rows: list[dict]) -> None:
     print(f"\n{title}")
     print(
-        "| clients | requests | errors | output tokens | wall s | tokens/s | TTFT p50 s | TTFT p95 s | latency p50 s | latency p95 s |"
+        "| clients | requests | errors | output tokens | wall s | tokens/s "
+        "| TTFT p50 s | TTFT p95 s | latency p50 s | latency p95 s |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
-            f"| {r['clients']} | {r['requests']} | {r['errors']} | {r['output_tokens']} | {r['wall_s']} | {r['tokens_per_s']} "
-            f"| {r['ttft_p50_s']} | {r['ttft_p95_s']} | {r['latency_p50_s']} | {r['latency_p95_s']} |"
+            f"| {r['clients']} | {r['requests']} | {r['errors']} | {r['output_tokens']} | {r['wall_s']} "
+            f"| {r['tokens_per_s']} | {r['ttft_p50_s']} | {r['ttft_p95_s']} | {r['latency_p50_s']} "
+            f"| {r['latency_p95_s']} |"
         )
     sys.stdout.flush()
 

@@ -6,6 +6,7 @@ clients, the faults and the report are ``fault_soak.py``'s; the counting is ``ve
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 import time
@@ -131,10 +132,8 @@ def tree_rss_by_process(pid: int) -> dict[str, int]:
     root = psutil.Process(pid)
     found = {f"serve:{pid}": root.memory_info().rss}
     for child in root.children(recursive=True):
-        try:
+        with contextlib.suppress(psutil.Error):
             found[process_label(child)] = child.memory_info().rss
-        except psutil.Error:
-            pass
     return found
 
 

@@ -8,7 +8,8 @@ json_schema (the grammar). Prints, per configuration, output tokens, wall second
 acceptance rate and mean acceptance length, how many outputs parse and validate against the
 schema, and (for the speculative runs) how many are token- and logprob-identical to plain
 decoding with the same grammar setting. Decode tokens/s leaves out the prompts' prefill (the
-time to the first token), which the long RAG and summarization prompts make large. Run alone: ``../shared/tools/alone python scripts/structured_bench.py``.
+time to the first token), which the long RAG and summarization prompts make large. Run alone:
+``../shared/tools/alone python scripts/structured_bench.py``.
 """
 
 from __future__ import annotations
@@ -68,7 +69,10 @@ def prompts(per_category: int) -> list[tuple[str, str]]:
     for category in SCHEMAS:
         for row in [r for r in rows if r["category"] == category][:per_category]:
             question = row["turns"][0]
-            instruction = f"Answer with one JSON object that follows this JSON schema, and nothing else:\n{json.dumps(SCHEMAS[category])}"
+            instruction = (
+                "Answer with one JSON object that follows this JSON schema, and nothing else:\n"
+                f"{json.dumps(SCHEMAS[category])}"
+            )
             chosen.append((category, f"{question}\n\n{instruction}"))
     return chosen
 
@@ -132,14 +136,16 @@ def main() -> None:
         spec["decode_speedup_vs_plain"] = round(spec["decode_tokens_per_s"] / plain["decode_tokens_per_s"], 3)
         rows += [plain, spec]
     print(
-        "| method | grammar | outputs valid | output tokens | wall s | tokens/s (prefill included) | speedup vs plain | "
-        "decode tokens/s | decode speedup | acceptance rate | mean acceptance length | identical to plain |"
+        "| method | grammar | outputs valid | output tokens | wall s | tokens/s (prefill included) "
+        "| speedup vs plain | decode tokens/s | decode speedup | acceptance rate | mean acceptance length "
+        "| identical to plain |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
-            f"| {r['method']} | {'json_schema' if r['grammar'] else 'none'} | {r['valid']}/{r['n']} | {r['tokens']} | {r['wall_s']} | "
-            f"{r['tokens_per_s']} | {r.get('speedup_vs_plain', '')} | {r['decode_tokens_per_s']} | {r.get('decode_speedup_vs_plain', '')} | "
+            f"| {r['method']} | {'json_schema' if r['grammar'] else 'none'} | {r['valid']}/{r['n']} "
+            f"| {r['tokens']} | {r['wall_s']} | {r['tokens_per_s']} | {r.get('speedup_vs_plain', '')} "
+            f"| {r['decode_tokens_per_s']} | {r.get('decode_speedup_vs_plain', '')} | "
             f"{r['acceptance_rate']} | {r['mean_acceptance_length']} | "
             f"{str(r['identical_to_plain']) + '/' + str(r['n']) if 'identical_to_plain' in r else ''} |"
         )

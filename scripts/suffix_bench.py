@@ -74,13 +74,14 @@ def main() -> None:
             }
             rows.append(row)
     print(
-        "| method | pass | output tokens | seconds | tokens/s | speedup vs plain (same pass) | acceptance rate | identical to plain |"
+        "| method | pass | output tokens | seconds | tokens/s | speedup vs plain (same pass) | acceptance rate "
+        "| identical to plain |"
     )
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
-            f"| {r['method']} | {r['pass']} | {r['tokens']} | {r['seconds']} | {r['tokens_per_s']} | {r['speedup_vs_plain']} | "
-            f"{r['acceptance_rate']} | {r['identical_to_plain']}/{len(prompts)} |"
+            f"| {r['method']} | {r['pass']} | {r['tokens']} | {r['seconds']} | {r['tokens_per_s']} "
+            f"| {r['speedup_vs_plain']} | {r['acceptance_rate']} | {r['identical_to_plain']}/{len(prompts)} |"
         )
     Path(args.out).write_text(json.dumps(rows, indent=1))
 

@@ -1,5 +1,13 @@
 """Session-wide test setup: two torch threads, the tiny models, and a home of the suite's own.
 
+The tests live in folders that mirror the package (``tests/engine/`` for ``verispec.engine``, ...),
+without ``__init__.py`` files: pytest imports each test module by its base name (the default
+``prepend`` import mode), so every base name is unique across the folders. This folder and each
+of its test folders go on ``sys.path`` here, before any test module is imported: the shared
+helpers (``helpers``, ``server_support``, ``openai_client``, ``gguf_models``, ``gguf_reference``)
+import by name from any folder, and so do the fixtures one test module takes from another
+(``from test_batching import gguf_files``), whichever folder pytest collects first.
+
 Everything the suite writes (cost curves, derived weights, compiled kernels, tokenizers, fetched
 models) goes to a temporary ``$VERISPEC_HOME`` made in :func:`pytest_configure`, before any test
 module is imported, and removed at the end; subprocesses inherit it. The user's real model files
@@ -16,7 +24,9 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
+TESTS = Path(__file__).resolve().parent
+for folder in [TESTS, *sorted(p for p in TESTS.iterdir() if p.is_dir() and any(p.glob("test_*.py")))]:
+    sys.path.insert(0, str(folder))
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
 from helpers import perturbed_copy, tiny_qwen2  # noqa: E402

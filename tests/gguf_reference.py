@@ -113,7 +113,6 @@ def decode(qtype: T, raw: np.ndarray, in_features: int) -> dict:
 
 def dequantize(qtype: T, raw: np.ndarray, in_features: int) -> np.ndarray:
     """float32 ``[out, in]`` from :func:`decode`'s integers, written as gguf's formulas are."""
-    block_k, _ = BLOCK[qtype]
     w = decode(qtype, raw, in_features)
     out, nb = w["d"].shape
     q = w["q"].reshape(out, nb, -1).astype(np.float32)
@@ -199,18 +198,18 @@ def quantize_iq4_nl(x: np.ndarray) -> np.ndarray:
                         lanes[lane] = f(lanes[lane] + lanes[lane + width])
                 return lanes[0]
 
-            def fit(inv):
+            def fit(inv, xb, w):  # the block and its weights as arguments: nothing bound late from the loop
                 q = [f(IQ4_NL_VALUES[nearest(f(inv * v))]) for v in xb]
                 wq = [f(w[i] * q[i]) for i in range(32)]
                 qx = [f(f(f(0) + f(wq[i] * xb[i])) + f(wq[i + 16] * xb[i + 16])) for i in range(16)]
                 q2 = [f(f(f(0) + f(wq[i] * q[i])) + f(wq[i + 16] * q[i + 16])) for i in range(16)]
                 return fold(qx), fold(q2)
 
-            sumqx, sumq2 = fit(f(f(127) / m))
+            sumqx, sumq2 = fit(f(f(127) / m), xb, w)
             d = f(sumqx / sumq2) if sumq2 > 0 else f(0)
             best = f(d * sumqx)
             for t in range(-7, 8):
-                sumqx, sumq2 = fit(f(f(t - 127) / m))
+                sumqx, sumq2 = fit(f(f(t - 127) / m), xb, w)
                 if sumq2 > 0 and f(sumqx * sumqx) > f(best * sumq2):
                     d = f(sumqx / sumq2)
                     best = f(d * sumqx)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +14,8 @@ from verispec.proposers.draft_model import DraftModelProposer
 from verispec.runners import Runner
 from verispec.runners.torch_runner import TransformersRunner
 
+TESTS = Path(__file__).resolve().parent  # the suite's root folder; its test folders mirror the package
+REPO = TESTS.parent
 VOCAB = 96
 
 

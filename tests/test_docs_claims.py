@@ -16,7 +16,7 @@ def section(path: Path, heading: str) -> str:
     assert heading in text, f"{path.name} has no {heading!r}"
     body = text.split(heading, 1)[1]
     level = heading.split(" ", 1)[0]
-    ends = [m.start() for m in re.finditer(r"^#{1,%d} " % len(level), body, flags=re.M)]
+    ends = [m.start() for m in re.finditer(rf"^#{{1,{len(level)}}} ", body, flags=re.M)]
     return body[: ends[0]] if ends else body
 
 

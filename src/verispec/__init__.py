@@ -50,12 +50,15 @@ __all__ = [
     "__version__",
 ]
 
-if TYPE_CHECKING:  # for type checkers and IDEs only; at run time __getattr__ loads these
-    from verispec.algorithms.sampling import SamplingParams
-    from verispec.engine.loader import SpeculativePipeline
-    from verispec.engine.request import GenerationOutput, SpeculativeConfig, StreamChunk
-    from verispec.engine.scheduler import Scheduler
-    from verispec.metrics import RequestMetrics
+# for type checkers and IDEs only; at run time __getattr__ loads these ("X as X": a re-export, PEP 484)
+if TYPE_CHECKING:
+    from verispec.algorithms.sampling import SamplingParams as SamplingParams
+    from verispec.engine.loader import SpeculativePipeline as SpeculativePipeline
+    from verispec.engine.request import GenerationOutput as GenerationOutput
+    from verispec.engine.request import SpeculativeConfig as SpeculativeConfig
+    from verispec.engine.request import StreamChunk as StreamChunk
+    from verispec.engine.scheduler import Scheduler as Scheduler
+    from verispec.metrics import RequestMetrics as RequestMetrics
 
 
 def __getattr__(name: str):

@@ -8,6 +8,7 @@ models, drafters or tokens: it sees counts and seconds.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import deque
 from collections.abc import Sequence
@@ -73,7 +74,7 @@ def interpolate(points: dict[int, float], k: int) -> float:
     xs = sorted(points)
     if k <= xs[0]:
         return points[xs[0]]
-    for lo, hi in zip(xs, xs[1:]):
+    for lo, hi in itertools.pairwise(xs):
         if k <= hi:
             return points[lo] + (points[hi] - points[lo]) * (k - lo) / (hi - lo)
     last = xs[-1]
@@ -150,10 +151,10 @@ class CostModel:
 
     ``verify_s[k]``: target pass over the pending token and k drafted ones (k = 0 is a plain
     step: the mean of the last :data:`PLAIN_STEP_WINDOW` plain passes, not an EWMA of the
-    last few; see :meth:`record_verify`). ``draft_token_s[name]``: one drafted token of drafter ``name``; ``draft_ratio[name]``:
-    the same relative to the target pass of the same step (what :meth:`step_costs` prefers, as
-    load on a shared machine changes). Costs are properties
-    of the runners and the machine, so they carry across requests. ``last_alpha[name]``: the
+    last few; see :meth:`record_verify`). ``draft_token_s[name]``: one drafted token of drafter
+    ``name``; ``draft_ratio[name]``: the same relative to the target pass of the same step (what
+    :meth:`step_costs` prefers, as load on a shared machine changes). Costs are properties of the
+    runners and the machine, so they carry across requests. ``last_alpha[name]``: the
     acceptance a new request's estimate starts from (:meth:`record_acceptance`: a slow EWMA over
     the drafter's tested tokens across requests; each request then keeps its own estimate:
     acceptance depends on the text).

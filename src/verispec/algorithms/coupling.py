@@ -80,7 +80,7 @@ def noise_bits_vector(key: int, position: int, vocab_size: int, token_ids: Tenso
     ``token_ids`` given (int64 ``[n]``: ``[n]`` int64, the same values as the full vector's there).
 
     int64 multiplication in torch wraps mod 2**64 (two's complement), which is the uint64
-    arithmetic of SplitMix64; ``tests/test_coupling.py`` checks it against the Python reference.
+    arithmetic of SplitMix64; ``tests/algorithms/test_coupling.py`` checks it against the Python reference.
     """
     offsets = _token_offsets(vocab_size) if token_ids is None else (token_ids + 1) * _signed(GOLDEN)
     z = offsets + _signed(row_key(key, position))

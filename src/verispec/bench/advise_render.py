@@ -88,7 +88,8 @@ def render(advice: Advice, console) -> None:
     m = advice.memory
     mib = lambda b: f"{b / 2**20:.0f} MiB"  # noqa: E731
     line = (
-        f"memory at {m['context_length']} tokens: target {mib(m['target_param_bytes'])} + KV {mib(m['target_kv_bytes'])}, "
+        f"memory at {m['context_length']} tokens: target {mib(m['target_param_bytes'])} + KV "
+        f"{mib(m['target_kv_bytes'])}, "
         f"draft {mib(m['draft_param_bytes'])} + KV {mib(m['draft_kv_bytes'])}; total {mib(m['total_bytes'])}; "
         f"draft overhead {f(m['draft_overhead_pct'], '{:.1f}')} %"
     )
@@ -105,8 +106,10 @@ def render(advice: Advice, console) -> None:
     c = advice.cost
     if c:
         console.print(
-            f"cost per million tokens: {f(c['before_per_million_tokens'], '{:.2f}')} plain ({f(c['plain_tokens_per_s'])} tok/s) → "
-            f"{f(c['after_per_million_tokens'], '{:.2f}')} with {c['method']} ({f(c['chosen_tokens_per_s'])} tok/s), at {c['gpu_cost_per_month']:g} per month"
+            f"cost per million tokens: {f(c['before_per_million_tokens'], '{:.2f}')} plain "
+            f"({f(c['plain_tokens_per_s'])} tok/s) → "
+            f"{f(c['after_per_million_tokens'], '{:.2f}')} with {c['method']} ({f(c['chosen_tokens_per_s'])} tok/s), "
+            f"at {c['gpu_cost_per_month']:g} per month"
         )
     overall = advice.verdicts[-1]
     s = advice.settings.get(overall.method or "", {})

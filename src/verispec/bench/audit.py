@@ -260,4 +260,7 @@ def describe_audit(result: AuditResult) -> str:
         return f"output DIFFERS from plain decoding from token {result.first_difference} on"
     ours = result.output_logprob_sum / result.output_tokens if result.output_tokens else float("nan")
     theirs = result.plain_logprob_sum / result.plain_tokens if result.plain_tokens else float("nan")
-    return f"target log-prob per token: output {ours:.3f}, plain sample {theirs:.3f} (sampling: not compared token by token)"
+    return (
+        f"target log-prob per token: output {ours:.3f}, plain sample {theirs:.3f} "
+        "(sampling: not compared token by token)"
+    )

@@ -18,8 +18,6 @@ from verispec.bench.live import bench_progress
 from verispec.bench.memory import load_measured, memory_facts
 from verispec.bench.plots import plot_caption, write_plots
 from verispec.bench.report import (
-    BenchResults,
-    build_results,
     category_matrix,
     curve_rows,
     kernel_line,
@@ -28,8 +26,8 @@ from verispec.bench.report import (
     quality_rows,
     report_markdown,
     rich_table,
-    write_results,
 )
+from verispec.bench.results import BenchResults, build_results, write_results
 from verispec.bench.run import BenchConfig, as_pipelines, encode, run_bench
 from verispec.bench.workload import WorkloadItem
 from verispec.engine.loader import DrafterOptions, SpeculativePipeline

@@ -13,7 +13,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
-from verispec.bench.run import SPEC_COUNT_FIELDS, RunRecord, plain_method, reference_participant
+from verispec.bench.records import SPEC_COUNT_FIELDS, RunRecord, plain_method, reference_participant
 from verispec.metrics import SpecDecodeStats
 
 LLAMA_CPP_PLAIN = "llama.cpp:plain"  # the peer every runner is also compared with, when it ran
@@ -84,7 +84,7 @@ class SummaryRow:
     - speedup / decode_speedup: geometric mean over prompts of total (end-to-end) / decode
       tokens/s divided by that of plain decoding of the same family on the same prompt
     - speedup_vs_reference: the same against plain decoding of the first verispec runner
-      (:func:`verispec.bench.run.reference_participant`; puts every runner and peer on one scale)
+      (:func:`verispec.bench.records.reference_participant`; puts every runner and peer on one scale)
     - speedup_vs_llama_cpp: the same against the llama.cpp peer's plain decoding (None without it)
     - acceptance_rate, mean_acceptance_length, acceptance_per_position,
       acceptance_by_output_bucket: pooled counters (metrics.py definitions); None without drafts

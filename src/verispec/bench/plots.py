@@ -26,7 +26,7 @@ PLOT_FILES = {
 def plot_caption(config: dict, environment: dict, created_at: str) -> str:
     """The footer of every plot: date, host (CPU model, gguf kernel path, threads), workload and
     prompt count, runners and new tokens, from a results document's ``config``, ``environment``
-    and ``created_at`` (:class:`verispec.bench.report.BenchResults`); missing facts are left
+    and ``created_at`` (:class:`verispec.bench.results.BenchResults`); missing facts are left
     out."""
     host = environment.get("cpu_model") or environment.get("machine") or "unknown CPU"
     if environment.get("kernel_isa"):

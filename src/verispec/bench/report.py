@@ -1,182 +1,22 @@
-"""Benchmark output: the results.json document (schema below, versioned), report.md, rich tables.
+"""Benchmark renderings: report.md and the rich tables of a run's results.
 
-Owns the JSON layout and its round trip, the environment facts written beside the results, and
-the text renderings of the summary. The README's "Benchmark results" section documents the
-schema; bump :data:`SCHEMA_VERSION` on any incompatible change. Knows nothing about running.
+Owns the text of the summary (the category matrix, the overall table, the curves, prefill and
+quality tables, the memory and audit lines). The results.json document it renders is
+:mod:`verispec.bench.results`'s. Knows nothing about running.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
-import os
-import platform
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from rich.table import Table
 
-from verispec.bench.figures import ALL, SummaryRow, summarize
-from verispec.bench.run import ParticipantInfo, RunRecord, plain_method, reference_participant
-from verispec.errors import VerispecError
+from verispec.bench.figures import ALL, SummaryRow
+from verispec.bench.records import plain_method, reference_participant
+from verispec.bench.results import BenchResults
 from verispec.metrics import OUTPUT_BUCKET_TOKENS
-
-SCHEMA = "verispec.bench"
-SCHEMA_VERSION = 1
-
-
-class ResultsFormatError(VerispecError):
-    """A results.json file is not a verispec benchmark document of a supported version."""
-
-
-@dataclass
-class BenchResults:
-    """Everything one benchmark run produced; ``to_dict`` is the results.json document."""
-
-    config: dict
-    environment: dict
-    models: list[dict]
-    memory: dict
-    runners: list[ParticipantInfo]
-    records: list[RunRecord]
-    summary: list[SummaryRow]
-    exactness: dict
-    audit: dict
-    plots: list[str] = field(default_factory=list)
-    created_at: str = ""
-    curves: dict = field(default_factory=dict)  # {runner kind: {"target": {k: ms}, "draft": {1: ms}}} (--curves)
-    prefill: dict = field(default_factory=dict)  # {runner: {length: {"seconds", "tokens_per_s"}}} (--prefill-tokens)
-    quality: dict = field(
-        default_factory=dict
-    )  # {runner: {"positions", "top1_agreement", "mean_kl_nats"}} (--quality-prompts)
-
-    def to_dict(self) -> dict:
-        return {
-            "schema": SCHEMA,
-            "schema_version": SCHEMA_VERSION,
-            "created_at": self.created_at,
-            "output_bucket_tokens": OUTPUT_BUCKET_TOKENS,
-            "config": self.config,
-            "environment": self.environment,
-            "models": self.models,
-            "memory": self.memory,
-            "runners": [asdict(r) for r in self.runners],
-            "records": [r.to_dict() for r in self.records],
-            "summary": [r.to_dict() for r in self.summary],
-            "exactness": self.exactness,
-            "audit": self.audit,
-            "plots": self.plots,
-            "curves": self.curves,
-            "prefill": self.prefill,
-            "quality": self.quality,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict) -> BenchResults:
-        """Raises ResultsFormatError on another schema, a newer version or a missing key."""
-        if data.get("schema") != SCHEMA:
-            raise ResultsFormatError(f"not a verispec benchmark document (schema {data.get('schema')!r})")
-        version = data.get("schema_version")
-        if version != SCHEMA_VERSION:
-            raise ResultsFormatError(
-                f"results schema version {version!r} is not supported (this verispec reads {SCHEMA_VERSION})"
-            )
-        try:
-            return cls(
-                config=data["config"],
-                environment=data["environment"],
-                models=data["models"],
-                memory=data["memory"],
-                runners=[ParticipantInfo(**r) for r in data["runners"]],
-                records=[RunRecord.from_dict(r) for r in data["records"]],
-                summary=[SummaryRow(**({"speedup_vs_llama_cpp": None} | r)) for r in data["summary"]],
-                exactness=data["exactness"],
-                audit=data["audit"],
-                plots=data.get("plots", []),
-                created_at=data.get("created_at", ""),
-                curves=data.get("curves", {}),
-                prefill=data.get("prefill", {}),
-                quality=data.get("quality", {}),
-            )
-        except (KeyError, TypeError) as exc:
-            raise ResultsFormatError(f"malformed results document: {exc}") from None
-
-
-def build_results(
-    config: dict,
-    models: list[dict],
-    memory: dict,
-    runners: list[ParticipantInfo],
-    records: list[RunRecord],
-    audit: dict,
-) -> BenchResults:
-    """Summarise ``records`` and bundle them with the run's facts (environment read here)."""
-    return BenchResults(
-        config=config,
-        environment=environment(config.get("threads")),
-        models=models,
-        memory=memory,
-        runners=runners,
-        records=records,
-        summary=summarize(records),
-        exactness=exactness(records, greedy=config.get("temperature", 0.0) == 0.0),
-        audit=audit,
-        created_at=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-    )
-
-
-def exactness(records: Sequence[RunRecord], greedy: bool) -> dict:
-    """``{"greedy", "all_equal", "mismatches": [{runner, prompt_id, category}]}``; ``all_equal``
-    is None for sampling runs (nothing to compare token by token)."""
-    if not greedy:
-        return {"greedy": False, "all_equal": None, "mismatches": []}
-    mismatches = [
-        {"runner": r.runner, "prompt_id": r.prompt_id, "category": r.category}
-        for r in records
-        if r.matches_plain is False
-    ]
-    return {"greedy": True, "all_equal": not mismatches, "mismatches": mismatches}
-
-
-def environment(threads: int | None) -> dict:
-    """Versions and machine facts that decide whether two results files are comparable."""
-    import torch
-    import transformers
-
-    from verispec import __version__
-
-    try:
-        import llama_cpp
-
-        llama = getattr(llama_cpp, "__version__", "installed")
-    except ImportError:
-        llama = "not installed"
-    return {
-        "verispec": __version__,
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "llama_cpp_python": llama,
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu_model": cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "threads": threads or torch.get_num_threads(),
-    }
-
-
-def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``'s first ``model name``, else
-    :func:`platform.processor`); ``""`` when neither says."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
-            for line in info:
-                if line.startswith("model name") and ":" in line:
-                    return " ".join(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def kernel_line(environment: dict) -> str | None:
@@ -185,24 +25,12 @@ def kernel_line(environment: dict) -> str | None:
     parts = []
     if environment.get("kernel_isa"):
         parts.append(
-            f"gguf kernels {environment['kernel_isa']} (CPU features: {environment.get('cpu_features') or 'none detected'})"
+            f"gguf kernels {environment['kernel_isa']} (CPU features: "
+            f"{environment.get('cpu_features') or 'none detected'})"
         )
     if environment.get("int8_kernel"):
         parts.append(f"int8 kernel {environment['int8_kernel']}")
     return " · ".join(parts) or None
-
-
-def write_results(results: BenchResults, path: Path) -> None:
-    path.write_text(json.dumps(results.to_dict(), indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-
-
-def read_results(path: Path) -> BenchResults:
-    """Raises ResultsFormatError (not JSON, other schema or version) or OSError."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ResultsFormatError(f"{path} is not JSON ({exc.msg})") from None
-    return BenchResults.from_dict(data)
 
 
 def _fmt(value, pattern: str = "{:.2f}") -> str:
@@ -333,14 +161,17 @@ def _mib(value) -> str:
 
 
 def report_markdown(results: BenchResults) -> str:
-    """report.md: settings (and the kernels that ran), the two tables, exactness, long-text decay, memory, audit, plots."""
+    """report.md: settings (and the kernels that ran), the two tables, exactness, long-text decay, memory,
+    audit, plots."""
     c, s = results.config, results.summary
     kernels = kernel_line(results.environment)
     lines = [
         "# verispec benchmark",
         "",
-        f"{results.created_at} · workload `{c.get('workload')}` · {c.get('num_prompts')} prompts · max tokens {c.get('max_tokens')} · "
-        f"{'greedy' if c.get('temperature', 0) == 0 else 'temperature ' + str(c.get('temperature'))} · k = {c.get('num_speculative_tokens')} · "
+        f"{results.created_at} · workload `{c.get('workload')}` · {c.get('num_prompts')} prompts · "
+        f"max tokens {c.get('max_tokens')} · "
+        f"{'greedy' if c.get('temperature', 0) == 0 else 'temperature ' + str(c.get('temperature'))} · "
+        f"k = {c.get('num_speculative_tokens')} · "
         f"threads {results.environment.get('threads')} · dtype {c.get('dtype')}" + (f" · {kernels}" if kernels else ""),
         "",
         "Speedup: geometric mean over prompts of end-to-end tokens/s over plain decoding of the same runner "
@@ -394,13 +225,15 @@ def report_markdown(results: BenchResults) -> str:
     for kind, m in by_runner.items():
         before, after = m.get("rss_before_load_bytes"), m.get("rss_after_draft_bytes")
         lines += [
-            f"- {kind}: parameters held: target {_mib(m.get('target_param_bytes'))}, draft {_mib(m.get('draft_param_bytes'))} "
-            f"(draft overhead {_fmt(m.get('draft_overhead_pct'), '{:.1f}')} % of the target); RSS added by loading both "
-            f"{_mib(after - before if None not in (before, after) else None)}",
+            f"- {kind}: parameters held: target {_mib(m.get('target_param_bytes'))}, "
+            f"draft {_mib(m.get('draft_param_bytes'))} "
+            f"(draft overhead {_fmt(m.get('draft_overhead_pct'), '{:.1f}')} % of the target); "
+            f"RSS added by loading both {_mib(after - before if None not in (before, after) else None)}",
         ]
     lines.append(f"- peak RSS of the whole run: {_mib(results.memory.get('peak_rss_bytes'))}")
     lines += [
-        f"- {model.get('runner', c.get('runner'))} {model['role']} `{model['name']}`: loaded in {model['load_time_s']:.1f} s"
+        f"- {model.get('runner', c.get('runner'))} {model['role']} `{model['name']}`: loaded in "
+        f"{model['load_time_s']:.1f} s"
         for model in results.models
     ]
     if results.curves:
@@ -421,7 +254,8 @@ def report_markdown(results: BenchResults) -> str:
             "## Audit",
             "",
             f"{a['audited']} audited: {a['agreed']} agreed, {a['disagreed']} disagreed, {a['sampled']} sampling audits "
-            f"(target log-prob per token: output {_fmt(a.get('mean_output_logprob'), '{:.3f}')}, plain {_fmt(a.get('mean_plain_logprob'), '{:.3f}')}).",
+            f"(target log-prob per token: output {_fmt(a.get('mean_output_logprob'), '{:.3f}')}, plain "
+            f"{_fmt(a.get('mean_plain_logprob'), '{:.3f}')}).",
         ]
     if results.plots:
         lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({p})" for p in results.plots]

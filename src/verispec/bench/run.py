@@ -1,59 +1,30 @@
 """The interleaved benchmark runner: every runner on prompt 1, then every runner on prompt 2, ...
 
-Owns the benchmark settings, the list of runners (verispec methods and peers), the order of
-runs (rotated per prompt, so neither machine drift nor cache warmth favours one runner), the
-per-prompt records and the greedy exactness check against plain decoding of the same runner.
-Knows nothing about figures or file formats (see ``figures`` and ``report``).
+Owns the benchmark settings, the list of runners (verispec methods and peers) and the order of
+runs (rotated per prompt, so neither machine drift nor cache warmth favours one runner); what each
+run records, and the greedy exactness marks, are :mod:`verispec.bench.records`'. Knows nothing
+about figures or file formats (see ``figures``, ``results`` and ``report``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 import torch
 
 from verispec.algorithms.sampling import SamplingParams
 from verispec.bench.audit import QualityAuditor
 from verispec.bench.peers import PEER_FAMILIES, TRANSFORMERS_METHODS, LlamaCppPeer, TransformersPeer
+from verispec.bench.records import Participant, ParticipantInfo, RunRecord, mark_exactness
 from verispec.bench.workload import WorkloadItem
 from verispec.engine import METHODS, GenerationOutput, SpeculativeConfig, SpeculativeEngine
 from verispec.engine.loader import SpeculativePipeline
 from verispec.errors import InvalidParameterError
 from verispec.runners.notices import kernel_facts
 
-REFERENCE_RUNNER = "verispec:none"  # results written before runners were named by kind
-VERISPEC_FAMILIES = ("verispec", "gguf", "int8", "llamacpp", "torch")  # verispec's engine on each runner
 WARMUP_TOKENS = 4
-SPEC_COUNT_FIELDS = (
-    "num_drafts",
-    "num_draft_tokens",
-    "num_accepted_tokens",
-    "num_bonus_tokens",
-    "num_recovered_tokens",
-    "accepted_per_position",
-    "drafted_per_position",
-    "accepted_length_histogram",
-    "accepted_by_output_bucket",
-    "drafted_by_output_bucket",
-)
-
-
-def plain_method(family: str) -> str:
-    """The plain-decoding method of a runner family (verispec calls it ``none``)."""
-    return "none" if family in VERISPEC_FAMILIES else "plain"
-
-
-def reference_participant(names: Iterable[str]) -> str:
-    """The baseline every runner is also compared with: plain decoding of the first verispec
-    runner in ``names`` (``gguf:none`` in ``gguf:none, gguf:draft, int8:none, ...``)."""
-    for name in names:
-        family, _, method = name.partition(":")
-        if family in VERISPEC_FAMILIES and method == "none":
-            return name
-    return REFERENCE_RUNNER
 
 
 @dataclass(frozen=True)
@@ -108,75 +79,6 @@ class BenchConfig:
         )
 
 
-@dataclass
-class RunRecord:
-    """One runner on one prompt. Times in ms, rates in tokens/s (:class:`RequestMetrics`).
-
-    ``spec``: the speculative counters (:data:`SPEC_COUNT_FIELDS`), empty for peers.
-    ``matches_plain``: greedy tokens equal those of plain decoding of the same family (None for
-    the plain run itself and for sampling); ``matches_reference``: equal to verispec's plain.
-    ``kernel_isa``: the gguf runner's kernel path (``avx512``, ``avx2``, ``portable``, ...), None
-    for other runners.
-    """
-
-    prompt_id: str
-    category: str
-    runner: str
-    family: str
-    method: str
-    prompt_tokens: int
-    output_tokens: int
-    finish_reason: str
-    ttft_ms: float
-    tpot_ms: float | None
-    decode_tokens_per_s: float | None
-    total_tokens_per_s: float
-    e2e_ms: float
-    draft_ms: float
-    target_ms: float
-    num_target_forwards: int
-    spec: dict = field(default_factory=dict)
-    token_ids: list[int] = field(default_factory=list)
-    text: str = ""
-    matches_plain: bool | None = None
-    matches_reference: bool | None = None
-    kernel_isa: str | None = None
-
-    @classmethod
-    def of(cls, item: WorkloadItem, runner: Participant, output: GenerationOutput) -> RunRecord:
-        m = output.metrics
-        spec = m.spec.to_dict()
-        return cls(
-            prompt_id=item.id,
-            category=item.category,
-            runner=runner.name,
-            family=runner.family,
-            method=runner.method,
-            prompt_tokens=m.prompt_tokens,
-            output_tokens=m.output_tokens,
-            finish_reason=output.finish_reason,
-            ttft_ms=m.ttft_ms,
-            tpot_ms=m.tpot_ms,
-            decode_tokens_per_s=m.decode_tokens_per_s,
-            total_tokens_per_s=m.total_tokens_per_s,
-            e2e_ms=m.e2e_ms,
-            draft_ms=m.draft_ms,
-            target_ms=m.target_ms,
-            num_target_forwards=m.num_target_forwards,
-            spec={k: spec[k] for k in SPEC_COUNT_FIELDS} if m.spec.num_drafts else {},
-            token_ids=list(output.token_ids),
-            text=output.text,
-            kernel_isa=runner.settings.get("kernel_isa"),
-        )
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> RunRecord:
-        return cls(**data)
-
-
 @dataclass(frozen=True)
 class BenchStep:
     """What :func:`run_bench` is doing, for a progress display: ``runner`` (a participant's name)
@@ -188,17 +90,6 @@ class BenchStep:
     item: WorkloadItem | None
     runner: str
     output: GenerationOutput | None = None
-
-
-class Participant(Protocol):
-    """One contender of a benchmark run: a verispec method on one runner kind, or a peer."""
-
-    name: str  # "family:method", e.g. "verispec:draft"
-    family: str
-    method: str
-    settings: dict
-
-    def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> GenerationOutput: ...
 
 
 class VerispecParticipant:
@@ -225,18 +116,6 @@ class VerispecParticipant:
         return self.engine.generate(prompt_token_ids, params, self.spec)
 
 
-@dataclass
-class ParticipantInfo:
-    """A benchmark participant as results.json lists it (its ``runners`` entry): ``status`` is ``ok``, ``not installed`` or ``skipped: why``."""
-
-    name: str
-    family: str
-    method: str
-    status: str = "ok"
-    settings: dict = field(default_factory=dict)
-    load_time_s: float | None = None
-
-
 def build_participants(
     pipes: Mapping[str, SpeculativePipeline], config: BenchConfig
 ) -> tuple[list[Participant], list[ParticipantInfo]]:
@@ -254,7 +133,8 @@ def build_participants(
         missing = [m for m in config.methods if m not in ("none", "auto") and m not in loaded]
         if missing:
             raise InvalidParameterError(
-                f"method {', '.join(missing)} needs a drafter the {kind} runner did not load (loaded: {', '.join(sorted(loaded))})"
+                f"method {', '.join(missing)} needs a drafter the {kind} runner did not load (loaded: "
+                f"{', '.join(sorted(loaded))})"
             )
         # each method its own suffix cache: it learns from its own earlier answers, never from
         # another method's answer to the same prompt (the methods take turns on every prompt)
@@ -387,18 +267,6 @@ def as_pipelines(pipes: SpeculativePipeline | Mapping[str, SpeculativePipeline])
     if not pipes:
         raise InvalidParameterError("no runner to benchmark")
     return dict(pipes)
-
-
-def mark_exactness(batch: list[RunRecord]) -> None:
-    """Set ``matches_plain`` / ``matches_reference`` on the greedy records of one prompt."""
-    by_name = {r.runner: r for r in batch}
-    reference = by_name.get(reference_participant(by_name))
-    for record in batch:
-        plain = by_name.get(f"{record.family}:{plain_method(record.family)}")
-        if plain is not None and plain is not record:
-            record.matches_plain = record.token_ids == plain.token_ids
-        if reference is not None and reference is not record:
-            record.matches_reference = record.token_ids == reference.token_ids
 
 
 def _audit(

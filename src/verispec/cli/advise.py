@@ -59,7 +59,8 @@ def advise(
     export_file: Path | None = typer.Option(None, help="File for --export's JSON (default: stdout)."),
     export_head_dir: Path | None = typer.Option(
         None,
-        help="Where --export writes the EAGLE head's EAGLE-3 checkpoint when the advice is eagle (default: beside the head, NAME-eagle3).",
+        help="Where --export writes the EAGLE head's EAGLE-3 checkpoint when the advice is eagle (default: beside "
+        "the head, NAME-eagle3).",
     ),
 ) -> None:
     """Measure α and costs on a workload sample and say whether speculation pays, per category."""

@@ -50,7 +50,9 @@ def bench(
     num_speculative_tokens: int = num_speculative_tokens_option(K_BENCH),
     schedule: str = typer.Option(
         "cost",
-        help="Draft length: cost (the default, as generate and serve: the cost model, seeded with the machine's cost curve; drafts only where it expects a gain), heuristic or constant (every method at -k, even where slower than plain).",
+        help="Draft length: cost (the default, as generate and serve: the cost model, seeded with the machine's cost "
+        "curve; drafts only where it expects a gain), heuristic or constant (every method at -k, even where "
+        "slower than plain).",
     ),
     max_tokens: int = typer.Option(128, help="New tokens at most per prompt."),
     temperature: float = typer.Option(0.0, help="0 = greedy (checks exactness); > 0 samples."),
@@ -68,7 +70,8 @@ def bench(
     draft: str = draft_option(),
     dtype: str = dtype_option(),
     runner: str = runner_option(
-        "Comma-separated runners compared in one run (as generate's --runner), e.g. gguf,int8,torch; transformers peers need torch."
+        "Comma-separated runners compared in one run (as generate's --runner), e.g. gguf,int8,torch; transformers "
+        "peers need torch."
     ),
     draft_quantization: str = draft_quantization_option(),
     eagle_head: Path | None = eagle_head_option(),
@@ -82,7 +85,8 @@ def bench(
     ),
     prefill_tokens: str = typer.Option(
         "",
-        help="Also time one prefill of each of these prompt lengths per runner, e.g. 512,2048 (llama.cpp's beside when it is a peer).",
+        help="Also time one prefill of each of these prompt lengths per runner, e.g. 512,2048 (llama.cpp's beside "
+        "when it is a peer).",
     ),
     quality_prompts: int = typer.Option(
         0,

@@ -100,7 +100,8 @@ def draft_option(help: str = DRAFT_HELP) -> Any:
 def dtype_option() -> Any:
     return typer.Option(
         "float32",
-        help="float32, bfloat16 or float16: the float model of --runner torch / transformers (the gguf, int8 and llama.cpp runners compute in their own formats).",
+        help="float32, bfloat16 or float16: the float model of --runner torch / transformers (the gguf, int8 and "
+        "llama.cpp runners compute in their own formats).",
     )
 
 
@@ -132,7 +133,9 @@ def json_option(help: str) -> Any:
 def draft_quantization_option() -> Any:
     return typer.Option(
         "auto",
-        help="auto (iq4_nl on the gguf runner, else none); none; int8 (weight-only, --runner torch); iq4_nl or q4_0 (--runner gguf: the draft's 5-8-bit matrices re-quantized to 4.5 bits per weight as they load, once, kept under $VERISPEC_HOME/weights). Changes only what the draft proposes, never the output.",
+        help="auto (iq4_nl on the gguf runner, else none); none; int8 (weight-only, --runner torch); iq4_nl or q4_0 "
+        "(--runner gguf: the draft's 5-8-bit matrices re-quantized to 4.5 bits per weight as they load, once, "
+        "kept under $VERISPEC_HOME/weights). Changes only what the draft proposes, never the output.",
     )
 
 
@@ -151,12 +154,15 @@ def draft_vocab_corpus_option() -> Any:
 def head_quantization_option() -> Any:
     return typer.Option(
         "auto",
-        help="The EAGLE head's linear layers at inference: auto (q8_0 over the gguf runner, else none), none (float32), q8_0 or iq4_nl (GGUF blocks, the gguf kernels). Changes only what the head drafts, never the output.",
+        help="The EAGLE head's linear layers at inference: auto (q8_0 over the gguf runner, else none), none "
+        "(float32), q8_0 or iq4_nl (GGUF blocks, the gguf kernels). Changes only what the head drafts, never "
+        "the output.",
     )
 
 
 def eagle_head_option() -> Any:
     return typer.Option(
         None,
-        help="EAGLE-3 head file (verispec train-head) for --method eagle, and for auto to draft with it where the lookup fails.",
+        help="EAGLE-3 head file (verispec train-head) for --method eagle, and for auto to draft with it where the "
+        "lookup fails.",
     )

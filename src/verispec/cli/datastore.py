@@ -61,5 +61,6 @@ def build(
 
             summary = build_datastore(documents(), out, depth=depth)
     err.print(
-        f"{summary['num_documents']} documents, {summary['num_tokens']} tokens -> {out} in {time.perf_counter() - start:.1f} s"
+        f"{summary['num_documents']} documents, {summary['num_tokens']} tokens -> {out} in "
+        f"{time.perf_counter() - start:.1f} s"
     )

@@ -94,7 +94,8 @@ def stats_table(output: GenerationOutput, method: str, models: list[dict], compa
                 (
                     f"{name}: drafts / drafted / accepted",
                     f"{drafter.num_drafts} / {drafter.num_draft_tokens} / {drafter.num_accepted_tokens} "
-                    f"(rate {fmt(drafter.acceptance_rate, '{:.3f}')}, length {fmt(drafter.mean_acceptance_length, '{:.2f}')})",
+                    f"(rate {fmt(drafter.acceptance_rate, '{:.3f}')}, length "
+                    f"{fmt(drafter.mean_acceptance_length, '{:.2f}')})",
                 )
             )
     for model in models:

@@ -38,7 +38,8 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 def serve(
     target: str = target_option(),
     draft: str = draft_option(
-        "Draft model reference, or 'none' (no draft model: auto then drafts by lookup only; --method none serves plain decoding)."
+        "Draft model reference, or 'none' (no draft model: auto then drafts by lookup only; --method none serves "
+        "plain decoding)."
     ),
     method: str = typer.Option(
         DEFAULT_METHOD,
@@ -75,7 +76,8 @@ def serve(
     max_tokens_cap: int = typer.Option(2048, min=1, help="Largest max_tokens a request may ask for."),
     suffix_cache: Path | None = typer.Option(
         None,
-        help="File for the suffix drafter's cache of past requests: loaded at start if present, written atomically within --suffix-snapshot-seconds of a change and at shutdown.",
+        help="File for the suffix drafter's cache of past requests: loaded at start if present, written atomically "
+        "within --suffix-snapshot-seconds of a change and at shutdown.",
     ),
     suffix_snapshot_seconds: float = typer.Option(
         60.0,
@@ -86,7 +88,9 @@ def serve(
     ),
     record_traffic: Path | None = typer.Option(
         None,
-        help="Append each answered request's prompt (user turns or completion prompt; no answers, no system messages, no client details) to DIR/traffic-<pid>.jsonl, for verispec train-head --prompts. Off by default.",
+        help="Append each answered request's prompt (user turns or completion prompt; no answers, no system "
+        "messages, no client details) to DIR/traffic-<pid>.jsonl, for verispec train-head --prompts. Off by "
+        "default.",
     ),
     eagle_head: Path | None = eagle_head_option(),
     head_quantization: str = head_quantization_option(),
@@ -108,7 +112,8 @@ def serve(
     ),
     replica_cpus: float | None = typer.Option(
         None,
-        help="CPUs Ray reserves for each replica, its runners' threads (default: the cores / replicas; 1 on --ray-address).",
+        help="CPUs Ray reserves for each replica, its runners' threads (default: the cores / replicas; 1 on "
+        "--ray-address).",
     ),
 ) -> None:
     """Serve the models over an OpenAI-compatible HTTP API (completions, chat, streaming, /metrics)."""

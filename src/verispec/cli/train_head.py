@@ -1,5 +1,9 @@
 """``verispec train-head``: an EAGLE-3 head for a target, trained on this machine from the
-target's own answers (self-distillation), with a progress bar, checkpoints and a loss plot."""
+target's own answers (self-distillation), with a progress bar, checkpoints and a loss plot.
+
+This module parses, validates and shows progress; the data (:func:`verispec.training.data.collect`),
+the loop (:mod:`verispec.training.loop`) and the files beside the head
+(:mod:`verispec.training.files`) are the training package's."""
 
 from __future__ import annotations
 
@@ -21,17 +25,20 @@ def train_head(
     ctx: typer.Context,
     out: Path = typer.Option(
         ...,
-        help="Head file to write (and to continue with --resume): .gguf (GGUF, architecture eagle3), else a torch file.",
+        help="Head file to write (and to continue with --resume): .gguf (GGUF, architecture eagle3), else a torch "
+        "file.",
     ),
     target: str = target_option("The target the head drafts for (built-in name, .gguf file, HF directory)."),
     prompts: list[Path] | None = typer.Option(
         None,
-        help="JSONL prompts of your own traffic ('prompt' or 'turns' per line; repeatable). Benchmark prompts are refused.",
+        help="JSONL prompts of your own traffic ('prompt' or 'turns' per line; repeatable). Benchmark prompts are "
+        "refused.",
     ),
     magpie: int | None = typer.Option(
         None,
         min=0,
-        help=f"Instructions the target writes itself (Magpie) and then answers (default: {DEFAULT_MAGPIE} without --prompts, else 0).",
+        help=f"Instructions the target writes itself (Magpie) and then answers (default: {DEFAULT_MAGPIE} without "
+        "--prompts, else 0).",
     ),
     code: list[Path] | None = typer.Option(
         None,
@@ -45,16 +52,19 @@ def train_head(
     head_intermediate: int = typer.Option(
         2048,
         min=1,
-        help="Width of the head's MLP (the target's own is 8960 for the 1.5B default): narrower drafts and trains faster.",
+        help="Width of the head's MLP (the target's own is 8960 for the 1.5B default): narrower drafts and trains "
+        "faster.",
     ),
     shared_lm_head: bool = typer.Option(
         True,
         "--shared-lm-head/--own-lm-head",
-        help="Draft with the target's own LM-head rows, frozen and not stored (EAGLE's shared head: less to learn, a smaller file), or train the head's own (EAGLE-3).",
+        help="Draft with the target's own LM-head rows, frozen and not stored (EAGLE's shared head: less to learn, a "
+        "smaller file), or train the head's own (EAGLE-3).",
     ),
     weights: str = typer.Option(
         "f32",
-        help="How --out stores the matrices: f32 (what --resume continues exactly), f16, or q8_0 (8.5 bits a weight, what the gguf runner drafts with: a head to ship).",
+        help="How --out stores the matrices: f32 (what --resume continues exactly), f16, or q8_0 (8.5 bits a weight, "
+        "what the gguf runner drafts with: a head to ship).",
     ),
     minutes: float | None = typer.Option(
         60.0, help="Training budget in minutes (the data is generated first, outside it)."
@@ -73,15 +83,20 @@ def train_head(
     runner: str = runner_option("Runner that answers the prompts (default auto: gguf on a CPU)."),
     teacher: str = typer.Option(
         "auto",
-        help="Who reads the data for the head to learn from: 'runner' (the target on --runner's kernels, e.g. the gguf runner: the quantized model served, at its prefill speed), 'torch' (float32 transformers), 'auto' (runner where it can hand out its hidden states: gguf, int8).",
+        help="Who reads the data for the head to learn from: 'runner' (the target on --runner's kernels, e.g. the "
+        "gguf runner: the quantized model served, at its prefill speed), 'torch' (float32 transformers), 'auto' "
+        "(runner where it can hand out its hidden states: gguf, int8).",
     ),
     teacher_cache: str | None = typer.Option(
         None,
-        help="Folder keeping the target's reading of each sequence (features, ~24 KB a token for the 1.5B default), so --resume and later runs on the same data skip it (default: --out with .teacher; 'none': keep nothing).",
+        help="Folder keeping the target's reading of each sequence (features, ~24 KB a token for the 1.5B default), "
+        "so --resume and later runs on the same data skip it (default: --out with .teacher; 'none': keep "
+        "nothing).",
     ),
     device: str = typer.Option(
         "cpu",
-        help="Where the head trains and the float32 teacher runs (torch device: cpu, cuda, cuda:1, mps); the gguf runner reads on the CPU either way.",
+        help="Where the head trains and the float32 teacher runs (torch device: cpu, cuda, cuda:1, mps); the gguf "
+        "runner reads on the CPU either way.",
     ),
     checkpoint_minutes: float = typer.Option(
         5.0, help="Write the head to --out this often while training (and on Ctrl-C)."
@@ -96,7 +111,8 @@ def train_head(
     from verispec.runners.cpu.reduced_vocab import token_counts
     from verispec.runners.eagle.file import WEIGHT_TYPES
     from verispec.runners.eagle.head import EagleHead, choose_draft_vocabulary
-    from verispec.training.data import HeadData
+    from verispec.training.data import HeadData, collect
+    from verispec.training.files import load_optimizer_state, plot_training, save_checkpoint
     from verispec.training.loop import TrainOptions, make_optimizer
 
     command = _command_line(ctx.params)
@@ -121,7 +137,8 @@ def train_head(
         if resume:
             data = HeadData.load(data_path)
             err.print(
-                f"resuming {out}: {data.manifest['sequences']} sequences, {data.manifest['tokens']} tokens from {data_path}"
+                f"resuming {out}: {data.manifest['sequences']} sequences, {data.manifest['tokens']} tokens from "
+                f"{data_path}"
             )
         else:
             pipe = SpeculativePipeline.load(target, None, **_runner_options(runner))
@@ -133,7 +150,9 @@ def train_head(
                 code_tokens,
                 max_tokens,
                 seed,
+                console=err if err.is_terminal else None,
             )
+            err.print(f"training data: {data.manifest['sequences']} sequences, {data.manifest['tokens']} tokens")
             data.save(data_path)
         if teacher != "torch" and pipe is None:
             pipe = SpeculativePipeline.load(target, None, **_runner_options(runner))
@@ -148,7 +167,8 @@ def train_head(
         if reader is None:
             pipe = None  # its memory back before the float32 model loads
         err.print(
-            f"the teacher: {'the target on the ' + pipe.runner_kind + ' runner' if reader is not None else 'float32 transformers'}"
+            "the teacher: "
+            f"{'the target on the ' + pipe.runner_kind + ' runner' if reader is not None else 'float32 transformers'}"
         )
         with _announce(f"loading {target} into torch (the teacher: its features and distributions)"):
             model = load_model(target, device=device)
@@ -170,7 +190,7 @@ def train_head(
         record.update(command=command, seed=seed, target=target, data=data.manifest, runs=record.get("runs", []))
         head.training_record = record
         options.steps_before = sum(run.get("steps", 0) for run in record["runs"])
-        optimizer = make_optimizer(head, options, _optimizer_state(optimizer_path) if resume else None)
+        optimizer = make_optimizer(head, options, load_optimizer_state(optimizer_path, err.print) if resume else None)
         record["teacher"] = "torch" if reader is None else pipe.runner_kind
         read, cache = _reader(head, model, reader, record["teacher"], target, teacher_cache, out)
         report = _train(
@@ -190,8 +210,8 @@ def train_head(
                 "final_loss": report.losses[-1] if report.losses else None,
             }
         )
-        _save(head, out, optimizer, optimizer_path, weights)
-        _plot(report, plot or out.with_suffix(".png"))
+        save_checkpoint(head, out, optimizer, optimizer_path, weights)
+        plot_training(report, plot or out.with_suffix(".png"))
     err.print(
         f"wrote {out}: {report.steps} steps in {report.seconds / 60:.1f} min; held-out top-1 agreement "
         f"{report.held_out_top1_before:.3f} -> {report.held_out_top1:.3f} (by draft step: "
@@ -247,96 +267,6 @@ def _announce(what: str):
     return announce_slow(what, "once per run")
 
 
-def collect(pipe, prompt_files, magpie: int, code_dirs, code_tokens: int, max_tokens: int, seed: int):
-    """The training data: the target's answers to the prompt files and to ``magpie`` instructions
-    it writes itself, and windows of the code directories; progress per stage
-    (:func:`verispec.progress.steps`: a bar on a terminal, lines in a log)."""
-    from verispec.algorithms.sampling import SamplingParams
-    from verispec.progress import steps
-    from verispec.training.data import (
-        HeadData,
-        code_windows,
-        file_sha256,
-        generate_all,
-        magpie_instructions,
-        read_prompt_files,
-    )
-
-    data = HeadData()
-    greedy = lambda i: SamplingParams(max_tokens=max_tokens)  # noqa: E731
-
-    def stage(title: str, total: int, run, item: str):
-        with steps(title, total, console=err if err.is_terminal else None) as shown:
-            shown.running(title)
-
-            def on_done(n: int) -> None:
-                while shown.done < n:
-                    shown.finished(f"{item} {shown.done + 1} done")
-
-            return run(on_done)
-
-    for path, items in read_prompt_files(prompt_files):
-        prompts = [pipe.encode(item.text, chat=item.chat) for item in items]
-        outputs = stage(
-            f"answering {path.name}",
-            len(items),
-            lambda on_done, prompts=prompts: generate_all(pipe.engine, prompts, greedy, on_done=on_done),
-            "answer",
-        )
-        data.add("prompts", [p + o for p, o in zip(prompts, outputs)], str(path), file_sha256(path))
-    if magpie:
-        texts = stage(
-            "writing instructions (Magpie)",
-            magpie,
-            lambda on_done: magpie_instructions(pipe.engine, pipe.tokenizer, magpie, seed=seed, on_done=on_done),
-            "instruction",
-        )
-        prompts = [pipe.encode(text, chat=True) for text in texts]
-        outputs = stage(
-            "answering them",
-            len(texts),
-            lambda on_done: generate_all(pipe.engine, prompts, greedy, on_done=on_done),
-            "answer",
-        )
-        data.add("magpie", [p + o for p, o in zip(prompts, outputs)], f"{magpie} asked, {len(texts)} kept, seed {seed}")
-    if code_dirs and code_tokens:
-        windows = code_windows(pipe.tokenizer, code_dirs, max_tokens=code_tokens)
-        data.add("code", windows, ", ".join(str(d) for d in code_dirs))
-    if not data.sequences:
-        raise InvalidParameterError("no training data: give --prompts, --magpie or --code")
-    err.print(f"training data: {data.manifest['sequences']} sequences, {data.manifest['tokens']} tokens")
-    return data
-
-
-def _optimizer_state(path: Path) -> dict | None:
-    """The optimiser state an earlier run left beside the head, or None (said) where there is none."""
-    import torch
-
-    if not path.is_file():
-        err.print(
-            f"no optimiser state at {path}: AdamW starts afresh (its moment estimates are rebuilt within ~100 steps)"
-        )
-        return None
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises many kinds for a damaged file
-        err.print(f"{path} is not readable ({type(exc).__name__}): AdamW starts afresh")
-        return None
-
-
-def _save(head, out: Path, optimizer, optimizer_path: Path, weights: str = "f32") -> None:
-    """The head (its matrices as ``weights``), then its optimiser's state beside it (atomically:
-    temporary file, rename)."""
-    import os
-
-    import torch
-
-    head.save(out, weights)
-    partial = optimizer_path.with_name(optimizer_path.name + ".partial")
-    torch.save(optimizer.state_dict(), partial)
-    os.replace(partial, optimizer_path)
-
-
 def _train(
     head,
     model,
@@ -358,6 +288,7 @@ def _train(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from verispec import progress
+    from verispec.training.files import save_checkpoint
     from verispec.training.loop import train_head as run
 
     last_save = last_line = time.monotonic()
@@ -383,13 +314,14 @@ def _train(
                 bar.update(task, completed=step, stats=stats)
             elif step == 1 or now - last_line >= progress.LINE_EVERY_S or step == total:
                 print(
-                    f"verispec: training the head · step {step}{'' if total is None else f'/{total}'} · {stats} ({now - train_start:.0f} s)",
+                    f"verispec: training the head · step {step}{'' if total is None else f'/{total}'} · {stats} "
+                    f"({now - train_start:.0f} s)",
                     file=sys.stderr,
                     flush=True,
                 )
                 last_line = now
             if now - last_save > 60 * checkpoint_minutes:
-                _save(head, out, optimizer, optimizer_path, weights)
+                save_checkpoint(head, out, optimizer, optimizer_path, weights)
                 last_save = time.monotonic()
 
         def on_teacher(done: int, total: int) -> None:  # before training: one pass per sequence
@@ -399,7 +331,8 @@ def _train(
                 bar.update(reading, completed=done, total=total)
             elif done in (1, total) or now - last_line >= progress.LINE_EVERY_S:
                 print(
-                    f"verispec: the target reading the data (its features and distributions) {done}/{total} ({now - start:.0f} s)",
+                    f"verispec: the target reading the data (its features and distributions) {done}/{total} "
+                    f"({now - start:.0f} s)",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -417,26 +350,6 @@ def _train(
                 read=read,
             )
         except KeyboardInterrupt:
-            _save(head, out, optimizer, optimizer_path, weights)
+            save_checkpoint(head, out, optimizer, optimizer_path, weights)
             err.print(f"interrupted: the head so far is in {out}; continue with --resume")
             raise typer.Exit(130) from None
-
-
-def _plot(report, path: Path) -> None:
-    """Training loss and first-step agreement per step, as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, loss_axis = plt.subplots(figsize=(7, 4))
-    loss_axis.plot(range(1, len(report.losses) + 1), report.losses, color="tab:blue")
-    loss_axis.set_xlabel("optimiser step")
-    loss_axis.set_ylabel("loss (soft cross-entropy, nats)", color="tab:blue")
-    agreement = loss_axis.twinx()
-    agreement.plot(range(1, len(report.top1) + 1), report.top1, color="tab:orange", alpha=0.7)
-    agreement.set_ylabel("top-1 agreement (batch, step 0)", color="tab:orange")
-    fig.suptitle(f"EAGLE head training: held-out top-1 {report.held_out_top1_before:.3f} -> {report.held_out_top1:.3f}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)

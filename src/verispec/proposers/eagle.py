@@ -28,7 +28,8 @@ from verispec.algorithms.step import pick_token
 from verispec.algorithms.tree import TokenTree
 from verispec.proposers.base import DraftRequest, Proposer, common_prefix_length
 from verispec.proposers.draft_tree import dynamic_tree_levels
-from verispec.runners.eagle.head import EagleHead, HeadCall, forward_heads
+from verispec.runners.eagle.batch import HeadCall, forward_heads
+from verispec.runners.eagle.head import EagleHead
 
 TREE_BRANCHING = 2  # eagle-tree: children expanded per frontier node (EAGLE-2's top-k) ...
 TREE_MAX_DEPTH = 6  # ... over this many levels at most
@@ -171,9 +172,9 @@ class EagleProposer(Proposer):
         while growing:
             order = list(growing)
             calls = [items[i][0]._level_call(items[i][1], *growing[i][1:]) for i in order]
-            for index, call, (logits, out) in zip(order, calls, forward_heads(calls)):
+            for index, (logits, out) in zip(order, forward_heads(calls)):
                 proposer = items[index][0]
-                _, (token_ids, parents, first_new), outputs, _ = growing[index]
+                _, (token_ids, _, first_new), outputs, _ = growing[index]
                 outputs.update({n: out[row : row + 1] for row, n in enumerate(range(first_new, len(token_ids)))})
                 _advance(growing, index, trees, torch.cat([proposer._target_row(row) for row in logits]))
         for index in waiting:

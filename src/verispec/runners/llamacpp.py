@@ -12,6 +12,7 @@ runner is exact only up to such near-ties (the int8 runner is the bit-exact one)
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 from collections.abc import Sequence
@@ -185,7 +186,5 @@ class LlamaCppRunner(Runner):
             self._model = None
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # pragma: no cover - interpreter shutdown
             self.close()
-        except Exception:  # pragma: no cover - interpreter shutdown
-            pass

@@ -12,6 +12,7 @@ Imports neither the engine nor Ray: the proxies load it (:func:`proxy_middleware
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from typing import Any
@@ -195,10 +196,8 @@ class _Exchange:
         self.held = None
         status = held["status"]
         if status == 200:  # /metrics
-            try:
+            with contextlib.suppress(ValueError):  # not the exposition format: as it came
                 body = merge_expositions([body.decode(), self.layer.metrics_text()], count_replicas=False).encode()
-            except ValueError:  # not the exposition format: as it came
-                pass
             headers = [(k, v) for k, v in held.get("headers", []) if k.lower() != b"content-length"]
             await self._send({**held, "headers": [*headers, (b"content-length", str(len(body)).encode())]})
             await self._send({"type": "http.response.body", "body": body})

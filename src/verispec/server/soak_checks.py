@@ -1,7 +1,7 @@
-"""The fault soak's pure parts (``scripts/fault_soak.py``; lives in the package so the suite imports it plainly): the seeded fault schedule, what became
-of each request, and the checks over them (lost, 5xx outside kills, requests cut by a kill, the
-greedy texts, RSS growth). Knows nothing about HTTP or processes: the soak fills in
-:class:`Outcome` records, these functions count them."""
+"""The fault soak's pure parts (``scripts/fault_soak.py``; lives in the package so the suite imports
+it plainly): the seeded fault schedule, what became of each request, and the checks over them
+(lost, 5xx outside kills, requests cut by a kill, the greedy texts, RSS growth). Knows nothing
+about HTTP or processes: the soak fills in :class:`Outcome` records, these functions count them."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ import json
 import re
 import uuid
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 OPEN_TAG = "<tool_call>"
 FENCE = "```"
@@ -177,7 +177,7 @@ class _Bytes:
     eos_token_id = 256
     bos_token_id = None
     tokens = [bytes([i]) for i in range(256)] + [b"<end>"]
-    special_token_ids = [256]
+    special_token_ids: ClassVar[list[int]] = [256]
 
     def __call__(self, data: bytes) -> list[int]:
         return list(data)

@@ -143,6 +143,6 @@ class TeacherCache:
         """One line: what came from the files, what was read, the folder's size."""
         damaged = f" ({self.damaged} damaged files read again)" if self.damaged else ""
         return (
-            f"teacher cache {self.folder}: {self.hits} sequences from the cache, {self.misses} read by the target{damaged}; "
-            f"{self.size_bytes() / 2**30:.2f} GiB"
+            f"teacher cache {self.folder}: {self.hits} sequences from the cache, "
+            f"{self.misses} read by the target{damaged}; {self.size_bytes() / 2**30:.2f} GiB"
         )

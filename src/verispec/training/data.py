@@ -1,9 +1,9 @@
 """Training data for an EAGLE head: token sequences the target itself wrote, and their manifest.
 
 Owns where sequences come from (the user's prompt files, self-generated instructions, a code
-corpus), answering prompts with the target (batched, greedy), the refusal of benchmark prompts,
-and the manifest a head records of its data. Knows nothing about the head or the loss
-(:mod:`verispec.training.loop`).
+corpus), answering prompts with the target (batched, greedy; :func:`collect` runs the stages),
+the refusal of benchmark prompts, and the manifest a head records of its data. Knows nothing
+about the head or the loss (:mod:`verispec.training.loop`).
 
 Self-distillation (EAGLE-3, Li et al. 2025, arXiv 2503.01840, §4: the target's own responses);
 self-generated instructions as Magpie (Xu et al. 2024, arXiv 2406.08464, §2.1): the chat
@@ -24,6 +24,7 @@ from verispec.bench.workload import BUILTIN_WORKLOADS, WorkloadError, data_dir, 
 from verispec.engine import SpeculativeConfig
 from verispec.engine.scheduler import Scheduler
 from verispec.errors import InvalidParameterError
+from verispec.progress import steps
 from verispec.training.corpus import corpus_files
 
 MAGPIE_MARKER = "\x00verispec-magpie\x00"  # stands for the user's words when the template is cut
@@ -187,3 +188,67 @@ def code_windows(tokenizer, paths: Sequence[Path], *, window: int = 512, max_tok
             if total >= max_tokens:
                 return windows
     return windows
+
+
+def collect(
+    pipe,
+    prompt_files: Sequence[Path],
+    magpie: int,
+    code_dirs: Sequence[Path],
+    code_tokens: int,
+    max_tokens: int,
+    seed: int,
+    console=None,
+) -> HeadData:
+    """The training data: the target's answers (greedy, ``max_tokens`` at most) to the prompt files
+    and to ``magpie`` instructions it writes itself, and windows of the code directories
+    (``code_tokens`` at most); progress per stage (:func:`verispec.progress.steps`: a bar on
+    ``console``, lines in a log where it is None). ``pipe``: a loaded pipeline of the target.
+
+    Raises:
+        InvalidParameterError: no sequence at all came out.
+        WorkloadError: a prompt file is unreadable or holds benchmark prompts.
+    """
+    data = HeadData()
+    greedy = lambda i: SamplingParams(max_tokens=max_tokens)  # noqa: E731
+
+    def stage(title: str, total: int, run, item: str):
+        with steps(title, total, console=console) as shown:
+            shown.running(title)
+
+            def on_done(n: int) -> None:
+                while shown.done < n:
+                    shown.finished(f"{item} {shown.done + 1} done")
+
+            return run(on_done)
+
+    for path, items in read_prompt_files(prompt_files):
+        prompts = [pipe.encode(item.text, chat=item.chat) for item in items]
+        outputs = stage(
+            f"answering {path.name}",
+            len(items),
+            lambda on_done, prompts=prompts: generate_all(pipe.engine, prompts, greedy, on_done=on_done),
+            "answer",
+        )
+        data.add("prompts", [p + o for p, o in zip(prompts, outputs)], str(path), file_sha256(path))
+    if magpie:
+        texts = stage(
+            "writing instructions (Magpie)",
+            magpie,
+            lambda on_done: magpie_instructions(pipe.engine, pipe.tokenizer, magpie, seed=seed, on_done=on_done),
+            "instruction",
+        )
+        prompts = [pipe.encode(text, chat=True) for text in texts]
+        outputs = stage(
+            "answering them",
+            len(texts),
+            lambda on_done: generate_all(pipe.engine, prompts, greedy, on_done=on_done),
+            "answer",
+        )
+        data.add("magpie", [p + o for p, o in zip(prompts, outputs)], f"{magpie} asked, {len(texts)} kept, seed {seed}")
+    if code_dirs and code_tokens:
+        windows = code_windows(pipe.tokenizer, code_dirs, max_tokens=code_tokens)
+        data.add("code", windows, ", ".join(str(d) for d in code_dirs))
+    if not data.sequences:
+        raise InvalidParameterError("no training data: give --prompts, --magpie or --code")
+    return data

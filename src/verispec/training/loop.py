@@ -2,8 +2,8 @@
 arXiv 2503.01840, §3: feature fusion, no feature loss, training-time test).
 
 Owns, over the teacher data (:mod:`verispec.training.teacher`: the target run teacher-forced over
-the caller's token sequences), the training-time-test unroll and its attention mask, the loss, the optimiser loop and the held-out
-agreement. Knows nothing about the engine, drafting policy or where sequences come from.
+the caller's token sequences), the training-time-test unroll and its attention mask, the loss, the
+optimiser loop and the held-out agreement. Knows nothing about the engine, drafting policy or where sequences come from.
 
 Alignment, for a sequence ``x_0 .. x_{L-1}`` whose target features are ``f_t`` and whose target
 next-token distributions are ``P_t`` (``P_t`` predicts ``x_{t+1}``): draft step ``j`` at anchor

@@ -142,7 +142,8 @@ class GGUFLoader:
             self.cache = WeightCache(Path(header.path), cache_dir, requantize, REQUANTIZE_CACHE_VERSION)
             if not self.cache.hit and requantize == "iq4_nl":
                 print(
-                    f"verispec: re-quantizing {Path(header.path).name} to IQ4_NL (once, a few seconds; kept in {cache_dir})",
+                    f"verispec: re-quantizing {Path(header.path).name} to IQ4_NL (once, a few seconds; kept in "
+                    f"{cache_dir})",
                     file=sys.stderr,
                     flush=True,
                 )

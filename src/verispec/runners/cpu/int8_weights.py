@@ -160,7 +160,8 @@ def quantized_state(model: torch.nn.Module, max_positions: int) -> dict:
     model_type = getattr(config, "model_type", None)
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise InvalidParameterError(
-            f"the int8 runner supports {', '.join(SUPPORTED_MODEL_TYPES)} models, not {model_type!r}: use --runner torch"
+            f"the int8 runner supports {', '.join(SUPPORTED_MODEL_TYPES)} models, not {model_type!r}: "
+            "use --runner torch"
         )
     if any(t != "full_attention" for t in (getattr(config, "layer_types", None) or [])):
         raise InvalidParameterError("the int8 runner does not support sliding-window attention: use --runner torch")

@@ -2,8 +2,9 @@
 
 FR-Spec restricts the *draft's* LM head to the most frequent tokens: the draft computes logits
 for those rows only and gives every other token probability 0, so its head costs a fraction of
-the full one (an EAGLE head's draft vocabulary is chosen the same way: :func:`choose_draft_vocabulary`). Verification still scores the full vocabulary with the target, so the output is
-unchanged (greedy) or keeps the target's distribution (sampling: the residual covers the tokens
+the full one (an EAGLE head's draft vocabulary is chosen the same way:
+:func:`choose_draft_vocabulary`). Verification still scores the full vocabulary with the target,
+so the output is unchanged (greedy) or keeps the target's distribution (sampling: the residual covers the tokens
 the draft cannot propose). Owns the frequency counts and the choice of the kept set; the runner
 that applies it is :class:`verispec.runners.cpu.int8.Int8Runner` (``head_token_ids``). Knows
 nothing about models.

@@ -141,7 +141,8 @@ class WeightCache:
         try:
             if self._writer is None:
                 self.data_path.parent.mkdir(parents=True, exist_ok=True)
-                self._writer = open(self.data_path.with_suffix(f".bin.tmp{os.getpid()}"), "wb")
+                # SIM115: the writer stays open across _append calls; finish() or _abandon() closes it
+                self._writer = open(self.data_path.with_suffix(f".bin.tmp{os.getpid()}"), "wb")  # noqa: SIM115
             records = []
             for array in arrays:
                 name = next(n for n, (t, _) in DTYPES.items() if t == array.dtype)
@@ -163,7 +164,8 @@ class WeightCache:
 
     def _abandon(self, exc: OSError) -> None:
         print(
-            f"verispec: not caching derived weights in {self.data_path.parent} ({exc}); the next load computes them again",
+            f"verispec: not caching derived weights in {self.data_path.parent} ({exc}); "
+            "the next load computes them again",
             file=sys.stderr,
         )
         if self._writer is not None:

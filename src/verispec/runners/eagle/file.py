@@ -88,7 +88,7 @@ def write_head_gguf(
             continue
         if isinstance(value, (list, tuple)):
             writer.add_array(f"{ARCHITECTURE}.{key}", [int(v) for v in value])
-        elif isinstance(value, bool) or isinstance(value, int):
+        elif isinstance(value, (bool, int)):
             writer.add_int64(f"{ARCHITECTURE}.{key}", int(value))
         elif isinstance(value, float):
             writer.add_float64(f"{ARCHITECTURE}.{key}", value)
@@ -121,7 +121,8 @@ def read_head_gguf(path: str | Path) -> tuple[dict, dict[str, Tensor], dict]:
         raise ModelIntegrityError(f"{path} is not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
     if fields.get("general.architecture") != ARCHITECTURE:
         raise ModelIntegrityError(
-            f"{path} is a GGUF file of architecture {fields.get('general.architecture')!r}, not an EAGLE head ({ARCHITECTURE})"
+            f"{path} is a GGUF file of architecture {fields.get('general.architecture')!r}, not an EAGLE head "
+            f"({ARCHITECTURE})"
         )
     try:
         arrays, types = [], {}

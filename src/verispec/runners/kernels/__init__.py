@@ -189,10 +189,8 @@ def _record_build(directory: Path, library: Path) -> None:
             return
     except (OSError, ValueError, CacheFileError):
         pass
-    try:
+    with contextlib.suppress(OSError):  # unrecorded: the next start links it again
         write_checked(directory / RECORD, RECORD_KIND, json.dumps(record).encode())
-    except OSError:
-        pass  # unrecorded: the next start links it again
 
 
 def _sha256(path: Path) -> str:
