@@ -55,7 +55,7 @@ def main() -> None:
         for method in methods:
             same = accepted = drafted = drafts = 0
             spec = SpeculativeConfig(method=method, num_speculative_tokens=5, schedule=args.schedule)
-            for seed, (prompt, params, reference) in plain.items():
+            for prompt, params, reference in plain.values():
                 out = pipe.engine.generate(prompt, params, spec)
                 same += out.token_ids == reference.token_ids
                 accepted += out.metrics.spec.num_accepted_tokens

@@ -43,7 +43,9 @@ def test_logits_close_to_llama_cpp_at_every_position(gemma):
     ours = runner.forward(ids, num_logits=len(ids))
     runner.release()
     difference = (ours - expected).abs().max().item()
-    print(f"gemma-3-270m: max |logit difference| vs llama.cpp {difference:.4f} (max |logit| {expected.abs().max():.2f})")
+    print(
+        f"gemma-3-270m: max |logit difference| vs llama.cpp {difference:.4f} (max |logit| {expected.abs().max():.2f})"
+    )
     assert difference <= 0.05 * expected.abs().max().item()  # int8 activations against llama.cpp's own
     assert (ours.argmax(-1) == expected.argmax(-1)).float().mean() >= 0.9
 
@@ -53,7 +55,9 @@ def test_logits_close_to_llama_cpp_at_every_position(gemma):
 def test_greedy_speculative_equals_plain(gemma, method):
     params = SamplingParams(max_tokens=40)
     plain = gemma.generate(PROMPT, params, SpeculativeConfig(method="none"))
-    out = gemma.generate(PROMPT, params, SpeculativeConfig(method=method, num_speculative_tokens=4, schedule="constant"))
+    out = gemma.generate(
+        PROMPT, params, SpeculativeConfig(method=method, num_speculative_tokens=4, schedule="constant")
+    )
     assert len(plain.token_ids) == 40
     assert out.token_ids == plain.token_ids
     if method != "auto":
