@@ -46,8 +46,11 @@ def test_logits_close_to_llama_cpp_at_every_position(gemma):
     print(
         f"gemma-3-270m: max |logit difference| vs llama.cpp {difference:.4f} (max |logit| {expected.abs().max():.2f})"
     )
-    assert difference <= 0.05 * expected.abs().max().item()  # int8 activations against llama.cpp's own
-    assert (ours.argmax(-1) == expected.argmax(-1)).float().mean() >= 0.9
+    # The two references differ as much on this file: transformers' float model vs llama.cpp, max 2.52
+    # of 40.1 (6.3 %), argmax 0.976; ours vs llama.cpp 2.68, argmax 1.000 (2026-12-05, Zen 4). A wrong
+    # norm, scale or window: tens of units, argmax under 0.5.
+    assert difference <= 0.08 * expected.abs().max().item()
+    assert (ours.argmax(-1) == expected.argmax(-1)).float().mean() >= 0.95
 
 
 @pytest.mark.real_model
