@@ -120,5 +120,6 @@ class HeadTarget:
                 getattr(weights, "output_rows", None),
             )
         raise InvalidParameterError(
-            f"an EAGLE head cannot borrow the token embedding of a {type(target).__name__}: use the gguf, int8 or torch runner"
+            f"an EAGLE head cannot borrow the token embedding of a {type(target).__name__}: "
+            "use the gguf, int8 or torch runner"
         )
