@@ -7,22 +7,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from verispec.errors import InvalidParameterError
-
-if TYPE_CHECKING:
-    from verispec.runners.eagle.head import EagleHead
 
 
 @dataclass
 class HeadCall:
     """One sequence's rows in :func:`forward_heads`: the arguments of :meth:`EagleHead.forward`."""
 
-    head: EagleHead
+    head: nn.Module  # an EagleHead (not imported here: head.py imports this module)
     token_ids: Sequence[int] | Tensor
     features: Tensor | None = None
     hidden: Tensor | None = None
