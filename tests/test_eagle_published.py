@@ -321,6 +321,7 @@ def without(name):
         (dict(num_hidden_layers=2), None, None, InvalidParameterError, "2 decoder layers"),
         (dict(attention_bias=True), None, None, InvalidParameterError, "attention_bias set"),
         (dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}), None, None, InvalidParameterError, "'yarn'"),
+        (dict(rope_scaling={"rope_type": "llama3"}), None, None, ModelIntegrityError, "rope_scaling lacks"),
         ({}, {**published_tensors(), "fc.bias": torch.zeros(HIDDEN)}, None, InvalidParameterError, "unknown tensors"),
     ],
 )

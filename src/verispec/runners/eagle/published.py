@@ -157,7 +157,7 @@ def _shape_of(folder: Path, config: dict, target: HeadTarget) -> HeadShape:
     architectures = config.get("architectures") or []
     if "speculators_config" in config or not set(architectures) & set(ARCHITECTURES):
         raise _layout_error(folder, f"architectures {architectures}")
-    if int(config.get("num_hidden_layers", 1)) != 1:
+    if config.get("num_hidden_layers", 1) != 1:
         raise _layout_error(folder, f"{config['num_hidden_layers']} decoder layers")
     if config.get("hidden_act", "silu") != "silu":
         raise _layout_error(folder, f"hidden_act {config['hidden_act']!r}")
@@ -192,7 +192,10 @@ def _shape_of(folder: Path, config: dict, target: HeadTarget) -> HeadShape:
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ModelIntegrityError(f"{folder / 'config.json'}: not an EAGLE-3 head config ({one_line(exc)})") from exc
-    rope_inv_freq(shape)  # an unknown RoPE scaling refused here, not at the first draft
+    try:
+        rope_inv_freq(shape)  # an unknown RoPE scaling refused here, not at the first draft
+    except (KeyError, TypeError) as exc:
+        raise ModelIntegrityError(f"{folder / 'config.json'}: its rope_scaling lacks {one_line(exc)}") from exc
     layers = feature_layers(config, target.num_layers)
     mismatched = [
         f"{name} {mine} != {theirs}"
