@@ -201,7 +201,7 @@ def _shape_of(folder: Path, config: dict, target: HeadTarget) -> HeadShape:
         f"{name} {mine} != {theirs}"
         for name, mine, theirs in (
             ("hidden_size", hidden, target.hidden_size),
-            ("target_hidden_size", int(config.get("target_hidden_size") or hidden), target.hidden_size),
+            ("target_hidden_size", int(config.get("target_hidden_size") or target.hidden_size), target.hidden_size),
             ("vocab_size", vocab, target.vocab_size),
         )
         if mine != theirs
