@@ -163,6 +163,8 @@ def head_quantization_option() -> Any:
 def eagle_head_option() -> Any:
     return typer.Option(
         None,
-        help="EAGLE-3 head file (verispec train-head) for --method eagle, and for auto to draft with it where the "
-        "lookup fails.",
+        help="EAGLE-3 head for --method eagle (and for auto to draft with it where the lookup fails): a file "
+        "from verispec train-head, or a published EAGLE-3 folder (config.json + model.safetensors or "
+        "pytorch_model.bin, as the EAGLE authors and SpecForge publish and vLLM/SGLang load), converted once "
+        "and cached under $VERISPEC_HOME/eagle-heads.",
     )

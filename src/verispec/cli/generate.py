@@ -132,7 +132,10 @@ def generate(
             head_quantization=head_quantization,
         )
         if method in ("eagle", "eagle-tree") and eagle_head is None:
-            raise InvalidParameterError(f"--method {method} needs --eagle-head FILE (a head from verispec train-head)")
+            raise InvalidParameterError(
+                f"--method {method} needs --eagle-head FILE (a head from verispec train-head) "
+                "or a published EAGLE-3 folder"
+            )
         use_draft = method in ("draft", "auto", "tree") and draft.lower() != "none"
         runners = RunnerOptions(
             kind=runner,

@@ -166,10 +166,14 @@ def serve(
         )
         if spec.method in ("eagle", "eagle-tree") and eagle_head is None:
             raise InvalidParameterError(
-                f"--method {spec.method} needs --eagle-head FILE (a head from verispec train-head)"
+                f"--method {spec.method} needs --eagle-head FILE (a head from verispec train-head) or a published "
+                "EAGLE-3 folder"
             )
-        if eagle_head is not None and not eagle_head.is_file():
-            raise InvalidParameterError(f"--eagle-head {eagle_head}: no such file (a head from verispec train-head)")
+        if eagle_head is not None and not eagle_head.exists():
+            raise InvalidParameterError(
+                f"--eagle-head {eagle_head}: no such file or folder (a head from verispec train-head, or a published "
+                "EAGLE-3 folder)"
+            )
         DrafterOptions(
             eagle_head=eagle_head, head_quantization=head_quantization
         )  # its checks, before minutes of loading

@@ -28,8 +28,8 @@ from verispec.algorithms.step import pick_token
 from verispec.algorithms.tree import TokenTree
 from verispec.proposers.base import DraftRequest, Proposer, common_prefix_length
 from verispec.proposers.draft_tree import dynamic_tree_levels
-from verispec.runners.eagle.batch import HeadCall, forward_heads
 from verispec.runners.eagle.head import EagleHead
+from verispec.runners.eagle.passes import HeadCall, forward_heads
 
 TREE_BRANCHING = 2  # eagle-tree: children expanded per frontier node (EAGLE-2's top-k) ...
 TREE_MAX_DEPTH = 6  # ... over this many levels at most

@@ -74,6 +74,7 @@ class DrafterOptions:
             the whole prompt gave 32.71 decode tokens/s against 49.17 with 256. Output never
             changes (the target verifies).
         eagle_head: an EAGLE-3 head file (``verispec train-head``; :class:`verispec.runners.eagle.head.EagleHead`)
+            or a published EAGLE-3 folder (:mod:`verispec.runners.eagle.published`, converted once)
             for the ``eagle`` drafter over the target runner's own features; None: no ``eagle``.
         head_quantization: the head's linear layers at inference: ``none`` (float32, torch),
             ``q8_0`` or ``iq4_nl`` (GGUF blocks run by the gguf kernels), ``auto``

@@ -56,7 +56,7 @@ class ReplicaSpec:
             must be None: replicas would overwrite one file).
         max_num_batched_tokens: chunked-prefill tokens per pass (the engine's).
         datastore: a corpus datastore directory every replica's suffix drafter reads, or None.
-        eagle_head: an EAGLE-3 head file (``verispec train-head``) every replica loads for the
+        eagle_head: an EAGLE-3 head file (``verispec train-head``) or published folder every replica loads for the
             ``eagle`` and ``eagle-tree`` methods (an absolute path: replicas start in other
             processes), or None.
         head_quantization: the head's layers at inference (:class:`verispec.engine.loader.DrafterOptions`).

@@ -3,7 +3,7 @@ vocabulary map as metadata, how it was trained as a JSON string, the weights as 
 F16, or Q8_0 blocks for the matrices: a head to ship or serve; read back as float32), and a sha256
 of the tensor bytes so a damaged file is refused, never read.
 
-Owns the file layout only; knows nothing about what the weights compute (``eagle_head.py``).
+Owns the file layout only; knows nothing about what the weights compute (:mod:`.head`).
 Keys (``eagle3.`` prefix): every :class:`~verispec.runners.eagle.head.HeadShape` field (ints,
 floats, strings; ``feature_layers`` an int array), ``training`` (JSON: command, seed, data
 manifest, runs), ``tensors_sha256``; tensors: the state dict (``d2t`` as I64).
@@ -121,8 +121,8 @@ def read_head_gguf(path: str | Path) -> tuple[dict, dict[str, Tensor], dict]:
         raise ModelIntegrityError(f"{path} is not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
     if fields.get("general.architecture") != ARCHITECTURE:
         raise ModelIntegrityError(
-            f"{path} is a GGUF file of architecture {fields.get('general.architecture')!r}, not an EAGLE head "
-            f"({ARCHITECTURE})"
+            f"{path} is a GGUF file of architecture {fields.get('general.architecture')!r}, "
+            f"not an EAGLE head ({ARCHITECTURE})"
         )
     try:
         arrays, types = [], {}

@@ -9,7 +9,7 @@ Alignment (EAGLE §3): a row pairs the target's feature of the token at position
 embedding of the token at ``p + 1`` and predicts the token at ``p + 2``; the row sits at position
 ``p`` in the head's cache. The next draft step feeds the row's output ``hidden`` in place of the
 fused feature, at position ``p + 1``. Several sequences of one head draft in one pass through
-:func:`verispec.runners.eagle.batch.forward_heads`.
+:func:`verispec.runners.eagle.passes.forward_heads`.
 """
 
 from __future__ import annotations
@@ -26,9 +26,10 @@ from torch import Tensor, nn
 
 from verispec.errors import InvalidParameterError, ModelIntegrityError, ModelNotFoundError, one_line
 from verispec.runners.cpu.reduced_vocab import choose_draft_vocabulary  # noqa: F401  (the head's vocabulary, re-exported)
-from verispec.runners.eagle.batch import HeadCall, forward_heads
 from verispec.runners.eagle.file import is_gguf, read_head_gguf, write_head_gguf
-from verispec.runners.eagle.shape import SUPPORTED_MODEL_TYPES, HeadShape  # noqa: F401  (re-exported)
+from verispec.runners.eagle.passes import HeadCall, forward_heads
+from verispec.runners.eagle.published import converted_head
+from verispec.runners.eagle.shape import SUPPORTED_MODEL_TYPES, HeadShape, rope_inv_freq  # noqa: F401  (re-exported)
 from verispec.runners.eagle.target import HeadTarget, final_norm, norm_digest
 from verispec.runners.features import default_feature_layers
 
@@ -106,8 +107,7 @@ class EagleHead(nn.Module):
         if shape.lm_head_from_target:  # EAGLE-1's shared, frozen LM head (rows of d2t)
             self.lm_head.weight.requires_grad_(False)
         self.register_buffer("d2t", d2t.clone())
-        inv_freq = 1.0 / shape.rope_theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+        self.register_buffer("inv_freq", rope_inv_freq(shape), persistent=False)
         generator = torch.Generator().manual_seed(seed)
         with torch.no_grad():
             for module in self.modules():
@@ -209,18 +209,22 @@ class EagleHead(nn.Module):
 
     @classmethod
     def load(cls, path: str | Path, target: object) -> EagleHead:
-        """The head written by :meth:`save`, borrowing the embedding of ``target``: a
-        transformers model or a runner that runs it (:class:`HeadTarget`).
+        """The head written by :meth:`save`, or a folder in the published EAGLE-3 layout
+        (:func:`~verispec.runners.eagle.published.converted_head`), borrowing the embedding of
+        ``target``: a transformers model or a runner that runs it (:class:`HeadTarget`).
 
         Raises:
-            ModelNotFoundError: no file at ``path``.
+            ModelNotFoundError: no file at ``path`` (a folder: no config.json or no weights).
             ModelIntegrityError: the file is not a head written by :meth:`save` (truncated, corrupt).
             InvalidParameterError: the head was trained for a target of another architecture,
                 hidden size, vocabulary or depth, or for another target of the same shapes (its
-                :func:`norm_digest` differs), or ``target`` hands out no embedding.
+                :func:`norm_digest` differs), or ``target`` hands out no embedding; a published
+                folder of a layout it does not read.
         """
         facts = HeadTarget.of(target)
         path = Path(path)
+        if path.is_dir():  # a published EAGLE-3 checkpoint: converted once into a head file, cached
+            path = converted_head(path, facts)
         if not path.is_file():
             raise ModelNotFoundError(f"no EAGLE head at {path}")
         try:
@@ -229,14 +233,7 @@ class EagleHead(nn.Module):
             else:
                 stored = torch.load(path, map_location="cpu", weights_only=True)
                 config, state, training = stored["config"], stored["state_dict"], stored.get("training")
-            fields = {k: v for k, v in config.items() if k != "architecture"}
-            shape = HeadShape(
-                **{
-                    **fields,
-                    "feature_layers": tuple(fields["feature_layers"]),
-                    "lm_head_from_target": bool(fields.get("lm_head_from_target", False)),
-                }
-            )
+            shape = HeadShape.from_fields(config)
         except ModelIntegrityError:
             raise
         except Exception as exc:  # torch raises many kinds for a damaged file
@@ -295,7 +292,8 @@ class EagleHead(nn.Module):
         shape, rows = self.shape, hidden.shape[0]
         with torch.no_grad():  # the target's embedding stays frozen
             embedded = self.embed_tokens(token_ids).to(hidden.dtype)
-        x = torch.cat([self.input_norm(embedded), self.hidden_norm(hidden)], dim=-1)
+        normed = self.hidden_norm(hidden)
+        x = torch.cat([self.input_norm(embedded), normed], dim=-1)
         q = self.q_proj(x).view(rows, shape.num_attention_heads, shape.head_dim).transpose(0, 1)
         k = self.k_proj(x).view(rows, shape.num_key_value_heads, shape.head_dim).transpose(0, 1)
         v = self.v_proj(x).view(rows, shape.num_key_value_heads, shape.head_dim).transpose(0, 1)
@@ -318,7 +316,8 @@ class EagleHead(nn.Module):
             )
             start = stop
         attended = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
-        h = hidden + self.o_proj(attended.transpose(0, 1).reshape(rows, -1))
+        residual = normed if shape.norm_before_residual else hidden  # EAGLE-3's: before hidden_norm
+        h = residual + self.o_proj(attended.transpose(0, 1).reshape(rows, -1))
         y = self.post_attention_norm(h)
         return h + self.down_proj(F.silu(self.gate_proj(y)) * self.up_proj(y)), new
 

@@ -42,7 +42,7 @@ HF_ARCHITECTURE = "LlamaForCausalLMEagle3"
 HF_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 # verispec's state-dict name -> the reference checkpoint's
-_NAMES = {
+CHECKPOINT_NAMES = {
     "fc.weight": "fc.weight",
     "input_norm.weight": "midlayer.input_layernorm.weight",
     "hidden_norm.weight": "midlayer.hidden_norm.weight",
@@ -117,7 +117,9 @@ def hf_tensors(head, dtype: str = "bfloat16") -> dict[str, Tensor]:
     if dtype not in HF_DTYPES:
         raise InvalidParameterError(f"checkpoint dtype must be one of {', '.join(HF_DTYPES)}, not {dtype!r}")
     state = head.state_dict()
-    tensors = {_NAMES[name]: state[name].detach().to(HF_DTYPES[dtype]).contiguous() for name in _NAMES}
+    tensors = {
+        CHECKPOINT_NAMES[name]: state[name].detach().to(HF_DTYPES[dtype]).contiguous() for name in CHECKPOINT_NAMES
+    }
     d2t = head.d2t.long()
     tensors["d2t"] = (d2t - torch.arange(d2t.numel())).contiguous()
     t2d = torch.zeros(head.shape.vocab_size, dtype=torch.bool)

@@ -1,10 +1,6 @@
-"""EAGLE heads drafting for several sequences in one pass: :func:`forward_heads` runs the shared
-weights once over every sequence's rows, each sequence attending only to its own cache.
-
-Owns the batching of :meth:`verispec.runners.eagle.head.EagleHead.forward` (the argument checks, the
-concatenation of rows, each cache's append). The layer's arithmetic is the head's
-(:meth:`~verispec.runners.eagle.head.EagleHead.layer_segments`); which sequences draft together
-is the proposer's.
+"""Several sequences' rows through one EAGLE head in one pass (:func:`forward_heads`): the head's
+weights read once for all of them, each sequence's rows attending to its own cache. Knows nothing
+about drafting (:mod:`verispec.proposers.eagle`); the head's layer is :mod:`.head`'s.
 """
 
 from __future__ import annotations
@@ -22,7 +18,7 @@ from verispec.errors import InvalidParameterError
 class HeadCall:
     """One sequence's rows in :func:`forward_heads`: the arguments of :meth:`EagleHead.forward`."""
 
-    head: nn.Module  # an EagleHead (typed loosely: verispec.runners.eagle.head imports this module)
+    head: nn.Module  # an EagleHead (not imported here: head.py imports this module)
     token_ids: Sequence[int] | Tensor
     features: Tensor | None = None
     hidden: Tensor | None = None
