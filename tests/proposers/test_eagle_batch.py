@@ -11,9 +11,9 @@ from verispec.algorithms.sampling import SamplingParams
 from verispec.errors import InvalidParameterError
 from verispec.proposers import DraftRequest
 from verispec.proposers.eagle import EagleProposer
-from verispec.runners.eagle.passes import HeadCall, forward_heads
 from verispec.runners.eagle.blocks import quantize_head_
 from verispec.runners.eagle.head import EagleHead
+from verispec.runners.eagle.passes import HeadCall, forward_heads
 from verispec.runners.torch_runner import TransformersRunner
 
 
