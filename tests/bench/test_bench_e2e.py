@@ -70,7 +70,7 @@ def test_results_json_has_the_documented_keys_and_sane_values(bench_run):
     assert runners["torch:draft"] == runners["transformers:assisted"] == "ok"
     assert runners["llama.cpp:plain"].startswith(("skipped", "not installed"))  # tiny models are no GGUF
     assert len(data["records"]) == 2 * 6  # 2 prompts x (3 verispec + 3 transformers)
-    assert data["exactness"] == {"greedy": True, "all_equal": True, "mismatches": []}
+    assert data["exactness"] == {"greedy": True, "compared": True, "all_equal": True, "mismatches": []}
     for record in data["records"]:
         assert 1 <= record["output_tokens"] <= 16 and record["total_tokens_per_s"] > 0
         if record["method"] not in ("none", "plain"):

@@ -135,12 +135,26 @@ def test_exactness_flags_and_mismatch_list():
     }
     assert exactness(batch, greedy=True) == {
         "greedy": True,
+        "compared": True,
         "all_equal": False,
         "mismatches": [{"runner": "verispec:draft", "prompt_id": "p", "category": "c"}],
     }
-    assert exactness(batch, greedy=False)["all_equal"] is None
+    assert exactness(batch, greedy=False)["all_equal"] is None  # rejection sampling: nothing to compare
+    assert exactness(batch, greedy=False, coupled=True)["all_equal"] is False  # coupled: the seed fixes the text
     summary = {(r.runner, r.category): r for r in summarize(batch)}
     assert (summary[("verispec:draft", ALL)].exact_checked, summary[("verispec:draft", ALL)].mismatched_prompts) == (
         1,
         ["p"],
     )
+
+
+def test_sampled_records_are_compared_within_a_runner_family_only():
+    batch = [
+        record("verispec:none", "p", 1.0),
+        record("verispec:draft", "p", 1.0),
+        record("transformers:plain", "p", 1.0, tokens=(9, 9, 9)),
+    ]
+    mark_exactness(batch, across_runners=False)
+    flags = {r.runner: (r.matches_plain, r.matches_reference) for r in batch}
+    # the same seed, the same family: same text; another runner's logits (and text) may differ
+    assert flags == {"verispec:none": (None, None), "verispec:draft": (True, None), "transformers:plain": (None, None)}

@@ -166,3 +166,25 @@ def test_bench_compares_several_runners_in_one_run(files, tmp_path):
         app, ["bench", "--prompts", str(prompts), "--runner", "gguf,vllm", "--target", str(files["target"])]
     )
     assert unknown.exit_code == 2 and "unknown runner vllm" in unknown.output
+
+
+def test_a_sampled_coupled_bench_checks_every_method_against_plain(files, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "ab!c", "category": "code"}\n{"prompt": "!!ab", "category": "chat"}\n')
+    out = tmp_path / "results"
+    common = ["bench", "--prompts", str(prompts), "--methods", "none,draft,ngram,auto", "--peers", "none"]
+    common += ["--max-tokens", "12", "--no-warmup", "--temperature", "0.9", "--seed", "5"]
+    common += ["--target", str(files["target"]), "--draft", str(files["draft"])]
+    bench = cli.invoke(app, [*common, "--out", str(out)])
+    assert bench.exit_code == 0, bench.output
+    data = json.loads((out / "results.json").read_text())
+    assert data["exactness"] == {"greedy": False, "compared": True, "all_equal": True, "mismatches": []}
+    marks = {
+        r["runner"]: r["matches_plain"] for r in data["records"] if r["prompt_id"] == data["records"][0]["prompt_id"]
+    }
+    assert marks == {"gguf:none": None, "gguf:draft": True, "gguf:ngram": True, "gguf:auto": True}
+    assert "sampled tokens (coupled, same seed) equal plain decoding" in " ".join(bench.output.split())
+    rejection = cli.invoke(app, [*common, "--sampling", "rejection", "--out", str(tmp_path / "rejection")])
+    assert rejection.exit_code == 0, rejection.output
+    data = json.loads((tmp_path / "rejection" / "results.json").read_text())
+    assert data["exactness"]["compared"] is False  # the text depends on the drafter: nothing to compare

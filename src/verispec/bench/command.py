@@ -183,9 +183,10 @@ def print_summary(results: BenchResults, console: Console) -> None:
         if runner.status != "ok":
             console.print(f"{runner.name}: {runner.status}")
     ex = results.exactness
-    if ex["greedy"]:
+    if ex.get("compared", ex["greedy"]):
+        kind = "greedy tokens" if ex["greedy"] else "sampled tokens (coupled, same seed)"
         if ex["all_equal"]:
-            console.print("[green]exact:[/green] every method's greedy tokens equal plain decoding of the same runner")
+            console.print(f"[green]exact:[/green] every method's {kind} equal plain decoding of the same runner")
         else:
             listed = ", ".join(f"{m['runner']} on {m['prompt_id']}" for m in ex["mismatches"])
             console.print(f"[red]not exact:[/red] {listed}")

@@ -64,8 +64,9 @@ class RunRecord:
     """One runner on one prompt. Times in ms, rates in tokens/s (:class:`RequestMetrics`).
 
     ``spec``: the speculative counters (:data:`SPEC_COUNT_FIELDS`), empty for peers.
-    ``matches_plain``: greedy tokens equal those of plain decoding of the same family (None for
-    the plain run itself and for sampling); ``matches_reference``: equal to verispec's plain.
+    ``matches_plain``: tokens equal those of plain decoding of the same family, greedy or sampled by
+    coupling with the same seed (None for the plain run itself and for rejection sampling);
+    ``matches_reference``: greedy tokens equal to verispec's plain.
     ``kernel_isa``: the gguf runner's kernel path (``avx512``, ``avx2``, ``portable``, ...), None
     for other runners.
     """
@@ -141,13 +142,15 @@ class ParticipantInfo:
     load_time_s: float | None = None
 
 
-def mark_exactness(batch: list[RunRecord]) -> None:
-    """Set ``matches_plain`` / ``matches_reference`` on the greedy records of one prompt."""
+def mark_exactness(batch: list[RunRecord], *, across_runners: bool = True) -> None:
+    """Set ``matches_plain`` (and, with ``across_runners``, ``matches_reference``) on the records of
+    one prompt: greedy, or sampled by coupling with one seed (then only within a runner family, whose
+    plain run drew the same noise; another runner's logits differ, so its sampled text may too)."""
     by_name = {r.runner: r for r in batch}
     reference = by_name.get(reference_participant(by_name))
     for record in batch:
         plain = by_name.get(f"{record.family}:{plain_method(record.family)}")
         if plain is not None and plain is not record:
             record.matches_plain = record.token_ids == plain.token_ids
-        if reference is not None and reference is not record:
+        if across_runners and reference is not None and reference is not record:
             record.matches_reference = record.token_ids == reference.token_ids

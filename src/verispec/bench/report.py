@@ -193,12 +193,15 @@ def report_markdown(results: BenchResults) -> str:
         lines.append(f"- `{r.name}`: {r.status}{load}" + (f" · {json.dumps(r.settings)}" if r.settings else ""))
     ex = results.exactness
     lines += ["", "## Exactness", ""]
-    if not ex.get("greedy"):
-        lines.append("Sampling run: outputs are not compared token by token.")
+    kind = "Greedy" if ex.get("greedy") else "Sampled by coupling (one seed per prompt)"
+    if not ex.get("compared", ex.get("greedy")):
+        lines.append(
+            "Modified rejection sampling: outputs are not compared token by token (the text depends on the drafter)."
+        )
     elif ex.get("all_equal"):
-        lines.append("Greedy: every method's tokens equal plain decoding of the same runner on every prompt.")
+        lines.append(f"{kind}: every method's tokens equal plain decoding of the same runner on every prompt.")
     else:
-        lines.append("Greedy: tokens differ from plain decoding of the same runner on:")
+        lines.append(f"{kind}: tokens differ from plain decoding of the same runner on:")
         lines += [f"- `{m['runner']}` on prompt {m['prompt_id']} ({m['category']})" for m in ex.get("mismatches", [])]
         if c.get("dtype") != "float32":
             lines += [

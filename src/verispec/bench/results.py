@@ -121,23 +121,30 @@ def build_results(
         runners=runners,
         records=records,
         summary=summarize(records),
-        exactness=exactness(records, greedy=config.get("temperature", 0.0) == 0.0),
+        exactness=exactness(
+            records,
+            greedy=config.get("temperature", 0.0) == 0.0,
+            coupled=config.get("sampling", "coupled") == "coupled",
+        ),
         audit=audit,
         created_at=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     )
 
 
-def exactness(records: Sequence[RunRecord], greedy: bool) -> dict:
-    """``{"greedy", "all_equal", "mismatches": [{runner, prompt_id, category}]}``; ``all_equal``
-    is None for sampling runs (nothing to compare token by token)."""
-    if not greedy:
-        return {"greedy": False, "all_equal": None, "mismatches": []}
+def exactness(records: Sequence[RunRecord], greedy: bool, coupled: bool = False) -> dict:
+    """``{"greedy", "compared", "all_equal", "mismatches": [{runner, prompt_id, category}]}``:
+    ``compared`` is True for greedy runs and for sampling by coupling (a seed fixes the text under
+    every method, so each method's tokens must equal plain decoding's with the same seed);
+    ``all_equal`` is None for modified rejection sampling (nothing to compare token by token)."""
+    compared = greedy or coupled
+    if not compared:
+        return {"greedy": False, "compared": False, "all_equal": None, "mismatches": []}
     mismatches = [
         {"runner": r.runner, "prompt_id": r.prompt_id, "category": r.category}
         for r in records
         if r.matches_plain is False
     ]
-    return {"greedy": True, "all_equal": not mismatches, "mismatches": mismatches}
+    return {"greedy": greedy, "compared": True, "all_equal": not mismatches, "mismatches": mismatches}
 
 
 def environment(threads: int | None) -> dict:

@@ -252,8 +252,8 @@ def run_bench(
             if on_run:
                 on_run(BenchStep(index + 1, len(items), item, runner.name, outputs[runner.name]))
         batch = [RunRecord.of(item, runner, outputs[runner.name]) for runner in runners]
-        if params.is_greedy:
-            mark_exactness(batch)
+        if params.is_greedy or params.sampling == "coupled":  # coupled: a seed fixes the text under every method
+            mark_exactness(batch, across_runners=params.is_greedy)
         for kind, pipe in pipes.items():
             _audit(auditor, pipe.engine, prompt, params, outputs, item.id, kind)
         records.extend(batch)
