@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from typer.testing import CliRunner
 
-from gguf_models import DRAFT_LIKE, HIDDEN, VOCAB, write_gguf_model
+from gguf_models import DRAFT_LIKE, HIDDEN, VOCAB, Shape, write_gguf_model
 from verispec.algorithms.sampling import SamplingParams
 from verispec.cli import app
 from verispec.engine.loader import SpeculativePipeline
@@ -36,8 +36,13 @@ TOLERANCE = 1e-4  # float32 both ways from bf16 weights: sums in another order, 
 
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
-    path = write_gguf_model(
-        tmp_path_factory.mktemp("published") / "llama.gguf", DRAFT_LIKE, arch="llama", num_layers=LAYERS, seed=4
+    path = write_gguf_model(  # Llama-3-style: RoPE scaled as Llama 3.1 files are (a rope_freqs tensor)
+        tmp_path_factory.mktemp("published") / "llama.gguf",
+        DRAFT_LIKE,
+        arch="llama",
+        num_layers=LAYERS,
+        seed=4,
+        shape=Shape(llama3=(8.0, 1.0, 4.0, 64), rope_base=500000.0),
     )
     return path, GGUFRunner.from_file(path, max_context_length=128)
 
