@@ -22,7 +22,7 @@ from verispec.bench.workload import WorkloadItem
 from verispec.engine import METHODS, GenerationOutput, SpeculativeConfig, SpeculativeEngine
 from verispec.engine.loader import SpeculativePipeline
 from verispec.errors import InvalidParameterError
-from verispec.runners.notices import kernel_facts
+from verispec.runners.choice import kernel_facts
 
 REFERENCE_RUNNER = "verispec:none"  # results written before runners were named by kind
 VERISPEC_FAMILIES = ("verispec", "gguf", "int8", "llamacpp", "torch")  # verispec's engine on each runner

@@ -36,7 +36,6 @@ from verispec.engine.loader import DrafterOptions, SpeculativePipeline
 from verispec.errors import InvalidParameterError
 from verispec.metrics import peak_rss_bytes
 from verispec.progress import working
-from verispec.runners.notices import kernel_facts, runner_label
 from verispec.runners.select import RunnerOptions
 
 
@@ -158,7 +157,7 @@ def generate(
                 else ""
             )
             err.print(
-                f"loaded {summary.role} {summary.name} ({runner_label(pipe.runner_kind)}{requantized}, "
+                f"loaded {summary.role} {summary.name} ({pipe.runner_choice.label}{requantized}, "
                 f"{summary.param_bytes / 2**30:.2f} GiB) in {summary.load_time_s:.1f} s",
                 highlight=False,
                 markup=False,
@@ -200,7 +199,7 @@ def generate(
         data.update(
             method=method,
             runner=pipe.runner_kind,
-            **kernel_facts(pipe.runner_kind),
+            **pipe.runner_choice.facts,
             models=models,
             peak_rss_bytes=peak_rss_bytes(),
         )

@@ -35,7 +35,6 @@ from verispec.errors import CacheFileError, InvalidParameterError
 from verispec.metrics import peak_rss_bytes
 from verispec.models.cache_files import report_damaged
 from verispec.proposers.suffix_file import SuffixSnapshots
-from verispec.runners.notices import kernel_facts
 from verispec.server import logprobs, protocol
 from verispec.server.config import ServerConfig
 from verispec.server.faults import RETRY_AFTER_S, APIError
@@ -67,7 +66,7 @@ class _State:
         self.created = int(time.time())
         self.fingerprint = protocol.system_fingerprint(pipeline.target.path)
         self.metrics = ServerMetrics()
-        self.metrics.describe_runner(pipeline.runner_kind, kernel_facts(pipeline.runner_kind))
+        self.metrics.describe_runner(pipeline.runner_kind, pipeline.runner_choice.facts)
         self.token_texts = logprobs.TokenText(pipeline.tokenizer)
         self.traffic = None if config.record_traffic is None else TrafficRecorder(config.record_traffic)
         self.auditor = QualityAuditor(config.audit_rate)
