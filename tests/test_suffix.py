@@ -356,8 +356,10 @@ def test_warm_ups_and_audit_re_decodes_teach_the_cache_nothing():
 
 
 def test_an_engine_with_its_own_suffix_cache_shares_everything_else():
+    from verispec.proposers.factory import with_own_suffix_cache
+
     engine = cycle_engine()
-    own = engine.with_own_suffix_cache()
+    own = engine.with_proposers(with_own_suffix_cache(engine.proposers))
     assert own.proposers["suffix"].cache is not engine.proposers["suffix"].cache
     assert own.proposers["suffix-tree"].suffix is own.proposers["suffix"]
     assert own.target is engine.target and own.cost_model is engine.cost_model
@@ -395,9 +397,10 @@ def test_bench_methods_learn_only_their_own_answers():
 
 
 def test_a_pipeline_given_a_datastore_drafts_from_it(tmp_path):
-    """``serve --datastore`` (and every replica) goes through ``use_datastore``."""
+    """``serve --datastore`` (and every replica) names it in the pipeline's drafter options."""
     from server_support import tiny_pipeline
     from verispec.proposers.datastore import build_datastore
+    from verispec.proposers.factory import DrafterOptions
 
     pipe = tiny_pipeline()
     params = SamplingParams(max_tokens=16)
@@ -406,9 +409,9 @@ def test_a_pipeline_given_a_datastore_drafts_from_it(tmp_path):
     spec = SpeculativeConfig(method="suffix", num_speculative_tokens=8, schedule="constant")
     without = pipe.engine.generate(prompt, params, spec, learn=False)
     build_datastore([prompt + plain], tmp_path / "ds", depth=8)  # the corpus holds the answer
-    pipe.use_datastore(tmp_path / "ds")
+    pipe = tiny_pipeline(DrafterOptions(datastore=tmp_path / "ds"))
     out = pipe.engine.generate(prompt, params, spec)
     assert out.token_ids == without.token_ids == plain
     assert out.metrics.spec.num_accepted_tokens > without.metrics.spec.num_accepted_tokens
     with pytest.raises(InvalidParameterError, match="not a verispec datastore"):
-        pipe.use_datastore(tmp_path)
+        tiny_pipeline(DrafterOptions(datastore=tmp_path))

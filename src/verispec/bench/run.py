@@ -260,7 +260,7 @@ def build_participants(
         # another method's answer to the same prompt (the methods take turns on every prompt)
         runners += [
             VerispecParticipant(
-                pipe.engine.with_own_suffix_cache(), m, config.num_speculative_tokens, kind, config.schedule
+                pipe.engine_with_own_suffix_cache(), m, config.num_speculative_tokens, kind, config.schedule
             )
             for m in config.methods
         ]

@@ -27,7 +27,8 @@ from verispec.models.compat import check_draft_compatibility
 from verispec.models.loading import DTYPES, LoadedModel, load_gguf_info, load_model
 from verispec.models.preflight import check_before_loading
 from verispec.progress import announce_slow
-from verispec.proposers.factory import DRAFT_QUANTIZATIONS, DrafterOptions, build_drafters
+from verispec.proposers.factory import DRAFT_QUANTIZATIONS, DrafterOptions, build_drafters, with_own_suffix_cache
+from verispec.proposers.suffix import SuffixCache
 from verispec.runners import kv_cache_bytes
 from verispec.runners.choice import Choice, Host, ModelFiles, choose_runner
 from verispec.runners.costs import seed_cost_model
@@ -129,8 +130,14 @@ class SpeculativePipeline:
             built.target,
             built.draft,
         )  # verispec.runners.Runner (draft: None without one)
+        self.suffix_cache = SuffixCache()  # past requests the suffix drafter drafts from (serve persists it)
         proposers = build_drafters(
-            drafters, target, built.draft if draft is not None else None, built.draft_tree, built.target
+            drafters,
+            target,
+            built.draft if draft is not None else None,
+            built.draft_tree,
+            built.target,
+            self.suffix_cache,
         )
         self.engine = SpeculativeEngine(
             built.target,
@@ -288,16 +295,14 @@ class SpeculativePipeline:
             line += f"; {num_sequences} sequences: {num_sequences * total / 2**30:.2f} GiB"
         return line
 
-    def use_datastore(self, path) -> None:
-        """Let the engine's suffix drafter also read the corpus datastore at ``path``
-        (``verispec datastore build``).
+    def engine_with_own_suffix_cache(self) -> SpeculativeEngine:
+        """Another engine over the same target, drafters, controller and measured costs, whose
+        suffix drafter has its own empty cache (same settings and datastore).
 
-        Raises:
-            VerispecError: a missing or damaged datastore (see :class:`verispec.proposers.datastore.Datastore`).
+        Benchmarks give each method one: a method run after another on the same prompt must not
+        be drafted from the other's answer (a cache shared across methods would be).
         """
-        from verispec.proposers.datastore import Datastore
-
-        self.engine.proposers["suffix"].datastore = Datastore(path)
+        return self.engine.with_proposers(with_own_suffix_cache(self.engine.proposers))
 
     def model_summaries(self) -> list[ModelSummary]:
         summaries = [ModelSummary.of("target", self.target)]

@@ -35,7 +35,7 @@ from verispec.engine.state import RequestState, Slot, capture_features, check_dr
 from verispec.errors import ContextLengthError, InvalidParameterError
 from verispec.output import Detokenizer, OutputBuilder
 from verispec.proposers.base import DraftRequest, Proposer
-from verispec.proposers.factory import for_new_sequence, with_lookup_drafters, with_own_suffix_cache
+from verispec.proposers.factory import for_new_sequence, with_lookup_drafters
 from verispec.runners import ForwardCall, Runner, forward_batch
 
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 256  # prompt tokens per pass while others decode (vLLM's name)
@@ -87,18 +87,14 @@ class SpeculativeEngine:
         self.last_pass_num_seqs = 0  # sequences in the last pass
         self._grammar_compiler: GrammarCompiler | None = None
 
-    def with_own_suffix_cache(self) -> SpeculativeEngine:
-        """Another engine over the same target, drafters, controller and measured costs, whose
-        suffix drafter has its own empty cache (same settings and datastore).
-
-        Benchmarks give each method one: a method run after another on the same prompt must not
-        be drafted from the other's answer (a cache shared across methods would be).
-        """
+    def with_proposers(self, proposers: Mapping[str, Proposer]) -> SpeculativeEngine:
+        """Another engine over the same target, controller and measured costs, drafting with
+        ``proposers`` (e.g. the same drafters over fresh caches)."""
         engine = SpeculativeEngine(
             self.target,
             self.tokenizer,
             eos_token_ids=self.eos_token_ids,
-            proposers=with_own_suffix_cache(self.proposers),
+            proposers=proposers,
             controller=self.controller,
             max_num_batched_tokens=self.max_num_batched_tokens,
         )

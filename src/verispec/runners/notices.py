@@ -68,6 +68,24 @@ def portable_gguf_warning(*, llama_cpp_installed: bool, auto_uses_llama_cpp: boo
     return f"{where}, {PORTABLE_COST}; {advice}"
 
 
+def inexact_warning(kind: str, dtype: str = "float32") -> str | None:
+    """Why greedy speculative output on the ``kind`` runner (weights in ``dtype``) can differ from
+    plain decoding at near-ties, naming the exact option; None where it cannot (gguf and int8 are
+    batch-invariant, torch in float32 on a CPU rounds a k-token pass as it rounds k steps)."""
+    if kind == "llamacpp":
+        return (
+            "llama.cpp computes a k-token batch differently from a 1-token step, so greedy speculative output "
+            "can differ from plain llama.cpp decoding at near-ties; use --runner gguf for token-identical output"
+        )
+    if kind == "torch" and dtype != "float32":
+        return (
+            f"{dtype} matmuls on this CPU round a k-token verify pass slightly differently from a 1-token decode "
+            "step, so at near-ties greedy speculative output can differ from plain decoding; use --dtype float32 "
+            "for token-identical output"
+        )
+    return None
+
+
 INT8_SLOW = (
     "oneDNN's int8 product is missing or not exact on this CPU (exact needs AVX-512 VNNI), so the int8 runner "
     "multiplies with torch._int_mm: several times slower (below 0.35 tokens/s for the 1.5B target on "

@@ -101,7 +101,7 @@ def create_app(pipeline, config: ServerConfig | None = None, *, metrics_expositi
     """
     config = dataclasses.replace(config or ServerConfig(), **options)
     state = _State(pipeline, config)
-    cache = _suffix_cache(pipeline)
+    cache = pipeline.suffix_cache
     snapshots = None
     if config.suffix_cache is not None and cache is not None:
         _check_writable(config.suffix_cache)
@@ -227,12 +227,6 @@ def _check_writable(path: str) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path) or not os.path.isdir(directory) or not os.access(directory, os.W_OK):
         raise InvalidParameterError(f"the suffix cache {path} cannot be written: give a file in a writable directory")
-
-
-def _suffix_cache(pipeline):
-    """The engine's shared suffix cache (None without a suffix drafter)."""
-    suffix = pipeline.engine.proposers.get("suffix")
-    return getattr(suffix, "cache", None)
 
 
 def _engine_problem(state: _State) -> str | None:
