@@ -134,12 +134,15 @@ def bigram_qwen2(tokenizer, successors: dict[int, int], seed: int, margin: float
     return model.eval()
 
 
-def tiny_pipeline() -> SpeculativePipeline:
-    """Target + partially agreeing draft sharing one tokenizer, wrapped as a pipeline."""
+def tiny_pipeline(drafters=None) -> SpeculativePipeline:
+    """Target + partially agreeing draft sharing one tokenizer, wrapped as a pipeline
+    (``drafters``: its :class:`DrafterOptions`)."""
     tokenizer = build_tokenizer()
     target = bigram_qwen2(tokenizer, successor_table(tokenizer), seed=0)
     draft = bigram_qwen2(tokenizer, successor_table(tokenizer, num_changed=2), seed=1)
-    return SpeculativePipeline(_loaded("tiny-target", target, tokenizer), _loaded("tiny-draft", draft, tokenizer))
+    return SpeculativePipeline(
+        _loaded("tiny-target", target, tokenizer), _loaded("tiny-draft", draft, tokenizer), drafters
+    )
 
 
 def _loaded(name: str, model, tokenizer) -> LoadedModel:

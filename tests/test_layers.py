@@ -215,3 +215,16 @@ def test_no_kernel_file_too_long(pattern):
         if (n := len(p.read_text().splitlines())) > MAX_CPP_LINES
     }
     assert long == {}
+
+
+def test_the_engine_asks_runners_and_drafters_through_their_protocols():
+    """No ``hasattr`` / ``getattr`` in ``engine/`` but on a tokenizer (a third party's object):
+    every capability of a runner or drafter is declared with a default (``Runner``, ``Proposer``)."""
+    looked_up = []
+    for path in sorted((PACKAGE / "engine").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("hasattr", "getattr"):
+                subject = ast.unparse(node.args[0])
+                if "tokenizer" not in subject:
+                    looked_up.append(f"{path.name}:{node.lineno} {node.func.id}({subject}, ...)")
+    assert looked_up == []

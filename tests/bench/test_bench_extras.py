@@ -46,8 +46,8 @@ def test_bench_schedule_reaches_every_participant(monkeypatch):
     monkeypatch.setattr(run, "kernel_facts", lambda kind: {})  # no kernel build for fake pipelines
 
     engine = SimpleNamespace(proposers={"draft": None, "ngram": None})
-    engine.with_own_suffix_cache = lambda: engine
-    pipes = {"gguf": SimpleNamespace(engine=engine), "int8": SimpleNamespace(engine=engine)}
+    pipe = SimpleNamespace(engine=engine, engine_with_own_suffix_cache=lambda: engine)
+    pipes = {"gguf": pipe, "int8": pipe}
     config = BenchConfig(methods=("draft", "ngram"), peers=(), schedule="constant", num_speculative_tokens=7)
     participants, _ = build_participants(pipes, config)
     assert len(participants) == 6  # none, draft, ngram on each runner

@@ -206,17 +206,21 @@ def test_int8_gguf_path_through_the_pipeline(files):
 
 def test_auto_falls_back_when_the_kernels_cannot_build(files, monkeypatch, capsys):
     from verispec.errors import InvalidParameterError
-    from verispec.runners import kernels, select
+    from verispec.runners import kernels, notices
+    from verispec.runners.choice import ModelFile, ModelFiles, choose_runner
 
     def no_compiler():
         raise InvalidParameterError("the gguf runner compiles its kernels once, and no C++ compiler ('c++') was found")
 
+    pair = ModelFiles(ModelFile("target", files["target"]), ModelFile("draft", files["draft"]))
     monkeypatch.setattr(kernels, "gguf_kernels", no_compiler)
-    monkeypatch.setattr(select, "_WARNED", [])
-    assert select.auto_picks_gguf(files["target"], files["draft"]) is False
+    monkeypatch.setattr(notices, "_SAID", set())
+    choice = choose_runner("auto", pair)
+    assert choice.kind != "gguf" and "no C++ compiler" in choice.reasons[0]
+    choice.say()
     assert "no C++ compiler" in capsys.readouterr().err  # said, not a silent change of runner
     monkeypatch.undo()
-    assert select.auto_picks_gguf(files["target"], files["draft"]) is True
+    assert choose_runner("auto", pair).kind == "gguf"
 
 
 def test_int8_cache_gives_the_same_weights_and_skips_requantizing(files, tmp_path, monkeypatch):

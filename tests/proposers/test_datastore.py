@@ -86,9 +86,10 @@ def test_datastore_build_refuses_an_out_that_is_not_a_new_directory(tmp_path):
 
 
 def test_a_pipeline_given_a_datastore_drafts_from_it(tmp_path):
-    """``serve --datastore`` (and every replica) goes through ``use_datastore``."""
+    """``serve --datastore`` (and every replica) names it in the pipeline's drafter options."""
     from server_support import tiny_pipeline
     from verispec.proposers.datastore import build_datastore
+    from verispec.proposers.factory import DrafterOptions
 
     pipe = tiny_pipeline()
     params = SamplingParams(max_tokens=16)
@@ -97,9 +98,9 @@ def test_a_pipeline_given_a_datastore_drafts_from_it(tmp_path):
     spec = SpeculativeConfig(method="suffix", num_speculative_tokens=8, schedule="constant")
     without = pipe.engine.generate(prompt, params, spec, learn=False)
     build_datastore([prompt + plain], tmp_path / "ds", depth=8)  # the corpus holds the answer
-    pipe.use_datastore(tmp_path / "ds")
+    pipe = tiny_pipeline(DrafterOptions(datastore=tmp_path / "ds"))
     out = pipe.engine.generate(prompt, params, spec)
     assert out.token_ids == without.token_ids == plain
     assert out.metrics.spec.num_accepted_tokens > without.metrics.spec.num_accepted_tokens
     with pytest.raises(InvalidParameterError, match="not a verispec datastore"):
-        pipe.use_datastore(tmp_path)
+        tiny_pipeline(DrafterOptions(datastore=tmp_path))

@@ -290,8 +290,10 @@ def test_warm_ups_and_audit_re_decodes_teach_the_cache_nothing():
 
 
 def test_an_engine_with_its_own_suffix_cache_shares_everything_else():
+    from verispec.proposers.factory import with_own_suffix_cache
+
     engine = cycle_engine()
-    own = engine.with_own_suffix_cache()
+    own = engine.with_proposers(with_own_suffix_cache(engine.proposers))
     assert own.proposers["suffix"].cache is not engine.proposers["suffix"].cache
     assert own.proposers["suffix-tree"].suffix is own.proposers["suffix"]
     assert own.target is engine.target and own.cost_model is engine.cost_model
@@ -326,3 +328,4 @@ def test_bench_methods_learn_only_their_own_answers():
         getattr(alone.metrics.spec, c) for c in counts
     ]  # an empty cache
     assert by[("again", "suffix")].num_target_forwards < by[("first", "suffix")].num_target_forwards
+

@@ -71,16 +71,19 @@ def test_json_and_the_cost_cache_name_the_kernel_path(files, home, monkeypatch):
     ],
 )
 def test_auto_prefers_llama_cpp_to_the_portable_path(files, monkeypatch, capsys, installed, chosen, advice):
-    from verispec.runners import llamacpp, notices, select
+    from verispec.runners import llamacpp, notices
+    from verispec.runners.choice import ModelFile, ModelFiles, choose_runner
 
+    pair = ModelFiles(ModelFile("target", files["target"]), ModelFile("draft", files["draft"]))
     monkeypatch.setattr(notices, "_SAID", set())
     monkeypatch.setattr(llamacpp, "llama_cpp_available", lambda: installed)
-    assert (
-        select.auto_file_runner(files["target"], files["draft"]) == "gguf"
-    )  # the CPU's best path: gguf, whatever is installed
+    assert choose_runner("auto", pair).kind == "gguf"  # the CPU's best path: gguf, whatever is installed
     monkeypatch.setenv("VERISPEC_KERNEL_ISA", "portable")
-    assert select.auto_file_runner(files["target"], files["draft"]) == chosen
-    assert select.auto_file_runner(files["target"], files["draft"]) == chosen
+    choice = choose_runner("auto", pair)
+    assert choice.kind == chosen and choice.isa == ("portable" if chosen == "gguf" else None)
+    assert "portable path" in choice.reasons[-1]
+    choice.say()
+    choose_runner("auto", pair).say()
     err = capsys.readouterr().err
     assert err.count("portable path") == 1 and advice in err
 
@@ -107,6 +110,7 @@ class PortableOnly:
 )
 def test_a_cpu_without_vector_kernels_is_told_what_is_faster(monkeypatch, installed, advice):
     from verispec.runners import kernels
+    from verispec.runners.choice import kernel_facts
     from verispec.runners.notices import portable_gguf_warning, runner_label
 
     monkeypatch.setattr(kernels, "gguf_kernels", PortableOnly)
@@ -117,7 +121,7 @@ def test_a_cpu_without_vector_kernels_is_told_what_is_faster(monkeypatch, instal
         "this CPU (features: sse4_2) runs the gguf kernels on their portable path, about 9x slower"
     )
     assert warning.endswith(advice)
-    assert runner_label("gguf") == "gguf runner, portable kernels"
+    assert runner_label("gguf", kernel_facts("gguf")) == "gguf runner, portable kernels"
 
 
 def test_bench_names_the_kernel_path_and_times_a_prefill(files):

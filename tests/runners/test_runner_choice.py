@@ -16,9 +16,10 @@ from verispec.engine.loader import SpeculativePipeline
 from verispec.errors import InvalidParameterError
 from verispec.models.cache_files import read_checked
 from verispec.models.loading import LoadedModel
-from verispec.runners.costs import CostCache, CostCurve, choose_runner, measure_cost_curve, seed_cost_model
+from verispec.runners.choice import Host, ModelFile, ModelFiles, choose_runner, time_candidates
+from verispec.runners.costs import CostCache, CostCurve, fastest_runner, measure_cost_curve, seed_cost_model
 from verispec.runners.cpu.int8 import Int8Runner
-from verispec.runners.select import RunnerOptions, resolve_auto
+from verispec.runners.select import RunnerOptions
 from verispec.runners.torch_runner import TransformersRunner
 
 
@@ -30,9 +31,9 @@ def curve(name, ms):
 def exact_int8_cpu(monkeypatch):
     """These tests are about auto's caching, not the host: make int8 a candidate as on a CPU whose
     int8 kernel is exact (AVX-512 VNNI); on an AVX2-only host auto leaves int8 out (said once)."""
-    import verispec.runners.select as select
+    import verispec.runners.choice as choice
 
-    monkeypatch.setattr(select, "int8_warning", lambda *, auto: None)
+    monkeypatch.setattr(choice, "int8_warning", lambda *, auto: None)
 
 
 def test_measure_cost_curve_times_each_k_and_leaves_the_cache_empty():
@@ -69,8 +70,8 @@ def test_cost_cache_round_trip_and_bad_file(tmp_path):
         ),
     ],
 )
-def test_choose_runner(targets, drafts, expected):
-    assert choose_runner(targets, drafts) == expected
+def test_fastest_runner(targets, drafts, expected):
+    assert fastest_runner(targets, drafts) == expected
 
 
 def test_seed_cost_model_gives_the_controller_verify_costs():
@@ -79,7 +80,13 @@ def test_seed_cost_model_gives_the_controller_verify_costs():
     assert model.verify_s[0] == pytest.approx(0.036) and model.verify_s[7] == pytest.approx(0.056)
 
 
-def test_resolve_auto_measures_once_then_uses_the_cache(tmp_path, target_model, exact_int8_cpu):
+def auto_choice(build, cache, device="cpu"):
+    """What ``--runner auto`` picks for a model "tiny" without a file: chosen, then timed."""
+    files, host = ModelFiles(ModelFile("tiny")), Host(device, cache)
+    return time_candidates(choose_runner("auto", files, host), files, host, lambda kind, role: build(kind))
+
+
+def test_auto_measures_once_then_uses_the_cache(tmp_path, target_model, exact_int8_cpu):
     built = []
 
     def build(kind):
@@ -87,10 +94,15 @@ def test_resolve_auto_measures_once_then_uses_the_cache(tmp_path, target_model, 
         return Int8Runner.from_module(target_model, max_context_length=128)
 
     cache = CostCache(tmp_path, machine="m")
-    assert resolve_auto("tiny", None, build, speculative=False, cache=cache) == "int8"  # no GGUF: int8 only
-    assert resolve_auto("tiny", None, build, speculative=False, cache=cache) == "int8"
+    files = ModelFiles(ModelFile("tiny"))
+    untimed = choose_runner("auto", files, Host("cpu", cache))
+    assert (untimed.kind, untimed.untimed) == ("auto", ("int8",))  # no curve cached yet: timed once loaded
+    assert auto_choice(build, cache).kind == "int8"  # no GGUF: int8 only
+    cached = choose_runner("auto", files, Host("cpu", cache))
+    assert (cached.kind, cached.facts) == ("int8", {"int8_kernel": cached.facts["int8_kernel"]})  # from the cache
+    assert "cached cost curves" in cached.reasons[-1]
     assert built == ["int8"]
-    assert resolve_auto("tiny", None, build, speculative=False, device="cuda:0", cache=cache) == "torch"
+    assert auto_choice(build, cache, device="cuda:0").kind == "torch"
 
 
 def loaded(name, model):
@@ -207,24 +219,30 @@ def test_slow_steps_are_announced_and_fast_ones_are_silent(capsys):
 
 def test_auto_leaves_out_int8_where_its_fast_kernel_is_not_exact(target_model, tmp_path, monkeypatch, capsys):
     from verispec.runners import notices
+    from verispec.runners.choice import kernel_facts
     from verispec.runners.cpu import int8_ops
     from verispec.runners.notices import runner_label
-    from verispec.runners.select import auto_candidates
-
-    monkeypatch.setattr(notices, "_SAID", set())
-    assert auto_candidates(None) == (["int8"] if int8_ops.default_kernel() == "onednn" else [])  # this CPU
-    monkeypatch.setattr(notices, "_SAID", set())
-    monkeypatch.setattr(int8_ops, "default_kernel", lambda: "int_mm")  # an AVX2-only CPU: torch._int_mm
-    capsys.readouterr()
-    assert auto_candidates(None) == [] and auto_candidates(None) == []
-    err = capsys.readouterr().err
-    assert err.count("leaves out the int8 runner") == 1 and "AVX-512 VNNI" in err  # said once, plainly
 
     def build(kind):
         raise AssertionError(f"auto measured {kind}")
 
-    assert resolve_auto("tiny", None, build, speculative=False, cache=CostCache(tmp_path, machine="m")) == "torch"
-    assert runner_label("int8") == "int8 runner, torch._int_mm int8 kernel (slow here: no AVX-512 VNNI)"
+    cache = CostCache(tmp_path, machine="m")
+    monkeypatch.setattr(notices, "_SAID", set())
+    here = choose_runner("auto", ModelFiles(ModelFile("tiny")), Host("cpu", cache))
+    assert here.candidates == (("int8",) if int8_ops.default_kernel() == "onednn" else ())  # this CPU
+    monkeypatch.setattr(notices, "_SAID", set())
+    monkeypatch.setattr(int8_ops, "default_kernel", lambda: "int_mm")  # an AVX2-only CPU: torch._int_mm
+    capsys.readouterr()
+    choice = auto_choice(build, cache)
+    assert (choice.kind, choice.candidates) == ("torch", ())
+    choice.say()
+    choice.say()
+    err = capsys.readouterr().err
+    assert err.count("leaves out the int8 runner") == 1 and "AVX-512 VNNI" in err  # said once, plainly
+    assert (
+        runner_label("int8", kernel_facts("int8"))
+        == "int8 runner, torch._int_mm int8 kernel (slow here: no AVX-512 VNNI)"
+    )
     monkeypatch.setenv("VERISPEC_HOME", str(tmp_path))
     pipe = SpeculativePipeline(loaded("target", target_model), None, runners=RunnerOptions(kind="int8"))
     assert pipe.runner_kind == "int8"  # asked for by name: it runs, and says why it is slow
@@ -232,8 +250,8 @@ def test_auto_leaves_out_int8_where_its_fast_kernel_is_not_exact(target_model, t
 
 
 def test_cost_curves_are_cached_per_kernel_path(tmp_path, target_model, monkeypatch, exact_int8_cpu):
+    from verispec.runners.choice import cached_curve
     from verispec.runners.cpu import int8_ops
-    from verispec.runners.select import cached_curve
 
     monkeypatch.setenv("VERISPEC_HOME", str(tmp_path))
     SpeculativePipeline(loaded("target", target_model), None, runners=RunnerOptions(kind="auto"))
@@ -247,11 +265,10 @@ def test_cost_curves_are_cached_per_kernel_path(tmp_path, target_model, monkeypa
 
 def test_cached_auto_choice_without_candidates_is_the_torch_runner(monkeypatch, tmp_path):
     """An AVX2-only CPU (int8 left out) and a model no other runner loads: no candidate, so the
-    torch runner, as resolve_auto; it used to raise 'no runner to choose from' (bench --runner auto)."""
-    import verispec.runners.select as select
+    torch runner, decided without timing; it used to raise 'no runner to choose from' (bench --runner auto)."""
+    import verispec.runners.choice as choice
 
-    monkeypatch.setattr(select, "auto_candidates", lambda path, device="cpu": [])
-    assert (
-        select.cached_auto_choice("m", None, speculative=True, draft=("d", None), cache=select.CostCache(tmp_path))
-        == "torch"
-    )
+    monkeypatch.setattr(choice, "int8_warning", lambda *, auto: "int8 is slow here")
+    files = ModelFiles(ModelFile("m"), ModelFile("d"))
+    chosen = choose_runner("auto", files, Host("cpu", CostCache(tmp_path)))
+    assert (chosen.kind, chosen.untimed, chosen.notices) == ("torch", (), (("int8-auto", "int8 is slow here"),))

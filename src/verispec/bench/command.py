@@ -33,7 +33,7 @@ from verispec.bench.workload import WorkloadItem
 from verispec.engine.loader import DrafterOptions, SpeculativePipeline
 from verispec.errors import InvalidParameterError
 from verispec.progress import announce_slow
-from verispec.runners.notices import kernel_facts
+from verispec.runners.choice import kernel_facts
 from verispec.runners.select import RunnerOptions
 
 RESULTS_FILE = "results.json"

@@ -22,7 +22,7 @@ from verispec.bench.workload import WorkloadItem
 from verispec.engine import METHODS, GenerationOutput, SpeculativeConfig, SpeculativeEngine
 from verispec.engine.loader import SpeculativePipeline
 from verispec.errors import InvalidParameterError
-from verispec.runners.notices import kernel_facts
+from verispec.runners.choice import kernel_facts
 
 WARMUP_TOKENS = 4
 
@@ -140,7 +140,7 @@ def build_participants(
         # another method's answer to the same prompt (the methods take turns on every prompt)
         runners += [
             VerispecParticipant(
-                pipe.engine.with_own_suffix_cache(), m, config.num_speculative_tokens, kind, config.schedule
+                pipe.engine_with_own_suffix_cache(), m, config.num_speculative_tokens, kind, config.schedule
             )
             for m in config.methods
         ]

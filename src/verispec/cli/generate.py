@@ -33,10 +33,11 @@ from verispec.cli.common import (
 from verispec.cli.generate_stats import plain_comparison, slowdown_hint, stats_table
 from verispec.engine import SpeculativeConfig
 from verispec.engine.loader import DrafterOptions, SpeculativePipeline
+from verispec.engine.methods import needs_head, uses_draft_model
 from verispec.errors import InvalidParameterError
 from verispec.metrics import peak_rss_bytes
 from verispec.progress import working
-from verispec.runners.notices import kernel_facts, runner_label
+from verispec.runners.notices import inexact_warning
 from verispec.runners.select import RunnerOptions
 
 
@@ -131,25 +132,21 @@ def generate(
             eagle_head=eagle_head,
             head_quantization=head_quantization,
         )
-        if method in ("eagle", "eagle-tree") and eagle_head is None:
+        if needs_head(method) and eagle_head is None:
             raise InvalidParameterError(
                 f"--method {method} needs --eagle-head FILE (a head from verispec train-head) "
                 "or a published EAGLE-3 folder"
             )
-        use_draft = method in ("draft", "auto", "tree") and draft.lower() != "none"
+        use_draft = uses_draft_model(method) and draft.lower() != "none"
         runners = RunnerOptions(
             kind=runner,
             max_context_length=max_context,
             draft_vocab_size=draft_vocab,
             draft_vocab_corpus=tuple(draft_vocab_corpus or ()),
         )
-        if dtype != "float32" and method != "none" and runner == "torch":
-            err.print(
-                f"[yellow]warning:[/yellow] {dtype} matmuls on this CPU round a k-token verify pass slightly "
-                "differently from a 1-token decode step, so at near-ties greedy speculative output can differ "
-                "from plain decoding; use --dtype float32 for token-identical output",
-                highlight=False,
-            )
+        inexact = None if method == "none" else inexact_warning(runner, dtype)  # said before minutes of loading
+        if inexact is not None:
+            err.print(f"[yellow]warning:[/yellow] {inexact}", highlight=False)
         with err.status(f"loading {target}" + (f" + {draft}" if use_draft else "")):
             pipe = SpeculativePipeline.load(
                 target, draft if use_draft else None, dtype=dtype, drafters=drafters, runners=runners
@@ -161,19 +158,14 @@ def generate(
                 else ""
             )
             err.print(
-                f"loaded {summary.role} {summary.name} ({runner_label(pipe.runner_kind)}{requantized}, "
+                f"loaded {summary.role} {summary.name} ({pipe.runner_choice.label}{requantized}, "
                 f"{summary.param_bytes / 2**30:.2f} GiB) in {summary.load_time_s:.1f} s",
                 highlight=False,
                 markup=False,
             )
         pipe.check_window(len(pipe.encode(prompt, chat=chat)), params.max_tokens)  # refused, never cut at the window
-        if pipe.runner_kind == "llamacpp" and method != "none":
-            err.print(
-                "[yellow]warning:[/yellow] llama.cpp computes a k-token batch differently from a 1-token step, so "
-                "greedy speculative output can differ from plain llama.cpp decoding at near-ties; use --runner gguf "
-                "for token-identical output",
-                highlight=False,
-            )
+        if runner == "auto" and method != "none" and (inexact := inexact_warning(pipe.runner_kind, dtype)):
+            err.print(f"[yellow]warning:[/yellow] {inexact}", highlight=False)  # the runner auto chose
         if compare_plain:  # both timed runs start warm: neither pays the first pass's one-off costs
             with working("warming up (--compare-plain)", "4 untimed tokens, so both timed runs start warm", err):
                 pipe.generate(
@@ -203,7 +195,7 @@ def generate(
         data.update(
             method=method,
             runner=pipe.runner_kind,
-            **kernel_facts(pipe.runner_kind),
+            **pipe.runner_choice.facts,
             models=models,
             peak_rss_bytes=peak_rss_bytes(),
         )

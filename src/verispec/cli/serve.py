@@ -215,10 +215,10 @@ def serve(
                 dtype=dtype,
                 runners=RunnerOptions(kind=runner, max_context_length=max_context),
                 max_num_batched_tokens=max_num_batched_tokens,
-                drafters=DrafterOptions(eagle_head=eagle_head, head_quantization=head_quantization),
+                drafters=DrafterOptions(
+                    eagle_head=eagle_head, head_quantization=head_quantization, datastore=datastore
+                ),
             )
-        if datastore is not None:
-            pipe.use_datastore(datastore)
         server = create_app(pipe, config)
     interrupted: list[int] = []
 

@@ -1,8 +1,9 @@
 """One request's share of a target pass: its plan (a prefill chunk, a chain or a tree to
 verify), the rows it puts in the pass, and what the pass's logits then commit to it.
 
-The engine's loop (:mod:`verispec.engine.loop`) plans every request, runs one pass, then calls
-:func:`commit` on each; :func:`finish` ends a request. Lossless by construction: what is
+The engine's loop (:mod:`verispec.engine.loop`) plans every request and runs one pass; then a
+prefill chunk is committed by :func:`commit_prefill`, and a draft is verified (:func:`verify`:
+a chain or a tree) and committed (:func:`commit`); :func:`finish` ends a request. Lossless by construction: what is
 committed is what :mod:`verispec.algorithms.step` verified against the target's own rows.
 """
 
@@ -16,7 +17,8 @@ import torch
 from verispec.algorithms.control import CostModel
 from verispec.algorithms.sampling import process_logits, token_logprobs
 from verispec.algorithms.step import pick_token, verify_chain, verify_tree
-from verispec.algorithms.tree import tree_attention_mask, tree_position_ids
+from verispec.algorithms.tree import TreeVerifyResult, tree_attention_mask, tree_position_ids
+from verispec.algorithms.verify import VerifyResult
 from verispec.engine.policy import DraftStep
 from verispec.engine.request import GenerationOutput, StreamChunk
 from verispec.engine.state import RequestState
@@ -29,7 +31,8 @@ TARGET_SOURCE = "target"  # token_sources entry of a token the target chose (not
 
 @dataclass
 class Plan:
-    """What one request does in a pass: a prefill chunk, a chain or a tree verify."""
+    """What one request does in a pass: a prefill chunk (``request`` None), or a decode step whose
+    draft (``step``, from the policy) the pass verifies as a chain or a tree."""
 
     state: RequestState
     call: ForwardCall | None
@@ -37,6 +40,10 @@ class Plan:
     limit: int = 0
     step: DraftStep | None = None
     request: DraftRequest | None = None
+
+    @property
+    def prefill(self) -> bool:
+        return self.request is None
 
 
 def verify_call(plan: Plan) -> ForwardCall:
@@ -50,67 +57,96 @@ def verify_call(plan: Plan) -> ForwardCall:
     )
 
 
-def commit(
-    plan: Plan, logits: torch.Tensor, pass_s: float, base_rows: int, cost_model: CostModel
-) -> StreamChunk | None:
-    """Apply one pass's ``logits`` (``[rows of plan.call, vocab]`` float32) to the plan's request:
-    a prefill chunk's prompt logprobs and, after the last chunk, the first token; or a verify
-    (:func:`verispec.algorithms.step.verify_chain` / ``verify_tree``), the commit of the accepted
-    tokens and the bonus or recovered token, and the rollback of the target's KV cache to them.
-    ``pass_s``: the pass's seconds; ``base_rows``: rows of the other requests in it. Returns the
-    chunk committed, or None for a prefill chunk that is not the prompt's last.
-    """
+def commit_prefill(plan: Plan, logits: torch.Tensor, cost_model: CostModel) -> StreamChunk | None:
+    """Apply a prefill chunk's ``logits`` (``[rows of plan.call, vocab]`` float32): its prompt
+    logprobs and, after the prompt's last chunk, the first output token. Returns the chunk
+    committed, or None for a chunk that is not the prompt's last."""
     state = plan.state
     out, params = state.out, state.params
-    if plan.step is None:  # a prefill chunk
-        first = state.num_prefilled
-        state.num_prefilled += len(plan.call.token_ids)
-        share_features(state, slice(None), first)
-        if params.prompt_logprobs is not None:  # row j scores prompt token first + j + 1
-            for j, position in enumerate(range(first + 1, min(state.num_prefilled + 1, len(state.prompt)))):
-                state.prompt_logprobs.append(token_logprobs(logits[j], state.prompt[position], params.prompt_logprobs))
-        if state.num_prefilled < len(state.prompt):
-            return None
-        rows = process_logits(logits[-1:], params, state.prompt, [], allowed=state.constraints.masks(0))
-        state.pending = pick_token(rows, state.generator, len(state.prompt))  # the first output position
-        out.append(state.pending)
-        state.record_logprobs(rows.logits, [state.pending])
-        state.constraints.commit(out.token_ids)
-        state.times.first_token = time.perf_counter()
-        state.sources = [TARGET_SOURCE] * len(out.token_ids)
-        if out.finished:
-            return finish(state, cost_model, list(out.token_ids))
-        prompt_logprobs = list(state.prompt_logprobs) if params.prompt_logprobs is not None else None
-        return StreamChunk(
-            out.take_delta(),
-            list(out.token_ids),
-            logprobs=state.chunk_logprobs(out.token_ids),
-            prompt_logprobs=prompt_logprobs,
-        )
-    step, target = plan.step, state.slot.target
-    draft_token_ids = step.draft.draft_token_ids
+    first = state.num_prefilled
+    state.num_prefilled += len(plan.call.token_ids)
+    share_features(state, slice(None), first)
+    if params.prompt_logprobs is not None:  # row j scores prompt token first + j + 1
+        for j, position in enumerate(range(first + 1, min(state.num_prefilled + 1, len(state.prompt)))):
+            state.prompt_logprobs.append(token_logprobs(logits[j], state.prompt[position], params.prompt_logprobs))
+    if state.num_prefilled < len(state.prompt):
+        return None
+    rows = process_logits(logits[-1:], params, state.prompt, [], allowed=state.constraints.masks(0))
+    state.pending = pick_token(rows, state.generator, len(state.prompt))  # the first output position
+    out.append(state.pending)
+    state.record_logprobs(rows.logits, [state.pending])
+    state.constraints.commit(out.token_ids)
+    state.times.first_token = time.perf_counter()
+    state.sources = [TARGET_SOURCE] * len(out.token_ids)
+    if out.finished:
+        return finish(state, cost_model, list(out.token_ids))
+    prompt_logprobs = list(state.prompt_logprobs) if params.prompt_logprobs is not None else None
+    return StreamChunk(
+        out.take_delta(),
+        list(out.token_ids),
+        logprobs=state.chunk_logprobs(out.token_ids),
+        prompt_logprobs=prompt_logprobs,
+    )
+
+
+@dataclass
+class Verified:
+    """What a verify pass decided for one request: ``result`` (``num_accepted_tokens``,
+    ``token_ids``: the accepted tokens and the bonus or recovered one), the processed target
+    ``rows`` their logprobs come from (``scoring_rows`` of them), and for a tree the accepted
+    path's node indices (``accepted_nodes``, None for a chain)."""
+
+    result: VerifyResult | TreeVerifyResult
+    rows: torch.Tensor
+    scoring_rows: list[int]
+    accepted_nodes: list[int] | None = None
+
+    @property
+    def num_accepted_tokens(self) -> int:
+        return self.result.num_accepted_tokens
+
+
+def verify(plan: Plan, logits: torch.Tensor) -> Verified:
+    """Verify the plan's draft against ``logits`` (``[rows of plan.call, vocab]`` float32) and keep
+    only the accepted rows in the target's KV cache (and the feature drafters' view of them)."""
+    if plan.step.draft.tree is None:
+        return _verify_chain(plan, logits)
+    return _verify_tree(plan, logits)
+
+
+def _verify_chain(plan: Plan, logits: torch.Tensor) -> Verified:
+    """A chain (:func:`verispec.algorithms.step.verify_chain`): the cache rolls back to the
+    pending token and the accepted ones."""
+    state, draft = plan.state, plan.step.draft
+    allowed = state.constraints.masks(len(state.out.token_ids), draft.draft_token_ids)
+    result, rows = verify_chain(
+        logits, draft, state.params, state.prompt, state.out.token_ids, state.generator, allowed
+    )
+    state.slot.target.truncate(plan.cached + 1 + result.num_accepted_tokens)
+    share_features(state, slice(0, 1 + result.num_accepted_tokens), plan.cached)
+    return Verified(result, rows, list(range(len(result.token_ids))))
+
+
+def _verify_tree(plan: Plan, logits: torch.Tensor) -> Verified:
+    """A token tree (:func:`verispec.algorithms.step.verify_tree`): the cache keeps the accepted
+    path's rows."""
+    state, tree = plan.state, plan.step.draft.tree
     constraints = state.constraints
-    tree = step.draft.tree
-    if tree is None:
-        allowed = constraints.masks(len(out.token_ids), draft_token_ids)
-        result, rows = verify_chain(logits, step.draft, params, state.prompt, out.token_ids, state.generator, allowed)
-        target.truncate(plan.cached + 1 + result.num_accepted_tokens)
-        share_features(state, slice(0, 1 + result.num_accepted_tokens), plan.cached)
-        accepted_nodes = None
-        scoring_rows = list(range(len(result.token_ids)))
-    else:
-        paths = (
-            [[tree.token_ids[j] for j in tree.path_to(i)] for i in range(tree.num_nodes)] if constraints.active else []
-        )
-        allowed = constraints.path_masks(len(out.token_ids), paths)
-        result, rows = verify_tree(tree, logits, params, state.prompt, out.token_ids, state.generator, allowed)
-        target.keep_tree_path(plan.cached, [0] + result.accepted_nodes)  # the accepted path's KV
-        share_features(state, [0] + list(result.accepted_nodes), plan.cached)
-        accepted_nodes = result.accepted_nodes
-        scoring_rows = [0] + list(result.accepted_nodes)
-    realised = state.policy.observe(step, result.num_accepted_tokens, pass_s, accepted_nodes, base_rows=base_rows)
-    if state.policy.active and plan.limit > 0:  # a step with no room to draft says nothing about control
-        state.stats.record_control(step.chosen_k, step.predicted, realised)
+    paths = [[tree.token_ids[j] for j in tree.path_to(i)] for i in range(tree.num_nodes)] if constraints.active else []
+    allowed = constraints.path_masks(len(state.out.token_ids), paths)
+    result, rows = verify_tree(tree, logits, state.params, state.prompt, state.out.token_ids, state.generator, allowed)
+    path = [0, *result.accepted_nodes]
+    state.slot.target.keep_tree_path(plan.cached, path)  # the accepted path's KV
+    share_features(state, path, plan.cached)
+    return Verified(result, rows, list(path), list(result.accepted_nodes))
+
+
+def commit(plan: Plan, verified: Verified, cost_model: CostModel) -> StreamChunk:
+    """Commit a verified step to the request's output: the accepted tokens and the bonus or
+    recovered token, up to a stop; their sources, statistics and logprobs. Returns the chunk
+    committed (the request's last carries its output)."""
+    state, step = plan.state, plan.step
+    out, result = state.out, verified.result
     num_before = len(out.token_ids)
     for i, token_id in enumerate(result.token_ids):
         finished = out.append(token_id)
@@ -122,9 +158,9 @@ def commit(
     # accepted tokens are tokens of the completion (SpecDecodeStats): an accepted end-of-sequence
     # token, or one past a stop string or max_tokens, is not one
     num_accepted = min(result.num_accepted_tokens, len(committed))
-    state.stats.record(len(draft_token_ids), num_accepted, num_before, step.drafter)
-    state.record_logprobs(rows, committed, scoring_rows)
-    constraints.commit(committed)
+    state.stats.record(len(step.draft.draft_token_ids), num_accepted, num_before, step.drafter)
+    state.record_logprobs(verified.rows, committed, verified.scoring_rows)
+    state.constraints.commit(committed)
     state.pending = result.token_ids[-1]
     if out.finished:
         return finish(state, cost_model, committed)

@@ -28,11 +28,13 @@ from verispec.models.gguf_tokenizer import chat_token_ids
 from verispec.models.loading import DTYPES, LoadedModel, load_gguf_info, load_model
 from verispec.models.preflight import check_before_loading
 from verispec.progress import announce_slow
-from verispec.proposers.factory import DRAFT_QUANTIZATIONS, DrafterOptions, build_drafters
+from verispec.proposers.factory import DRAFT_QUANTIZATIONS, DrafterOptions, build_drafters, with_own_suffix_cache
+from verispec.proposers.suffix import SuffixCache
 from verispec.runners import kv_cache_bytes
+from verispec.runners.choice import Choice, Host, ModelFiles, choose_runner
 from verispec.runners.costs import seed_cost_model
 from verispec.runners.cpu.quantize import quantize_linear_layers
-from verispec.runners.select import RunnerOptions, auto_file_runner, build_runners, cached_auto_choice, cached_curve
+from verispec.runners.select import RunnerOptions, build_runners
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
@@ -84,9 +86,15 @@ class SpeculativePipeline:
         controller: ControllerConfig | None = None,
         runners: RunnerOptions | None = None,
         max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        *,
+        choice: Choice | None = None,
     ) -> None:
         drafters = drafters or DrafterOptions()
         runners = runners or RunnerOptions()
+        if choice is None:  # load() chose before loading; models handed in directly are chosen for here
+            device = "cpu" if target.model is None else str(next(target.model.parameters()).device)
+            choice = choose_runner(runners.kind, ModelFiles.of(target, draft), Host(device))
+        choice.say()
         if draft is not None:
             check_draft_compatibility(
                 target.tokenizer,
@@ -96,9 +104,9 @@ class SpeculativePipeline:
                 target_eos_token_ids=target.eos_token_ids,
                 draft_eos_token_ids=draft.eos_token_ids,
             )
-        if draft is not None and drafters.draft_quantization == "int8" and runners.kind != "torch":
+        if draft is not None and drafters.draft_quantization == "int8" and choice.kind != "torch":
             raise InvalidParameterError(
-                f"--draft-quantization int8 needs --runner torch, not {runners.kind} (gguf: iq4_nl or q4_0)"
+                f"--draft-quantization int8 needs --runner torch, not {choice.kind} (gguf: iq4_nl or q4_0)"
             )
         if draft is not None and drafters.draft_quantization == "int8":
             if draft.model is target.model:
@@ -109,9 +117,8 @@ class SpeculativePipeline:
         self.tokenizer = target.tokenizer
         quantization = drafters.draft_quantization
         requantize = quantization if quantization == "auto" or DRAFT_QUANTIZATIONS[quantization] == "gguf" else None
-        built = build_runners(
-            runners, target, draft, draft_requantize=requantize
-        )  # gguf, int8, llama.cpp, torch; auto resolved
+        built = build_runners(runners, choice, target, draft, draft_requantize=requantize)  # auto's candidates timed
+        self.runner_choice = built.choice  # which runner, its kernels and why
         self.runner_kind = built.kind
         self.draft_requantize = built.draft_requantize  # e.g. "iq4_nl": the gguf draft's 4-bit blocks
         # what the user is told: the load time including the runner's own weight loading, and the
@@ -124,8 +131,14 @@ class SpeculativePipeline:
             built.target,
             built.draft,
         )  # verispec.runners.Runner (draft: None without one)
+        self.suffix_cache = SuffixCache()  # past requests the suffix drafter drafts from (serve persists it)
         proposers = build_drafters(
-            drafters, target, built.draft if draft is not None else None, built.draft_tree, built.target
+            drafters,
+            target,
+            built.draft if draft is not None else None,
+            built.draft_tree,
+            built.target,
+            self.suffix_cache,
         )
         self.engine = SpeculativeEngine(
             built.target,
@@ -135,9 +148,8 @@ class SpeculativePipeline:
             controller=controller,
             max_num_batched_tokens=max_num_batched_tokens,
         )
-        curve = cached_curve(target.name, target.path, built.kind)
-        if curve is not None:  # the controller starts from this machine's measured verify costs
-            seed_cost_model(self.engine.cost_model, curve)
+        if built.target_curve is not None:  # the controller starts from this machine's measured verify costs
+            seed_cost_model(self.engine.cost_model, built.target_curve)
 
     @classmethod
     def load(
@@ -175,11 +187,12 @@ class SpeculativePipeline:
             raise InvalidParameterError(f"dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}")
         check_before_loading(target, draft)  # headers and vocabularies: seconds, before minutes of loading
         runners = runners or RunnerOptions(kind="auto")
-        if runners.kind == "auto":
-            runners = dataclasses.replace(runners, kind=_cached_auto(target, draft, device) or "auto")
-        if runners.kind in ("llamacpp", "gguf") or (runners.kind == "int8" and _is_gguf(target, draft)):
+        files = ModelFiles.resolve(target, draft) if runners.kind == "auto" else None
+        choice = choose_runner(runners.kind, files, Host(device))  # auto: from headers and cached curves
+        choice.say()
+        if choice.kind in ("llamacpp", "gguf") or (choice.kind == "int8" and _is_gguf(target, draft)):
             # weights are read by the runner itself
-            name = {"llamacpp": "llama.cpp"}.get(runners.kind, runners.kind)
+            name = {"llamacpp": "llama.cpp"}.get(choice.kind, choice.kind)
             with announce_slow(
                 f"reading the GGUF headers and tokenizer of {target}" + (f" and {draft}" if draft else ""),
                 "the tokenizer is built from the file once, then cached",
@@ -189,11 +202,11 @@ class SpeculativePipeline:
         else:
             with announce_slow(
                 f"loading {target}" + (f" and {draft}" if draft else "") + " into torch",
-                f"--runner {runners.kind} starts from the float model",
+                f"--runner {choice.kind} starts from the float model",
             ):
                 target_model = load_model(target, dtype=dtype, device=device)
                 draft_model = load_model(draft, dtype=dtype, device=device) if draft else None
-        return cls(target_model, draft_model, drafters, controller, runners, max_num_batched_tokens)
+        return cls(target_model, draft_model, drafters, controller, runners, max_num_batched_tokens, choice=choice)
 
     def encode(self, prompt: str, *, chat: bool = False) -> list[int]:
         """Token ids of ``prompt``; with ``chat``, as one user turn through the model's template.
@@ -279,41 +292,20 @@ class SpeculativePipeline:
             line += f"; {num_sequences} sequences: {num_sequences * total / 2**30:.2f} GiB"
         return line
 
-    def use_datastore(self, path) -> None:
-        """Let the engine's suffix drafter also read the corpus datastore at ``path``
-        (``verispec datastore build``).
+    def engine_with_own_suffix_cache(self) -> SpeculativeEngine:
+        """Another engine over the same target, drafters, controller and measured costs, whose
+        suffix drafter has its own empty cache (same settings and datastore).
 
-        Raises:
-            VerispecError: a missing or damaged datastore (see :class:`verispec.proposers.datastore.Datastore`).
+        Benchmarks give each method one: a method run after another on the same prompt must not
+        be drafted from the other's answer (a cache shared across methods would be).
         """
-        from verispec.proposers.datastore import Datastore
-
-        self.engine.proposers["suffix"].datastore = Datastore(path)
+        return self.engine.with_proposers(with_own_suffix_cache(self.engine.proposers))
 
     def model_summaries(self) -> list[ModelSummary]:
         summaries = [ModelSummary.of("target", self.target)]
         if self.draft is not None:
             summaries.append(ModelSummary.of("draft", self.draft))
         return summaries
-
-
-def _cached_auto(target: str, draft: str | None, device: str) -> str | None:
-    """The runner ``auto`` picks from cached cost curves alone (None: something to measure)."""
-    from verispec.models.store import ModelStore
-
-    store = ModelStore()
-    target_source = store.resolve(target)
-    draft_source = store.resolve(draft) if draft else None
-    chosen = auto_file_runner(target_source.path, draft_source.path if draft_source else None, device)
-    if chosen is not None:
-        return chosen
-    return cached_auto_choice(
-        target_source.name,
-        target_source.path,
-        speculative=draft is not None,
-        device=device,
-        draft=(draft_source.name, draft_source.path) if draft_source else None,
-    )
 
 
 def _with_runner_facts(loaded: LoadedModel, built, role: str) -> LoadedModel:

@@ -1,4 +1,4 @@
-"""The one generate loop: propose -> verify -> commit -> rollback.
+"""The one generate loop: a step is plan -> draft -> forward -> verify -> commit.
 
 Plain decoding is the same loop with no drafter (zero draft tokens per step), so the baseline
 and every speculative method share prefill, sampling, stops and metrics. Which drafter drafts
@@ -22,19 +22,20 @@ import torch
 
 from verispec.algorithms.control import ControllerConfig, CostModel
 from verispec.algorithms.sampling import SamplingParams
-from verispec.engine.commit import Plan, commit, finish, verify_call
+from verispec.engine.commit import Plan, Verified, commit, commit_prefill, finish, verify, verify_call
 from verispec.engine.constraints import GrammarCompiler, TokenConstraints, cut_draft
-from verispec.engine.policy import DraftStep, drafter_order, make_policy
+from verispec.engine.methods import drafter_order
+from verispec.engine.policy import DraftStep, draft_batch, make_policy
 from verispec.engine.request import (
     GenerationOutput,
     SpeculativeConfig,
     StreamChunk,
 )
-from verispec.engine.state import RequestState, Slot
-from verispec.errors import ContextLengthError, IncompatibleDraftError, InvalidParameterError
+from verispec.engine.state import RequestState, Slot, capture_features, check_draft_widths
+from verispec.errors import ContextLengthError, InvalidParameterError
 from verispec.output import Detokenizer, OutputBuilder
 from verispec.proposers.base import DraftRequest, Proposer
-from verispec.proposers.factory import for_new_sequence, with_lookup_drafters, with_own_suffix_cache
+from verispec.proposers.factory import for_new_sequence, with_lookup_drafters
 from verispec.runners import ForwardCall, Runner, forward_batch
 
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 256  # prompt tokens per pass while others decode (vLLM's name)
@@ -86,18 +87,14 @@ class SpeculativeEngine:
         self.last_pass_num_seqs = 0  # sequences in the last pass
         self._grammar_compiler: GrammarCompiler | None = None
 
-    def with_own_suffix_cache(self) -> SpeculativeEngine:
-        """Another engine over the same target, drafters, controller and measured costs, whose
-        suffix drafter has its own empty cache (same settings and datastore).
-
-        Benchmarks give each method one: a method run after another on the same prompt must not
-        be drafted from the other's answer (a cache shared across methods would be).
-        """
+    def with_proposers(self, proposers: Mapping[str, Proposer]) -> SpeculativeEngine:
+        """Another engine over the same target, controller and measured costs, drafting with
+        ``proposers`` (e.g. the same drafters over fresh caches)."""
         engine = SpeculativeEngine(
             self.target,
             self.tokenizer,
             eos_token_ids=self.eos_token_ids,
-            proposers=with_own_suffix_cache(self.proposers),
+            proposers=proposers,
             controller=self.controller,
             max_num_batched_tokens=self.max_num_batched_tokens,
         )
@@ -223,17 +220,44 @@ class SpeculativeEngine:
     def step(self, states: Sequence[RequestState]) -> list[StreamChunk | None]:
         """One target pass over every unfinished request of ``states`` (each on its own slot).
 
-        Each request drafts with its own policy (its draft length chosen for a pass holding the
-        other requests' rows too), then one :func:`verispec.runners.forward_batch` scores every
-        prefill chunk, draft chain and draft tree; each request then verifies, commits, rolls
-        back and stops on its own. On a batch-invariant runner each request's rows are the rows
-        it would get alone, so its output is the output it would have alone.
+        plan -> draft -> forward -> verify -> commit: each request plans its share of the pass (a
+        prefill chunk, or the draft tokens that fit), the policies draft for the decoding ones
+        (:func:`verispec.engine.policy.draft_batch`: each draft length chosen for a pass holding
+        the other requests' rows too), one :func:`verispec.runners.forward_batch` scores every
+        prefill chunk, draft chain and draft tree, and each request then verifies, reports the
+        outcome to its policy, commits, rolls back and stops on its own. On a batch-invariant
+        runner each request's rows are the rows it would get alone, so its output is the output
+        it would have alone.
 
         Returns, per state, the chunk this pass committed (the last one of a request carries
         ``output``), or None (a prefill chunk that is not the prompt's last, or finished before).
         """
-        plans, chunks = [], {}
-        decoding = [s for s in states if not s.finished and not s.prefilling]
+        chunks: dict[int, StreamChunk] = {}
+        batch_size = sum(not s.finished and not s.prefilling for s in states)
+        plans = self._plan(states, chunks)
+        decoding = [plan for plan in plans if not plan.prefill]
+        asks = [(plan.state.policy, plan.request, plan.limit) for plan in decoding]
+        for plan, step in zip(decoding, draft_batch(asks, batch_size)):
+            self._take_draft(plan, step)
+        if not plans:
+            return [chunks.get(id(state)) for state in states]
+        logits, pass_s, rows = self._forward(plans)
+        for plan, plan_logits in zip(plans, logits):
+            if plan.prefill:
+                chunk = commit_prefill(plan, plan_logits, self.cost_model)
+            else:
+                verified = verify(plan, plan_logits)
+                self._report(plan, verified, pass_s, rows - len(plan.call.token_ids))
+                chunk = commit(plan, verified, self.cost_model)
+            if chunk is not None:
+                chunks[id(plan.state)] = chunk
+        return [chunks.get(id(state)) for state in states]
+
+    def _plan(self, states: Sequence[RequestState], chunks: dict[int, StreamChunk]) -> list[Plan]:
+        """Each unfinished request's share of the pass, in order: a prefill chunk (within
+        :attr:`max_num_batched_tokens` unless it is alone) or a decode step; a request whose
+        context window is full finishes here (its chunk in ``chunks``)."""
+        plans = []
         alone = sum(not s.finished for s in states) == 1
         prefill_budget = None if alone else self.max_num_batched_tokens  # a request alone prefills at once
         for state in states:
@@ -246,32 +270,50 @@ class SpeculativeEngine:
                 if prefill_budget is not None:
                     prefill_budget -= len(plan.call.token_ids)
             else:
-                plan = self._plan_decode(state, len(decoding))
+                plan = self._plan_decode(state)
                 if plan is None:  # no room left in the context window
                     chunks[id(state)] = finish(state, self.cost_model, [])
                     continue
             plans.append(plan)
-        self._run_deferred_drafts([plan for plan in plans if plan.step is not None and plan.step.deferred])
+        return plans
+
+    @staticmethod
+    def _take_draft(plan: Plan, step: DraftStep) -> None:
+        """The plan's draft, timed, cut where the request's constraints refuse a token
+        (:func:`verispec.engine.constraints.cut_draft`), and the target rows that verify it."""
+        state = plan.state
+        state.times.draft_s += step.draft_s
+        if state.constraints.active:
+            draft = cut_draft(state.constraints, len(state.out.token_ids), step.draft, state.params.is_greedy)
+            step = step if draft is step.draft else dataclasses.replace(step, draft=draft)
+        plan.step = step
+        plan.call = verify_call(plan)
+
+    def _forward(self, plans: list[Plan]) -> tuple[list[torch.Tensor], float, int]:
+        """One target pass over every plan's rows: each plan's logits, the pass's seconds and its
+        rows (a verify pass's cost is recorded once per pass; prefill passes are not)."""
+        start = time.perf_counter()
+        logits = forward_batch([plan.call for plan in plans])
+        pass_s = time.perf_counter() - start
+        rows = sum(len(plan.call.token_ids) for plan in plans)
+        if not any(plan.prefill for plan in plans):  # a verify pass (prefill passes are not)
+            self.cost_model.record_verify(rows - 1, pass_s)  # rows of all requests: once per pass
+        self.last_pass_rows, self.last_pass_num_seqs = rows, len(plans)
         for plan in plans:
-            if plan.step is not None:
-                plan.state.times.draft_s += plan.step.draft_s
-                plan.step = self._constrain_draft(plan.state, plan.step)
-                plan.call = verify_call(plan)
-        if plans:
-            start = time.perf_counter()
-            logits = forward_batch([plan.call for plan in plans])
-            pass_s = time.perf_counter() - start
-            rows = sum(len(plan.call.token_ids) for plan in plans)
-            if all(plan.step is not None for plan in plans):  # a verify pass (prefill passes are not)
-                self.cost_model.record_verify(rows - 1, pass_s)  # rows of all requests: once per pass
-            self.last_pass_rows, self.last_pass_num_seqs = rows, len(plans)
-            for plan, plan_logits in zip(plans, logits):
-                plan.state.times.target_s += pass_s
-                plan.state.times.num_target_forwards += 1
-                chunk = commit(plan, plan_logits, pass_s, rows - len(plan.call.token_ids), self.cost_model)
-                if chunk is not None:
-                    chunks[id(plan.state)] = chunk
-        return [chunks.get(id(state)) for state in states]
+            plan.state.times.target_s += pass_s
+            plan.state.times.num_target_forwards += 1
+        return logits, pass_s, rows
+
+    @staticmethod
+    def _report(plan: Plan, verified: Verified, pass_s: float, base_rows: int) -> None:
+        """Tell the request's policy how its step went (:meth:`DraftPolicy.observe`), and the
+        request's statistics what the controller predicted and got."""
+        state, step = plan.state, plan.step
+        realised = state.policy.observe(
+            step, verified.num_accepted_tokens, pass_s, verified.accepted_nodes, base_rows=base_rows
+        )
+        if state.policy.active and plan.limit > 0:  # a step with no room to draft says nothing about control
+            state.stats.record_control(step.chosen_k, step.predicted, realised)
 
     def _plan_prefill(self, state: RequestState, budget: int | None) -> Plan | None:
         if budget is not None and budget <= 0:
@@ -285,9 +327,9 @@ class SpeculativeEngine:
             num_logits = len(chunk)  # every row scores the next prompt token
         return Plan(state, ForwardCall(state.slot.target, chunk, num_logits=num_logits))
 
-    def _plan_decode(self, state: RequestState, batch_size: int) -> Plan | None:
-        """The request's draft decision (a model drafter's proposal deferred to
-        :meth:`_run_deferred_drafts`); None when the context window is full."""
+    def _plan_decode(self, state: RequestState) -> Plan | None:
+        """The request's decode step before its draft: the draft tokens that fit and what the
+        drafters see; None when the context window is full."""
         target, out = state.slot.target, state.out
         cached = target.num_cached_tokens
         room = target.max_context_length - cached - 2  # new tokens land at cached+1...
@@ -303,36 +345,7 @@ class SpeculativeEngine:
             state.constraints if state.constraints.active else None,
             target.vocab_size,
         )
-        step = state.policy.draft(request, limit, batch_size=batch_size, defer=state.slot.batched_drafters)
-        return Plan(state, None, cached, limit, step, request)
-
-    @staticmethod
-    def _run_deferred_drafts(plans: list[Plan]) -> None:
-        """The draft model's chains of every request that chose it, one draft pass per position
-        (:meth:`verispec.proposers.base.Proposer.propose_batch`, by drafter type); each request's share of the time."""
-        if not plans:
-            return
-        start = time.perf_counter()
-        items = [(plan.state.policy.proposer(plan.step.drafter), plan.request, plan.step.deferred) for plan in plans]
-        groups: dict = {}  # drafters that batch together: the same propose_batch
-        for index, item in enumerate(items):
-            groups.setdefault(type(item[0]).propose_batch, []).append(index)
-        drafts: list = [None] * len(items)
-        for propose_batch, indices in groups.items():
-            for index, draft in zip(indices, propose_batch([items[i] for i in indices])):
-                drafts[index] = draft
-        share = (time.perf_counter() - start) / len(plans)
-        for plan, draft in zip(plans, drafts):
-            plan.step = plan.state.policy.complete(plan.step, draft, share, plan.request, alone=len(plans) == 1)
-
-    @staticmethod
-    def _constrain_draft(state: RequestState, step: DraftStep) -> DraftStep:
-        """The step with its chain cut where the request's constraints refuse a token
-        (:func:`verispec.engine.constraints.cut_draft`)."""
-        if not state.constraints.active:
-            return step
-        draft = cut_draft(state.constraints, len(state.out.token_ids), step.draft, state.params.is_greedy)
-        return step if draft is step.draft else dataclasses.replace(step, draft=draft)
+        return Plan(state, None, cached, limit, None, request)
 
     def check_request(self, prompt: Sequence[int], spec: SpeculativeConfig) -> None:
         """What :meth:`start` refuses, checked without starting anything (a grammar is compiled,
@@ -355,51 +368,3 @@ class SpeculativeEngine:
                 f"the {type(self.target).__name__} cannot verify token trees: use a chain method or another runner"
             )
         drafter_order(spec.method, list(self.proposers), self.target.supports_trees)
-
-
-def capture_features(target: Runner, proposers) -> None:
-    """Make ``target`` record the hidden states the feature drafters read (EAGLE heads), for
-    every row of every pass, where any drafter asks for them (``Proposer.feature_layers``).
-
-    Raises:
-        InvalidParameterError: drafters asking for different layers, or a runner that cannot
-            hand out its hidden states.
-    """
-    layers = {tuple(p.feature_layers) for p in proposers if p.feature_layers}
-    if not layers:
-        return
-    if len(layers) > 1:
-        raise InvalidParameterError(
-            f"the drafters read different target layers ({sorted(layers)}): load one feature drafter"
-        )
-    if not target.supports_features:
-        raise InvalidParameterError(
-            f"the {type(target).__name__} cannot hand its hidden states to a feature drafter (EAGLE head): "
-            "use the gguf, int8 or torch runner"
-        )
-    target.capture_features(next(iter(layers)))
-
-
-def check_draft_widths(target: Runner, proposers: Mapping[str, Proposer], tokenizer: Detokenizer) -> None:
-    """Refuse a model drafter whose logits rows are not the target's width, unless both cover the
-    tokenizer (``len(tokenizer)``; padded rows, as in Qwen2.5-7B's 152064 against 0.5B's 151936).
-
-    Otherwise a token id of one model past the other's rows would end generation with an
-    IndexError mid-request (:func:`verispec.models.compat.check_draft_compatibility` checks the
-    tokenizers themselves when a pipeline loads).
-
-    Raises:
-        IncompatibleDraftError: naming the drafter and both widths.
-    """
-    size = len(tokenizer) if hasattr(tokenizer, "__len__") else None
-    for name, proposer in proposers.items():
-        runner = proposer.runner
-        if runner is None or runner is target or runner.vocab_size == target.vocab_size:
-            continue
-        width = runner.vocab_size
-        if size is None or min(width, target.vocab_size) < size:
-            covered = "" if size is None else f" and the tokenizer has {size} tokens"
-            raise IncompatibleDraftError(
-                f"the {name} drafter's logits are {width} wide, the target's {target.vocab_size}{covered}: "
-                "the draft must share the target's vocabulary"
-            )

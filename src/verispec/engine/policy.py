@@ -1,12 +1,11 @@
 """Per-step drafting policy of one request: which drafter drafts, and how many tokens.
 
-Owns the drafter order of each method (``auto``: suffix lookup -- in this request and in earlier
-ones -- when it matches, else the model drafter that realises the most tokens per unit time: the
-EAGLE head's chain, the draft model's chain or, where the target can verify trees, the head's or
-the draft model's token tree -- or layer skip), one acceptance
-estimate and draft-length schedule per drafter, the timing of proposals, and the controller's
-predictions. The engine's one loop asks it for a draft and reports back the outcome. Knows
-nothing about verification, caches or text.
+Owns, over the drafter order of the request's method (:mod:`verispec.engine.methods`), one
+acceptance estimate and draft-length schedule per drafter, the ranking of ``auto``'s model
+drafters by realised rate, the timing of proposals (drafters that batch draft for every request
+of a pass at once, :func:`draft_batch`) and the controller's predictions. The engine's one loop
+asks it for the drafts of a pass (:func:`draft_batch`) and reports each outcome back
+(:meth:`DraftPolicy.observe`). Knows nothing about verification, caches or text.
 """
 
 from __future__ import annotations
@@ -24,62 +23,9 @@ from verispec.algorithms.control import (
     expected_tokens,
 )
 from verispec.algorithms.schedules import CostModelSchedule, TreeBudgetSchedule, make_schedule, sized_by_confidence
-from verispec.errors import InvalidParameterError
+from verispec.engine.methods import ALTERNATIVE_DRAFTERS, TREE_SCHEDULED, drafter_order
 from verispec.proposers import DraftOutput, DraftRequest, Proposer
 from verispec.proposers.suffix import ConfidentProposer
-
-LOOKUP_DRAFTERS = ("suffix", "ngram")  # auto: the first loaded one drafts whenever its lookup matches
-MODEL_DRAFTERS = ("eagle", "draft")  # auto: every loaded one backs up the lookup (the better per step)
-ALTERNATIVE_DRAFTERS = (
-    "eagle",
-    "eagle-tree",
-    "draft",
-    "tree",
-)  # auto: per step, the best realised rate of those offered
-TREE_DRAFTERS = ("ngram-tree", "tree")  # tree: n-gram branches when the lookup matches, else the draft tree
-TREE_SCHEDULED = (*TREE_DRAFTERS, "suffix-tree", "eagle-tree")  # drafters whose budget is a tree's node count
-MISSING_DRAFTER_HINTS = {  # what loads a model drafter, for the error when it is not loaded
-    "layer-skip": "layer skip runs the first layers of the target's float model, which the gguf and llama.cpp "
-    "runners (and int8 from a GGUF file) do not hold: use --runner torch",
-    "eagle": "load a head with --eagle-head FILE (verispec train-head writes one)",
-    "eagle-tree": "load a head with --eagle-head FILE (verispec train-head writes one)",
-    "draft": "load a draft model with --draft",
-}
-
-
-def drafter_order(method: str, loaded: Sequence[str], trees: bool = False) -> list[str]:
-    """Drafters tried each step, in order, for ``method`` given the ``loaded`` drafter names.
-
-    ``auto``: the lookup drafter (suffix, else n-gram), then the model drafters loaded (the EAGLE
-    head's chain, the draft model's chain and, where the target runner can verify token trees
-    (``trees``), the head's tree and the draft model's tree; :meth:`DraftPolicy.draft` ranks them
-    per step by realised rate), else layer skip.
-
-    Raises:
-        InvalidParameterError: the method needs a drafter that is not loaded.
-    """
-    if method == "none":
-        return []
-    if method == "auto":
-        models = [name for name in MODEL_DRAFTERS if name in loaded]
-        if trees and "eagle" in models and "eagle-tree" in loaded:
-            models.insert(models.index("eagle") + 1, "eagle-tree")
-        if trees and "draft" in models and "tree" in loaded:
-            models.append("tree")
-        fallback = models or [name for name in ("layer-skip",) if name in loaded]
-        lookup = [name for name in LOOKUP_DRAFTERS if name in loaded][:1]
-        return lookup + fallback
-    if method == "suffix" and "suffix" in loaded:  # its frequency-scored tree where the target verifies trees
-        return ["suffix-tree"] if trees and "suffix-tree" in loaded else ["suffix"]
-    if method == "tree" and any(name in loaded for name in TREE_DRAFTERS):
-        return [name for name in TREE_DRAFTERS if name in loaded]
-    if method not in loaded:
-        names = ", ".join(sorted(loaded)) or "none"
-        hint = MISSING_DRAFTER_HINTS.get(method, "")
-        raise InvalidParameterError(
-            f"method {method!r} needs its drafter loaded (loaded: {names})" + (f": {hint}" if hint else "")
-        )
-    return [method]
 
 
 @dataclass
@@ -95,9 +41,9 @@ class DraftStep:
             decoding steps)``; None before the costs were measured.
         steady: the same drafter drafted the previous step too, so ``drafter_s`` (its own
             proposal's seconds) is a steady-state cost worth measuring.
-        deferred: > 0 when the policy chose a drafter the engine runs for many requests at
-            once (:meth:`DraftPolicy.draft`'s ``defer``): the tokens to ask it for; the engine
-            hands the proposal back through :meth:`DraftPolicy.complete`.
+        deferred: > 0 when the policy chose a drafter that drafts for many requests at once
+            (:meth:`DraftPolicy.draft`'s ``defer``): the tokens to ask it for; :func:`draft_batch`
+            asks it and completes the step.
         catch_up_rows: context tokens the drafter fed before drafting (a model drafter: 1-2 when
             steady, more when it catches up; 0 for lookups).
     """
@@ -165,9 +111,9 @@ class DraftPolicy:
         """Ask the drafters in order; the first non-empty proposal of at most ``limit`` tokens wins.
 
         ``batch_size``: requests decoding in the same target pass (continuous batching); the
-        schedules price a draft by what it costs the whole batch (:meth:`CostModel.step_costs`). ``defer``: drafters the caller
-        runs itself, batched over requests: reaching one, the step comes back with ``deferred``
-        tokens to ask it for, and the caller finishes it with :meth:`complete`.
+        schedules price a draft by what it costs the whole batch (:meth:`CostModel.step_costs`).
+        ``defer``: drafters :func:`draft_batch` runs for all requests at once: reaching one, the
+        step comes back with ``deferred`` tokens to ask it for.
 
         With the ``cost`` schedule a model drafter that must first catch up (feed
         :data:`~verispec.algorithms.control.CATCH_UP_MIN_ROWS` or more context tokens it has not seen: its
@@ -203,18 +149,8 @@ class DraftPolicy:
             seconds = time.perf_counter() - start
             spent += seconds
             draft = _at_most(draft, num_tokens)
-            drafted = len(draft.draft_token_ids)
-            if drafted:
-                # Steady state only: a drafter's first proposal of a request (its prefill) or
-                # its first after other steps (catching up on their tokens) costs more, once.
-                steady = self._previous == name
-                if steady:
-                    self.costs.record_draft(name, drafted, seconds)
-                else:
-                    self._record_catch_up(name, rows, drafted, seconds)
-                    self._mark_catch_up(name, rows, request)
-                self._previous = name
-                return DraftStep(name, k, draft, spent, predicted, steady, seconds, catch_up_rows=rows)
+            if draft.draft_token_ids:
+                return self._drafted(DraftStep(name, k, draft, spent, predicted, False, seconds, 0, rows), request)
         self._previous = None
         return self._plain_step(spent)
 
@@ -222,39 +158,46 @@ class DraftPolicy:
         """A step without a draft (``spent``: seconds of the proposals that came back empty)."""
         return DraftStep(None, 0, DraftOutput(), spent, (1.0, 1.0) if self.costs.plain_step_s() is not None else None)
 
-    def proposer(self, name: str) -> Proposer:
-        """The drafter called ``name`` (for a deferred step)."""
-        return self._proposers[name]
+    @property
+    def batched(self) -> list[str]:
+        """The drafters that draft for many requests at once (``Proposer.batches``: a draft
+        model's chains, one draft pass per position): :func:`draft_batch` defers them."""
+        return [name for name, proposer in self._proposers.items() if proposer.batches]
 
-    def complete(
-        self, step: DraftStep, draft: DraftOutput, seconds: float, request: DraftRequest, alone: bool = False
-    ) -> DraftStep:
-        """Finish a deferred ``step`` with the proposal the caller got (``seconds``: its share of
-        the batched proposal's time; ``alone``: the proposal was this request's only, so a
-        catch-up's cost is its own; ``request``: the request it drafted for, whose progress dates
-        a catch-up for :meth:`finish`). An empty proposal makes it a plain step."""
+    def _complete(self, step: DraftStep, draft: DraftOutput, seconds: float, request: DraftRequest, alone: bool):
+        """Finish a deferred ``step`` with the proposal :func:`draft_batch` got (``seconds``: its
+        share of the batched proposal's time; ``alone``: the proposal was this request's only, so a
+        catch-up's cost is its own). An empty proposal makes it a plain step."""
         draft = _at_most(draft, step.deferred)
         if not draft.draft_token_ids:
             self._previous = None
             return self._plain_step(step.draft_s + seconds)
-        steady = self._previous == step.drafter
-        if steady:
-            self.costs.record_draft(step.drafter, len(draft.draft_token_ids), seconds)
-        elif alone:
-            self._record_catch_up(step.drafter, step.catch_up_rows, len(draft.draft_token_ids), seconds)
-        if not steady:
-            self._mark_catch_up(step.drafter, step.catch_up_rows, request)
-        self._previous = step.drafter
-        return DraftStep(
+        drafted = DraftStep(
             step.drafter,
             step.chosen_k,
             draft,
             step.draft_s + seconds,
             step.predicted,
-            steady,
-            seconds,
+            drafter_s=seconds,
             catch_up_rows=step.catch_up_rows,
         )
+        return self._drafted(drafted, request, own_seconds=alone)
+
+    def _drafted(self, step: DraftStep, request: DraftRequest, own_seconds: bool = True) -> DraftStep:
+        """``step`` drafted tokens: mark it steady (the same drafter drafted the previous step) and
+        time the steady state only; a drafter's first proposal of a request (its prefill) or its
+        first after other steps (catching up on their tokens) costs more, once, and is recorded
+        as a catch-up where its seconds are its own (``own_seconds``)."""
+        name, num_tokens = step.drafter, len(step.draft.draft_token_ids)
+        step.steady = self._previous == name
+        if step.steady:
+            self.costs.record_draft(name, num_tokens, step.drafter_s)
+        else:
+            if own_seconds:
+                self._record_catch_up(name, step.catch_up_rows, num_tokens, step.drafter_s)
+            self._mark_catch_up(name, step.catch_up_rows, request)
+        self._previous = name
+        return step
 
     def _catch_up_pays(
         self,
@@ -405,6 +348,35 @@ def make_policy(
     ``trees``: the target runner verifies token trees (see :func:`drafter_order`)."""
     order = drafter_order(method, list(proposers), trees)
     return DraftPolicy([(name, proposers[name]) for name in order], schedule, max_k, costs, config)
+
+
+def draft_batch(asks: Sequence[tuple[DraftPolicy, DraftRequest, int]], batch_size: int) -> list[DraftStep]:
+    """Each request's draft for one target pass, ``asks`` holding ``(its policy, its request, the
+    draft tokens that fit)``; ``batch_size``: requests decoding in the pass.
+
+    Each policy chooses its drafter and draft length (:meth:`DraftPolicy.draft`); the drafters
+    that draft for many requests at once (:attr:`DraftPolicy.batched`: a draft model's chains,
+    one draft pass per position, :meth:`verispec.proposers.base.Proposer.propose_batch` by
+    drafter type) then draft for every request that chose them, each request timed at its share.
+    """
+    steps = [policy.draft(request, limit, batch_size, policy.batched) for policy, request, limit in asks]
+    deferred = [i for i, step in enumerate(steps) if step.deferred]
+    if not deferred:
+        return steps
+    start = time.perf_counter()
+    items = [(asks[i][0]._proposers[steps[i].drafter], asks[i][1], steps[i].deferred) for i in deferred]
+    groups: dict = {}  # drafters that batch together: the same propose_batch
+    for index, item in enumerate(items):
+        groups.setdefault(type(item[0]).propose_batch, []).append(index)
+    drafts: list = [None] * len(items)
+    for propose_batch, indices in groups.items():
+        for index, draft in zip(indices, propose_batch([items[i] for i in indices])):
+            drafts[index] = draft
+    share = (time.perf_counter() - start) / len(deferred)
+    for i, draft in zip(deferred, drafts):
+        policy, request = asks[i][0], asks[i][1]
+        steps[i] = policy._complete(steps[i], draft, share, request, alone=len(deferred) == 1)
+    return steps
 
 
 def _at_most(draft: DraftOutput, num_tokens: int) -> DraftOutput:

@@ -1,6 +1,7 @@
 """What the engine keeps per sequence slot and per request between its steps.
 
-Owns :class:`Slot` (a target sequence and the drafters that follow it) and :class:`RequestState`
+Owns :class:`Slot` (a target sequence and the drafters that follow it, and the checks that they
+fit together: :func:`check_draft_widths`, :func:`capture_features`) and :class:`RequestState`
 (one request's prompt, parameters, policy, generator, output, masks, logprobs and metrics).
 Knows nothing about running a pass (:mod:`verispec.engine` does).
 """
@@ -8,7 +9,7 @@ Knows nothing about running a pass (:mod:`verispec.engine` does).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -17,8 +18,9 @@ from verispec.algorithms.sampling import SamplingParams, TokenLogprob, token_log
 from verispec.engine.constraints import TokenConstraints
 from verispec.engine.policy import DraftPolicy
 from verispec.engine.request import GenerationOutput, SpeculativeConfig
+from verispec.errors import IncompatibleDraftError, InvalidParameterError
 from verispec.metrics import RequestTimes, SpecDecodeStats
-from verispec.output import OutputBuilder
+from verispec.output import Detokenizer, OutputBuilder
 from verispec.proposers import Proposer
 from verispec.runners import Runner
 
@@ -33,13 +35,11 @@ class Slot:
 
     target: Runner
     proposers: dict[str, Proposer]
-    batched_drafters: list[str] = field(init=False)  # run for many requests at once (``Proposer.batches``)
     feature_readers: list[Proposer] = field(
         init=False
     )  # drafters fed the target's features (``Proposer.feature_layers``)
 
     def __post_init__(self) -> None:
-        self.batched_drafters = [name for name, p in self.proposers.items() if p.batches]
         self.feature_readers = list({id(p): p for p in self.proposers.values() if p.feature_layers}.values())
 
     def release(self) -> None:
@@ -103,3 +103,51 @@ class RequestState:
         if self.params.logprobs is None:
             return None
         return self.logprobs[len(self.logprobs) - len(committed) :] if committed else []
+
+
+def capture_features(target: Runner, proposers) -> None:
+    """Make ``target`` record the hidden states the feature drafters read (EAGLE heads), for
+    every row of every pass, where any drafter asks for them (``Proposer.feature_layers``).
+
+    Raises:
+        InvalidParameterError: drafters asking for different layers, or a runner that cannot
+            hand out its hidden states.
+    """
+    layers = {tuple(p.feature_layers) for p in proposers if p.feature_layers}
+    if not layers:
+        return
+    if len(layers) > 1:
+        raise InvalidParameterError(
+            f"the drafters read different target layers ({sorted(layers)}): load one feature drafter"
+        )
+    if not target.supports_features:
+        raise InvalidParameterError(
+            f"the {type(target).__name__} cannot hand its hidden states to a feature drafter (EAGLE head): "
+            "use the gguf, int8 or torch runner"
+        )
+    target.capture_features(next(iter(layers)))
+
+
+def check_draft_widths(target: Runner, proposers: Mapping[str, Proposer], tokenizer: Detokenizer) -> None:
+    """Refuse a model drafter whose logits rows are not the target's width, unless both cover the
+    tokenizer (``len(tokenizer)``; padded rows, as in Qwen2.5-7B's 152064 against 0.5B's 151936).
+
+    Otherwise a token id of one model past the other's rows would end generation with an
+    IndexError mid-request (:func:`verispec.models.compat.check_draft_compatibility` checks the
+    tokenizers themselves when a pipeline loads).
+
+    Raises:
+        IncompatibleDraftError: naming the drafter and both widths.
+    """
+    size = len(tokenizer) if hasattr(tokenizer, "__len__") else None
+    for name, proposer in proposers.items():
+        runner = proposer.runner
+        if runner is None or runner is target or runner.vocab_size == target.vocab_size:
+            continue
+        width = runner.vocab_size
+        if size is None or min(width, target.vocab_size) < size:
+            covered = "" if size is None else f" and the tokenizer has {size} tokens"
+            raise IncompatibleDraftError(
+                f"the {name} drafter's logits are {width} wide, the target's {target.vocab_size}{covered}: "
+                "the draft must share the target's vocabulary"
+            )

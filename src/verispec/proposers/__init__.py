@@ -8,6 +8,6 @@ corpus datastore (:mod:`.suffix`, :mod:`.datastore`).
 """
 
 from verispec.algorithms.draft import DraftOutput
-from verispec.proposers.base import DraftCacheSequences, DraftRequest, Proposer, common_prefix_length
+from verispec.proposers.base import DraftCacheSequences, DraftRequest, Proposer, TokenMasks, common_prefix_length
 
-__all__ = ["DraftCacheSequences", "DraftOutput", "DraftRequest", "Proposer", "common_prefix_length"]
+__all__ = ["DraftCacheSequences", "DraftOutput", "DraftRequest", "Proposer", "TokenMasks", "common_prefix_length"]

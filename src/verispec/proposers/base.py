@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -21,13 +22,23 @@ from verispec.algorithms.sampling import SamplingParams
 from verispec.runners import Runner
 
 
+class TokenMasks(Protocol):
+    """What a drafter reads of a request's constraints (structured output, ``min_tokens``):
+    :class:`verispec.engine.constraints.TokenConstraints` implements it."""
+
+    def path_masks(self, num_output: int, paths: Sequence[Sequence[int]]) -> torch.Tensor | None:
+        """``[len(paths), vocab]`` bool: row j the tokens allowed after ``num_output`` output
+        tokens and then ``paths[j]``; None when nothing is masked."""
+        ...
+
+
 @dataclass
 class DraftRequest:
     """What a drafter sees of the request: the context, split as the penalties need it.
 
     ``draft_stop_threshold``: a drafter with probabilities stops after a token whose own top
     probability is below this (draft-side early stop); 0 disables. ``constraints``: the
-    request's token masks (:class:`verispec.engine.constraints.TokenConstraints`), which a model
+    request's token masks (:class:`TokenMasks`; None: nothing masked), which a model
     drafter applies to its own rows (:meth:`allowed_after`) so it drafts what the target may emit.
     ``target_vocab_size``: the width of the target's rows; a draft whose rows are wider (padding
     rows of its LM head) never drafts an id at or past it, which the target could not even read.
@@ -38,7 +49,7 @@ class DraftRequest:
     params: SamplingParams
     generator: torch.Generator
     draft_stop_threshold: float = 0.0
-    constraints: object | None = None
+    constraints: TokenMasks | None = None
     target_vocab_size: int | None = None
 
     def allowed_after(self, appended_token_ids: Sequence[int], width: int) -> torch.Tensor | None:

@@ -16,12 +16,13 @@ from pathlib import Path
 from verispec.errors import InvalidParameterError
 from verispec.models.loading import LoadedModel
 from verispec.proposers.base import Proposer
+from verispec.proposers.datastore import Datastore
 from verispec.proposers.draft_model import DraftModelProposer
 from verispec.proposers.draft_tree import DraftTreeProposer, validate_tree_choices
 from verispec.proposers.eagle import EagleProposer, EagleTreeProposer
 from verispec.proposers.layer_skip import LayerSkipProposer
 from verispec.proposers.ngram import NgramProposer, NgramTreeProposer
-from verispec.proposers.suffix import SuffixProposer, SuffixTreeProposer
+from verispec.proposers.suffix import SuffixCache, SuffixProposer, SuffixTreeProposer
 from verispec.runners import Runner
 from verispec.runners.eagle.head import EagleHead
 
@@ -76,6 +77,8 @@ class DrafterOptions:
         eagle_head: an EAGLE-3 head file (``verispec train-head``; :class:`verispec.runners.eagle.head.EagleHead`)
             or a published EAGLE-3 folder (:mod:`verispec.runners.eagle.published`, converted once)
             for the ``eagle`` drafter over the target runner's own features; None: no ``eagle``.
+        datastore: a corpus datastore directory (``verispec datastore build``) the suffix drafter
+            also looks its continuations up in; None: none. Opened when the drafters are built.
         head_quantization: the head's linear layers at inference: ``none`` (float32, torch),
             ``q8_0`` or ``iq4_nl`` (GGUF blocks run by the gguf kernels), ``auto``
             (:data:`AUTO_HEAD_QUANTIZATION` over the gguf runner, else none). Changes only what
@@ -96,6 +99,7 @@ class DrafterOptions:
     draft_context_window: int | None = 64
     eagle_head: str | Path | None = None
     head_quantization: str = "auto"
+    datastore: str | Path | None = None
 
     def __post_init__(self) -> None:
         if self.head_quantization not in HEAD_QUANTIZATIONS:
@@ -120,18 +124,23 @@ def build_drafters(
     draft_runner: Runner | None = None,
     tree_runner: Runner | None = None,
     target_runner: Runner | None = None,
+    suffix_cache: SuffixCache | None = None,
 ) -> dict[str, Proposer]:
-    """The drafters of a loaded pair, by method name: ``ngram`` always, ``draft`` over
-    ``draft_runner``, ``tree`` over ``tree_runner`` (the draft's weights, its own KV cache),
+    """The drafters of a loaded pair, by method name: ``ngram`` and ``suffix`` always (over
+    ``suffix_cache``, the pipeline's cache of past requests, and ``options.datastore``), ``draft``
+    over ``draft_runner``, ``tree`` over ``tree_runner`` (the draft's weights, its own KV cache),
     ``layer-skip`` over ``target`` (unless disabled or, by default, unsupported) and ``eagle``
     (``options.eagle_head`` over ``target_runner``'s embedding and features).
 
     Raises:
+        VerispecError: a missing or damaged datastore (:class:`verispec.proposers.datastore.Datastore`).
         InvalidParameterError: an explicit layer-skip layer count the target cannot run; a head
             for another target, or a runner that cannot hand its features or embedding to it.
         ModelNotFoundError, ModelIntegrityError: no head file, or a damaged one.
     """
     proposers: dict[str, Proposer] = {"ngram": NgramProposer(options.min_ngram, options.max_ngram)}
+    datastore = None if options.datastore is None else Datastore(options.datastore)
+    proposers["suffix"] = SuffixProposer(suffix_cache, datastore=datastore)
     if draft_runner is not None:
         proposers["draft"] = DraftModelProposer(draft_runner, context_window=options.draft_context_window)
     if tree_runner is not None:
@@ -159,12 +168,11 @@ def build_drafters(
 
 def head_quantization_for(choice: str, target_runner: Runner) -> str:
     """``choice`` with ``auto`` resolved: :data:`AUTO_HEAD_QUANTIZATION` when ``target_runner``
-    is the gguf runner (its kernels are built and the CPU is bandwidth-bound), else ``none``."""
+    runs the GGUF block kernels (:attr:`Runner.runs_block_kernels`: the gguf runner, its kernels
+    built and the CPU bandwidth-bound), else ``none``."""
     if choice != "auto":
         return choice
-    from verispec.runners.cpu.gguf_runner import GGUFRunner
-
-    return AUTO_HEAD_QUANTIZATION if isinstance(target_runner, GGUFRunner) else "none"
+    return AUTO_HEAD_QUANTIZATION if target_runner.runs_block_kernels else "none"
 
 
 def layer_skip_drafter(target: LoadedModel, num_layers: int | None) -> LayerSkipProposer | None:

@@ -39,6 +39,9 @@ class Runner:
         holds_sequences: :meth:`new_sequence` (batching: one sequence per request).
         supports_features: :meth:`capture_features` (hidden states for an EAGLE-3 head).
         shares_prompts: :meth:`copy_prefix` (one prompt's cache copied to another sequence).
+        runs_block_kernels: the runner runs GGUF weight blocks on the kernels compiled here
+            (:mod:`verispec.runners.kernels`), so a drafter's block-quantized layers (an EAGLE
+            head's ``q8_0``) run on them beside it at no extra build.
     """
 
     vocab_size: int
@@ -46,6 +49,7 @@ class Runner:
     num_cached_tokens: int
     kv_bytes_per_token: int | None = None
     last_features: Tensor | None = None
+    runs_block_kernels: bool = False
 
     def forward(self, token_ids: Sequence[int], num_logits: int | None = None) -> Tensor:
         """Append ``token_ids`` at positions ``num_cached_tokens ...`` and return their logits.

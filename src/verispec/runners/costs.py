@@ -222,7 +222,7 @@ def tokens_per_second(target: CostCurve, draft_ms: float | None, acceptance_rate
     return best
 
 
-def choose_runner(
+def fastest_runner(
     targets: Mapping[str, CostCurve], drafts: Mapping[str, CostCurve] | None = None, acceptance_rate: float = 0.6
 ) -> str:
     """The runner name with the highest expected tokens/s (plain when ``drafts`` is None).

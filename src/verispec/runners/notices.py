@@ -1,14 +1,13 @@
-"""What a user is told about how the models run on this CPU.
-
-Owns the facts of the kernels in use (the gguf runner's instruction-set path, the int8 runner's
-integer product) as the load line, ``--json``, bench results and ``/metrics`` show them; the plain
-warnings where a runner is slow here (the gguf kernels' portable path, int8 without AVX-512
-VNNI), each said once per process. Knows nothing about models or decoding.
+"""What a user is told about how the models run on this CPU: the load line's name of a runner and
+its kernels, and the plain warnings where a runner is slow here (the gguf kernels' portable path,
+int8 without AVX-512 VNNI), each said once per process. Knows nothing about which runner was
+chosen (:mod:`verispec.runners.choice` decides, and holds the kernels' facts), models or decoding.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 
 # measured on an AVX2-only AMD Zen 3 host (issue 26), the default pair: the portable path decoded at
 # 1.10 tokens/s plain and 0.68 speculative (a k-token pass costs about k one-token steps there),
@@ -28,43 +27,10 @@ def say_once(key: str, text: str) -> None:
         print(f"verispec: {text}", file=sys.stderr, flush=True)
 
 
-def kernel_facts(kind: str) -> dict[str, str]:
-    """The kernels the ``kind`` runner runs here: gguf ``{"kernel_isa", "cpu_features"}`` (the
-    instruction-set path, :func:`verispec.runners.kernels.kernel_isa`, and the CPU features the
-    kernels detected), int8 ``{"int8_kernel"}`` (``onednn`` or ``int_mm``); ``{}`` for llamacpp
-    and torch, which choose their own kernels.
-
-    Raises InvalidParameterError (gguf) as :func:`~verispec.runners.kernels.kernel_isa` does.
-    """
-    if kind == "gguf":
-        from verispec.runners.kernels import gguf_kernels, kernel_isa
-
-        return {"kernel_isa": kernel_isa(), "cpu_features": gguf_kernels().cpu_features()}
-    if kind == "int8":
-        from verispec.runners.cpu.int8_ops import default_kernel
-
-        return {"int8_kernel": default_kernel()}
-    return {}
-
-
-def kernel_key(kind: str) -> str:
-    """The runner's name in the cost cache: ``gguf:<isa>@<build>``, ``int8:<kernel>``, else
-    ``kind`` (each kernel path has its own costs; ``<build>`` is the kernels' source hash,
-    :func:`verispec.runners.kernels.build_key`, so a faster or slower kernel after an upgrade is
-    timed again instead of steering ``auto`` and the draft-length controller by old costs)."""
-    facts = kernel_facts(kind)
-    if "kernel_isa" in facts:
-        from verispec.runners.kernels import build_key
-
-        return f"{kind}:{facts['kernel_isa']}@{build_key()}"
-    detail = facts.get("int8_kernel")
-    return f"{kind}:{detail}" if detail else kind
-
-
-def runner_label(kind: str) -> str:
+def runner_label(kind: str, facts: Mapping[str, str]) -> str:
     """How the load line names a runner: ``gguf runner, avx512 kernels``, ``int8 runner, oneDNN
-    VNNI int8 kernel``, ``llamacpp runner``."""
-    facts = kernel_facts(kind)
+    VNNI int8 kernel``, ``llamacpp runner``; ``facts``: the kernels it runs
+    (:func:`verispec.runners.choice.kernel_facts`)."""
     if "kernel_isa" in facts:
         return f"gguf runner, {facts['kernel_isa']} kernels"
     if "int8_kernel" in facts:
@@ -102,6 +68,24 @@ def portable_gguf_warning(*, llama_cpp_installed: bool, auto_uses_llama_cpp: boo
     return f"{where}, {PORTABLE_COST}; {advice}"
 
 
+def inexact_warning(kind: str, dtype: str = "float32") -> str | None:
+    """Why greedy speculative output on the ``kind`` runner (weights in ``dtype``) can differ from
+    plain decoding at near-ties, naming the exact option; None where it cannot (gguf and int8 are
+    batch-invariant, torch in float32 on a CPU rounds a k-token pass as it rounds k steps)."""
+    if kind == "llamacpp":
+        return (
+            "llama.cpp computes a k-token batch differently from a 1-token step, so greedy speculative output "
+            "can differ from plain llama.cpp decoding at near-ties; use --runner gguf for token-identical output"
+        )
+    if kind == "torch" and dtype != "float32":
+        return (
+            f"{dtype} matmuls on this CPU round a k-token verify pass slightly differently from a 1-token decode "
+            "step, so at near-ties greedy speculative output can differ from plain decoding; use --dtype float32 "
+            "for token-identical output"
+        )
+    return None
+
+
 INT8_SLOW = (
     "oneDNN's int8 product is missing or not exact on this CPU (exact needs AVX-512 VNNI), so the int8 runner "
     "multiplies with torch._int_mm: several times slower (below 0.35 tokens/s for the 1.5B target on "
@@ -112,7 +96,9 @@ INT8_SLOW = (
 def int8_warning(*, auto: bool) -> str | None:
     """What to say when the int8 runner would run ``torch._int_mm`` here (None: it runs oneDNN);
     ``auto``: that ``--runner auto`` leaves it out."""
-    if kernel_facts("int8")["int8_kernel"] == "onednn":
+    from verispec.runners.cpu.int8_ops import default_kernel
+
+    if default_kernel() == "onednn":
         return None
     if auto:
         return f"--runner auto leaves out the int8 runner: {INT8_SLOW}; --runner int8 still runs it, exact and slow"

@@ -35,7 +35,6 @@ from verispec.errors import CacheFileError, InvalidParameterError
 from verispec.metrics import peak_rss_bytes
 from verispec.models.cache_files import report_damaged
 from verispec.proposers.suffix_file import SuffixSnapshots
-from verispec.runners.notices import kernel_facts
 from verispec.server import logprobs, protocol
 from verispec.server.config import ServerConfig
 from verispec.server.faults import RETRY_AFTER_S, APIError
@@ -67,7 +66,7 @@ class _State:
         self.created = int(time.time())
         self.fingerprint = protocol.system_fingerprint(pipeline.target.path)
         self.metrics = ServerMetrics()
-        self.metrics.describe_runner(pipeline.runner_kind, kernel_facts(pipeline.runner_kind))
+        self.metrics.describe_runner(pipeline.runner_kind, pipeline.runner_choice.facts)
         self.token_texts = logprobs.TokenText(pipeline.tokenizer)
         self.traffic = None if config.record_traffic is None else TrafficRecorder(config.record_traffic)
         self.auditor = QualityAuditor(config.audit_rate)
@@ -102,7 +101,7 @@ def create_app(pipeline, config: ServerConfig | None = None, *, metrics_expositi
     """
     config = dataclasses.replace(config or ServerConfig(), **options)
     state = _State(pipeline, config)
-    cache = _suffix_cache(pipeline)
+    cache = pipeline.suffix_cache
     snapshots = None
     if config.suffix_cache is not None and cache is not None:
         _check_writable(config.suffix_cache)
@@ -228,12 +227,6 @@ def _check_writable(path: str) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path) or not os.path.isdir(directory) or not os.access(directory, os.W_OK):
         raise InvalidParameterError(f"the suffix cache {path} cannot be written: give a file in a writable directory")
-
-
-def _suffix_cache(pipeline):
-    """The engine's shared suffix cache (None without a suffix drafter)."""
-    suffix = pipeline.engine.proposers.get("suffix")
-    return getattr(suffix, "cache", None)
 
 
 def _engine_problem(state: _State) -> str | None:

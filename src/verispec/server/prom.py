@@ -141,7 +141,7 @@ class ServerMetrics:
             self.requests.labels(finish_reason=reason)  # export zeros from the start
 
     def describe_runner(self, kind: str, kernels: dict[str, str]) -> None:
-        """Export which runner serves and its kernels (:func:`verispec.runners.notices.kernel_facts`)."""
+        """Export which runner serves and its kernels (:func:`verispec.runners.choice.kernel_facts`)."""
         self.kernel.info({"runner": kind, **kernels})
 
     def observe_finished(self, metrics: RequestMetrics, finish_reason: str, *, queue_s: float, e2e_s: float) -> None:

@@ -219,7 +219,9 @@ def replica_app(spec: ReplicaSpec, replica_id: str, merged_metrics=None):
     from verispec.runners.select import RunnerOptions
     from verispec.server.app import create_app
 
-    drafters = DrafterOptions(eagle_head=spec.eagle_head, head_quantization=spec.head_quantization)
+    drafters = DrafterOptions(
+        eagle_head=spec.eagle_head, head_quantization=spec.head_quantization, datastore=spec.datastore
+    )
     pipe = SpeculativePipeline.load(
         spec.target,
         spec.draft,
@@ -228,8 +230,6 @@ def replica_app(spec: ReplicaSpec, replica_id: str, merged_metrics=None):
         max_num_batched_tokens=spec.max_num_batched_tokens,
         drafters=drafters,
     )
-    if spec.datastore is not None:
-        pipe.use_datastore(spec.datastore)
     config = dataclasses.replace(spec.config, unhealthy_is_unavailable=True)
     app = create_app(pipe, config, metrics_exposition=merged_metrics)
     app.add_middleware(ReplicaHeader, replica_id=replica_id)

@@ -40,6 +40,8 @@ class GGUFRunner(Int8Runner):
         max_context_length: KV capacity in tokens (at most the RoPE table's length).
     """
 
+    runs_block_kernels = True
+
     @classmethod
     def from_file(
         cls,
