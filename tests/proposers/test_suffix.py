@@ -328,4 +328,3 @@ def test_bench_methods_learn_only_their_own_answers():
         getattr(alone.metrics.spec, c) for c in counts
     ]  # an empty cache
     assert by[("again", "suffix")].num_target_forwards < by[("first", "suffix")].num_target_forwards
-

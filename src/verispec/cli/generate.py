@@ -49,7 +49,8 @@ def generate(
         DEFAULT_METHOD,
         help="auto (suffix lookup in this request and earlier ones when it matches, else per step the faster of the "
         "EAGLE head and the draft model, chains or trees; layer skip only on --runner torch without either), "
-        "draft, ngram, suffix (continuations seen in earlier requests and this one), layer-skip, eagle (--eagle-head; eagle-tree: its dynamic tree), "
+        "draft, ngram, suffix (continuations seen in earlier requests and this one), layer-skip, "
+        "eagle (--eagle-head; eagle-tree: its dynamic tree), "
         "tree (token trees: n-gram branches, else the draft's tree), or none (plain decoding).",
     ),
     num_speculative_tokens: int = num_speculative_tokens_option(K_GENERATE),
@@ -73,7 +74,8 @@ def generate(
     compare_plain: bool = typer.Option(
         False,
         "--compare-plain",
-        help="Also decode the prompt plainly (after a 4-token untimed warm-up) and print both rates, the measured speedup and whether the tokens match.",
+        help="Also decode the prompt plainly (after a 4-token untimed warm-up) and print both rates, the "
+        "measured speedup and whether the tokens match.",
     ),
     draft_vocab: int | None = draft_vocab_option(),
     draft_vocab_corpus: list[str] | None = draft_vocab_corpus_option(),

@@ -267,9 +267,9 @@ class SpeculativePipeline:
             )
         if num_prompt_tokens + max_tokens > window:
             raise ContextLengthError(
-                f"the prompt has {num_prompt_tokens} tokens and max_tokens is {max_tokens} ({num_prompt_tokens + max_tokens} "
-                f"in all) but the context window is {window}: ask for at most {window - num_prompt_tokens} tokens, "
-                "shorten the prompt or raise --max-context"
+                f"the prompt has {num_prompt_tokens} tokens and max_tokens is {max_tokens} "
+                f"({num_prompt_tokens + max_tokens} in all) but the context window is {window}: "
+                f"ask for at most {window - num_prompt_tokens} tokens, shorten the prompt or raise --max-context"
             )
 
     def window_summary(self, num_sequences: int = 1) -> str:

@@ -10,6 +10,7 @@ asks it for the drafts of a pass (:func:`draft_batch`) and reports each outcome 
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -129,7 +130,7 @@ class DraftPolicy:
             k = self.schedules[name].next_k(batch_size)
             if isinstance(proposer, ConfidentProposer):  # a lookup sure of its match drafts more than the average
                 start, prior = time.perf_counter(), self.alphas[name].alpha
-                scores = lambda n: proposer.draft_confidences(request, n, prior)  # noqa: E731
+                scores = functools.partial(proposer.draft_confidences, request, prior=prior)
                 k = sized_by_confidence(self.schedules[name], scores, limit, batch_size, at_least=k)
                 spent += time.perf_counter() - start
             num_tokens = min(k, limit)

@@ -112,7 +112,8 @@ class DrafterOptions:
             object.__setattr__(self, "tree_choices", validate_tree_choices(self.tree_choices))
         if self.draft_quantization not in DRAFT_QUANTIZATIONS:
             raise InvalidParameterError(
-                f"unknown draft quantization {self.draft_quantization!r}; choose one of {', '.join(DRAFT_QUANTIZATIONS)}"
+                f"unknown draft quantization {self.draft_quantization!r}; "
+                f"choose one of {', '.join(DRAFT_QUANTIZATIONS)}"
             )
         if self.layer_skip_layers is not None and self.layer_skip_layers < 0:
             raise InvalidParameterError(f"layer_skip_layers must be >= 0, got {self.layer_skip_layers}")
@@ -186,8 +187,8 @@ def layer_skip_drafter(target: LoadedModel, num_layers: int | None) -> LayerSkip
         if num_layers is None:
             return None
         raise InvalidParameterError(
-            f"layer skip (layer_skip_layers={num_layers}) runs the first layers of the target's float model, which the gguf and "
-            "llama.cpp runners (and int8 from a GGUF file) do not hold: use --runner torch"
+            f"layer skip (layer_skip_layers={num_layers}) runs the first layers of the target's float model, "
+            "which the gguf and llama.cpp runners (and int8 from a GGUF file) do not hold: use --runner torch"
         )
     try:
         total = int(target.model.config.num_hidden_layers)

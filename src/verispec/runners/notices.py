@@ -49,9 +49,13 @@ def portable_gguf_warning(*, llama_cpp_installed: bool, auto_uses_llama_cpp: boo
     kernels = gguf_kernels()
     best = kernels.best_isa()
     if best == "portable":
-        where = f"this CPU (features: {kernels.cpu_features() or 'none of AVX2, AVX-512, NEON'}) runs the gguf kernels on their portable path"
+        features = kernels.cpu_features() or "none of AVX2, AVX-512, NEON"
+        where = f"this CPU (features: {features}) runs the gguf kernels on their portable path"
     else:
-        where = f"the gguf kernels run on their portable path (forced by VERISPEC_KERNEL_ISA or set_kernel_isa; this CPU could run {best})"
+        where = (
+            "the gguf kernels run on their portable path (forced by VERISPEC_KERNEL_ISA or set_kernel_isa; "
+            f"this CPU could run {best})"
+        )
     if auto_uses_llama_cpp:
         advice = (
             "--runner auto uses llama.cpp instead (not token-identical under speculation; "

@@ -71,8 +71,8 @@ def make_runner(
     """
     if max_context_length is not None and max_context_length > loaded.context_length:
         raise InvalidParameterError(
-            f"--max-context {max_context_length} exceeds {loaded.name}'s trained context of {loaded.context_length} tokens "
-            f"(its context_length): give --max-context {loaded.context_length} or less"
+            f"--max-context {max_context_length} exceeds {loaded.name}'s trained context of "
+            f"{loaded.context_length} tokens (its context_length): give --max-context {loaded.context_length} or less"
         )
     if requantize is not None and kind != "gguf":
         raise InvalidParameterError(f"re-quantizing a draft ({requantize}) needs --runner gguf, not {kind}")
