@@ -112,7 +112,7 @@ def test_shared_data_is_found_beside_the_project_from_any_folder(tmp_path, monke
 
     from verispec.bench import workload
 
-    beside = Path(workload.__file__).resolve().parents[4].parent / "shared" / "data"
+    beside = Path(workload.__file__).resolve().parents[3].parent / "shared" / "data"  # <root>/src/verispec/bench
     if not beside.is_dir():
         pytest.skip(f"shared data not here ({beside})")
     monkeypatch.delenv(workload.DATA_DIR_ENV, raising=False)

@@ -52,8 +52,9 @@ def test_models_list_is_one_line_per_model_at_80_columns(home):
     result = cli.invoke(app, ["models", "list"], env=NARROW)
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    table = lines[: next(i for i, line in enumerate(lines) if line.startswith("files"))]
-    assert max(len(line) for line in table) <= 80 and "…" not in result.output, result.output
+    above_paths = lines[: next(i for i, line in enumerate(lines) if line.startswith("files"))]
+    assert max(len(line) for line in above_paths) <= 80 and "…" not in result.output, result.output  # licences too
+    table = lines[: next(i for i, line in enumerate(lines) if line.startswith("licences"))]
     for name, entry in BUILTIN_MODELS.items():
         row = [line for line in table if name in line]
         assert len(row) == 1, result.output

@@ -320,7 +320,7 @@ def test_cli_list_shows_the_licences(cli_app, entry, monkeypatch):
     gemma_like = dataclasses.replace(entry, name="other", license="Some Terms", license_url="https://example.org/t")
     monkeypatch.setattr(models_cli, "ModelStore", lambda **kw: ModelStore(registry={"other": gemma_like}, **kw))
     listed = CliRunner().invoke(cli_app, ["models", "list"], env={"COLUMNS": "80"})
-    assert "licences: Apache-2.0, except other: Some Terms (https://example.org/t)" in listed.stdout
+    assert "licences: Apache-2.0, except\n  other: Some Terms\n    https://example.org/t\n" in listed.stdout
     rows = CliRunner().invoke(cli_app, ["models", "list", "--json"]).stdout
     assert '"license": "Some Terms"' in rows
 

@@ -135,7 +135,7 @@ def data_dir() -> Path:
     candidates = [Path(os.environ[DATA_DIR_ENV])] if os.environ.get(DATA_DIR_ENV) else []
     candidates += [
         Path.cwd() / ".." / "shared" / "data",
-        Path(__file__).resolve().parents[4] / ".." / "shared" / "data",
+        Path(__file__).resolve().parents[3] / ".." / "shared" / "data",  # <root>/src/verispec/bench/
     ]
     for candidate in candidates:
         if candidate.is_dir():

@@ -105,12 +105,17 @@ def fetch_model(
 
 
 def _licence_line(entries) -> str:
-    """``licences: Apache-2.0`` and, for each model under other terms, its name, licence and URL."""
+    """``licences: Apache-2.0`` and, for each model under other terms, a line with its name and
+    licence and one with the terms' URL (every line within 80 columns)."""
     others = [entry for entry in entries if entry.license != "Apache-2.0"]
     if not others:
         return "licences: Apache-2.0"
-    named = "; ".join(f"{e.name}: {e.license}" + (f" ({e.license_url})" if e.license_url else "") for e in others)
-    return f"licences: Apache-2.0, except {named}"
+    lines = ["licences: Apache-2.0, except"]
+    for e in others:
+        lines.append(f"  {e.name}: {e.license}")
+        if e.license_url:
+            lines.append(f"    {e.license_url}")
+    return "\n".join(lines)
 
 
 def _format_bytes(size: int) -> str:
