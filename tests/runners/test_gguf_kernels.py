@@ -186,18 +186,25 @@ def test_attention_rows_are_their_one_query_results(impl):
     keys, values = torch.randn(2, 64, 32, generator=generator), torch.randn(2, 64, 32, generator=generator)
     q = torch.randn(9, 6, 32, generator=generator)
     empty = torch.empty(0, dtype=torch.int64)
-    causal = gguf_kernels().attention(q, keys, values, 20, empty, empty, 32**-0.5, impl)
+    causal = gguf_kernels().attention(q, keys, values, 20, empty, empty, 32**-0.5, impl, 0)
     for i in range(9):
-        one = gguf_kernels().attention(q[i : i + 1], keys, values, 20 + i, empty, empty, 32**-0.5, impl)
+        one = gguf_kernels().attention(q[i : i + 1], keys, values, 20 + i, empty, empty, 32**-0.5, impl, 0)
         assert torch.equal(causal[i], one[0])  # same op, same keys: bit-identical
         torch.testing.assert_close(causal[i], attention_by_hand(q[i], keys, values, list(range(21 + i))))
     # a tree row seeing slots [0..19, 22, 25] equals the causal row at the same keys, moved together
     slots = torch.tensor([list(range(20)) + [22, 25]])
-    tree = gguf_kernels().attention(q[:1], keys, values, 0, slots, torch.tensor([22]), 32**-0.5, impl)
+    tree = gguf_kernels().attention(q[:1], keys, values, 0, slots, torch.tensor([22]), 32**-0.5, impl, 0)
     moved_k, moved_v = keys.clone(), values.clone()
     moved_k[:, 20:22], moved_v[:, 20:22] = keys[:, [22, 25]], values[:, [22, 25]]
-    chain = gguf_kernels().attention(q[:1], moved_k, moved_v, 21, empty, empty, 32**-0.5, impl)
+    chain = gguf_kernels().attention(q[:1], moved_k, moved_v, 21, empty, empty, 32**-0.5, impl, 0)
     assert torch.equal(tree, chain)
+    # a sliding window of 5: row i sees slots 16 + i .. 20 + i, the same bits as alone
+    windowed = gguf_kernels().attention(q, keys, values, 20, empty, empty, 32**-0.5, impl, 5)
+    for i in range(9):
+        one = gguf_kernels().attention(q[i : i + 1], keys, values, 20 + i, empty, empty, 32**-0.5, impl, 5)
+        assert torch.equal(windowed[i], one[0])
+        torch.testing.assert_close(windowed[i], attention_by_hand(q[i], keys, values, list(range(16 + i, 21 + i))))
+    assert not torch.equal(windowed[8], causal[8])  # the window changed what row 8 sees
 
 
 def test_attention_paths_give_the_same_bits():
@@ -212,11 +219,13 @@ def test_attention_paths_give_the_same_bits():
         keys = torch.randn(kv_heads, 96, head_dim, generator=generator) * 3
         values = torch.randn(kv_heads, 96, head_dim, generator=generator)
         q = torch.randn(5, heads, head_dim, generator=generator)
-        got = [gguf_kernels().attention(q, keys, values, start, empty, empty, head_dim**-0.5, impl) for impl in IMPLS]
+        got = [
+            gguf_kernels().attention(q, keys, values, start, empty, empty, head_dim**-0.5, impl, 0) for impl in IMPLS
+        ]
         assert all(torch.equal(got[0], other) for other in got[1:])
         slots = torch.tensor([[0, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61]] * 5)
         lengths = torch.tensor([18, 17, 16, 1, 3])
-        tree = [gguf_kernels().attention(q, keys, values, 0, slots, lengths, head_dim**-0.5, impl) for impl in IMPLS]
+        tree = [gguf_kernels().attention(q, keys, values, 0, slots, lengths, head_dim**-0.5, impl, 0) for impl in IMPLS]
         assert all(torch.equal(tree[0], other) for other in tree[1:])
 
 

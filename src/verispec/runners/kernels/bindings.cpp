@@ -237,8 +237,9 @@ torch::Tensor rope_store(torch::Tensor qkv, torch::Tensor positions, torch::Tens
     return q;
 }
 
-// gate_up [rows, 2 * ffn] -> silu(gate) * up [rows, ffn] (SwiGLU, Shazeer 2020). impl: as linear.
-torch::Tensor silu_mul(torch::Tensor gate_up, int64_t impl) {
+// gate_up [rows, 2 * ffn] -> act(gate) * up [rows, ffn], one row at a time by `row` (a vsk::*_mul_row).
+template <typename RowOp>
+torch::Tensor gated_rows(torch::Tensor gate_up, int64_t impl, RowOp row) {
     TORCH_CHECK(gate_up.dim() == 2 && gate_up.dtype() == torch::kFloat32 && gate_up.size(1) % 2 == 0,
                 "gate_up must be [rows, 2 * ffn] float32");
     const Isa isa = vsk::resolve_isa(impl);
@@ -248,26 +249,16 @@ torch::Tensor silu_mul(torch::Tensor gate_up, int64_t impl) {
     const float* g = gate_up.data_ptr<float>();
     float* o = out.data_ptr<float>();
     at::parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r) vsk::silu_mul_row(g + r * 2 * ffn, g + r * 2 * ffn + ffn, ffn, o + r * ffn, isa);
+        for (int64_t r = r0; r < r1; ++r) row(g + r * 2 * ffn, g + r * 2 * ffn + ffn, ffn, o + r * ffn, isa);
     });
     return out;
 }
 
+// gate_up [rows, 2 * ffn] -> silu(gate) * up [rows, ffn] (SwiGLU, Shazeer 2020). impl: as linear.
+torch::Tensor silu_mul(torch::Tensor gate_up, int64_t impl) { return gated_rows(gate_up, impl, vsk::silu_mul_row); }
+
 // gate_up [rows, 2 * ffn] -> gelu_tanh(gate) * up [rows, ffn] (GeGLU: Gemma's MLP). impl: as linear.
-torch::Tensor gelu_mul(torch::Tensor gate_up, int64_t impl) {
-    TORCH_CHECK(gate_up.dim() == 2 && gate_up.dtype() == torch::kFloat32 && gate_up.size(1) % 2 == 0,
-                "gate_up must be [rows, 2 * ffn] float32");
-    const Isa isa = vsk::resolve_isa(impl);
-    gate_up = gate_up.contiguous();
-    const int64_t rows = gate_up.size(0), ffn = gate_up.size(1) / 2;
-    auto out = torch::empty({rows, ffn}, torch::kFloat32);
-    const float* g = gate_up.data_ptr<float>();
-    float* o = out.data_ptr<float>();
-    at::parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r) vsk::gelu_mul_row(g + r * 2 * ffn, g + r * 2 * ffn + ffn, ffn, o + r * ffn, isa);
-    });
-    return out;
-}
+torch::Tensor gelu_mul(torch::Tensor gate_up, int64_t impl) { return gated_rows(gate_up, impl, vsk::gelu_mul_row); }
 
 // x [rows, n] float32, weight [n] -> RMSNorm of each row (vsk::rms_norm_row).
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
