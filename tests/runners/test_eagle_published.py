@@ -273,6 +273,27 @@ def test_pipeline_drafts_with_the_published_head_and_equals_plain(tmp_path, targ
     assert drafted >= 3 * 15  # the head drafted on most steps
 
 
+@pytest.mark.parametrize("method", ["eagle", "eagle-tree"])
+def test_a_seed_gives_plain_decodings_sampled_tokens_with_the_head(tmp_path, target, method):
+    """Coupled sampling (issue 47): the head drafts with the target's noise, the text is plain's."""
+    path, _ = target
+    pipe = SpeculativePipeline.load(
+        str(path),
+        None,
+        drafters=DrafterOptions(eagle_head=write_head(tmp_path / "head"), layer_skip_layers=0),
+        runners=RunnerOptions(kind="gguf", max_context_length=128),
+    )
+    drafted = 0
+    for seed, prompt in enumerate(PROMPTS):
+        params = SamplingParams(max_tokens=20, temperature=0.8, top_p=0.95, seed=seed)
+        plain = pipe.generate(prompt, params, SpeculativeConfig(method="none"))
+        spec = SpeculativeConfig(method=method, num_speculative_tokens=3, schedule="constant")
+        out = pipe.generate(prompt, params, spec)
+        assert out.token_ids == plain.token_ids
+        drafted += out.metrics.spec.num_draft_tokens
+    assert drafted > 0  # the head really drafted
+
+
 def cli_generate(target_path, head, *extra):
     args = ["generate", "ab!c", "--target", str(target_path), "--draft", "none", "--method", "eagle"]
     args += ["--eagle-head", str(head), "-k", "3", "--max-tokens", "16", "--schedule", "constant", *extra]
