@@ -341,7 +341,13 @@ class GGUFLoader:
         if head_name != "token_embd.weight":
             head_info = self.tensor(head_name)
             head_rows = GGUFEmbedding(self.raw(head_info).view(int(head_info.shape[1]), -1), head_info.qtype, hidden)
-        final_norm = self.floats("output_norm.weight")
+        return self.assemble(embedding, layers, lm_head, max_positions, row_ids, head_rows)
+
+    def assemble(
+        self, embedding, layers: list, lm_head, max_positions: int, head_token_ids: Tensor | None, head_rows=None
+    ) -> GGUFWeights:
+        """The :class:`GGUFWeights` of these layers and head, with what the header gives every
+        runner: shapes, the final norm, the RoPE tables for ``max_positions`` and the architecture."""
         cos, sin, local_cos, local_sin = self.rope_tables(max_positions)
         return GGUFWeights(
             num_heads=self.num_heads,
@@ -350,11 +356,11 @@ class GGUFLoader:
             rms_norm_eps=self.eps,
             embedding=embedding,
             layers=layers,
-            final_norm=final_norm,
+            final_norm=self.floats("output_norm.weight"),
             lm_head=lm_head,
             cos=cos,
             sin=sin,
-            head_token_ids=row_ids,
+            head_token_ids=head_token_ids,
             head_rows=head_rows,
             arch=self.arch,
             local_cos=local_cos,

@@ -104,23 +104,7 @@ def int8_weights_from_gguf(
     lm_head = RowChunks(parts, hidden)
     if cache is not None:
         cache.finish()
-    cos, sin, local_cos, local_sin = loader.rope_tables(max_positions)
-    return GGUFWeights(
-        num_heads=loader.num_heads,
-        num_kv_heads=loader.num_kv_heads,
-        head_dim=loader.head_dim,
-        rms_norm_eps=loader.eps,
-        embedding=embedding,
-        layers=layers,
-        final_norm=loader.floats("output_norm.weight"),
-        lm_head=lm_head,
-        cos=cos,
-        sin=sin,
-        head_token_ids=rows,
-        arch=loader.arch,
-        local_cos=local_cos,
-        local_sin=local_sin,
-    )
+    return loader.assemble(embedding, layers, lm_head, max_positions, rows)
 
 
 @dataclass

@@ -164,44 +164,22 @@ class Int8Weight:
         if self.kernel == "onednn":
             # oneDNN's fast (brgemm VNNI) path wants unsigned activations: v + 128 with zero point
             # 128 is the same integer product (the offset is compensated exactly in int32).
-            offset_x = int8_x.view(torch.uint8).bitwise_xor(0x80)
-            return torch.ops.onednn.qlinear_pointwise(
-                offset_x,
-                1.0,
-                128,
-                self.packed,
-                self.scales,
-                self.zero_points,
-                None,
-                1.0,
-                0,
-                torch.float32,
-                "none",
-                [],
-                "",
-            )
+            return self._onednn_product(int8_x.view(torch.uint8).bitwise_xor(0x80))
         return torch._int_mm(int8_x, self.weight_t).float() * self.scales
+
+    def _onednn_product(self, offset_x: Tensor) -> Tensor:
+        """oneDNN's int8 product of ``offset_x`` ``[rows, in]`` uint8 (activations + 128, zero point
+        128) with the packed weight: ``[rows, out]`` float32 times the weight scales."""
+        return torch.ops.onednn.qlinear_pointwise(
+            offset_x, 1.0, 128, self.packed, self.scales, self.zero_points, None, 1.0, 0, torch.float32, "none", [], ""
+        )
 
     def __call__(self, x: Tensor) -> Tensor:
         """``x`` ``[rows, in]`` float32 -> ``[rows, out]`` float32, each row independent of the others."""
         if self.kernel == "onednn":
             x_scales = activation_scales(x)
             offset_x = x.div(x_scales).round_().add_(128).to(torch.uint8)  # = quantize_activation_rows + 128
-            out = torch.ops.onednn.qlinear_pointwise(
-                offset_x,
-                1.0,
-                128,
-                self.packed,
-                self.scales,
-                self.zero_points,
-                None,
-                1.0,
-                0,
-                torch.float32,
-                "none",
-                [],
-                "",
-            )
+            out = self._onednn_product(offset_x)
         else:
             int8_x, x_scales = quantize_activation_rows(x)
             out = self.integer_product(int8_x)
