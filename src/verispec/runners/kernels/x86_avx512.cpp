@@ -44,13 +44,15 @@ VS_AVX512 inline void prefetch_block(const uint8_t* next, int bytes) {
 }
 
 // Each kernel walks one sub-block at a time: R int32 accumulators (one per row) take the
-// sub-block's dot products, are multiplied by the sub-block scale and added to R int32 sums;
-// the float accumulators live in the output rows.
+// sub-block's dot products, are multiplied by the sub-block scale and added to R int32 sums
+// (integer sums: their order is free); the R float accumulators stay in registers across the
+// blocks and are stored once.
 template <int R>
 VS_AVX512 void tile_q4k(const TileArgs& a) {
     const Activations& x = *a.act;
     const __m512i m4 = _mm512_set1_epi8(0x0F);
-    for (int r = 0; r < R; ++r) _mm512_storeu_ps(a.out + r * a.ldo, _mm512_setzero_ps());
+    __m512 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
     const int64_t nb = x.in / 256;
     for (int64_t b = 0; b < a.nblocks; ++b) {
         const uint8_t* t = a.tile + b * 2368;
@@ -90,26 +92,26 @@ VS_AVX512 void tile_q4k(const TileArgs& a) {
             imin = _mm512_dpwssd_epi32(imin, m45, _mm512_set1_epi32(load_i32(s32 + 4)));
             imin = _mm512_dpwssd_epi32(imin, m67, _mm512_set1_epi32(load_i32(s32 + 6)));
             const __m512 dx = _mm512_set1_ps(x.d[(a.row0 + r) * nb + b]);
-            __m512 acc = _mm512_loadu_ps(a.out + r * a.ldo);
-            acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(dx, d)));
-            acc = _mm512_sub_ps(acc, _mm512_mul_ps(_mm512_cvtepi32_ps(imin), _mm512_mul_ps(dx, dmin)));
-            _mm512_storeu_ps(a.out + r * a.ldo, acc);
+            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(dx, d)));
+            acc[r] = _mm512_sub_ps(acc[r], _mm512_mul_ps(_mm512_cvtepi32_ps(imin), _mm512_mul_ps(dx, dmin)));
         }
     }
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(a.out + r * a.ldo, acc[r]);
 }
 
 template <int R>
 VS_AVX512 void tile_q6k(const TileArgs& a) {
     const Activations& x = *a.act;
     const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
-    for (int r = 0; r < R; ++r) _mm512_storeu_ps(a.out + r * a.ldo, _mm512_setzero_ps());
+    __m512 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
     const int64_t nb = x.in / 256;
     for (int64_t b = 0; b < a.nblocks; ++b) {
         const uint8_t* t = a.tile + b * 3360;
         prefetch_block<R, _MM_HINT_T1>(t + PREFETCH_BLOCKS * 3360, 3360);
         const int8_t* xb = x.q.data() + a.row0 * x.in + b * 256;
-        __m512i isum[R];
-        for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
+        __m512i isum[R], ioff[R];
+        for (int r = 0; r < R; ++r) isum[r] = ioff[r] = _mm512_setzero_si512();
         for (int p = 0; p < 8; ++p) {  // sub-blocks 2p (low nibbles) and 2p + 1 (high) share their bytes
             const uint8_t* n = t + 288 + 384 * p;
             const __m512i hb0 = _mm512_loadu_si512(n + 256), hb1 = _mm512_loadu_si512(n + 320);
@@ -135,24 +137,20 @@ VS_AVX512 void tile_q6k(const TileArgs& a) {
             }
             const __m512i pairs = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(t + 32 + 32 * p)));
             const __m512i sc0 = _mm512_srai_epi32(_mm512_slli_epi32(pairs, 16), 16), sc1 = _mm512_srai_epi32(pairs, 16);
-            for (int r = 0; r < R; ++r)
+            for (int r = 0; r < R; ++r) {
                 isum[r] = _mm512_add_epi32(isum[r], _mm512_add_epi32(_mm512_mullo_epi32(dot0[r], sc0), _mm512_mullo_epi32(dot1[r], sc1)));
+                const int16_t* s16 = x.s16.data() + (a.row0 + r) * (x.in / 16) + b * 16;
+                ioff[r] = _mm512_dpwssd_epi32(ioff[r], pairs, _mm512_set1_epi32(load_i32(s16 + 2 * p)));
+            }
         }
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)t));
         for (int r = 0; r < R; ++r) {
-            const int16_t* s16 = x.s16.data() + (a.row0 + r) * (x.in / 16) + b * 16;
-            __m512i ioff = _mm512_setzero_si512();
-            for (int p = 0; p < 8; ++p) {
-                const __m512i pairs = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(t + 32 + 32 * p)));
-                ioff = _mm512_dpwssd_epi32(ioff, pairs, _mm512_set1_epi32(load_i32(s16 + 2 * p)));
-            }
-            const __m512i total = _mm512_sub_epi32(isum[r], _mm512_slli_epi32(ioff, 5));
+            const __m512i total = _mm512_sub_epi32(isum[r], _mm512_slli_epi32(ioff[r], 5));
             const __m512 dx = _mm512_set1_ps(x.d[(a.row0 + r) * nb + b]);
-            __m512 acc = _mm512_loadu_ps(a.out + r * a.ldo);
-            acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(dx, d)));
-            _mm512_storeu_ps(a.out + r * a.ldo, acc);
+            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(dx, d)));
         }
     }
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(a.out + r * a.ldo, acc[r]);
 }
 
 // The 32-value nibble formats (Q4_0, IQ4_NL, Q5_0) in one kernel: per group h the unsigned
