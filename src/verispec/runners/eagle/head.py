@@ -298,7 +298,8 @@ class EagleHead(nn.Module):
         k = self.k_proj(x).view(rows, shape.num_key_value_heads, shape.head_dim).transpose(0, 1)
         v = self.v_proj(x).view(rows, shape.num_key_value_heads, shape.head_dim).transpose(0, 1)
         angles = positions.to(self.inv_freq.dtype)[:, None] * self.inv_freq[None, :]
-        cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+        angles = torch.cat([angles, angles], -1)  # fp32 even for a bf16 head (positions up to thousands)
+        cos, sin = angles.cos().to(q.dtype), angles.sin().to(q.dtype)
         q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
         parts, new, start = [], [], 0
         for past_keys, past_values, mask in segments:
