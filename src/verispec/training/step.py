@@ -40,7 +40,7 @@ def ttt_unroll(
         segments: int64 ``[P]`` window of each anchor (None: one window); anchors attend only
             within their window.
     Returns:
-        ``K`` float32 tensors ``[P, draft_vocab_size]``; differentiable.
+        ``K`` tensors ``[P, draft_vocab_size]`` in the head's dtype; differentiable.
     """
     rows, device = positions.numel(), positions.device
     segments = torch.zeros(rows, dtype=torch.long, device=device) if segments is None else segments
@@ -55,7 +55,7 @@ def ttt_unroll(
         mask = torch.cat([causal] + [diagonal] * step, dim=1)  # step 0's rows, then this anchor's later rows
         hidden, new_keys, new_values = head.layer(hidden, step_tokens, positions + step, keys, values, mask)
         keys, values = torch.cat([keys, new_keys], 1), torch.cat([values, new_values], 1)
-        step_logits.append(head.logits(hidden))
+        step_logits.append(head.logits(hidden, dtype=None))
     return step_logits
 
 
@@ -67,15 +67,44 @@ def target_draft_head(target: nn.Module, d2t: Tensor) -> tuple[Tensor, Tensor | 
     return lm_head.weight.detach()[d2t].float(), (None if bias is None else bias.detach()[d2t].float())
 
 
+CE_ROWS = 16  # rows of the soft cross-entropy at a time: its fp32 temporaries (~4 x 2 MB at 32,000 rows) stay in cache
+
+
+class _SoftCrossEntropy(torch.autograd.Function):
+    """``sum_r weights[r] * CE_r`` whose gradient is made in the forward pass, ``CE_ROWS`` rows at
+    a time: ``d/dz CE = softmax(z) - P`` (one row of ``[R, V]`` in the logits' dtype kept instead
+    of autograd's fp32 copies, log-softmax and products of the whole ``[R, V]``)."""
+
+    @staticmethod
+    def forward(ctx, draft_logits: Tensor, target_logits: Tensor, weights: Tensor) -> Tensor:
+        need_grad = ctx.needs_input_grad[0]
+        per_row = torch.empty(draft_logits.shape[0], dtype=torch.float32, device=draft_logits.device)
+        grad = torch.empty_like(draft_logits) if need_grad else None
+        for start in range(0, draft_logits.shape[0], CE_ROWS):
+            rows = slice(start, start + CE_ROWS)
+            target_probs = F.softmax(target_logits[rows].float(), dim=-1)
+            log_draft = F.log_softmax(draft_logits[rows].float(), dim=-1)
+            per_row[rows] = -torch.linalg.vecdot(target_probs, log_draft)
+            if need_grad:
+                grad[rows] = log_draft.exp_().sub_(target_probs).mul_(weights[rows, None])
+        ctx.save_for_backward(grad)
+        return (per_row * weights).sum()
+
+    @staticmethod
+    def backward(ctx, upstream: Tensor):
+        (grad,) = ctx.saved_tensors
+        return grad * upstream.to(grad.dtype), None, None
+
+
 def soft_cross_entropy(draft_logits: Tensor, target_logits: Tensor, valid: Tensor) -> Tensor:
     """Mean over the ``valid`` rows of ``-sum_v P(v) log Q(v)``, in fp32 (nats), where ``P`` and
     ``Q`` are the softmax of ``target_logits`` and ``draft_logits`` (both ``[R, V]``, any float
-    dtype; ``valid``: bool ``[R]``, at least one True). Invalid rows must hold finite logits:
-    they are weighted 0 instead of cut out (no copy of the ``[R, V]`` rows)."""
-    target_probs = F.softmax(target_logits.float(), dim=-1)
-    log_draft = F.log_softmax(draft_logits.float(), dim=-1)
-    per_row = -(target_probs * log_draft).sum(-1)
-    return (per_row * valid).sum() / valid.sum()
+    dtype; ``valid``: bool ``[R]``, at least one True). Softmax, log-softmax and the sums run in
+    fp32 (:data:`CE_ROWS` rows at a time); the gradient reaching ``draft_logits`` is in its dtype.
+    Invalid rows must hold finite logits: they are weighted 0 instead of cut out (no copy of
+    the ``[R, V]`` rows)."""
+    weights = valid.float() / valid.sum()
+    return _SoftCrossEntropy.apply(draft_logits, target_logits, weights)
 
 
 def distillation_loss(

@@ -260,9 +260,11 @@ class EagleHead(nn.Module):
             raise InvalidParameterError(f"features must be [rows, {self.fc.in_features}], got {list(features.shape)}")
         return self.fc(features.to(self.norm.weight.dtype))  # fc may be a block-quantized layer (eagle_blocks)
 
-    def logits(self, hidden: Tensor) -> Tensor:
-        """float32 ``[T, draft_vocab_size]`` scores of the draft rows from the layer's output."""
-        return self.lm_head(self.norm(hidden)).float()
+    def logits(self, hidden: Tensor, dtype: torch.dtype | None = torch.float32) -> Tensor:
+        """``[T, draft_vocab_size]`` scores of the draft rows from the layer's output, as
+        ``dtype`` (None: the head's own, e.g. bf16 in training, where the loss reads them in fp32)."""
+        scores = self.lm_head(self.norm(hidden))
+        return scores if dtype is None else scores.to(dtype)
 
     def layer(
         self, hidden: Tensor, token_ids: Tensor, positions: Tensor, past_keys: Tensor, past_values: Tensor, mask: Tensor
