@@ -13,6 +13,8 @@ from gguf_models import write_gguf_model
 from verispec.cli import app
 from verispec.runners.cpu.gguf_runner import GGUFRunner
 from verispec.runners.eagle.head import EagleHead
+from verispec.training import precision
+from verispec.training.precision import choose_precision
 
 cli = CliRunner()
 PROMPTS = ["abc def", "hello world", "xyz!", "foo bar baz", "qwerty", "a+b=c"]
@@ -89,8 +91,11 @@ def test_train_then_draft_then_resume(files):
     assert eagle["token_ids"] == plain["token_ids"]
     assert eagle["metrics"]["spec"]["num_draft_tokens"] > 0  # the head drafted
     assert (folder / "head.gguf.optimizer.pt").stat().st_size > 0  # AdamW's moments, for --resume
-    again = train(folder, target, out, "--resume")
+    auto = choose_precision("auto").precision  # bf16 where the CPU has native bf16, else f32
+    assert f"precision: {auto}" in result.output and record["runs"][0]["precision"] == auto
+    again = train(folder, target, out, "--resume", "--precision", "f32")  # resumes across precisions
     assert again.exit_code == 0, again.output
+    assert "precision: f32, as asked" in again.output
     assert "starts afresh" not in again.output
     # the target read the data once: the second run took every sequence from the teacher cache
     assert f"{len(PROMPTS)} sequences from the cache, 0 read by the target" in " ".join(again.output.split())
@@ -99,6 +104,8 @@ def test_train_then_draft_then_resume(files):
         run["steps"]
         for run in EagleHead.load(out, GGUFRunner.from_file(target, max_context_length=64)).training_record["runs"]
     ] == [4, 4]
+    runs = EagleHead.load(out, GGUFRunner.from_file(target, max_context_length=64)).training_record["runs"]
+    assert [run["precision"] for run in runs] == [auto, "f32"]
 
 
 def test_refusals(files, tmp_path, monkeypatch):
@@ -114,6 +121,11 @@ def test_refusals(files, tmp_path, monkeypatch):
     assert (
         "training data" not in result.output and not (tmp_path / "gpu.pt").exists()
     )  # said before any data was generated
+    monkeypatch.setattr(precision, "_torch_flags", lambda: {"avx2"})  # a CPU without native bf16
+    result = train(folder, target, tmp_path / "bf16.pt", "--precision", "bf16")
+    assert result.exit_code == 2 and "--precision bf16 needs a CPU with native bf16" in result.output
+    assert "Traceback" not in result.output and "training data" not in result.output  # said before any data
+    monkeypatch.undo()
     result = train(folder, target, tmp_path / "t.pt", "--teacher", "torch", "--teacher-cache", "none")
     assert result.exit_code == 0 and "the teacher: float32 transformers" in result.output
     assert "teacher cache" not in result.output and not (tmp_path / "t.pt.teacher").exists()

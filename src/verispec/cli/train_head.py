@@ -98,6 +98,11 @@ def train_head(
         help="Where the head trains and the float32 teacher runs (torch device: cpu, cuda, cuda:1, mps); the gguf "
         "runner reads on the CPU either way.",
     ),
+    precision: str = typer.Option(
+        "auto",
+        help="Float format of the training step: bf16 (fp32 master weights, bf16 matrix products, fp32 loss), f32, "
+        "or auto (bf16 where the CPU multiplies bf16 natively: AMX-BF16 or AVX512-BF16; f32 elsewhere).",
+    ),
     checkpoint_minutes: float = typer.Option(
         5.0, help="Write the head to --out this often while training (and on Ctrl-C)."
     ),
@@ -114,6 +119,7 @@ def train_head(
     from verispec.training.data import HeadData, collect
     from verispec.training.files import load_optimizer_state, plot_training, save_checkpoint
     from verispec.training.loop import TrainOptions, make_optimizer
+    from verispec.training.precision import choose_precision
 
     command = _command_line(ctx.params)
     data_path = out.with_name(out.name + ".data.json")
@@ -128,10 +134,18 @@ def train_head(
         if weights not in WEIGHT_TYPES:
             raise InvalidParameterError(f"--weights must be one of {', '.join(WEIGHT_TYPES)}, not {weights!r}")
         parse_device(device)  # before any data is generated: a missing GPU is said at once
+        chosen = choose_precision(precision, device)
+        err.print(f"precision: {chosen.reason}")
         if teacher not in ("auto", "runner", "torch"):
             raise InvalidParameterError(f"--teacher must be auto, runner or torch, not {teacher!r}")
         options = TrainOptions(
-            steps=steps, minutes=minutes, lr=lr, batch_positions=batch_positions, held_out=held_out, seed=seed
+            steps=steps,
+            minutes=minutes,
+            lr=lr,
+            batch_positions=batch_positions,
+            held_out=held_out,
+            seed=seed,
+            precision=chosen.precision,
         )
         pipe = None
         if resume:
@@ -201,6 +215,7 @@ def train_head(
         record["runs"].append(
             {
                 "steps": report.steps,
+                "precision": options.precision,
                 "seconds": round(report.seconds, 1),
                 "positions": report.positions,
                 "held_out_top1_before": report.held_out_top1_before,

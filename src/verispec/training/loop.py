@@ -21,11 +21,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from verispec.errors import InvalidParameterError
 from verispec.runners.eagle.head import EagleHead
+from verispec.training.step import (  # noqa: F401  (re-exported: the loop's public names before the step had its room)
+    TrainStep,
+    distillation_loss,
+    make_optimizer,
+    target_draft_head,
+    ttt_unroll,
+)
 from verispec.training.teacher import Teacher, runner_teacher, teacher  # noqa: F401  (runner_teacher: re-exported)
 
 Window = tuple[int, int, int]  # (sequence index, first anchor, end anchor): anchors start .. end - 1
@@ -48,6 +54,9 @@ class TrainOptions:
             batch order (the head's initialisation is its own seed).
         steps_before: optimiser steps earlier runs took on the same data (``--resume``): the
             batch order continues after them instead of starting over.
+        precision: ``"f32"`` or ``"bf16"`` (fp32 master weights, bf16 matrix products, fp32 loss:
+            :mod:`verispec.training.step`; :func:`~verispec.training.precision.choose_precision`
+            says which pays on a host). Checkpoints and the optimiser state are fp32 either way.
     """
 
     steps: int | None = 200
@@ -62,6 +71,7 @@ class TrainOptions:
     held_out: float = 0.1
     seed: int = 0
     steps_before: int = 0
+    precision: str = "f32"
 
 
 @dataclass
@@ -141,70 +151,6 @@ def pack(
     return Batch(*(torch.cat(column, dim=dim).to(device) for column, dim in zip(columns, dims)))
 
 
-def ttt_unroll(
-    head: EagleHead, features: Tensor, token_ids: Tensor, positions: Tensor, segments: Tensor | None = None
-) -> list[Tensor]:
-    """The head's logits of every unrolled draft step over packed anchors (EAGLE-3 §3).
-
-    Args:
-        features: ``[P, layers * hidden]`` target features of the anchors.
-        token_ids: int64 ``[K, P]`` the token fed at each step (``x_{t+j+1}``).
-        positions: int64 ``[P]`` anchor positions; step ``j`` sits at ``positions + j``.
-        segments: int64 ``[P]`` window of each anchor (None: one window); anchors attend only
-            within their window.
-    Returns:
-        ``K`` float32 tensors ``[P, draft_vocab_size]``; differentiable.
-    """
-    rows, device = positions.numel(), positions.device
-    segments = torch.zeros(rows, dtype=torch.long, device=device) if segments is None else segments
-    causal = (segments[None, :] == segments[:, None]) & (positions[None, :] <= positions[:, None])
-    diagonal = torch.eye(rows, dtype=torch.bool, device=device)
-    hidden = head.fuse(features)
-    keys = values = torch.zeros(
-        head.shape.num_key_value_heads, 0, head.shape.head_dim, dtype=hidden.dtype, device=device
-    )
-    step_logits = []
-    for step, step_tokens in enumerate(token_ids):
-        mask = torch.cat([causal] + [diagonal] * step, dim=1)  # step 0's rows, then this anchor's later rows
-        hidden, new_keys, new_values = head.layer(hidden, step_tokens, positions + step, keys, values, mask)
-        keys, values = torch.cat([keys, new_keys], 1), torch.cat([values, new_values], 1)
-        step_logits.append(head.logits(hidden))
-    return step_logits
-
-
-def target_draft_head(target: torch.nn.Module, d2t: Tensor) -> tuple[Tensor, Tensor | None]:
-    """The target's ``lm_head`` rows of the draft vocabulary: float32 weight
-    ``[draft_vocab_size, hidden]`` and bias ``[draft_vocab_size]`` (None without one)."""
-    lm_head = target.get_output_embeddings()
-    bias = getattr(lm_head, "bias", None)
-    return lm_head.weight.detach()[d2t].float(), (None if bias is None else bias.detach()[d2t].float())
-
-
-def distillation_loss(
-    head: EagleHead, batch: Batch, target_head: tuple[Tensor, Tensor | None], step_decay: float
-) -> tuple[Tensor, list[Tensor]]:
-    """Weighted soft cross-entropy (nats) of the head's :func:`ttt_unroll` over ``batch``
-    against the target's distribution restricted to the draft vocabulary and renormalised (its
-    logits of those rows: ``target_head``, :func:`target_draft_head`).
-
-    Returns ``(loss, agreements)``: the scalar ``sum_j step_decay**j * mean CE_j`` and per step a
-    bool ``[valid rows]`` tensor, True where ``d2t[argmax]`` is the target's full-vocabulary argmax.
-    """
-    step_logits = ttt_unroll(head, batch.features, batch.token_ids, batch.positions, batch.segments)
-    loss, agreements = torch.zeros((), device=batch.features.device), []
-    for step, logits in enumerate(step_logits):
-        valid = batch.valid[step]
-        if not bool(valid.any()):
-            agreements.append(torch.zeros(0, dtype=torch.bool))
-            continue
-        target_probs = F.softmax(F.linear(batch.teacher_hidden[step][valid], *target_head), dim=-1)
-        log_draft = F.log_softmax(logits[valid], dim=-1)
-        loss = loss + step_decay**step * -(target_probs * log_draft).sum(-1).mean()
-        drafted = head.draft_to_target(logits[valid].argmax(-1))
-        agreements.append(drafted == batch.target_argmax[step][valid])
-    return loss, agreements
-
-
 def _device_of(module: torch.nn.Module) -> torch.device:
     return next(module.parameters()).device
 
@@ -249,24 +195,6 @@ def evaluate(
     return (sum(losses) / len(losses) if losses else nan), [h / c if c else nan for h, c in zip(hits, counts)]
 
 
-def make_optimizer(head: EagleHead, options: TrainOptions, state: dict | None = None) -> torch.optim.AdamW:
-    """AdamW over the head's parameters with ``options``' settings, continuing ``state`` (an
-    earlier run's ``optimizer.state_dict()``: its moment estimates and step counts) when given.
-
-    Raises:
-        InvalidParameterError: ``state`` is not an AdamW state of this head's parameters.
-    """
-    optimizer = torch.optim.AdamW(head.parameters(), lr=options.lr, weight_decay=options.weight_decay)
-    if state is not None:
-        try:
-            optimizer.load_state_dict(state)
-        except (ValueError, KeyError, TypeError) as exc:
-            raise InvalidParameterError(f"the optimiser state is not one of this head's ({exc})") from exc
-        for group in optimizer.param_groups:  # this run's settings, the earlier run's moments
-            group.update(lr=options.lr, weight_decay=options.weight_decay)
-    return optimizer
-
-
 def _within_budget(options: TrainOptions, steps_done: int, seconds: float) -> bool:
     steps_left = options.steps is None or steps_done < options.steps
     return steps_left and (options.minutes is None or seconds < 60 * options.minutes)
@@ -309,6 +237,8 @@ def train_head(
         raise InvalidParameterError("train_head needs a budget: steps, minutes or both")
     if min(options.ttt_steps, options.batch_positions, options.window) < 1 or not 0 <= options.held_out < 1:
         raise InvalidParameterError("ttt_steps, batch_positions and window must be >= 1, held_out in [0, 1)")
+    if options.precision not in ("f32", "bf16"):
+        raise InvalidParameterError(f"precision must be f32 or bf16, not {options.precision!r}")
     usable = [list(s) for s in sequences if len(s) >= 2]
     generator = torch.Generator().manual_seed(options.seed)
     order = torch.randperm(len(usable), generator=generator).tolist()
@@ -329,7 +259,7 @@ def train_head(
     report = TrainReport()
     report.held_out_loss_before, before = evaluate(head, teachers, held_groups, target_head, options)
     report.held_out_top1_before = before[0]
-    optimizer = optimizer or make_optimizer(head, options)
+    step = TrainStep(head, optimizer or make_optimizer(head, options), target_head, options)
     start, groups = time.monotonic(), []
 
     def next_group():
@@ -343,14 +273,10 @@ def train_head(
         next_group()
     while _within_budget(options, report.steps, time.monotonic() - start):
         batch = pack(teachers, next_group(), options.ttt_steps, device)
-        loss, agreements = distillation_loss(head, batch, target_head, options.step_decay)
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(head.parameters(), options.max_grad_norm)
-        optimizer.step()
+        loss, agreements = step(batch)
         report.steps += 1
         report.positions += batch.positions.numel()
-        report.losses.append(float(loss.detach()))
+        report.losses.append(float(loss))
         report.top1.append(float(agreements[0].float().mean()) if agreements[0].numel() else float("nan"))
         if on_step is not None:
             rate = report.positions / max(time.monotonic() - start, 1e-9)

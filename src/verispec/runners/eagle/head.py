@@ -260,9 +260,11 @@ class EagleHead(nn.Module):
             raise InvalidParameterError(f"features must be [rows, {self.fc.in_features}], got {list(features.shape)}")
         return self.fc(features.to(self.norm.weight.dtype))  # fc may be a block-quantized layer (eagle_blocks)
 
-    def logits(self, hidden: Tensor) -> Tensor:
-        """float32 ``[T, draft_vocab_size]`` scores of the draft rows from the layer's output."""
-        return self.lm_head(self.norm(hidden)).float()
+    def logits(self, hidden: Tensor, dtype: torch.dtype | None = torch.float32) -> Tensor:
+        """``[T, draft_vocab_size]`` scores of the draft rows from the layer's output, as
+        ``dtype`` (None: the head's own, e.g. bf16 in training, where the loss reads them in fp32)."""
+        scores = self.lm_head(self.norm(hidden))
+        return scores if dtype is None else scores.to(dtype)
 
     def layer(
         self, hidden: Tensor, token_ids: Tensor, positions: Tensor, past_keys: Tensor, past_values: Tensor, mask: Tensor
@@ -298,7 +300,8 @@ class EagleHead(nn.Module):
         k = self.k_proj(x).view(rows, shape.num_key_value_heads, shape.head_dim).transpose(0, 1)
         v = self.v_proj(x).view(rows, shape.num_key_value_heads, shape.head_dim).transpose(0, 1)
         angles = positions.to(self.inv_freq.dtype)[:, None] * self.inv_freq[None, :]
-        cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+        angles = torch.cat([angles, angles], -1)  # fp32 even for a bf16 head (positions up to thousands)
+        cos, sin = angles.cos().to(q.dtype), angles.sin().to(q.dtype)
         q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
         parts, new, start = [], [], 0
         for past_keys, past_values, mask in segments:
