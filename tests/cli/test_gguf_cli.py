@@ -67,9 +67,17 @@ def test_compare_plain_measures_both_and_checks_the_tokens(files):
     )
 
 
-def test_sampling_comparison_does_not_claim_identity(files):
-    data = generate_json(files, "--method", "draft", "--temperature", "0.8", "--seed", "3", "--compare-plain")
-    assert data["compare_plain"]["identical"] is None  # different draws from one distribution
+@pytest.mark.parametrize(
+    "sampling, expected",
+    [
+        (["--seed", "3"], True),  # coupled (the default): a seed gives plain decoding's tokens, so they are compared
+        (["--seed", "3", "--sampling", "rejection"], None),  # the draws depend on the drafts: not comparable
+        ([], None),  # no seed: each run draws its own
+    ],
+)
+def test_sampling_comparison_compares_the_tokens_only_where_a_seed_fixes_them(files, sampling, expected):
+    data = generate_json(files, "--method", "draft", "--temperature", "0.8", "--compare-plain", *sampling)
+    assert data["compare_plain"]["identical"] is expected
 
 
 def test_models_report_the_runner_load_time_and_held_bytes(files):

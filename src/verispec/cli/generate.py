@@ -190,7 +190,7 @@ def generate(
                 "plain decoding of the same prompt (--compare-plain)", f"at most {params.max_tokens} tokens, timed", err
             ):
                 plain = pipe.generate(prompt, params, SpeculativeConfig(method="none"), chat=chat)
-            comparison = plain_comparison(output, plain, greedy=params.temperature == 0)
+            comparison = plain_comparison(output, plain, params)
     models = [vars(m) for m in pipe.model_summaries()]
     if as_json:
         data = output.to_dict()
