@@ -278,7 +278,7 @@ def test_cached_auto_choice_without_candidates_is_the_torch_runner(monkeypatch, 
     "draft_types, arch, said",
     [
         ({"attn_q": "F16"}, "qwen2", "its blk.0.attn_q.weight is F16, a block type the gguf kernels do not multiply"),
-        ({}, "gemma2", "supports llama, qwen2, qwen3, gemma3, phi3 models, not 'gemma2'"),
+        ({}, "gemma2", "the gguf and int8 runners support llama, qwen2, qwen3, gemma3, phi3 models, not 'gemma2'"),
     ],
 )
 def test_auto_says_why_the_gguf_runner_cannot_run_a_gguf_file(tmp_path, draft_types, arch, said):
