@@ -215,5 +215,6 @@ def test_bench_refuses_unknown_methods_before_loading_and_says_what_loads_a_draf
         assert result.exit_code == 2 and len(lines) == 1, result.output
         assert "method eagle, draft needs a drafter the gguf runner did not load" in lines[0]
         assert lines[0].endswith(
-            "; load a head with --eagle-head FILE (verispec train-head writes one); load a draft model with --draft"
+            "; load a head with --eagle-head (a file verispec train-head writes, or a published EAGLE-3 folder); "
+            "load a draft model with --draft"
         )
