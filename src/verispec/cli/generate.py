@@ -140,6 +140,15 @@ def generate(
                 "or a published EAGLE-3 folder"
             )
         use_draft = uses_draft_model(method) and draft.lower() != "none"
+        if (draft_vocab is not None or draft_vocab_corpus) and not use_draft:  # else silently without effect
+            raise InvalidParameterError(
+                "--draft-vocab and --draft-vocab-corpus reduce the draft model's LM head: they need --draft MODEL "
+                "and a method that drafts with it (draft, tree or auto)"
+            )
+        if draft_vocab_corpus and draft_vocab is None:
+            raise InvalidParameterError(
+                "--draft-vocab-corpus picks the tokens --draft-vocab N keeps: give --draft-vocab"
+            )
         runners = RunnerOptions(
             kind=runner,
             max_context_length=max_context,
