@@ -361,3 +361,22 @@ def test_training_options_are_refused_before_anything_loads(tmp_path, monkeypatc
     )
     assert result.exit_code == 2 and result.output.strip() == message, result.output
     assert not (tmp_path / "head.gguf").exists()
+
+
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        ("--prompts", "error: --prompts {missing}: no such file (JSONL, 'prompt' or 'turns' per line)"),
+        ("--code", "error: --code {missing}: no such file or directory"),
+    ],
+)
+def test_missing_data_is_refused_before_the_target_loads(tmp_path, monkeypatch, option, message):
+    from verispec.engine.loader import SpeculativePipeline
+
+    def load(cls, *args, **kwargs):
+        raise AssertionError("loaded the target before checking the data")
+
+    monkeypatch.setattr(SpeculativePipeline, "load", classmethod(load))
+    missing = tmp_path / "nope"
+    result = CliRunner().invoke(app, ["train-head", "--out", str(tmp_path / "head.gguf"), option, str(missing)])
+    assert result.exit_code == 2 and result.output.strip() == message.format(missing=missing), result.output

@@ -133,6 +133,12 @@ def train_head(
         options = TrainOptions(
             steps=steps, minutes=minutes, lr=lr, batch_positions=batch_positions, held_out=held_out, seed=seed
         )
+        for path in prompts or []:  # before the target loads (minutes on --runner torch)
+            if not Path(path).is_file():
+                raise InvalidParameterError(f"--prompts {path}: no such file (JSONL, 'prompt' or 'turns' per line)")
+        for path in code or []:
+            if not Path(path).exists():
+                raise InvalidParameterError(f"--code {path}: no such file or directory")
         pipe = None
         if resume:
             data = HeadData.load(data_path)
