@@ -118,3 +118,18 @@ def test_shared_data_is_found_beside_the_project_from_any_folder(tmp_path, monke
     monkeypatch.delenv(workload.DATA_DIR_ENV, raising=False)
     monkeypatch.chdir(tmp_path)
     assert workload.data_dir() == beside.resolve()
+
+
+def test_a_missing_shared_data_folder_names_each_place_tried_once(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from verispec.bench import workload
+
+    root = Path(workload.__file__).resolve().parents[3]
+    if (root.parent / "shared" / "data").is_dir():
+        pytest.skip("the shared data folder is there")
+    monkeypatch.delenv(workload.DATA_DIR_ENV, raising=False)
+    monkeypatch.chdir(root)  # the working directory's candidate is the source tree's: it was named twice
+    with pytest.raises(WorkloadError) as missing:
+        workload.data_dir()
+    assert f"(tried {(root.parent / 'shared' / 'data').resolve()}); set VERISPEC_DATA_DIR" in str(missing.value)

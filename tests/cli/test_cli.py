@@ -1,6 +1,7 @@
 """The command line on tiny local checkpoints: JSON output, exactness, and clear user errors."""
 
 import json
+import socket
 
 import pytest
 from typer.testing import CliRunner
@@ -131,9 +132,40 @@ def test_serve_passes_the_prefill_budget_to_load(monkeypatch):
 
     monkeypatch.setattr(SpeculativePipeline, "load", classmethod(load))
     monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: None)
-    result = runner.invoke(app, ["serve", "--max-num-batched-tokens", "64"])
+    result = runner.invoke(app, ["serve", "--max-num-batched-tokens", "64", "--port", str(free_port())])
     assert result.exit_code == 0, result.output
     assert seen["max_num_batched_tokens"] == 64
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--port", "{busy}"], "error: cannot listen on 127.0.0.1:{busy}: the port is in use: stop what listens"),
+        (["--host", "no-such-host.invalid"], "error: --host no-such-host.invalid: not an address to listen on"),
+        (["--host", "192.0.2.1"], "error: cannot listen on 192.0.2.1:8000: the address is not one of this machine"),
+        (["--port", "99999"], "--port': Input should be less than or equal to 65535"),  # was bound as 34463
+    ],
+)
+def test_serve_refuses_an_address_it_cannot_listen_on_before_loading(monkeypatch, args, message):
+    from verispec.engine.loader import SpeculativePipeline
+
+    def load(cls, *args, **kwargs):
+        raise AssertionError("loaded the models before checking the address")
+
+    monkeypatch.setattr(SpeculativePipeline, "load", classmethod(load))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = str(busy.getsockname()[1])
+        result = runner.invoke(app, ["serve", "--draft", "none", *(a.format(busy=port) for a in args)])
+    assert result.exit_code == 2, result.output
+    assert message.format(busy=port) in " ".join(result.output.split()) and "Traceback" not in result.output
 
 
 @pytest.mark.parametrize(

@@ -188,3 +188,33 @@ def test_a_sampled_coupled_bench_checks_every_method_against_plain(files, tmp_pa
     assert rejection.exit_code == 0, rejection.output
     data = json.loads((tmp_path / "rejection" / "results.json").read_text())
     assert data["exactness"]["compared"] is False  # the text depends on the drafter: nothing to compare
+
+
+def test_bench_refuses_unknown_methods_before_loading_and_says_what_loads_a_drafter(files, tmp_path, monkeypatch):
+    from verispec.bench import command
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "ab!c"}\n')
+    models = ["--prompts", str(prompts), "--target", str(files["target"]), "--draft", "none", "--max-tokens", "4"]
+    load = command.load_pipelines
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("loaded the models before checking --methods and --peers")
+
+    monkeypatch.setattr(command, "load_pipelines", no_loading)
+    for option, message in [
+        (["--methods", "none,foo"], "error: unknown method foo; choose from none, draft"),
+        (["--peers", "bar"], "error: unknown peer bar; choose from transformers"),
+    ]:
+        result = cli.invoke(app, ["bench", *models, *option])
+        assert result.exit_code == 2 and result.output.startswith(message), result.output
+    monkeypatch.setattr(command, "load_pipelines", load)
+    for command_name in ("bench", "advise"):
+        result = cli.invoke(app, [command_name, *models, "--methods", "eagle,draft"])
+        lines = [line for line in result.output.splitlines() if line.startswith("error:")]
+        assert result.exit_code == 2 and len(lines) == 1, result.output
+        assert "method eagle, draft needs a drafter the gguf runner did not load" in lines[0]
+        assert lines[0].endswith(
+            "; load a head with --eagle-head (a file verispec train-head writes, or a published EAGLE-3 folder); "
+            "load a draft model with --draft"
+        )

@@ -67,9 +67,17 @@ def test_compare_plain_measures_both_and_checks_the_tokens(files):
     )
 
 
-def test_sampling_comparison_does_not_claim_identity(files):
-    data = generate_json(files, "--method", "draft", "--temperature", "0.8", "--seed", "3", "--compare-plain")
-    assert data["compare_plain"]["identical"] is None  # different draws from one distribution
+@pytest.mark.parametrize(
+    "sampling, expected",
+    [
+        (["--seed", "3"], True),  # coupled (the default): a seed gives plain decoding's tokens, so they are compared
+        (["--seed", "3", "--sampling", "rejection"], None),  # the draws depend on the drafts: not comparable
+        ([], None),  # no seed: each run draws its own
+    ],
+)
+def test_sampling_comparison_compares_the_tokens_only_where_a_seed_fixes_them(files, sampling, expected):
+    data = generate_json(files, "--method", "draft", "--temperature", "0.8", "--compare-plain", *sampling)
+    assert data["compare_plain"]["identical"] is expected
 
 
 def test_models_report_the_runner_load_time_and_held_bytes(files):
@@ -285,3 +293,23 @@ def test_an_unwritable_weight_cache_only_costs_time(files, tmp_path, capsys):
         logits, Int8Runner(int8_weights_from_gguf(files["target"], 64), max_context_length=64).forward(prompt)
     )
     assert "not caching derived weights" in capsys.readouterr().err and blocked.read_text() == ""
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--draft", "none", "--draft-vocab", "16"], "they need --draft MODEL"),  # no draft model: was ignored
+        (["--method", "ngram", "--draft-vocab", "16"], "they need --draft MODEL"),  # the draft is not loaded
+        (["--draft-vocab-corpus", "README.md"], "give --draft-vocab"),  # a corpus without a size: was ignored
+    ],
+)
+def test_a_reduced_draft_vocabulary_without_its_draft_model_is_refused(files, extra, message):
+    args = ["generate", "ab!c", "--target", str(files["target"]), "--draft", str(files["draft"]), "--max-tokens", "4"]
+    result = cli.invoke(app, args + extra)
+    assert result.exit_code == 2 and result.output.startswith("error: --draft-vocab") and message in result.output
+    assert "loaded" not in result.output  # refused before loading
+
+
+def test_a_reduced_draft_vocabulary_with_its_draft_model_runs(files):
+    data = generate_json(files, "--method", "draft", "--draft-vocab", "48", "--compare-plain")
+    assert data["compare_plain"]["identical"] is True

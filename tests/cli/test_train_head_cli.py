@@ -349,3 +349,46 @@ def test_advise_measures_the_head_and_prices_its_memory(files, tmp_path):
         100 * (memory["head_param_bytes"] + memory["head_kv_bytes"]) / target_total
     )
     assert "EAGLE head" in result.output and [f["method"] for f in advice["fits"]][:1] == ["eagle"]
+
+
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        (["--lr", "-1"], "error: lr must be > 0, got -1.0"),  # was a traceback from torch's AdamW
+        (["--held-out", "1.5"], "error: held_out must be in [0, 1), got 1.5"),  # was said after the data was made
+        (["--minutes", "0"], "error: minutes must be > 0, got 0.0"),  # was a head written after 0 steps
+    ],
+)
+def test_training_options_are_refused_before_anything_loads(tmp_path, monkeypatch, option, message):
+    from verispec.engine.loader import SpeculativePipeline
+
+    def load(cls, *args, **kwargs):
+        raise AssertionError("loaded the target before checking the options")
+
+    monkeypatch.setattr(SpeculativePipeline, "load", classmethod(load))
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "hello"}\n')
+    result = CliRunner().invoke(
+        app, ["train-head", "--out", str(tmp_path / "head.gguf"), "--prompts", str(prompts), *option]
+    )
+    assert result.exit_code == 2 and result.output.strip() == message, result.output
+    assert not (tmp_path / "head.gguf").exists()
+
+
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        ("--prompts", "error: --prompts {missing}: no such file (JSONL, 'prompt' or 'turns' per line)"),
+        ("--code", "error: --code {missing}: no such file or directory"),
+    ],
+)
+def test_missing_data_is_refused_before_the_target_loads(tmp_path, monkeypatch, option, message):
+    from verispec.engine.loader import SpeculativePipeline
+
+    def load(cls, *args, **kwargs):
+        raise AssertionError("loaded the target before checking the data")
+
+    monkeypatch.setattr(SpeculativePipeline, "load", classmethod(load))
+    missing = tmp_path / "nope"
+    result = CliRunner().invoke(app, ["train-head", "--out", str(tmp_path / "head.gguf"), option, str(missing)])
+    assert result.exit_code == 2 and result.output.strip() == message.format(missing=missing), result.output

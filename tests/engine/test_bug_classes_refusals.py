@@ -145,7 +145,10 @@ def test_a_missing_drafter_error_says_what_loads_it():
         InvalidParameterError, match=r"loaded: ngram, ngram-tree, suffix, suffix-tree\): layer skip .*--runner torch"
     ):
         drafter_order("layer-skip", loaded)
-    with pytest.raises(InvalidParameterError, match="--eagle-head FILE"):
+    with pytest.raises(
+        InvalidParameterError,
+        match=r"--eagle-head \(a file verispec train-head writes, or a published EAGLE-3 folder\)$",
+    ):
         drafter_order("eagle", loaded)
     with pytest.raises(InvalidParameterError, match="with --draft$"):
         drafter_order("draft", loaded)

@@ -199,15 +199,25 @@ def test_greedy_speculative_equals_plain_for_every_method(files, tmp_path, name)
 @pytest.mark.parametrize(
     "arguments, message",
     [
-        (dict(arch="gemma2"), "supports llama, qwen2, qwen3, gemma3, phi3 models, not 'gemma2'"),
-        (dict(arch="llama", shape=Shape(rope_dims=32)), "partial rotary embeddings on llama.cpp-permuted"),
+        (
+            dict(arch="gemma2"),
+            "the gguf and int8 runners support llama, qwen2, qwen3, gemma3, phi3 models, not 'gemma2'",
+        ),
+        (
+            dict(arch="llama", shape=Shape(rope_dims=32)),
+            "the gguf and int8 runners do not implement partial rotary embeddings on llama.cpp-permuted",
+        ),
     ],
 )
 def test_what_the_runner_does_not_implement_is_refused_in_one_line(tmp_path, arguments, message):
+    from verispec.runners.cpu.int8_gguf import int8_weights_from_gguf
+
     path = write_gguf_model(tmp_path / "m.gguf", **arguments)
     with pytest.raises(InvalidParameterError, match=message) as info:
         runner(path)
     assert "\n" not in str(info.value)
+    with pytest.raises(InvalidParameterError, match=message):  # int8 shares the forward: it said "the gguf runner"
+        int8_weights_from_gguf(path, 64)
 
 
 @pytest.mark.parametrize(

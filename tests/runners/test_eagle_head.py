@@ -251,10 +251,25 @@ def test_an_optimiser_state_of_another_head_is_refused(target, draft_ids):
         )  # one parameter, the head has many
 
 
-@pytest.mark.parametrize("options", [TrainOptions(steps=None), TrainOptions(ttt_steps=0), TrainOptions(held_out=1.0)])
-def test_train_head_refuses_bad_options(target, sequences, options):
-    with pytest.raises(InvalidParameterError):
-        train_head(EagleHead.from_target(target), target, sequences[:4], options)
+def test_train_head_refuses_a_run_without_a_budget(target, sequences):
+    with pytest.raises(InvalidParameterError, match="needs a budget"):
+        train_head(EagleHead.from_target(target), target, sequences[:4], TrainOptions(steps=None))
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(ttt_steps=0), "ttt_steps must be >= 1, got 0"),
+        (dict(held_out=1.0), r"held_out must be in \[0, 1\), got 1.0"),
+        (dict(lr=-1.0), "lr must be > 0, got -1.0"),  # was torch's ValueError, a traceback, after the data was made
+        (dict(lr=float("nan")), "lr must be > 0, got nan"),
+        (dict(minutes=0.0), "minutes must be > 0, got 0.0"),  # was a head written after 0 steps, agreement nan
+        (dict(steps=0), "steps must be >= 1, got 0"),
+    ],
+)
+def test_train_options_refuse_what_cannot_train_when_made(options, message):
+    with pytest.raises(InvalidParameterError, match=message):
+        TrainOptions(**options)
 
 
 def test_save_load_round_trip(target, sequences, draft_ids, tmp_path):

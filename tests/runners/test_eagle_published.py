@@ -360,3 +360,17 @@ def test_what_cannot_be_this_targets_head_is_refused(tmp_path, target, config, t
         EagleHead.load(folder, runner)
     assert "\n" not in str(refused.value)  # one line
     assert not (tmp_path / "home" / "eagle-heads").exists() or not any((tmp_path / "home" / "eagle-heads").iterdir())
+
+
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors"])
+def test_a_file_of_the_folder_is_refused_naming_the_folder(tmp_path, target, name):
+    """--eagle-head DIR/config.json said the file was not a readable head from train-head."""
+    path, _ = target
+    folder = write_head(tmp_path / "head")
+    result = cli_generate(path, folder / name)
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    assert (
+        lines[0]
+        == f"error: {folder / name} is a file of a published EAGLE-3 folder: give the folder, --eagle-head {folder}"
+    )

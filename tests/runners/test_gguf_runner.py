@@ -268,7 +268,10 @@ def test_other_architectures_are_refused(tmp_path):
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(InvalidParameterError, match="supports llama, qwen2, qwen3, gemma3, phi3 models, not 'gpt2'"):
+    with pytest.raises(
+        InvalidParameterError,
+        match="the gguf and int8 runners support llama, qwen2, qwen3, gemma3, phi3 models, not 'gpt2'",
+    ):
         runner(tmp_path / "gpt2.gguf")
 
 

@@ -272,3 +272,30 @@ def test_cached_auto_choice_without_candidates_is_the_torch_runner(monkeypatch, 
     files = ModelFiles(ModelFile("m"), ModelFile("d"))
     chosen = choose_runner("auto", files, Host("cpu", CostCache(tmp_path)))
     assert (chosen.kind, chosen.untimed, chosen.notices) == ("torch", (), (("int8-auto", "int8 is slow here"),))
+
+
+@pytest.mark.parametrize(
+    "draft_types, arch, said",
+    [
+        ({"attn_q": "F16"}, "qwen2", "its blk.0.attn_q.weight is F16, a block type the gguf kernels do not multiply"),
+        ({}, "gemma2", "the gguf and int8 runners support llama, qwen2, qwen3, gemma3, phi3 models, not 'gemma2'"),
+    ],
+)
+def test_auto_says_why_the_gguf_runner_cannot_run_a_gguf_file(tmp_path, draft_types, arch, said):
+    """A draft the gguf runner refuses moves the whole pair to another runner (minutes of loading
+    a float model, or int8's timing): said on stderr, where it used to be silent."""
+    from gguf import GGMLQuantizationType as T
+
+    from gguf_models import MIXED, write_gguf_model
+
+    target = write_gguf_model(tmp_path / "target.gguf")
+    types = dict(MIXED, **{role: T[name] for role, name in draft_types.items()})
+    draft = write_gguf_model(tmp_path / "draft.gguf", types, arch=arch)
+    files = ModelFiles(ModelFile("target.gguf", target), ModelFile("draft.gguf", draft))
+    chosen = choose_runner("auto", files, Host("cpu", CostCache(tmp_path / "costs")))
+    assert chosen.kind != "gguf"
+    texts = [text for key, text in chosen.notices if key.startswith("gguf-cannot-run")]
+    assert len(texts) == 1 and texts[0].startswith("the gguf runner cannot run draft.gguf (") and said in texts[0]
+    assert texts[0].endswith("--runner auto runs the pair on another runner")
+    alone = choose_runner("auto", ModelFiles(ModelFile("target.gguf", target)), Host("cpu", CostCache(tmp_path)))
+    assert alone.kind == "gguf" and not [key for key, _ in alone.notices if key.startswith("gguf-cannot-run")]

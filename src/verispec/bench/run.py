@@ -21,6 +21,7 @@ from verispec.bench.records import Participant, ParticipantInfo, RunRecord, mark
 from verispec.bench.workload import WorkloadItem
 from verispec.engine import METHODS, GenerationOutput, SpeculativeConfig, SpeculativeEngine
 from verispec.engine.loader import SpeculativePipeline
+from verispec.engine.methods import MISSING_DRAFTER_HINTS
 from verispec.errors import InvalidParameterError
 from verispec.runners.choice import kernel_facts
 
@@ -132,9 +133,10 @@ def build_participants(
         loaded = set(pipe.engine.proposers)
         missing = [m for m in config.methods if m not in ("none", "auto") and m not in loaded]
         if missing:
+            hints = dict.fromkeys(MISSING_DRAFTER_HINTS[m] for m in missing if m in MISSING_DRAFTER_HINTS)
             raise InvalidParameterError(
                 f"method {', '.join(missing)} needs a drafter the {kind} runner did not load (loaded: "
-                f"{', '.join(sorted(loaded))})"
+                f"{', '.join(sorted(loaded))})" + "".join(f"; {hint}" for hint in hints)
             )
         # each method its own suffix cache: it learns from its own earlier answers, never from
         # another method's answer to the same prompt (the methods take turns on every prompt)

@@ -137,6 +137,7 @@ def data_dir() -> Path:
         Path.cwd() / ".." / "shared" / "data",
         Path(__file__).resolve().parents[3] / ".." / "shared" / "data",  # <root>/src/verispec/bench/
     ]
+    candidates = list(dict.fromkeys(c.resolve() for c in candidates))  # run from the root: one folder, said once
     for candidate in candidates:
         if candidate.is_dir():
             return candidate.resolve()

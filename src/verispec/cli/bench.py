@@ -6,6 +6,7 @@ with ``--json`` stdout carries the JSON only and the report goes to stderr."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -117,9 +118,8 @@ def bench(
             draft_quantization=draft_quantization, eagle_head=eagle_head, head_quantization=head_quantization
         )
         options = RunnerOptions(draft_vocab_size=draft_vocab, draft_vocab_corpus=tuple(draft_vocab_corpus or ()))
-        pipes, rss = load_pipelines(target, draft_or_none(draft), dtype, err, kinds, drafters=drafters, options=options)
-        config = BenchConfig(
-            methods=tuple(split(methods) or available_methods(pipes)),
+        config = BenchConfig(  # checked before minutes of loading; no --methods: what the pipelines loaded
+            methods=tuple(split(methods)),
             peers=tuple(p for p in split(peers) if p != "none"),
             num_speculative_tokens=num_speculative_tokens,
             schedule=schedule,
@@ -132,6 +132,9 @@ def bench(
             chat=chat,
             audit_rate=audit_rate,
         )
+        pipes, rss = load_pipelines(target, draft_or_none(draft), dtype, err, kinds, drafters=drafters, options=options)
+        if not split(methods):
+            config = dataclasses.replace(config, methods=available_methods(pipes))
         results = run_and_report(
             pipes,
             items,

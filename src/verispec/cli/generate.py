@@ -140,6 +140,15 @@ def generate(
                 "or a published EAGLE-3 folder"
             )
         use_draft = uses_draft_model(method) and draft.lower() != "none"
+        if (draft_vocab is not None or draft_vocab_corpus) and not use_draft:  # else silently without effect
+            raise InvalidParameterError(
+                "--draft-vocab and --draft-vocab-corpus reduce the draft model's LM head: they need --draft MODEL "
+                "and a method that drafts with it (draft, tree or auto)"
+            )
+        if draft_vocab_corpus and draft_vocab is None:
+            raise InvalidParameterError(
+                "--draft-vocab-corpus picks the tokens --draft-vocab N keeps: give --draft-vocab"
+            )
         runners = RunnerOptions(
             kind=runner,
             max_context_length=max_context,
@@ -190,7 +199,7 @@ def generate(
                 "plain decoding of the same prompt (--compare-plain)", f"at most {params.max_tokens} tokens, timed", err
             ):
                 plain = pipe.generate(prompt, params, SpeculativeConfig(method="none"), chat=chat)
-            comparison = plain_comparison(output, plain, greedy=params.temperature == 0)
+            comparison = plain_comparison(output, plain, params)
     models = [vars(m) for m in pipe.model_summaries()]
     if as_json:
         data = output.to_dict()

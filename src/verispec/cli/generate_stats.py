@@ -7,16 +7,21 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from verispec.algorithms.sampling import SamplingParams
 from verispec.engine import GenerationOutput
 from verispec.metrics import peak_rss_bytes
 
 
-def plain_comparison(output: GenerationOutput, plain: GenerationOutput, *, greedy: bool) -> dict:
-    """Speculative vs plain decoding of the same prompt, measured in this process (tokens/s).
+def plain_comparison(output: GenerationOutput, plain: GenerationOutput, params: SamplingParams) -> dict:
+    """Speculative vs plain decoding of the same prompt with the same ``params``, measured in this
+    process (tokens/s).
 
-    ``identical`` is None when sampling: the two runs draw different samples from the same
-    distribution, so a token comparison says nothing.
+    ``identical`` compares the tokens where they must be equal: greedy, or sampled with a seed under
+    coupled sampling (a seed gives plain decoding's tokens under every method, docs/methods.md). It
+    is None otherwise (no seed, or ``rejection``): the two runs draw different samples from the
+    same distribution, so a token comparison says nothing.
     """
+    comparable = params.temperature == 0 or (params.seed is not None and params.sampling == "coupled")
     spec_rate, plain_rate = output.metrics.decode_tokens_per_s, plain.metrics.decode_tokens_per_s
     return {
         "speculative_decode_tokens_per_s": spec_rate,
@@ -24,7 +29,7 @@ def plain_comparison(output: GenerationOutput, plain: GenerationOutput, *, greed
         "speculative_total_tokens_per_s": output.metrics.total_tokens_per_s,
         "plain_total_tokens_per_s": plain.metrics.total_tokens_per_s,
         "measured_speedup": spec_rate / plain_rate if spec_rate and plain_rate else None,
-        "identical": list(output.token_ids) == list(plain.token_ids) if greedy else None,
+        "identical": list(output.token_ids) == list(plain.token_ids) if comparable else None,
     }
 
 
@@ -106,7 +111,9 @@ def stats_table(output: GenerationOutput, method: str, models: list[dict], compa
             )
         )
     if comparison is not None:
-        identical = {True: "yes", False: "NO", None: "not compared (sampling)"}[comparison["identical"]]
+        identical = {True: "yes", False: "NO", None: "not compared (sampled: no seed, or --sampling rejection)"}[
+            comparison["identical"]
+        ]
         rows += [
             ("plain decoding, same prompt: decode tokens/s", fmt(comparison["plain_decode_tokens_per_s"], "{:.2f}")),
             ("measured speedup vs plain (decode)", fmt(comparison["measured_speedup"], "{:.2f}x")),

@@ -3,9 +3,11 @@ the ``--replicas`` family of options, as Ray Serve replicas (:mod:`verispec.cli.
 
 from __future__ import annotations
 
+import errno
 import gc
 import logging
 import signal
+import socket
 from pathlib import Path
 
 import typer
@@ -56,7 +58,7 @@ def serve(
         'alone) or rejection (modified rejection sampling); requests may send "sampling".',
     ),
     host: str = typer.Option("127.0.0.1", help="Address to bind; loopback unless you say otherwise."),
-    port: int = typer.Option(8000, help="TCP port."),
+    port: int = typer.Option(8000, min=1, max=65535, help="TCP port."),
     api_key: str | None = typer.Option(
         None, envvar="VERISPEC_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1."
     ),
@@ -128,6 +130,7 @@ def serve(
             raise VerispecError(f"the server's dependencies are missing ({exc}): pip install -e .") from None
         if log_level.lower() not in LOG_LEVELS:
             raise InvalidParameterError(f"--log-level must be debug, info, warning or error, got {log_level!r}")
+        check_listen(host, port)  # before minutes of loading, not uvicorn's error after them
         if record_traffic is not None:
             from verispec.server.traffic import check_folder
 
@@ -233,3 +236,29 @@ def serve(
         signal.signal(signal.SIGINT, previous)
     if interrupted:
         raise typer.Exit(130)  # 128 + SIGINT, as a shell expects, not 0
+
+
+def check_listen(host: str, port: int) -> None:
+    """Bind ``host``:``port`` once and let it go, as uvicorn (and Ray Serve's proxy) will bind it.
+
+    Raises:
+        InvalidParameterError: the address is in use, is not one of this machine's, or needs
+            privileges this process lacks.
+    """
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except socket.gaierror as exc:
+        raise InvalidParameterError(f"--host {host}: not an address to listen on ({exc.strerror})") from None
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a port in TIME_WAIT is free
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            why = {
+                errno.EADDRINUSE: "the port is in use: stop what listens there or choose another --port",
+                errno.EADDRNOTAVAIL: "the address is not one of this machine's: choose another --host",
+                errno.EACCES: "ports below 1024 need privileges: choose another --port",
+            }.get(exc.errno, exc.strerror)
+            raise InvalidParameterError(f"cannot listen on {host}:{port}: {why}") from None

@@ -147,6 +147,12 @@ def train_head(
             seed=seed,
             precision=chosen.precision,
         )
+        for path in prompts or []:  # before the target loads (minutes on --runner torch)
+            if not Path(path).is_file():
+                raise InvalidParameterError(f"--prompts {path}: no such file (JSONL, 'prompt' or 'turns' per line)")
+        for path in code or []:
+            if not Path(path).exists():
+                raise InvalidParameterError(f"--code {path}: no such file or directory")
         pipe = None
         if resume:
             data = HeadData.load(data_path)

@@ -22,8 +22,8 @@ TREE_SCHEDULED = (*TREE_DRAFTERS, "suffix-tree", "eagle-tree")  # drafters whose
 MISSING_DRAFTER_HINTS = {  # what loads a model drafter, for the error when it is not loaded
     "layer-skip": "layer skip runs the first layers of the target's float model, which the gguf and llama.cpp "
     "runners (and int8 from a GGUF file) do not hold: use --runner torch",
-    "eagle": "load a head with --eagle-head FILE (verispec train-head writes one)",
-    "eagle-tree": "load a head with --eagle-head FILE (verispec train-head writes one)",
+    "eagle": "load a head with --eagle-head (a file verispec train-head writes, or a published EAGLE-3 folder)",
+    "eagle-tree": "load a head with --eagle-head (a file verispec train-head writes, or a published EAGLE-3 folder)",
     "draft": "load a draft model with --draft",
 }
 

@@ -200,7 +200,7 @@ def gguf_runner_supports(path: Path | None) -> str | None:
             and name != "token_embd.weight"
             and info.qtype not in SUPPORTED_TYPES
         ):
-            return f"{name} is {info.type_name}"
+            return f"its {name} is {info.type_name}, a block type the gguf kernels do not multiply"
     return None
 
 
@@ -290,6 +290,14 @@ def _file_runner(files: ModelFiles, host: Host, reasons: list[str], notices: lis
         why = gguf_runner_supports(model.path)
         if why is not None:
             reasons.append(f"the gguf runner cannot run {model.name}: {why}")
+            if model.path is not None and Path(model.path).suffix == ".gguf":  # a GGUF file: say why, once
+                pair = "the pair" if files.draft is not None else "it"
+                notices.append(
+                    (
+                        f"gguf-cannot-run:{model.path}",
+                        f"the gguf runner cannot run {model.name} ({why}); --runner auto runs {pair} on another runner",
+                    )
+                )
             return None
     try:
         gguf_kernels()

@@ -73,6 +73,24 @@ class TrainOptions:
     steps_before: int = 0
     precision: str = "f32"
 
+    def __post_init__(self) -> None:
+        """Raises InvalidParameterError naming the first setting out of range (before any data is made)."""
+        checks = [
+            (self.steps is None or self.steps >= 1, f"steps must be >= 1, got {self.steps}"),
+            (self.minutes is None or self.minutes > 0, f"minutes must be > 0, got {self.minutes}"),
+            (self.lr > 0, f"lr must be > 0, got {self.lr}"),
+            (self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}"),
+            (self.max_grad_norm > 0, f"max_grad_norm must be > 0, got {self.max_grad_norm}"),
+            (self.batch_positions >= 1, f"batch_positions must be >= 1, got {self.batch_positions}"),
+            (self.window >= 1, f"window must be >= 1, got {self.window}"),
+            (self.ttt_steps >= 1, f"ttt_steps must be >= 1, got {self.ttt_steps}"),
+            (0 <= self.held_out < 1, f"held_out must be in [0, 1), got {self.held_out}"),
+            (self.precision in ("f32", "bf16"), f"precision must be f32 or bf16, not {self.precision!r}"),
+        ]
+        for ok, message in checks:
+            if not ok:  # NaN fails every comparison: refused too
+                raise InvalidParameterError(message)
+
 
 @dataclass
 class TrainReport:
@@ -235,10 +253,6 @@ def train_head(
     options = options or TrainOptions()
     if options.steps is None and options.minutes is None:
         raise InvalidParameterError("train_head needs a budget: steps, minutes or both")
-    if min(options.ttt_steps, options.batch_positions, options.window) < 1 or not 0 <= options.held_out < 1:
-        raise InvalidParameterError("ttt_steps, batch_positions and window must be >= 1, held_out in [0, 1)")
-    if options.precision not in ("f32", "bf16"):
-        raise InvalidParameterError(f"precision must be f32 or bf16, not {options.precision!r}")
     usable = [list(s) for s in sequences if len(s) >= 2]
     generator = torch.Generator().manual_seed(options.seed)
     order = torch.randperm(len(usable), generator=generator).tolist()

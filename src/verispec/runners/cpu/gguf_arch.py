@@ -98,22 +98,24 @@ def read_architecture(header: GGUFHeader) -> Architecture:
     """The :class:`Architecture` ``header`` declares.
 
     Raises:
-        InvalidParameterError: one line naming what the header declares that the gguf runner does
-            not implement (another architecture, a mixture of experts, YaRN or LongRoPE scaling,
-            logit soft-capping, keys and values of different widths, partial rotary on permuted
-            q/k rows).
+        InvalidParameterError: one line naming what the header declares that the gguf and int8
+            runners (one forward) do not implement (another architecture, a mixture of experts,
+            YaRN or LongRoPE scaling, logit soft-capping, keys and values of different widths,
+            partial rotary on permuted q/k rows).
     """
     name = header.architecture
     family = FAMILIES.get(name)
     if family is None:
         supported = ", ".join(SUPPORTED_ARCHITECTURES)
         raise InvalidParameterError(
-            f"the gguf runner supports {supported} models, not {name!r}: use --runner llamacpp or torch"
+            f"the gguf and int8 runners support {supported} models, not {name!r}: use --runner llamacpp or torch"
         )
     tensors = header.tensors
 
     def refuse(what: str) -> None:
-        raise InvalidParameterError(f"the gguf runner does not implement {what} ({name}): use --runner llamacpp")
+        raise InvalidParameterError(
+            f"the gguf and int8 runners do not implement {what} ({name}): use --runner llamacpp"
+        )  # both run the one forward (decoder.py)
 
     if int(header.arch_value("expert_count", 0) or 0) > 0:
         refuse("mixture-of-experts layers")

@@ -227,6 +227,13 @@ class EagleHead(nn.Module):
             path = converted_head(path, facts)
         if not path.is_file():
             raise ModelNotFoundError(f"no EAGLE head at {path}")
+        published = path.name in ("config.json", "pytorch_model.bin") or path.name.endswith(
+            (".safetensors", ".index.json")
+        )
+        if published and (path.parent / "config.json").is_file():
+            raise InvalidParameterError(  # a file of a published folder (its config.json or weights)
+                f"{path} is a file of a published EAGLE-3 folder: give the folder, --eagle-head {path.parent}"
+            )
         try:
             if is_gguf(path):
                 config, state, training = read_head_gguf(path)

@@ -127,9 +127,11 @@ def _build():
 
 
 def _load(directory: Path):
-    """Build (ninja: only what changed) and import the extension in ``directory``."""
+    """Build (ninja: only what changed) and import the extension in ``directory``, from the copy of
+    the sources :func:`build_sources` keeps there."""
     from torch.utils import cpp_extension
 
+    sources = build_sources(directory)
     compiling = not list(directory.glob("*.so"))
     with announce_slow(
         "compiling the gguf runner's kernels",
@@ -138,11 +140,30 @@ def _load(directory: Path):
     ):
         return cpp_extension.load(
             name=f"verispec_gguf_{build_key()}",
-            sources=[str(path) for path in SOURCES],
+            sources=[str(path) for path in sources],
             extra_cflags=CFLAGS,
             build_directory=str(directory),
             verbose=False,
         )
+
+
+def build_sources(directory: Path) -> list[Path]:
+    """The kernel sources (and ``core.h``) copied into ``directory/src``, written only where a copy
+    is missing or differs; the paths of the ``.cpp`` files, in build order.
+
+    ninja's ``build.ninja`` names each source by its absolute path, and rebuilds everything when
+    the path changes. The build folder is keyed by the sources' contents (:func:`build_key`), so
+    two installs of one verispec (two virtual environments, two checkouts) share it; built from
+    their own paths they would rebuild it in turn, ~40 s each time. Built from this copy, every
+    install names the same paths, and unchanged copies keep the times ninja compares.
+    """
+    folder = directory / "src"
+    folder.mkdir(exist_ok=True)
+    for path in SOURCES + HEADERS:
+        copy, data = folder / path.name, path.read_bytes()
+        if not copy.is_file() or copy.read_bytes() != data:
+            copy.write_bytes(data)
+    return [folder / path.name for path in SOURCES]
 
 
 def check_build(directory: Path) -> None:
