@@ -135,7 +135,6 @@ def train_head(
             raise InvalidParameterError(f"--weights must be one of {', '.join(WEIGHT_TYPES)}, not {weights!r}")
         parse_device(device)  # before any data is generated: a missing GPU is said at once
         chosen = choose_precision(precision, device)
-        err.print(f"precision: {chosen.reason}")
         if teacher not in ("auto", "runner", "torch"):
             raise InvalidParameterError(f"--teacher must be auto, runner or torch, not {teacher!r}")
         options = TrainOptions(
@@ -153,6 +152,7 @@ def train_head(
         for path in code or []:
             if not Path(path).exists():
                 raise InvalidParameterError(f"--code {path}: no such file or directory")
+        err.print(f"precision: {chosen.reason}")  # once every option is known good
         pipe = None
         if resume:
             data = HeadData.load(data_path)
