@@ -179,6 +179,21 @@ class CostModel:
     output_lengths: deque = field(default_factory=lambda: deque(maxlen=OUTPUT_LENGTH_HISTORY))
     plain_steps: deque = field(default_factory=lambda: deque(maxlen=PLAIN_STEP_WINDOW))
     coverage: dict[str, float] = field(default_factory=dict)
+    seed_ratios: dict[int, float] = field(default_factory=dict)
+
+    def verify_points(self) -> dict[int, float]:
+        """Seconds of a target pass by extra rows ``k``: the passes timed here (``verify_s``),
+        and for the lengths not yet timed, the seeded shape (``seed_ratios``: a pass of ``k``
+        extra rows over a one-row pass, from a cost curve measured on this machine,
+        :func:`verispec.runners.costs.seed_cost_model`) times the plain step measured now. The
+        seed gives the curve's shape, never its level: a curve timed while the machine was
+        busier (or idler) would otherwise price every untimed length wrongly, and a length
+        priced too high is never drafted, so never timed, so never corrected."""
+        if not self.seed_ratios or 0 not in self.verify_s:
+            return self.verify_s
+        plain = self.verify_s[0]
+        seeded = {k: ratio * plain for k, ratio in self.seed_ratios.items() if k not in self.verify_s}
+        return {**seeded, **self.verify_s}
 
     def record_catch_up(self, drafter: str, rows: int, seconds: float) -> None:
         """A proposal that first fed ``rows`` (>= 1) unseen context tokens took ``seconds`` more
@@ -265,7 +280,7 @@ class CostModel:
     def plain_step_s(self, base_rows: int = 0) -> float | None:
         """Estimated seconds of one plain decoding step (in a pass that also holds ``base_rows``
         rows of other requests); None before any target pass."""
-        return interpolate(self.verify_s, base_rows) if self.verify_s else None
+        return interpolate(self.verify_points(), base_rows) if self.verify_s else None
 
     def verify_ratios(self, max_k: int, batch_size: int = 1) -> list[float]:
         """``[max_k + 1]`` verify cost of k drafted tokens over a plain step's, never below 1 and
@@ -276,10 +291,11 @@ class CostModel:
         then the pass where each of them drafts k tokens (``batch_size * (k + 1)`` rows) over
         the pass where none drafts (``batch_size`` rows), so speculation shrinks where the
         batched pass turns compute-bound."""
-        plain = interpolate(self.verify_s, batch_size - 1)
+        points = self.verify_points()
+        plain = interpolate(points, batch_size - 1)
         ratios, highest = [], 1.0
         for k in range(max_k + 1):
-            highest = max(highest, interpolate(self.verify_s, batch_size - 1 + batch_size * k) / plain)
+            highest = max(highest, interpolate(points, batch_size - 1 + batch_size * k) / plain)
             ratios.append(highest)
         return ratios
 

@@ -23,7 +23,15 @@ import torch
 from verispec.errors import InvalidParameterError
 from verispec.progress import announce_slow
 from verispec.runners import Runner
-from verispec.runners.costs import QUICK_CURVE, CostCache, CostCurve, fastest_runner, measure_cost_curve, model_key
+from verispec.runners.costs import (
+    QUICK_CURVE,
+    CostCache,
+    CostCurve,
+    fastest_runner,
+    keep_curve,
+    measure_cost_curve,
+    model_key,
+)
 from verispec.runners.notices import int8_warning, portable_gguf_warning, runner_label, say_once
 
 
@@ -376,5 +384,5 @@ def _curve(cache: CostCache, model: ModelFile, kind: str, build: Callable[[str],
         except InvalidParameterError:
             return None
         curve = measure(runner, kind, model, "--runner auto picks the fastest runner by it")
-        cache.put(model_key(model.name, model.path), curve)
+        keep_curve(cache, model_key(model.name, model.path), curve)
     return curve

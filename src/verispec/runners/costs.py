@@ -12,10 +12,12 @@ a curve. Knows nothing about how a runner computes.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -34,6 +36,8 @@ SLOW_PASS_S = 0.25  # a one-token pass this slow needs no warm-up round: first-t
 # what auto and the controller's seed measure on first use (bench measures in full): a short
 # context, a few rounds, and a time budget that ends the measurement early on a slow path
 QUICK_CURVE = {"context_tokens": 16, "repeats": 3, "warmup": 1, "budget_s": 2.0}
+LEAST_FALL = 0.6  # a longer pass is never timed below this share of a shorter one (CostCurve.disturbed)
+MOST_GROWTH = 1.5  # nor above this many times proportional growth
 
 
 @dataclass
@@ -58,6 +62,25 @@ class CostCurve:
     def ratio(self, k: int) -> float:
         """cost(k) / cost(1): how much more a k-token verify pass costs than a decode step."""
         return self.at(k) / self.at(1)
+
+    def disturbed(self) -> str | None:
+        """Why these timings cannot be one machine's steady costs, or None when they can.
+
+        A pass over more tokens reads the same weights and does more arithmetic, so between
+        two timed lengths ``k1 < k2`` the cost neither falls below :data:`LEAST_FALL` of
+        ``cost(k1)`` (a 2-core Xeon's AVX-512 one-row pass has measured 0.76x its two-row one)
+        nor grows past :data:`MOST_GROWTH` times proportionally, ``cost(k2) <= MOST_GROWTH *
+        (k2 / k1) * cost(k1)`` (llama.cpp's, compute-bound from two rows, grows ~1.8x from
+        k = 1 to 2). Curves timed while another process held the cores break one of the two:
+        e.g. 40.6 ms at k = 1 and 652 ms at k = 2, or 293 ms then 68 ms."""
+        ks = sorted(self.ms)
+        for k1, k2 in itertools.pairwise(ks):
+            a, b = self.ms[k1], self.ms[k2]
+            if b < LEAST_FALL * a:
+                return f"{b:g} ms for {k2} tokens after {a:g} ms for {k1}"
+            if b > MOST_GROWTH * (k2 / k1) * a:
+                return f"{b:g} ms for {k2} tokens after {a:g} ms for {k1}"
+        return None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -192,12 +215,23 @@ class CostCache:
             return {}
 
     def get(self, model: str, runner: str) -> CostCurve | None:
+        """The curve of ``model`` on ``runner``; None when there is none, or when it is unreadable
+        or :meth:`CostCurve.disturbed` (said once on stderr: it is then measured again)."""
         data = self._read().get(model, {}).get(runner)
         try:
-            return CostCurve.from_dict(data) if data else None
+            curve = CostCurve.from_dict(data) if data else None
         except (TypeError, KeyError, ValueError, AttributeError):
             report_damaged(self.path, f"has an unreadable curve of {model} on {runner}", "it is measured again")
             return None
+        reason = None if curve is None else curve.disturbed()
+        if reason is not None:
+            report_damaged(
+                self.path,
+                f"has a curve of {model} on {runner} timed while the machine was busy ({reason})",
+                "it is measured again",
+            )
+            return None
+        return curve
 
     def put(self, model: str, curve: CostCurve) -> None:
         """Add (or replace) ``model``'s curve on ``curve.runner`` and rewrite the file atomically.
@@ -205,6 +239,21 @@ class CostCache:
         data = self._read()
         data.setdefault(model, {})[curve.runner] = curve.to_dict()
         write_checked(self.path, self.KIND, json.dumps(data, indent=1).encode())
+
+
+def keep_curve(cache: CostCache, model: str, curve: CostCurve) -> None:
+    """Put ``curve`` in ``cache`` unless it is :meth:`CostCurve.disturbed`: then say so on stderr
+    (this run still uses it; the next one times it again). Raises OSError as :meth:`CostCache.put`."""
+    reason = curve.disturbed()
+    if reason is None:
+        cache.put(model, curve)
+        return
+    print(
+        f"verispec: the timings of {model} on {curve.runner} were disturbed ({reason}; was another process "
+        "busy?): not kept, timed again next run",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def tokens_per_second(target: CostCurve, draft_ms: float | None, acceptance_rate: float, max_k: int = 8) -> float:
@@ -243,8 +292,16 @@ def fastest_runner(
 def seed_cost_model(cost_model: CostModel, curve: CostCurve) -> None:
     """Give the draft-length controller the measured verify costs before its first step.
 
-    A forward of k tokens verifies k - 1 drafted ones: ``verify_s[k - 1] = ms[k] / 1000``.
-    Online timings then refine these (EWMA).
+    A forward of k tokens verifies k - 1 drafted ones. The one-token pass seeds the plain step
+    (``verify_s[0] = ms[1] / 1000``, counted as one pass); the others seed the curve's shape,
+    ``seed_ratios[k - 1] = ms[k] / ms[1]``, which the controller multiplies by the plain step it
+    measures (:meth:`~verispec.algorithms.control.CostModel.verify_points`): the level comes
+    from this run, so a curve measured while the machine was busier does not price drafting
+    out. Online timings of each length then replace the seed (EWMA).
     """
+    if 1 not in curve.ms or curve.ms[1] <= 0:
+        return
+    cost_model.verify_s.setdefault(0, curve.ms[1] / 1000.0)
     for k, ms in curve.ms.items():
-        cost_model.verify_s.setdefault(k - 1, ms / 1000.0)
+        if k > 1:
+            cost_model.seed_ratios.setdefault(k - 1, ms / curve.ms[1])

@@ -15,7 +15,7 @@ from verispec.errors import InvalidParameterError
 from verispec.progress import announce_slow
 from verispec.runners import Runner
 from verispec.runners.choice import Choice, Host, ModelFile, ModelFiles, measure, time_candidates
-from verispec.runners.costs import COST_KS, QUICK_CURVE, CostCache, CostCurve, model_key
+from verispec.runners.costs import COST_KS, QUICK_CURVE, CostCache, CostCurve, keep_curve, model_key
 from verispec.runners.cpu.weight_cache import default_cache_dir
 
 RUNNERS = ("auto", "gguf", "int8", "llamacpp", "torch")
@@ -239,7 +239,7 @@ def _ensure_curve(cache: CostCache, loaded, runner: Runner, choice: Choice) -> N
         COST_KS
     ):
         why = "the draft-length controller starts from this CPU's costs"
-        cache.put(key, measure(runner, choice.kind, ModelFile(loaded.name, loaded.path), why, choice.cost_key))
+        keep_curve(cache, key, measure(runner, choice.kind, ModelFile(loaded.name, loaded.path), why, choice.cost_key))
 
 
 def draft_head_token_ids(options: RunnerOptions, draft, always: tuple[int, ...] = ()):
