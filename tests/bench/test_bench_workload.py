@@ -85,11 +85,32 @@ def test_specbench_tasks_merge_the_mt_bench_categories():
     assert [i.category for i in regroup(items, "humaneval")] == ["humaneval"] * 4
 
 
-def test_builtin_shortcuts_read_the_shared_data():
-    try:
-        tasks = load_workload("specbench", limit=1)
-    except WorkloadError as exc:
-        pytest.skip(f"shared data not here: {exc}")
+SPECBENCH_CATEGORIES = [  # in the order of ../shared/data/specbench_questions.jsonl
+    "writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities",
+    "translation", "summarization", "qa", "math_reasoning", "rag",
+]  # fmt: skip
+
+
+def shared_data(folder):
+    """A shared data folder in the real files' formats: Spec-Bench's 13 categories (2 questions
+    each, ``question_id``/``category``/``turns``), HumanEval's ``task_id``/``prompt`` rows."""
+    folder.mkdir(parents=True)
+    rows = [
+        {"question_id": 10 * i + j, "category": c, "turns": [f"{c} question {j}"], "reference": []}
+        for i, c in enumerate(SPECBENCH_CATEGORIES)
+        for j in range(2)
+    ]
+    (folder / "specbench_questions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tasks = [{"task_id": f"HumanEval/{i}", "prompt": f"def f{i}():\n"} for i in range(4)]
+    (folder / "humaneval_dev.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    return folder
+
+
+def test_builtin_shortcuts_read_the_shared_data(tmp_path, monkeypatch):
+    from verispec.bench import workload
+
+    monkeypatch.setenv(workload.DATA_DIR_ENV, str(shared_data(tmp_path / "data")))
+    tasks = load_workload("specbench", limit=1)
     assert [i.category for i in tasks] == ["mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag"]
     assert all(i.chat for i in tasks)
     assert len(load_workload("specbench-categories", limit=1)) == 13
@@ -105,31 +126,39 @@ def test_workload_needs_exactly_one_source(tmp_path):
         load_workload("nope")
 
 
+def project_layout(tmp_path, monkeypatch, with_data: bool):
+    """A checkout ``tmp_path/project`` (this module's source file placed at
+    ``project/src/verispec/bench/workload.py``), with ``tmp_path/shared/data`` beside it or not;
+    no ``$VERISPEC_DATA_DIR``. Returns (project root, the shared data folder)."""
+    from verispec.bench import workload
+
+    root = tmp_path / "project"
+    (root / "src" / "verispec" / "bench").mkdir(parents=True)
+    monkeypatch.setattr(workload, "__file__", str(root / "src" / "verispec" / "bench" / "workload.py"))
+    monkeypatch.delenv(workload.DATA_DIR_ENV, raising=False)
+    data = tmp_path / "shared" / "data"
+    if with_data:
+        shared_data(data)
+    return root, data
+
+
 def test_shared_data_is_found_beside_the_project_from_any_folder(tmp_path, monkeypatch):
     # ``../shared/data`` beside the project root (the checkout holding src/), whatever the working
     # directory: before, the source-tree candidate looked beside src/ instead
-    from pathlib import Path
-
     from verispec.bench import workload
 
-    beside = Path(workload.__file__).resolve().parents[3].parent / "shared" / "data"  # <root>/src/verispec/bench
-    if not beside.is_dir():
-        pytest.skip(f"shared data not here ({beside})")
-    monkeypatch.delenv(workload.DATA_DIR_ENV, raising=False)
-    monkeypatch.chdir(tmp_path)
-    assert workload.data_dir() == beside.resolve()
+    _, data = project_layout(tmp_path, monkeypatch, with_data=True)
+    elsewhere = tmp_path / "elsewhere" / "deeper"
+    elsewhere.mkdir(parents=True)
+    monkeypatch.chdir(elsewhere)
+    assert workload.data_dir() == data.resolve()
 
 
 def test_a_missing_shared_data_folder_names_each_place_tried_once(tmp_path, monkeypatch):
-    from pathlib import Path
-
     from verispec.bench import workload
 
-    root = Path(workload.__file__).resolve().parents[3]
-    if (root.parent / "shared" / "data").is_dir():
-        pytest.skip("the shared data folder is there")
-    monkeypatch.delenv(workload.DATA_DIR_ENV, raising=False)
+    root, data = project_layout(tmp_path, monkeypatch, with_data=False)
     monkeypatch.chdir(root)  # the working directory's candidate is the source tree's: it was named twice
     with pytest.raises(WorkloadError) as missing:
         workload.data_dir()
-    assert f"(tried {(root.parent / 'shared' / 'data').resolve()}); set VERISPEC_DATA_DIR" in str(missing.value)
+    assert f"(tried {data.resolve()}); set VERISPEC_DATA_DIR" in str(missing.value)
