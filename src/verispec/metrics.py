@@ -249,6 +249,8 @@ class RequestMetrics:
     - total_tokens_per_s = output_tokens / (end - start)
     - e2e_ms = end - start
     - draft_ms, target_ms: time inside drafter proposals and target forwards (prefill included)
+    - cached_tokens: prompt tokens read from the prefix cache, not computed (OpenAI's
+      ``usage.prompt_tokens_details.cached_tokens``)
     """
 
     prompt_tokens: int
@@ -262,10 +264,16 @@ class RequestMetrics:
     target_ms: float
     num_target_forwards: int
     spec: SpecDecodeStats
+    cached_tokens: int = 0
 
     @classmethod
     def from_times(
-        cls, times: RequestTimes, prompt_tokens: int, output_tokens: int, spec: SpecDecodeStats
+        cls,
+        times: RequestTimes,
+        prompt_tokens: int,
+        output_tokens: int,
+        spec: SpecDecodeStats,
+        cached_tokens: int = 0,
     ) -> RequestMetrics:
         end = times.end if times.end is not None else times.start
         first = times.first_token if times.first_token is not None else end
@@ -283,6 +291,7 @@ class RequestMetrics:
             target_ms=times.target_s * 1e3,
             num_target_forwards=times.num_target_forwards,
             spec=spec,
+            cached_tokens=cached_tokens,
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -180,7 +180,9 @@ def finish(state: RequestState, cost_model: CostModel, committed: list[int]) -> 
     # drafters that learn across requests (suffix), each once even if loaded under two names
     for proposer in {id(p): p for p in state.slot.proposers.values()}.values() if state.learn else ():
         proposer.end_request(state.prompt, out.token_ids)
-    metrics = RequestMetrics.from_times(state.times, len(state.prompt), len(out.token_ids), state.stats)
+    metrics = RequestMetrics.from_times(
+        state.times, len(state.prompt), len(out.token_ids), state.stats, state.num_cached_prompt_tokens
+    )
     state.output = GenerationOutput(
         list(out.token_ids),
         out.text,
@@ -202,3 +204,5 @@ def share_features(state: RequestState, rows: slice | list[int], position: int) 
     features = state.slot.target.last_features[rows]
     for proposer in state.slot.feature_readers:
         proposer.observe_features(features, position)
+    if state.prefix is not None and state.prefix.features is not None:  # the prefix cache keeps them
+        state.prefix.features.put(features, position)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from verispec.algorithms.control import ControllerConfig
 from verispec.algorithms.sampling import SamplingParams
 from verispec.engine.loop import DEFAULT_MAX_NUM_BATCHED_TOKENS, SpeculativeEngine
+from verispec.engine.prefix_cache import BLOCK_SIZE, DEFAULT_PREFIX_CACHE_GIB, PrefixCache
 from verispec.engine.request import GenerationOutput, SpeculativeConfig, StreamChunk
 from verispec.errors import ContextLengthError, InvalidParameterError
 from verispec.models.compat import check_draft_compatibility
@@ -72,10 +73,16 @@ class SpeculativePipeline:
     ``drafters.draft_quantization="int8"`` the constructor quantizes ``draft.model`` in place.
     Drafters: ``draft`` (if a draft is given), ``ngram`` and ``layer-skip`` (unless disabled).
 
+    ``prefix_cache_gib``: memory for automatic prefix caching across requests
+    (:class:`verispec.engine.prefix_cache.PrefixCache`; the target's and the draft's KV entries of
+    earlier prompts and answers, reused bit for bit); 0 turns it off. On a runner whose entries
+    depend on how a prompt is split into passes (torch, llama.cpp) there is no prefix cache:
+    :attr:`prefix_cache_note` says why.
+
     Raises:
         IncompatibleDraftError: the draft's tokenizer or EOS differs from the target's.
-        InvalidParameterError: int8 asked for a draft that is the target's own model, or a bad
-            layer-skip layer count.
+        InvalidParameterError: int8 asked for a draft that is the target's own model, a bad
+            layer-skip layer count, or a negative ``prefix_cache_gib``.
     """
 
     def __init__(
@@ -88,7 +95,10 @@ class SpeculativePipeline:
         max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
         *,
         choice: Choice | None = None,
+        prefix_cache_gib: float = DEFAULT_PREFIX_CACHE_GIB,
     ) -> None:
+        if prefix_cache_gib < 0:
+            raise InvalidParameterError(f"--prefix-cache-gib must be >= 0 (0 turns it off), got {prefix_cache_gib}")
         drafters = drafters or DrafterOptions()
         runners = runners or RunnerOptions()
         if choice is None:  # load() chose before loading; models handed in directly are chosen for here
@@ -140,6 +150,7 @@ class SpeculativePipeline:
             built.target,
             self.suffix_cache,
         )
+        self.prefix_cache, self.prefix_cache_note = _prefix_cache(built.target, built.kind, prefix_cache_gib)
         self.engine = SpeculativeEngine(
             built.target,
             self.tokenizer,
@@ -147,6 +158,7 @@ class SpeculativePipeline:
             proposers=proposers,
             controller=controller,
             max_num_batched_tokens=max_num_batched_tokens,
+            prefix_cache=self.prefix_cache,
         )
         if built.target_curve is not None:  # the controller starts from this machine's measured verify costs
             seed_cost_model(self.engine.cost_model, built.target_curve)
@@ -163,6 +175,7 @@ class SpeculativePipeline:
         controller: ControllerConfig | None = None,
         runners: RunnerOptions | None = None,
         max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        prefix_cache_gib: float = DEFAULT_PREFIX_CACHE_GIB,
     ) -> SpeculativePipeline:
         """Load the target and (unless ``draft`` is None) the draft, then check they fit together.
 
@@ -182,7 +195,10 @@ class SpeculativePipeline:
 
         ``runners`` defaults to ``auto``: on a CPU the gguf runner for GGUF files it can run.
         ``max_num_batched_tokens``: the engine's chunked-prefill budget (:class:`SpeculativeEngine`).
+        ``prefix_cache_gib``: the prefix cache's memory (see the class; 0: off).
         """
+        if prefix_cache_gib < 0:
+            raise InvalidParameterError(f"--prefix-cache-gib must be >= 0 (0 turns it off), got {prefix_cache_gib}")
         if dtype not in DTYPES:  # checked on every runner, so a typo is not ignored where it does not apply
             raise InvalidParameterError(f"dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}")
         check_before_loading(target, draft)  # headers and vocabularies: seconds, before minutes of loading
@@ -206,7 +222,16 @@ class SpeculativePipeline:
             ):
                 target_model = load_model(target, dtype=dtype, device=device)
                 draft_model = load_model(draft, dtype=dtype, device=device) if draft else None
-        return cls(target_model, draft_model, drafters, controller, runners, max_num_batched_tokens, choice=choice)
+        return cls(
+            target_model,
+            draft_model,
+            drafters,
+            controller,
+            runners,
+            max_num_batched_tokens,
+            choice=choice,
+            prefix_cache_gib=prefix_cache_gib,
+        )
 
     def encode(self, prompt: str, *, chat: bool = False) -> list[int]:
         """Token ids of ``prompt``; with ``chat``, as one user turn through the model's template.
@@ -292,6 +317,24 @@ class SpeculativePipeline:
             line += f"; {num_sequences} sequences: {num_sequences * total / 2**30:.2f} GiB"
         return line
 
+    def prefix_cache_summary(self) -> str:
+        """One line: the prefix cache's budget, what one token costs in it (target and draft KV
+        entries, float32) and so how many tokens it holds; or why there is none."""
+        if self.prefix_cache is None:
+            return self.prefix_cache_note
+        sizes = {
+            role: runner.kv_bytes_per_token
+            for role, runner in (("target", self.target_runner), ("draft", self.draft_runner))
+            if runner is not None and runner.kv_bytes_per_token and runner.exports_kv
+        }
+        per_token = sum(sizes.values())
+        parts = " + ".join(f"{role} {size / 1024:.0f}" for role, size in sizes.items())
+        budget = self.prefix_cache.budget_bytes
+        return (
+            f"prefix cache {budget / 2**30:.2f} GiB (--prefix-cache-gib): {per_token / 1024:.0f} KiB a token "
+            f"({parts} KiB), about {budget // max(per_token, 1):,} tokens in blocks of {self.prefix_cache.block_size}"
+        )
+
     def engine_with_own_suffix_cache(self) -> SpeculativeEngine:
         """Another engine over the same target, drafters, controller and measured costs, whose
         suffix drafter has its own empty cache (same settings and datastore).
@@ -306,6 +349,19 @@ class SpeculativePipeline:
         if self.draft is not None:
             summaries.append(ModelSummary.of("draft", self.draft))
         return summaries
+
+
+def _prefix_cache(target, kind: str, gib: float) -> tuple[PrefixCache | None, str]:
+    """The pipeline's prefix cache (None when ``gib`` is 0 or the runner cannot copy its cache
+    out) and a line saying why there is none."""
+    if gib == 0:
+        return None, "prefix cache off (--prefix-cache-gib 0)"
+    if not target.exports_kv:
+        return None, (
+            f"prefix cache off: the {kind} runner's cache entries depend on how a prompt is split into passes, "
+            "so a copied prefix would not be exact (the gguf and int8 runners have one)"
+        )
+    return PrefixCache(int(gib * 2**30), BLOCK_SIZE), ""
 
 
 def _with_runner_facts(loaded: LoadedModel, built, role: str) -> LoadedModel:

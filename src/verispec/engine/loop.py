@@ -26,6 +26,15 @@ from verispec.engine.commit import Plan, Verified, commit, commit_prefill, finis
 from verispec.engine.constraints import GrammarCompiler, TokenConstraints, cut_draft
 from verispec.engine.methods import drafter_order
 from verispec.engine.policy import DraftStep, draft_batch, make_policy
+from verispec.engine.prefix_cache import PrefixCache
+from verispec.engine.prefix_reuse import (
+    keep_prompt,
+    keep_sequence,
+    new_prefix_state,
+    prefill_done,
+    read_prefix,
+    release_prefix,
+)
 from verispec.engine.request import (
     GenerationOutput,
     SpeculativeConfig,
@@ -55,6 +64,15 @@ class SpeculativeEngine:
             (chunked prefill, first come first served: a long prompt does not stall the batch,
             and the first request's first token does not wait for the others' prompts); a
             request alone prefills its whole prompt in one pass.
+        prefix_cache: automatic prefix caching across requests
+            (:class:`verispec.engine.prefix_cache.PrefixCache`): a request reads the longest prefix
+            of its prompt that an earlier or running request computed, and prefills only the rest;
+            its prompt and answer are kept for the next. None: every prompt is computed. The output
+            is the same bits either way (batch-invariant runners: :attr:`Runner.exports_kv`).
+
+    Raises:
+        InvalidParameterError: a target that is not a :class:`Runner`, ``max_num_batched_tokens``
+            below 1, or a prefix cache over a target that cannot copy its cache out.
     """
 
     def __init__(
@@ -66,6 +84,7 @@ class SpeculativeEngine:
         proposers: Mapping[str, Proposer] | None = None,
         controller: ControllerConfig | None = None,
         max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        prefix_cache: PrefixCache | None = None,
     ) -> None:
         if not isinstance(target, Runner):
             raise InvalidParameterError(
@@ -82,6 +101,11 @@ class SpeculativeEngine:
         if max_num_batched_tokens < 1:
             raise InvalidParameterError(f"max_num_batched_tokens must be >= 1, got {max_num_batched_tokens}")
         self.max_num_batched_tokens = max_num_batched_tokens
+        if prefix_cache is not None and not target.exports_kv:
+            raise InvalidParameterError(
+                f"the {type(target).__name__} cannot copy its KV cache out: no prefix cache on it (--prefix-cache-gib 0)"
+            )
+        self.prefix_cache = prefix_cache
         self.slot = Slot(target, self.proposers)
         self.last_pass_rows = 0  # rows of the last pass: prefill chunks and verify rows
         self.last_pass_num_seqs = 0  # sequences in the last pass
@@ -97,6 +121,7 @@ class SpeculativeEngine:
             proposers=proposers,
             controller=self.controller,
             max_num_batched_tokens=self.max_num_batched_tokens,
+            prefix_cache=self.prefix_cache,
         )
         engine.cost_model = self.cost_model  # the machine's measured costs, as this engine's requests see them
         return engine
@@ -153,12 +178,14 @@ class SpeculativeEngine:
             ContextLengthError: the prompt leaves no room in the target's context window.
         """
         state = self.start(prompt_token_ids, params, spec, learn=learn)
-        while True:
-            chunk = self.step([state])[0]
-            if chunk is not None:
-                yield chunk
-            if state.finished:
-                return
+        try:
+            while not state.finished:
+                chunk = self.step([state])[0]
+                if chunk is not None:
+                    yield chunk
+        finally:  # a consumer that stops early (or a failed pass): the prefix cache lets go of its blocks
+            if not state.finished:
+                self.end(state, failed=True)
 
     def start(
         self,
@@ -199,7 +226,21 @@ class SpeculativeEngine:
             max_tokens=params.max_tokens,
             ignore_eos=params.ignore_eos,
         )
-        return RequestState(prompt, params, spec, slot, policy, generator, out, self._constraints(params), learn=learn)
+        state = RequestState(prompt, params, spec, slot, policy, generator, out, self._constraints(params), learn=learn)
+        if self.prefix_cache is not None and params.prompt_logprobs is None:  # those need every prompt row
+            state.prefix = new_prefix_state(self.prefix_cache, state)
+        return state
+
+    def end(self, state: RequestState, *, failed: bool = False) -> None:
+        """A request leaves before it finished (cancelled, or ``failed`` in a pass): the prefix
+        cache keeps what its caches hold (not after a failure) and lets go of its blocks. Call it
+        before the slot is released or reused; a finished request needs no call (:meth:`step`)."""
+        if state.prefix is None or self.prefix_cache is None:
+            return
+        if failed:
+            release_prefix(self.prefix_cache, state)
+        else:
+            keep_sequence(self.prefix_cache, state)
 
     def _constraints(self, params: SamplingParams) -> TokenConstraints:
         """The request's masks; its grammar compiled against the target's tokenizer (built once).
@@ -240,18 +281,36 @@ class SpeculativeEngine:
         for plan, step in zip(decoding, draft_batch(asks, batch_size)):
             self._take_draft(plan, step)
         if not plans:
-            return [chunks.get(id(state)) for state in states]
+            return self._ended(states, chunks)
         logits, pass_s, rows = self._forward(plans)
         for plan, plan_logits in zip(plans, logits):
             if plan.prefill:
                 chunk = commit_prefill(plan, plan_logits, self.cost_model)
+                self._keep_prompt(plan.state)
             else:
                 verified = verify(plan, plan_logits)
                 self._report(plan, verified, pass_s, rows - len(plan.call.token_ids))
                 chunk = commit(plan, verified, self.cost_model)
             if chunk is not None:
                 chunks[id(plan.state)] = chunk
+        return self._ended(states, chunks)
+
+    def _ended(self, states: Sequence[RequestState], chunks: dict[int, StreamChunk]) -> list[StreamChunk | None]:
+        """Each state's chunk of this step, in order; the prefix cache keeps the prompt and answer
+        of each request that finished in it (for a conversation's next turn)."""
+        for state in states:
+            if id(state) in chunks and state.finished and state.prefix is not None:
+                keep_sequence(self.prefix_cache, state)
         return [chunks.get(id(state)) for state in states]
+
+    def _keep_prompt(self, state: RequestState) -> None:
+        """After a prefill chunk: the prefix cache keeps its full blocks (and counts the lookup
+        once the prompt is done)."""
+        if state.prefix is None:
+            return
+        keep_prompt(self.prefix_cache, state)
+        if not state.prefilling:
+            prefill_done(self.prefix_cache, state)
 
     def _plan(self, states: Sequence[RequestState], chunks: dict[int, StreamChunk]) -> list[Plan]:
         """Each unfinished request's share of the pass, in order: a prefill chunk (within
@@ -320,6 +379,8 @@ class SpeculativeEngine:
             return None
         if state.num_prefilled == 0:
             state.slot.target.truncate(0)
+        if state.prefix is not None:  # the longest cached prefix first: computed once, by whoever came first
+            read_prefix(self.prefix_cache, state)
         end = len(state.prompt) if budget is None else min(len(state.prompt), state.num_prefilled + budget)
         chunk = state.prompt[state.num_prefilled : end]
         num_logits = 1 if end == len(state.prompt) else 0

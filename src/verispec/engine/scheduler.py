@@ -125,6 +125,7 @@ class Scheduler:
             self.waiting.remove(request)
             request.done = True
         elif request in self.running:
+            self.engine.end(request.state)  # the prefix cache keeps what it computed
             self._release(request)
 
     def step(self) -> list[tuple[ScheduledRequest, StreamChunk]]:
@@ -152,6 +153,7 @@ class Scheduler:
         """Free every running request (after an engine error); returns them."""
         failed = list(self.running)
         for request in failed:
+            self.engine.end(request.state, failed=True)
             self._release(request)
         return failed
 

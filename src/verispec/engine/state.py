@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -23,6 +24,9 @@ from verispec.metrics import RequestTimes, SpecDecodeStats
 from verispec.output import Detokenizer, OutputBuilder
 from verispec.proposers import Proposer
 from verispec.runners import Runner
+
+if TYPE_CHECKING:
+    from verispec.engine.prefix_reuse import PrefixState
 
 
 @dataclass
@@ -62,6 +66,8 @@ class RequestState:
     per output token, ``prompt_logprobs`` per prompt token after the first, when asked for.
     ``learn``: drafters that learn across requests (the suffix cache) keep its answer once it
     finishes; False for warm-ups and audit re-decodes, which are not users' requests.
+    ``prefix``: its view of the engine's prefix cache (:mod:`verispec.engine.prefix_reuse`); None
+    without one, or for a request that asks for every prompt row's logprobs.
     """
 
     prompt: list[int]
@@ -81,6 +87,12 @@ class RequestState:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
     learn: bool = True
+    prefix: PrefixState | None = None
+
+    @property
+    def num_cached_prompt_tokens(self) -> int:
+        """Prompt tokens read from the prefix cache instead of computed (OpenAI's ``cached_tokens``)."""
+        return 0 if self.prefix is None else self.prefix.num_cached_tokens
 
     @property
     def finished(self) -> bool:

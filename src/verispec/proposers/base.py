@@ -94,6 +94,9 @@ class Proposer:
             pass (default: none, nothing).
         runner: the draft model's runner, for drafters that run one (its logits width is
             checked against the target's); None for the others (default).
+        kv_prefix / restore_kv_prefix: the draft runner's cache as the prefix cache keeps it (the
+            token ids it holds from position 0), and a cached prefix copied back into it (default:
+            no cache to keep, nothing to restore).
     """
 
     feature_layers: tuple[int, ...] = ()
@@ -134,6 +137,17 @@ class Proposer:
     def release(self) -> None:
         """The sequence this drafter follows was emptied for good (the request left its slot):
         drop per-sequence state and give back the memory it holds. Nothing by default."""
+
+    def kv_prefix(self) -> tuple[Runner, Sequence[int]] | None:
+        """The runner whose cache the prefix cache may keep and restore for this drafter, and the
+        token ids its cache holds from position 0 (entries ``i`` follow tokens ``0 .. i``); None
+        for drafters without one (default)."""
+        return None
+
+    def restore_kv_prefix(self, token_ids: Sequence[int], kv: torch.Tensor) -> None:
+        """Make the draft cache hold ``token_ids`` (a prefix of the sequence): their entries ``kv``
+        (:meth:`verispec.runners.Runner.export_kv` of a runner over the same weights). Only called
+        on drafters whose :meth:`kv_prefix` is not None."""
 
     def observe_features(self, features: torch.Tensor, position: int) -> None:
         """The target's hidden states of the tokens it just committed to the KV cache, at
@@ -197,6 +211,16 @@ class DraftCacheSequences(Proposer):
         clone.runner = self.runner.new_sequence()
         clone.cached_token_ids = []
         return clone
+
+    def kv_prefix(self) -> tuple[Runner, Sequence[int]] | None:
+        """The draft runner and the token ids its cache holds (where it can copy entries out)."""
+        return (self.runner, self.cached_token_ids) if self.runner.exports_kv else None
+
+    def restore_kv_prefix(self, token_ids: Sequence[int], kv: torch.Tensor) -> None:
+        """The draft cache holds ``token_ids`` with entries ``kv``: the next proposal feeds only
+        what follows them (:meth:`reusable_prefix`)."""
+        self.runner.import_kv(kv, 0)
+        self.cached_token_ids = list(token_ids)
 
     def release(self) -> None:
         """Empty the draft cache and hand its memory back (the runner's ``release()``)."""

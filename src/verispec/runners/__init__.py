@@ -39,6 +39,9 @@ class Runner:
         holds_sequences: :meth:`new_sequence` (batching: one sequence per request).
         supports_features: :meth:`capture_features` (hidden states for an EAGLE-3 head).
         shares_prompts: :meth:`copy_prefix` (one prompt's cache copied to another sequence).
+        exports_kv: :meth:`export_kv` and :meth:`import_kv` (cache entries copied out to the
+            prefix cache and back, :mod:`verispec.engine.prefix_cache`): only runners whose entries
+            do not depend on how a prompt was split into passes declare it (batch-invariant ones).
         runs_block_kernels: the runner runs GGUF weight blocks on the kernels compiled here
             (:mod:`verispec.runners.kernels`), so a drafter's block-quantized layers (an EAGLE
             head's ``q8_0``) run on them beside it at no extra build.
@@ -86,6 +89,33 @@ class Runner:
     def shares_prompts(self) -> bool:
         """This runner copies a prompt's cache between sequences: it implements :meth:`copy_prefix`."""
         return type(self).copy_prefix is not Runner.copy_prefix
+
+    @property
+    def exports_kv(self) -> bool:
+        """This runner copies cache entries out and back: it implements :meth:`export_kv`."""
+        return type(self).export_kv is not Runner.export_kv
+
+    def export_kv(self, start: int, end: int) -> Tensor:
+        """A copy of cache entries ``start .. end - 1``: float ``[2, layers, kv_heads, end - start,
+        head_dim]`` (K then V), what :meth:`import_kv` takes back. On a batch-invariant runner
+        these are the bits any prefill of the same tokens writes, however it is split into passes.
+
+        Raises:
+            ValueError: the range is outside ``0 .. num_cached_tokens``.
+            InvalidParameterError: the runner cannot copy its cache out (:attr:`exports_kv`).
+        """
+        raise InvalidParameterError(f"the {type(self).__name__} cannot copy its KV cache out")
+
+    def import_kv(self, kv: Tensor, start: int) -> None:
+        """Keep the first ``start`` entries, then write ``kv`` (``[2, layers, kv_heads, n, head_dim]``
+        from :meth:`export_kv` of a sequence over the same weights) at ``start .. start + n - 1``;
+        ``num_cached_tokens`` becomes ``start + n``.
+
+        Raises:
+            ValueError: ``start`` past the cache, a shape that is not this model's, or past the capacity.
+            InvalidParameterError: the runner cannot take entries in (:attr:`exports_kv`).
+        """
+        raise InvalidParameterError(f"the {type(self).__name__} cannot copy entries into its KV cache")
 
     def forward_tree(self, token_ids: Sequence[int], position_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """Append a token tree (:mod:`verispec.algorithms.tree`) and return one logits row per node:

@@ -304,6 +304,37 @@ class Int8Runner(Runner):
         self._values[:, :, :num_tokens] = source._values[:, :, :num_tokens]
         self._num_cached = num_tokens
 
+    def export_kv(self, start: int, end: int) -> Tensor:
+        """Entries ``start .. end - 1`` of every layer's K and V caches, copied: float32 ``[2, layers,
+        kv_heads, end - start, head_dim]``. Every op of a pass is row-local, so they are the bits
+        any prefill of the same tokens writes (chunked or not, batched or alone).
+
+        Raises:
+            ValueError: the range is outside ``0 .. num_cached_tokens``.
+        """
+        if not 0 <= start <= end <= self._num_cached:
+            raise ValueError(f"cannot export entries {start}..{end} of a cache of {self._num_cached} tokens")
+        return torch.stack((self._keys[:, :, start:end], self._values[:, :, start:end]))
+
+    def import_kv(self, kv: Tensor, start: int) -> None:
+        """Keep ``start`` entries and write ``kv`` (``[2, layers, kv_heads, n, head_dim]`` float32,
+        from :meth:`export_kv` of a sequence over the same weights) after them.
+
+        Raises:
+            ValueError: ``start`` past the cache, a shape that is not this model's, or past the capacity.
+        """
+        expected = (2, *self._keys.shape[:2], self._keys.shape[3])
+        if kv.dim() != 5 or (kv.shape[0], kv.shape[1], kv.shape[2], kv.shape[4]) != expected or kv.dtype != self._keys.dtype:
+            raise ValueError(f"KV entries of shape {tuple(kv.shape)} do not fit this model's cache {expected}")
+        end = start + kv.shape[3]
+        if not 0 <= start <= self._num_cached or end > self.max_context_length:
+            raise ValueError(
+                f"cannot write {kv.shape[3]} entries at {start} in a cache of {self._num_cached}/{self.max_context_length}"
+            )
+        self._keys[:, :, start:end] = kv[0]
+        self._values[:, :, start:end] = kv[1]
+        self._num_cached = end
+
     def release(self) -> None:
         """Empty the cache (``truncate(0)``) and hand the pages its tokens were written to back
         to the OS (:func:`verispec.runners.cpu.memory.release_pages`): a sequence waiting in a pool
