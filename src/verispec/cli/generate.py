@@ -160,7 +160,12 @@ def generate(
             err.print(f"[yellow]warning:[/yellow] {inexact}", highlight=False)
         with err.status(f"loading {target}" + (f" + {draft}" if use_draft else "")):
             pipe = SpeculativePipeline.load(
-                target, draft if use_draft else None, dtype=dtype, drafters=drafters, runners=runners
+                target,
+                draft if use_draft else None,
+                dtype=dtype,
+                drafters=drafters,
+                runners=runners,
+                prefix_cache_gib=0,  # one request: nothing to reuse, and --compare-plain compares cold prompts
             )
         for summary in pipe.model_summaries():
             requantized = (

@@ -29,6 +29,7 @@ from verispec.cli.common import (
 )
 from verispec.engine import SpeculativeConfig
 from verispec.engine.loader import DrafterOptions, SpeculativePipeline
+from verispec.engine.prefix_cache import DEFAULT_PREFIX_CACHE_GIB
 from verispec.errors import InvalidParameterError, VerispecError
 from verispec.models.preflight import check_before_loading
 from verispec.runners.select import RunnerOptions
@@ -96,6 +97,20 @@ def serve(
     ),
     eagle_head: Path | None = eagle_head_option(),
     head_quantization: str = head_quantization_option(),
+    prefix_cache_gib: float = typer.Option(
+        DEFAULT_PREFIX_CACHE_GIB,
+        min=0.0,
+        help="Memory for automatic prefix caching: KV entries of earlier prompts and answers reused bit for bit "
+        "(a chat's next turn, a shared system prompt); least recently used blocks evicted. 0 turns it off.",
+    ),
+    prefix_cache_file: Path | None = typer.Option(
+        None,
+        help="Save the prefix cache here at shutdown and read it at start (checksummed; a damaged file, or one "
+        "for other weights or kernels, is said and not used).",
+    ),
+    warm_prompt: list[Path] | None = typer.Option(
+        None, help="A text file prefilled at start as a system prompt, so the first requests find it cached."
+    ),
     max_body_bytes: int = typer.Option(4 * 1024 * 1024, min=1024, help="Largest request body (bytes)."),
     log_level: str = typer.Option("info", help="debug, info, warning or error."),
     audit_rate: float = typer.Option(
@@ -163,7 +178,14 @@ def serve(
             suffix_snapshot_s=suffix_snapshot_seconds,
             record_traffic=None if record_traffic is None else str(record_traffic),
             sampling=sampling,
+            prefix_cache_file=None if prefix_cache_file is None else str(prefix_cache_file),
+            warm_prompts=tuple(str(p) for p in warm_prompt or ()),
         )
+        for path in config.warm_prompts:  # before minutes of loading
+            if not Path(path).is_file():
+                raise InvalidParameterError(f"--warm-prompt {path}: no such file (a text file: a system prompt)")
+        if prefix_cache_gib == 0 and (prefix_cache_file is not None or config.warm_prompts):
+            raise InvalidParameterError("--prefix-cache-file and --warm-prompt need a prefix cache: --prefix-cache-gib > 0")
         scaling = ReplicaOptions(
             replicas, ray_address, min_replicas, max_replicas, target_ongoing_requests, replica_cpus
         )
@@ -221,6 +243,7 @@ def serve(
                 drafters=DrafterOptions(
                     eagle_head=eagle_head, head_quantization=head_quantization, datastore=datastore
                 ),
+                prefix_cache_gib=prefix_cache_gib,
             )
         server = create_app(pipe, config)
     interrupted: list[int] = []

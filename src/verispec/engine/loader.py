@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from verispec.algorithms.control import ControllerConfig
 from verispec.algorithms.sampling import SamplingParams
@@ -334,6 +335,27 @@ class SpeculativePipeline:
             f"prefix cache {budget / 2**30:.2f} GiB (--prefix-cache-gib): {per_token / 1024:.0f} KiB a token "
             f"({parts} KiB), about {budget // max(per_token, 1):,} tokens in blocks of {self.prefix_cache.block_size}"
         )
+
+    def prefix_cache_identity(self) -> dict:
+        """What the prefix cache's entries depend on, for :mod:`verispec.engine.prefix_file`: the
+        model files (name, size, modification time), the runner, the draft's re-quantization, the
+        kernel build (gguf runner) and the layers an EAGLE head reads."""
+        from verispec.runners.kernels import build_key
+
+        def file_id(loaded: LoadedModel | None) -> str | None:
+            if loaded is None or loaded.path is None:
+                return None if loaded is None else loaded.name
+            stat = Path(loaded.path).stat()
+            return f"{Path(loaded.path).name}:{stat.st_size}:{stat.st_mtime_ns}"
+
+        return {
+            "target": file_id(self.target),
+            "draft": file_id(self.draft),
+            "runner": self.runner_kind,
+            "draft_requantize": self.draft_requantize,
+            "kernels": build_key() if self.target_runner.runs_block_kernels else None,
+            "features": sorted({tuple(p.feature_layers) for p in self.engine.proposers.values() if p.feature_layers}),
+        }
 
     def engine_with_own_suffix_cache(self) -> SpeculativeEngine:
         """Another engine over the same target, drafters, controller and measured costs, whose

@@ -199,15 +199,42 @@ class PrefixCache:
         self._touch(names[: first + len(kept)])
         return len(kept)
 
+    def restore_block(self, name: bytes, parent: bytes, parts: dict[str, Tensor]) -> bool:
+        """Keep a block read back from a file (:mod:`verispec.engine.prefix_file`): its parent must
+        be cached already (or be :data:`ROOT`); parts already kept stay. False when its parent is
+        missing or it does not fit the budget."""
+        if parent != ROOT and parent not in self._blocks:
+            return False
+        block = self._blocks.get(name)
+        new_parts = {part: t for part, t in parts.items() if block is None or part not in block.parts}
+        size = sum(t.numel() * t.element_size() for t in new_parts.values())
+        chain = [name] if parent == ROOT else [parent, name]
+        if not self._make_room(size, protect=chain):
+            return False
+        if block is None:
+            block = self._blocks[name] = CachedBlock(name, parent)
+            if parent in self._blocks:
+                self._blocks[parent].children.add(name)
+        block.parts.update(new_parts)
+        self.num_bytes += size
+        self._blocks.move_to_end(name)
+        return True
+
     def clear(self) -> None:
         """Drop every block (held ones too: a held block is only protected from eviction)."""
         self._blocks.clear()
         self.num_bytes = 0
 
     def blocks(self) -> list[CachedBlock]:
-        """Every cached block, least recently used first, each after its parent is listed when
-        the parent is older (for saving: :mod:`verispec.engine.prefix_file` re-inserts in order)."""
-        return list(self._blocks.values())
+        """Every cached block, each after its parent (what :meth:`restore_block` needs), heads of
+        chains in least-recently-used order."""
+        ordered: list[CachedBlock] = []
+        stack = [b for b in reversed(self._blocks.values()) if b.parent not in self._blocks]
+        while stack:
+            block = stack.pop()
+            ordered.append(block)
+            stack.extend(self._blocks[c] for c in block.children if c in self._blocks)
+        return ordered
 
     def _touch(self, names: Sequence[bytes]) -> None:
         for name in reversed(names):  # the head last: most recently used, evicted after its tail

@@ -22,6 +22,7 @@ import os
 import time
 import uuid
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -29,11 +30,14 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from verispec.algorithms.sampling import SamplingParams
 from verispec.bench.audit import QualityAuditor
 from verispec.engine import SpeculativeConfig
+from verispec.engine.prefix_file import load_prefix_cache, save_prefix_cache
 from verispec.errors import CacheFileError, InvalidParameterError
 from verispec.metrics import peak_rss_bytes
 from verispec.models.cache_files import report_damaged
+from verispec.models.gguf_tokenizer import chat_token_ids
 from verispec.proposers.suffix_file import SuffixSnapshots
 from verispec.server import logprobs, protocol
 from verispec.server.config import ServerConfig
@@ -71,6 +75,8 @@ class _State:
         self.traffic = None if config.record_traffic is None else TrafficRecorder(config.record_traffic)
         self.auditor = QualityAuditor(config.audit_rate)
         self.metrics.track_audits(self.auditor)
+        if pipeline.prefix_cache is not None:
+            self.metrics.track_prefix_cache(pipeline.prefix_cache)
         self.default_spec = config.default_spec or SpeculativeConfig(
             method="draft" if "draft" in pipeline.engine.proposers else "none"
         )
@@ -113,6 +119,12 @@ def create_app(pipeline, config: ServerConfig | None = None, *, metrics_expositi
             except CacheFileError as exc:  # ours, damaged: never read; the first snapshot replaces it
                 report_damaged(config.suffix_cache, str(exc), "the server starts with an empty suffix cache")
         snapshots = SuffixSnapshots(cache, config.suffix_cache, config.suffix_snapshot_s, written)
+    prefix_file = config.prefix_cache_file if pipeline.prefix_cache is not None else None
+    if prefix_file is not None:
+        _check_writable(prefix_file, "prefix cache file")
+    for path in config.warm_prompts:
+        if not os.path.isfile(path):
+            raise InvalidParameterError(f"--warm-prompt {path}: no such file (a text file: a system prompt to prefill)")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -125,6 +137,12 @@ def create_app(pipeline, config: ServerConfig | None = None, *, metrics_expositi
                 summary.param_bytes / 2**20,
             )
         log.info("%s (--max-context)", pipeline.window_summary(state.worker.max_num_seqs))
+        log.info("%s", pipeline.prefix_cache_summary())
+        if prefix_file is not None:
+            blocks = load_prefix_cache(pipeline.prefix_cache, prefix_file, pipeline.prefix_cache_identity())
+            log.info("prefix cache: %d blocks from %s", blocks, prefix_file)
+        if pipeline.prefix_cache is not None:
+            _warm_prefix_cache(pipeline, config.warm_prompts)
         log.info("peak RSS after loading: %.0f MiB; warming up", peak_rss_bytes() / 2**20)
         state.worker.start()
         if snapshots is not None:
@@ -133,6 +151,12 @@ def create_app(pipeline, config: ServerConfig | None = None, *, metrics_expositi
         state.worker.stop()
         if snapshots is not None:
             snapshots.stop()  # the last snapshot, after the last request
+        if prefix_file is not None:
+            try:
+                blocks = save_prefix_cache(pipeline.prefix_cache, prefix_file, pipeline.prefix_cache_identity())
+                log.info("prefix cache: %d blocks saved to %s", blocks, prefix_file)
+            except OSError as exc:
+                log.error("prefix cache: could not write %s (%s)", prefix_file, exc.strerror or exc)
 
     app = FastAPI(  # strict_content_type=False: a body without Content-Type is read as JSON (curl -d, OpenAI)
         title="verispec",
@@ -221,12 +245,25 @@ def create_app(pipeline, config: ServerConfig | None = None, *, metrics_expositi
     return app
 
 
-def _check_writable(path: str) -> None:
+def _check_writable(path: str, what: str = "suffix cache") -> None:
     """Raises InvalidParameterError unless ``path`` can be written at shutdown (not a
     directory, its directory exists and is writable)."""
     directory = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path) or not os.path.isdir(directory) or not os.access(directory, os.W_OK):
-        raise InvalidParameterError(f"the suffix cache {path} cannot be written: give a file in a writable directory")
+        raise InvalidParameterError(f"the {what} {path} cannot be written: give a file in a writable directory")
+
+
+def _warm_prefix_cache(pipeline, files: tuple[str, ...]) -> None:
+    """Prefill each ``--warm-prompt`` file's text, as a chat's system message where the model has
+    a chat template (else as raw text), so the prefix cache holds it before the first request."""
+    for path in files:
+        text = Path(path).read_text(encoding="utf-8")
+        if getattr(pipeline.tokenizer, "chat_template", None):
+            ids = chat_token_ids(pipeline.tokenizer, [{"role": "system", "content": text}])
+        else:
+            ids = pipeline.encode(text)
+        pipeline.engine.generate(ids, SamplingParams(max_tokens=1), SpeculativeConfig(method="none"), learn=False)
+        log.info("prefix cache: warmed with %s (%d tokens)", path, len(ids))
 
 
 def _engine_problem(state: _State) -> str | None:

@@ -40,6 +40,11 @@ class ServerConfig:
         sampling: the sampling mode of requests that name none (``"coupled"``: a seed gives the
             same text under every method, batched or alone; ``"rejection"``), see
             :class:`verispec.algorithms.sampling.SamplingParams`.
+        prefix_cache_file: a file the prefix cache is saved to at shutdown and read from at start
+            (:mod:`verispec.engine.prefix_file`; a damaged one, or one written for other weights or
+            kernels, is said once and not used); None: the cache starts empty.
+        warm_prompts: text files prefilled at start (each a system prompt, through the chat
+            template), so the first requests that share them find them cached.
     """
 
     api_key: str | None = None
@@ -56,3 +61,5 @@ class ServerConfig:
     record_traffic: str | None = None
     unhealthy_is_unavailable: bool = False
     sampling: str = "coupled"
+    prefix_cache_file: str | None = None
+    warm_prompts: tuple[str, ...] = ()

@@ -80,6 +80,7 @@ class ServerMetrics:
     only ``runner``: they choose their own kernels. Set by :meth:`describe_runner`; merged across
     replicas its value counts the replicas that run those kernels.
     Quality audits, once :meth:`track_audits` is called: see :class:`AuditCollector`.
+    The prefix cache, once :meth:`track_prefix_cache` is called: see :class:`PrefixCacheCollector`.
     """
 
     def __init__(self) -> None:
@@ -170,6 +171,10 @@ class ServerMetrics:
         """Export ``auditor``'s counters (read at each scrape)."""
         self.registry.register(AuditCollector(auditor))
 
+    def track_prefix_cache(self, cache) -> None:
+        """Export ``cache``'s figures (a :class:`verispec.engine.prefix_cache.PrefixCache`, read at each scrape)."""
+        self.registry.register(PrefixCacheCollector(cache))
+
     def exposition(self) -> tuple[bytes, str]:
         """The text exposition format and its content type."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
@@ -221,6 +226,38 @@ class AuditCollector:
         yield logprob
         yield GaugeMetricFamily(
             "verispec_audits_pending", "Audits queued for idle time.", value=self.auditor.num_pending
+        )
+
+
+class PrefixCacheCollector:
+    """:class:`verispec.engine.prefix_cache.PrefixCacheStats` as Prometheus metrics, read at each scrape.
+
+    Counters (tokens; vLLM's ``prefix_cache_queries`` / ``prefix_cache_hits`` with our prefix):
+    verispec_prefix_cache_queries: prompt tokens looked up (each request once, when its prompt is
+    prefilled); verispec_prefix_cache_hits: of them, read from the cache instead of computed;
+    verispec_prefix_cache_evicted_blocks. Gauges: verispec_prefix_cache_blocks (blocks held: a
+    prompt shared by many requests is held once), verispec_prefix_cache_bytes (their memory) and
+    verispec_prefix_cache_budget_bytes (``--prefix-cache-gib``).
+    """
+
+    def __init__(self, cache) -> None:
+        self.cache = cache
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.cache.stats
+        yield CounterMetricFamily(
+            "verispec_prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", value=stats.queries
+        )
+        yield CounterMetricFamily(
+            "verispec_prefix_cache_hits", "Prompt tokens read from the prefix cache.", value=stats.hits
+        )
+        yield CounterMetricFamily(
+            "verispec_prefix_cache_evicted_blocks", "Blocks evicted from the prefix cache.", value=stats.evicted_blocks
+        )
+        yield GaugeMetricFamily("verispec_prefix_cache_blocks", "Blocks in the prefix cache.", value=stats.blocks)
+        yield GaugeMetricFamily("verispec_prefix_cache_bytes", "Bytes the prefix cache holds.", value=stats.num_bytes)
+        yield GaugeMetricFamily(
+            "verispec_prefix_cache_budget_bytes", "Bytes the prefix cache may hold.", value=self.cache.budget_bytes
         )
 
 

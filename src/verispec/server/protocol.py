@@ -29,6 +29,7 @@ from verispec.server.faults import APIError
 from verispec.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
+    PromptTokensDetails,
     SpeculativeOptions,
     Usage,
 )
@@ -233,12 +234,16 @@ def chat_prompt_ids(pipeline, body: ChatCompletionRequest) -> list[int]:
 def usage(results: Sequence[tuple[int, RequestMetrics, float]]) -> Usage:
     """Usage of one response: ``(prompt index, metrics, queue seconds)`` per choice.
 
-    Prompt tokens count once per prompt, completion tokens per choice; the speculative counts are
+    Prompt tokens count once per prompt (and so do those the prefix cache supplied,
+    ``prompt_tokens_details.cached_tokens``), completion tokens per choice; the speculative counts are
     sums (rates recomputed from them); with several choices ``ttft_ms`` and ``tpot_ms`` are means
     over the choices and ``queue_ms`` the longest wait.
     """
     prompts = {index: metrics.prompt_tokens for index, metrics, _ in results}
     prompt_tokens = sum(prompts.values())
+    cached: dict[int, int] = {}  # per prompt, the most any of its choices read from the prefix cache
+    for index, metrics, _ in results:
+        cached[index] = max(cached.get(index, 0), metrics.cached_tokens)
     completion_tokens = sum(metrics.output_tokens for _, metrics, _ in results)
     drafts = sum(metrics.spec.num_drafts for _, metrics, _ in results)
     drafted = sum(metrics.spec.num_draft_tokens for _, metrics, _ in results)
@@ -248,6 +253,7 @@ def usage(results: Sequence[tuple[int, RequestMetrics, float]]) -> Usage:
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         total_tokens=prompt_tokens + completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=sum(cached.values())),
         num_drafts=drafts,
         num_draft_tokens=drafted,
         num_accepted_tokens=accepted,

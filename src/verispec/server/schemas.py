@@ -259,12 +259,22 @@ class ChatCompletionRequest(_SamplingRequest):
 # ----- responses -----
 
 
+class PromptTokensDetails(BaseModel):
+    """OpenAI's ``usage.prompt_tokens_details``."""
+
+    cached_tokens: int = Field(description="prompt tokens read from the prefix cache instead of computed")
+
+
 class Usage(BaseModel):
     """OpenAI usage plus verispec's speculative figures (definitions: :mod:`verispec.metrics`)."""
 
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails = Field(
+        default_factory=lambda: PromptTokensDetails(cached_tokens=0),
+        description="cached_tokens: prompt tokens the prefix cache supplied (counted once per prompt)",
+    )
     num_drafts: int = Field(description="verify steps that had at least one drafted token")
     num_draft_tokens: int = Field(description="tokens drafted")
     num_accepted_tokens: int = Field(description="drafted tokens the target accepted")
