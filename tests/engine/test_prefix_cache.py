@@ -230,4 +230,6 @@ def test_a_runner_that_cannot_copy_its_cache_is_refused():
     from helpers import BigramRunner
 
     with pytest.raises(InvalidParameterError, match="prefix cache"):
-        SpeculativeEngine(BigramRunner(torch.zeros(VOCAB, VOCAB)), PIECES, eos_token_ids=(0,), prefix_cache=PrefixCache(1))
+        SpeculativeEngine(
+            BigramRunner(torch.zeros(VOCAB, VOCAB)), PIECES, eos_token_ids=(0,), prefix_cache=PrefixCache(1)
+        )

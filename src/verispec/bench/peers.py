@@ -182,6 +182,7 @@ class LlamaCppPeer:
     family = "llama.cpp"
     method = "plain"
     name = "llama.cpp:plain"
+    reuse_prompt = False  # True: keep the previous prompt's KV cache (llama-cpp-python's own prefix reuse)
 
     def __init__(
         self, gguf_path: str, tokenizer, eos_token_ids: Sequence[int], threads: int, context_length: int = 4096
@@ -211,7 +212,8 @@ class LlamaCppPeer:
         times = RequestTimes(start=time.perf_counter())
         token_ids: list[int] = []
         reason = "length"
-        self.llm.reset()
+        if not self.reuse_prompt:  # else generate(reset=True) keeps the longest common prefix of the last prompt
+            self.llm.reset()
         for token in self.llm.generate(
             list(prompt_token_ids), min_p=0.0, repeat_penalty=params.repetition_penalty, reset=True, **sampling
         ):

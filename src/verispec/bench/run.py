@@ -141,9 +141,7 @@ def build_participants(
         # each method its own suffix cache: it learns from its own earlier answers, never from
         # another method's answer to the same prompt (the methods take turns on every prompt)
         runners += [
-            VerispecParticipant(
-                pipe.engine_with_own_suffix_cache(), m, config.num_speculative_tokens, kind, config.schedule
-            )
+            VerispecParticipant(_cold(pipe), m, config.num_speculative_tokens, kind, config.schedule)
             for m in config.methods
         ]
     infos = [ParticipantInfo(r.name, r.family, r.method, settings=r.settings) for r in runners]
@@ -185,6 +183,15 @@ def build_participants(
         if runner is not None:
             runners.append(runner)
     return runners, infos
+
+
+def _cold(pipe: SpeculativePipeline) -> SpeculativeEngine:
+    """A participant's engine: its own suffix cache, and no prefix cache (the methods take turns
+    on each prompt: a later one would read the earlier one's prompt; single prompts are measured
+    cold, as a first request is; the session workloads measure the cache, :mod:`verispec.bench.sessions`)."""
+    engine = pipe.engine_with_own_suffix_cache()
+    engine.prefix_cache = None
+    return engine
 
 
 def _llama_cpp(pipe: SpeculativePipeline, config: BenchConfig) -> tuple[LlamaCppPeer | None, ParticipantInfo]:

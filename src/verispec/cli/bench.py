@@ -103,10 +103,27 @@ def bench(
     """Benchmark plain decoding, every speculative method and the peers, interleaved prompt by prompt."""
     from verispec.bench.command import available_methods, load_pipelines, print_summary, run_and_report, split
     from verispec.bench.run import BenchConfig
+    from verispec.bench.sessions import SESSION_WORKLOADS
     from verispec.bench.workload import load_workload
     from verispec.engine.loader import DrafterOptions
     from verispec.runners.select import RUNNERS, RunnerOptions
 
+    if workload in SESSION_WORKLOADS and prompts is None:
+        bench_sessions(
+            workload,
+            target,
+            draft,
+            runner,
+            methods,
+            peers,
+            limit,
+            max_tokens,
+            num_speculative_tokens,
+            schedule,
+            out,
+            as_json,
+        )
+        return
     with user_errors():
         lengths = int_list(prefill_tokens, "--prefill-tokens")
         kinds = split(runner) or ["auto"]
@@ -157,6 +174,94 @@ def bench(
         )
     if as_json:
         print(json.dumps(results.to_dict(), ensure_ascii=False))
+
+
+def bench_sessions(
+    workload: str,
+    target: str,
+    draft: str,
+    runner: str,
+    methods: str | None,
+    peers: str,
+    limit: int | None,
+    max_tokens: int,
+    num_speculative_tokens: int,
+    schedule: str,
+    out: Path | None,
+    as_json: bool,
+) -> None:
+    """``--workload multiturn`` / ``completion``: verispec with and without its prefix cache and
+    llama-cpp-python reusing its previous prompt, fed the same requests (:mod:`verispec.bench.sessions`)."""
+    from rich.table import Table
+
+    from verispec.bench.command import load_pipelines, split
+    from verispec.bench.peers import LlamaCppPeer
+    from verispec.bench.sessions import (
+        check_sessions_limit,
+        run_sessions,
+        session_markdown,
+        session_table,
+        warm_up,
+    )
+
+    with user_errors():
+        check_sessions_limit(limit, workload)
+        chosen = split(methods) or ["auto"]
+        if len(chosen) > 1:
+            raise InvalidParameterError(f"the {workload} workload runs one method (--methods auto, draft, none, ...)")
+        kinds = split(runner) or ["auto"]
+        if len(kinds) > 1:
+            raise InvalidParameterError(f"the {workload} workload runs one runner (--runner gguf or int8)")
+        unknown_peers = [p for p in split(peers) if p not in ("llama.cpp", "transformers", "none")]
+        if unknown_peers:
+            raise InvalidParameterError(f"unknown peer {', '.join(unknown_peers)}; choose llama.cpp or none")
+        pipes, _ = load_pipelines(target, draft_or_none(draft), "float32", err, kinds, options=None)
+        pipe = next(iter(pipes.values()))
+        peer = None
+        if "llama.cpp" in split(peers) and pipe.target.path is not None and str(pipe.target.path).endswith(".gguf"):
+            try:
+                peer = LlamaCppPeer(str(pipe.target.path), pipe.tokenizer, pipe.target.eos_token_ids, torch_threads())
+            except ImportError:
+                err.print("llama.cpp peer: llama-cpp-python is not installed (make install-llamacpp); skipped")
+        warm_up(pipe, peer, chosen[0])
+        results = run_sessions(
+            pipe,
+            workload,
+            method=chosen[0],
+            max_tokens=max_tokens,
+            num_speculative_tokens=num_speculative_tokens,
+            schedule=schedule,
+            peer=peer,
+            num_sessions=limit,
+            on_request=lambda name, r: err.print(
+                f"session {r.session + 1} request {r.turn + 1}: {name} ({len(r.prompt_token_ids)} prompt tokens)",
+                highlight=False,
+            ),
+        )
+    rows = session_table(results)
+    table = Table(title=f"{workload}: {results.max_tokens} tokens a request, greedy ({pipe.runner_choice.label})")
+    for column in rows[0]:
+        table.add_column(column)
+    for row in rows[1:]:
+        table.add_row(*row)
+    report = err if as_json else Console()
+    report.print(table)
+    report.print(session_markdown(results), highlight=False, markup=False, soft_wrap=True)
+    for note in results.notes:
+        report.print(note, highlight=False)
+    data = results.to_dict() | {"runner": pipe.runner_kind, **pipe.runner_choice.facts}
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"{workload}.json").write_text(json.dumps(data, indent=1, ensure_ascii=False))
+        report.print(f"wrote {out / f'{workload}.json'}", highlight=False)
+    if as_json:
+        print(json.dumps(data, ensure_ascii=False))
+
+
+def torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
 
 
 def int_list(text: str, option: str) -> tuple[int, ...]:

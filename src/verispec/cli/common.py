@@ -54,7 +54,11 @@ RUNNER_HELP = (
     "int8 (batch-invariant int8 re-quantization, Llama/Qwen2), llamacpp (GGUF through llama.cpp, needs the "
     "llamacpp extra; not exact under speculation) or torch (transformers, any device: the fp32 reference)."
 )
-WORKLOAD_HELP = "Built-in workload: specbench (6 tasks), specbench-categories (13), humaneval (default: specbench)."
+WORKLOAD_HELP = (
+    "Built-in workload: specbench (6 tasks), specbench-categories (13), humaneval (default: specbench); bench "
+    "also takes multiturn (a support chat re-sending its conversation) and completion (a file growing at the "
+    "cursor): verispec with and without its prefix cache against llama.cpp reusing its last prompt."
+)
 PROMPTS_HELP = "JSONL file: 'prompt' or 'turns' per line, optional 'category'."
 NUM_SPECULATIVE_TOKENS_HELP = (
     "Draft tokens per target pass: the draft length under the constant schedule, the most under the others."

@@ -185,7 +185,9 @@ def serve(
             if not Path(path).is_file():
                 raise InvalidParameterError(f"--warm-prompt {path}: no such file (a text file: a system prompt)")
         if prefix_cache_gib == 0 and (prefix_cache_file is not None or config.warm_prompts):
-            raise InvalidParameterError("--prefix-cache-file and --warm-prompt need a prefix cache: --prefix-cache-gib > 0")
+            raise InvalidParameterError(
+                "--prefix-cache-file and --warm-prompt need a prefix cache: --prefix-cache-gib > 0"
+            )
         scaling = ReplicaOptions(
             replicas, ray_address, min_replicas, max_replicas, target_ongoing_requests, replica_cpus
         )

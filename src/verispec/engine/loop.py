@@ -103,7 +103,8 @@ class SpeculativeEngine:
         self.max_num_batched_tokens = max_num_batched_tokens
         if prefix_cache is not None and not target.exports_kv:
             raise InvalidParameterError(
-                f"the {type(target).__name__} cannot copy its KV cache out: no prefix cache on it (--prefix-cache-gib 0)"
+                f"the {type(target).__name__} cannot copy its KV cache out: "
+                "no prefix cache on it (--prefix-cache-gib 0)"
             )
         self.prefix_cache = prefix_cache
         self.slot = Slot(target, self.proposers)

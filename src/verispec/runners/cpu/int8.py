@@ -324,12 +324,17 @@ class Int8Runner(Runner):
             ValueError: ``start`` past the cache, a shape that is not this model's, or past the capacity.
         """
         expected = (2, *self._keys.shape[:2], self._keys.shape[3])
-        if kv.dim() != 5 or (kv.shape[0], kv.shape[1], kv.shape[2], kv.shape[4]) != expected or kv.dtype != self._keys.dtype:
+        if (
+            kv.dim() != 5
+            or (kv.shape[0], kv.shape[1], kv.shape[2], kv.shape[4]) != expected
+            or kv.dtype != self._keys.dtype
+        ):
             raise ValueError(f"KV entries of shape {tuple(kv.shape)} do not fit this model's cache {expected}")
         end = start + kv.shape[3]
         if not 0 <= start <= self._num_cached or end > self.max_context_length:
             raise ValueError(
-                f"cannot write {kv.shape[3]} entries at {start} in a cache of {self._num_cached}/{self.max_context_length}"
+                f"cannot write {kv.shape[3]} entries at {start} in a cache holding {self._num_cached} "
+                f"of {self.max_context_length}"
             )
         self._keys[:, :, start:end] = kv[0]
         self._values[:, :, start:end] = kv[1]
