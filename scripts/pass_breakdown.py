@@ -75,7 +75,7 @@ def main() -> None:
     k = int(sys.argv[2]) if len(sys.argv) > 2 else 1
     reps = int(sys.argv[3]) if len(sys.argv) > 3 else 15
     set_kernel_isa(isa)
-    runner = GGUFRunner.from_file(ModelStore().fetch("qwen2.5-coder-1.5b-instruct"), max_context_length=512)
+    runner = GGUFRunner.from_file(ModelStore().fetch("qwen2.5-coder-1.5b-instruct"), max_context_length=4096)
     runner.forward(CONTEXT)
     plain = statistics.median(passes(runner, k, reps))
     timed = Timed(gguf_blocks.loaded_kernels())

@@ -58,12 +58,22 @@ def spec(method: str) -> SpeculativeConfig:
     return SpeculativeConfig(method=method, num_speculative_tokens=4, schedule="constant")
 
 
-def conversation(engine: SpeculativeEngine, method: str, options: dict, turns: int = 3):
-    """A chat that re-sends everything each turn: system, then per turn a question and the answer."""
+def conversation(engine: SpeculativeEngine, method: str, options: dict, turns: int = 3, scheduled: bool = False):
+    """A chat that re-sends everything each turn: system, then per turn a question and the answer.
+    ``scheduled``: each turn through a scheduler, whose slot is emptied between requests (the draft
+    model's cache too: it is read back from the prefix cache, not kept by the slot)."""
     outputs, context = [], list(SYSTEM)
+    scheduler = Scheduler(engine, max_num_seqs=1) if scheduled else None
     for question in QUESTIONS[:turns]:
         context = context + question
-        out = engine.generate(context, SamplingParams(logprobs=2, **options), spec(method))
+        params = SamplingParams(logprobs=2, **options)
+        if scheduler is None:
+            out = engine.generate(context, params, spec(method))
+        else:
+            scheduler.add(context, params, spec(method))
+            out = None
+            while out is None:
+                out = next((c.output for _, c in scheduler.step() if c.output is not None), None)
         outputs.append(out)
         context = context + out.token_ids
     return outputs
@@ -158,6 +168,20 @@ def test_a_conversation_gives_the_same_tokens_and_logprobs_with_the_cache_on(ggu
     assert cache.stats.hits == sum(out.metrics.cached_tokens for out in cached) > 0
 
 
+@pytest.mark.parametrize("method", ["draft", "tree"])
+def test_a_restored_draft_cache_drafts_what_a_recomputed_one_drafts(gguf_files, method):
+    # the output cannot show a wrong draft cache (the target verifies); the drafts can: the same
+    # drafted and accepted counts every turn mean the draft model saw the same entries
+    off = conversation(make_engine(gguf_files, None), method, GREEDY, turns=4, scheduled=True)
+    cache = PrefixCache(2**30, block_size=BLOCK)
+    on = conversation(make_engine(gguf_files, cache), method, GREEDY, turns=4, scheduled=True)
+    for want, got in zip(off, on):
+        assert got.token_ids == want.token_ids
+        assert got.metrics.spec.num_draft_tokens == want.metrics.spec.num_draft_tokens
+        assert got.metrics.spec.num_accepted_tokens == want.metrics.spec.num_accepted_tokens
+    assert cache.match(block_hashes(SYSTEM, BLOCK), [f"draft:{method}"]) > 0  # its entries were kept and read
+
+
 def test_batched_requests_sharing_a_system_prompt_store_it_once(gguf_files):
     alone = [
         make_engine(gguf_files, None).generate(SYSTEM + q, SamplingParams(**SEEDED), spec("draft")).token_ids
@@ -233,3 +257,25 @@ def test_a_runner_that_cannot_copy_its_cache_is_refused():
         SpeculativeEngine(
             BigramRunner(torch.zeros(VOCAB, VOCAB)), PIECES, eos_token_ids=(0,), prefix_cache=PrefixCache(1)
         )
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle-tree"])
+def test_an_eagle_head_reads_the_cached_features(gguf_files, method):
+    from test_eagle_drafter import gguf_head
+    from verispec.engine.prefix_cache import FEATURES_PART
+    from verispec.proposers.eagle import EagleProposer, EagleTreeProposer
+
+    def engine(cache):
+        runner = GGUFRunner.from_file(gguf_files["target"], max_context_length=256)
+        eagle = EagleProposer(gguf_head(runner))
+        proposers = {"eagle": eagle, "eagle-tree": EagleTreeProposer(eagle)}
+        return SpeculativeEngine(runner, PIECES, eos_token_ids=(), proposers=proposers, prefix_cache=cache)
+
+    plain = conversation(engine(None), "none", GREEDY)
+    cache = PrefixCache(2**30, block_size=BLOCK)
+    cached = conversation(engine(cache), method, GREEDY)
+    assert [o.token_ids for o in cached] == [o.token_ids for o in plain]
+    assert cached[1].metrics.cached_tokens > 0 and cached[2].metrics.cached_tokens > 0
+    names = block_hashes(SYSTEM, BLOCK)
+    assert cache.match(names, [TARGET_PART, FEATURES_PART]) == len(names)  # features kept with the entries
+    assert all(o.metrics.spec.num_draft_tokens > 0 for o in cached[1:])  # the head drafted on cached prefixes

@@ -146,12 +146,17 @@ def editor_file() -> str:
     return resources.files("verispec.bench").joinpath("data/editor_file.py.txt").read_text(encoding="utf-8")
 
 
-def editor_prompts(text: str, num_requests: int = EDITOR_REQUESTS) -> list[str]:
+def editor_prompts(
+    text: str,
+    num_requests: int = EDITOR_REQUESTS,
+    first_line: int = EDITOR_FIRST_LINE,
+    last_line: int = EDITOR_LAST_LINE,
+) -> list[str]:
     """The file up to the cursor at each request: the cursor at the end of lines spread evenly
-    from :data:`EDITOR_FIRST_LINE` to :data:`EDITOR_LAST_LINE` (the user typed the lines between)."""
+    from ``first_line`` to ``last_line`` (the user typed the lines between)."""
     lines = text.splitlines(keepends=True)
-    last = min(EDITOR_LAST_LINE, len(lines))
-    first = min(EDITOR_FIRST_LINE, last)
+    last = min(last_line, len(lines))
+    first = min(first_line, last)
     step = (last - first) / max(num_requests - 1, 1)
     return ["".join(lines[: round(first + i * step)]) for i in range(num_requests)]
 
@@ -170,13 +175,15 @@ def run_sessions(
     peer=None,
     num_sessions: int | None = None,
     on_request: Callable[[str, SessionRequest], None] | None = None,
+    editor_requests: Sequence[str] | None = None,
 ) -> SessionResults:
     """Run a session workload through verispec with and without the prefix cache, and ``peer``
     (a :class:`verispec.bench.peers.LlamaCppPeer` that reuses its previous prompt, or None).
 
     Greedy; the answers fed back (multiturn) are the cached run's, whose tokens are checked
     against the uncached run's. ``num_sessions``: conversations (multiturn, at most 2) or
-    requests (completion) to run, default all.
+    requests (completion) to run, default all. ``editor_requests``: the completion workload's
+    prompts (default :func:`editor_prompts` of the packaged file).
 
     Raises:
         InvalidParameterError: an unknown workload, a pipeline without a prefix cache, or a
@@ -248,7 +255,7 @@ def run_sessions(
                 out = run(SessionRequest(session, turn, chat_token_ids(pipe.tokenizer, messages)))
                 messages.append({"role": "assistant", "content": out.text})
     else:
-        prompts = editor_prompts(editor_file())
+        prompts = list(editor_requests or editor_prompts(editor_file()))
         for turn, text in enumerate(prompts[: num_sessions or len(prompts)]):
             run(SessionRequest(0, turn, pipe.encode(text)))
     return results

@@ -27,7 +27,8 @@ KIND = "verispec-prefix-cache-1"
 def save_prefix_cache(cache: PrefixCache, path: Path | str, identity: dict) -> int:
     """Write every block of ``cache`` (parts and all) to ``path`` atomically; returns the blocks
     written. Raises OSError where the file cannot be written."""
-    blocks = [(b.name.hex(), b.parent.hex(), dict(b.parts)) for b in cache.blocks()]
+    # each part cloned: a part is a row of a slab, which torch.save would write whole
+    blocks = [(b.name.hex(), b.parent.hex(), {p: t.clone() for p, t in b.parts.items()}) for b in cache.blocks()]
     buffer = io.BytesIO()
     torch.save({"identity": _canonical(identity), "block_size": cache.block_size, "blocks": blocks}, buffer)
     write_checked(path, KIND, buffer.getvalue())
