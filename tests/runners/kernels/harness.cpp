@@ -406,7 +406,7 @@ struct Harness {
                             tree ? visible.data() : nullptr, tree ? lengths.data() : nullptr, width,
                             1.0f / std::sqrt((float)head_dim), out.data(), window};
             check_attention(a);
-            attention_items(a, 0, rows * kv_heads, isa);
+            attention_items(a, 0, attention_item_count(a), isa);
             Blob blob;
             blob.floats("out", out.data(), out.size());
             blob.cases = (int)(rows * kv_heads);

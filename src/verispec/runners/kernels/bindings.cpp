@@ -183,7 +183,7 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor keys, torch::Tensor value
                                   tree ? lengths.data_ptr<int64_t>() : nullptr, tree ? visible.size(1) : 0, (float)scale,
                                   out.data_ptr<float>(), window};
     vsk::check_attention(args);
-    at::parallel_for(0, args.rows * args.kv_heads, 1, [&](int64_t b, int64_t e) { vsk::attention_items(args, b, e, isa); });
+    at::parallel_for(0, vsk::attention_item_count(args), 1, [&](int64_t b, int64_t e) { vsk::attention_items(args, b, e, isa); });
     return out;
 }
 

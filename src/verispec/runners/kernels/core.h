@@ -223,7 +223,10 @@ struct AttentionArgs {
 
 // Validates the shapes and slots (fails with a message); call once before the work items.
 void check_attention(const AttentionArgs& a);
-// Work items begin .. end - 1 of rows * kv_heads (item = row * kv_heads + kv_head).
+// Work items begin .. end - 1 of attention_item_count(a): item = row * kv_heads + kv_head, or for
+// causal rows without a window, (block of ATTENTION_ROWS rows) * kv_heads + kv_head.
+constexpr int64_t ATTENTION_ROWS = 4;
+int64_t attention_item_count(const AttentionArgs& a);
 void attention_items(const AttentionArgs& a, int64_t begin, int64_t end, Isa isa);
 
 // One row: out[j] = gate[j] / (1 + exp_clamped(-gate[j])) * up[j] (SwiGLU, Shazeer 2020), the
