@@ -102,6 +102,9 @@ def test_impossible_scaling_is_a_clear_error(options, message):
 def test_a_suffix_cache_file_cannot_be_shared_by_replicas():
     with pytest.raises(InvalidParameterError, match="suffix-cache"):
         ReplicaSpec("t.gguf", config=ServerConfig(suffix_cache="cache.npz"))
+    with pytest.raises(InvalidParameterError, match="prefix-cache-file"):
+        ReplicaSpec("t.gguf", config=ServerConfig(prefix_cache_file="prefix.cache"))
+    assert ReplicaSpec("t.gguf", prefix_cache_gib=0.5).prefix_cache_gib == 0.5  # each replica's own cache
 
 
 def test_an_engine_that_keeps_failing_or_hangs_reports_itself_unhealthy():

@@ -232,6 +232,7 @@ def serve(
                 None if eagle_head is None else str(eagle_head.resolve()),
                 head_quantization,
                 max_context,
+                prefix_cache_gib,
             )
             serve_replicas(models, scaling, host=host, port=port)
             return

@@ -22,6 +22,7 @@ import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
+from verispec.engine.prefix_cache import DEFAULT_PREFIX_CACHE_GIB
 from verispec.errors import InvalidParameterError, VerispecError
 from verispec.server.app import ServerConfig
 from verispec.server.faults import PROXY_CALLBACK, PROXY_CALLBACK_ENV
@@ -32,6 +33,7 @@ log = logging.getLogger("verispec.server")
 RAY_MISSING = "serving replicas needs Ray Serve: pip install 'verispec[ray]' (the 'ray[serve]' package)"
 REPLICA_HEADER = "x-verispec-replica"
 SUFFIX_CACHE_REFUSED = "--suffix-cache is one file per process: it cannot be used with --replicas"
+PREFIX_CACHE_FILE_REFUSED = "--prefix-cache-file is one file per process: it cannot be used with --replicas"
 APP_NAME = "verispec"
 DEPLOYMENT_NAME = "VerispecReplica"
 WARM_UP_WAIT_S = 600.0  # longest a replica's startup waits for its engine's warm-up
@@ -61,8 +63,10 @@ class ReplicaSpec:
             processes), or None.
         head_quantization: the head's layers at inference (:class:`verispec.engine.loader.DrafterOptions`).
         max_context: the context window in tokens (``--max-context``; None: the runner's default).
+        prefix_cache_gib: each replica's prefix cache (``--prefix-cache-gib``; every replica has its
+            own, so a conversation's turns reuse it where they reach the same replica).
     Raises:
-        InvalidParameterError: a suffix cache file with replicas.
+        InvalidParameterError: a suffix cache file or a prefix cache file with replicas.
     """
 
     target: str
@@ -75,10 +79,13 @@ class ReplicaSpec:
     eagle_head: str | None = None
     head_quantization: str = "auto"
     max_context: int | None = None
+    prefix_cache_gib: float = DEFAULT_PREFIX_CACHE_GIB
 
     def __post_init__(self) -> None:
         if self.config.suffix_cache is not None:
             raise InvalidParameterError(SUFFIX_CACHE_REFUSED)
+        if self.config.prefix_cache_file is not None:
+            raise InvalidParameterError(PREFIX_CACHE_FILE_REFUSED)
 
 
 @dataclass(frozen=True)
@@ -229,6 +236,7 @@ def replica_app(spec: ReplicaSpec, replica_id: str, merged_metrics=None):
         runners=RunnerOptions(kind=spec.runner, max_context_length=spec.max_context),
         max_num_batched_tokens=spec.max_num_batched_tokens,
         drafters=drafters,
+        prefix_cache_gib=spec.prefix_cache_gib,
     )
     config = dataclasses.replace(spec.config, unhealthy_is_unavailable=True)
     app = create_app(pipe, config, metrics_exposition=merged_metrics)
