@@ -26,6 +26,7 @@ from verispec.cli.common import (
     json_option,
     max_context_option,
     num_speculative_tokens_option,
+    resolve_draft,
     runner_option,
     target_option,
     user_errors,
@@ -44,7 +45,7 @@ from verispec.runners.select import RunnerOptions
 def generate(
     prompt: str | None = typer.Argument(None, help="Prompt text; read from stdin when omitted."),
     target: str = target_option(),
-    draft: str = draft_option("Draft model reference (same forms as --target), or 'none'."),
+    draft: str | None = draft_option("Draft model reference (same forms as --target), or 'none'."),
     method: str = typer.Option(
         DEFAULT_METHOD,
         help="auto (suffix lookup in this request and earlier ones when it matches, else per step the faster of the "
@@ -139,7 +140,8 @@ def generate(
                 f"--method {method} needs --eagle-head FILE (a head from verispec train-head) "
                 "or a published EAGLE-3 folder"
             )
-        use_draft = uses_draft_model(method) and draft.lower() != "none"
+        draft = resolve_draft(target, draft) if uses_draft_model(method) else None
+        use_draft = draft is not None
         if (draft_vocab is not None or draft_vocab_corpus) and not use_draft:  # else silently without effect
             raise InvalidParameterError(
                 "--draft-vocab and --draft-vocab-corpus reduce the draft model's LM head: they need --draft MODEL "

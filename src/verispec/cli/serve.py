@@ -16,13 +16,13 @@ from verispec.cli.common import (
     DEFAULT_METHOD,
     K_SERVE,
     draft_option,
-    draft_or_none,
     dtype_option,
     eagle_head_option,
     err,
     head_quantization_option,
     max_context_option,
     num_speculative_tokens_option,
+    resolve_draft,
     runner_option,
     target_option,
     user_errors,
@@ -39,7 +39,7 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 def serve(
     target: str = target_option(),
-    draft: str = draft_option(
+    draft: str | None = draft_option(
         "Draft model reference, or 'none' (no draft model: auto then drafts by lookup only; --method none serves "
         "plain decoding)."
     ),
@@ -140,7 +140,7 @@ def serve(
         if not 0.0 <= audit_rate <= 1.0:
             raise InvalidParameterError(f"--audit-rate must be in [0, 1], got {audit_rate}")
         logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        draft_ref = draft_or_none(draft)
+        draft_ref = resolve_draft(target, draft)
         if host not in LOOPBACK and api_key is None:
             err.print(
                 f"[yellow]warning:[/yellow] serving on {host} without --api-key: anyone who can reach it can use it"
@@ -211,7 +211,7 @@ def serve(
             )
             serve_replicas(models, scaling, host=host, port=port)
             return
-        with err.status(f"loading {target}" + (f" + {draft}" if draft_ref else "")):
+        with err.status(f"loading {target}" + (f" + {draft_ref}" if draft_ref else "")):
             pipe = SpeculativePipeline.load(
                 target,
                 draft_ref,
