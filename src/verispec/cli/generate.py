@@ -190,11 +190,16 @@ def generate(
             if as_json
             else nullcontext()
         ):
-            for chunk in pipe.stream(prompt, params, spec, chat=chat):
+            try:
+                for chunk in pipe.stream(prompt, params, spec, chat=chat):
+                    if not as_json:
+                        sys.stdout.write(chunk.text)
+                        sys.stdout.flush()
+                    output = chunk.output or output
+            finally:  # the text's line ends before anything else is said on stderr, even when stopped
                 if not as_json:
-                    sys.stdout.write(chunk.text)
+                    sys.stdout.write("\n")
                     sys.stdout.flush()
-                output = chunk.output or output
         comparison = None
         if compare_plain:
             with working(
@@ -216,7 +221,6 @@ def generate(
             data["compare_plain"] = comparison
         print(json.dumps(data))
     else:
-        sys.stdout.write("\n")
         err.print(stats_table(output, method, models, comparison))
     hint = slowdown_hint(output, method, comparison)
     if hint is not None:
