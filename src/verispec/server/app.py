@@ -352,7 +352,7 @@ def _install_error_handlers(app: FastAPI, state: _State) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return respond(400, validation_error(exc.errors()).body())
+        return respond(400, validation_error(exc.errors(), request.headers.get("content-type")).body())
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
