@@ -33,7 +33,7 @@ from verispec.cli.common import (
 )
 from verispec.cli.generate_stats import plain_comparison, slowdown_hint, stats_table
 from verispec.engine import SpeculativeConfig
-from verispec.engine.loader import DrafterOptions, SpeculativePipeline
+from verispec.engine.loader import DrafterOptions, PromptCheck, SpeculativePipeline
 from verispec.engine.methods import needs_head, uses_draft_model
 from verispec.errors import InvalidParameterError
 from verispec.metrics import peak_rss_bytes
@@ -162,7 +162,12 @@ def generate(
             err.print(f"[yellow]warning:[/yellow] {inexact}", highlight=False)
         with err.status(f"loading {target}" + (f" + {draft}" if use_draft else "")):
             pipe = SpeculativePipeline.load(
-                target, draft if use_draft else None, dtype=dtype, drafters=drafters, runners=runners
+                target,
+                draft if use_draft else None,
+                dtype=dtype,
+                drafters=drafters,
+                runners=runners,
+                check_prompt=PromptCheck(prompt, params.max_tokens, chat),  # refused before the weights load
             )
         for summary in pipe.model_summaries():
             requantized = (

@@ -25,7 +25,7 @@ from verispec.engine.request import GenerationOutput, SpeculativeConfig, StreamC
 from verispec.errors import ContextLengthError, InvalidParameterError
 from verispec.models.compat import check_draft_compatibility
 from verispec.models.gguf_tokenizer import chat_token_ids
-from verispec.models.loading import DTYPES, LoadedModel, load_gguf_info, load_model
+from verispec.models.loading import DTYPES, LoadedModel, TokenizerInfo, load_gguf_info, load_model, load_tokenizer_info
 from verispec.models.preflight import check_before_loading
 from verispec.progress import announce_slow
 from verispec.proposers.factory import DRAFT_QUANTIZATIONS, DrafterOptions, build_drafters, with_own_suffix_cache
@@ -34,10 +34,22 @@ from verispec.runners import kv_cache_bytes
 from verispec.runners.choice import Choice, Host, ModelFiles, choose_runner
 from verispec.runners.costs import seed_cost_model
 from verispec.runners.cpu.quantize import quantize_linear_layers
-from verispec.runners.select import RunnerOptions, build_runners
+from verispec.runners.select import DEFAULT_MAX_CONTEXT, RunnerOptions, build_runners
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
+
+
+@dataclass(frozen=True)
+class PromptCheck:
+    """A request :meth:`SpeculativePipeline.load` refuses before any weights load when it could
+    not run: ``chat`` on a model without a chat template, or ``prompt`` (as :meth:`~SpeculativePipeline.encode`
+    makes it) plus ``max_tokens`` past the context window. Known from the GGUF header and the
+    tokenizer in well under 5 s, instead of after the models load."""
+
+    prompt: str
+    max_tokens: int = 0
+    chat: bool = False
 
 
 @dataclass
@@ -163,6 +175,7 @@ class SpeculativePipeline:
         controller: ControllerConfig | None = None,
         runners: RunnerOptions | None = None,
         max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        check_prompt: PromptCheck | None = None,
     ) -> SpeculativePipeline:
         """Load the target and (unless ``draft`` is None) the draft, then check they fit together.
 
@@ -182,6 +195,9 @@ class SpeculativePipeline:
 
         ``runners`` defaults to ``auto``: on a CPU the gguf runner for GGUF files it can run.
         ``max_num_batched_tokens``: the engine's chunked-prefill budget (:class:`SpeculativeEngine`).
+        ``check_prompt``: a request refused (InvalidParameterError: no chat template;
+        ContextLengthError: past the window) once the target's tokenizer is read, before any
+        weights load (a hub id's only after, by :meth:`check_window`).
         """
         if dtype not in DTYPES:  # checked on every runner, so a typo is not ignored where it does not apply
             raise InvalidParameterError(f"dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}")
@@ -198,8 +214,14 @@ class SpeculativePipeline:
                 "the tokenizer is built from the file once, then cached",
             ):
                 target_model = load_gguf_info(target, runner=name)
+                if check_prompt is not None:
+                    info = TokenizerInfo(target_model.name, target_model.tokenizer, target_model.context_length)
+                    _check_prompt_first(check_prompt, info, choice.kind, runners)
                 draft_model = load_gguf_info(draft, runner=name) if draft else None
         else:
+            info = None if check_prompt is None else load_tokenizer_info(target)
+            if info is not None:
+                _check_prompt_first(check_prompt, info, choice.kind, runners)
             with announce_slow(
                 f"loading {target}" + (f" and {draft}" if draft else "") + " into torch",
                 f"--runner {choice.kind} starts from the float model",
@@ -214,13 +236,7 @@ class SpeculativePipeline:
         Raises:
             InvalidParameterError: empty prompt, or ``chat`` for a model without a chat template.
         """
-        if not prompt:
-            raise InvalidParameterError("the prompt is empty")
-        if chat:
-            if not getattr(self.tokenizer, "chat_template", None):
-                raise InvalidParameterError(f"{self.target.name} has no chat template: drop --chat")
-            return chat_token_ids(self.tokenizer, [{"role": "user", "content": prompt}])  # BOS as llama.cpp
-        return list(self.tokenizer.encode(prompt, add_special_tokens=True))
+        return encode_prompt(self.tokenizer, self.target.name, prompt, chat=chat)
 
     def generate(
         self,
@@ -260,17 +276,7 @@ class SpeculativePipeline:
             ContextLengthError: ``num_prompt_tokens`` >= the window, or ``num_prompt_tokens +
                 max_tokens`` > the window; the message gives the numbers.
         """
-        window = self.context_window
-        if num_prompt_tokens >= window:
-            raise ContextLengthError(
-                f"the prompt has {num_prompt_tokens} tokens but the context window is {window}: shorten it"
-            )
-        if num_prompt_tokens + max_tokens > window:
-            raise ContextLengthError(
-                f"the prompt has {num_prompt_tokens} tokens and max_tokens is {max_tokens} "
-                f"({num_prompt_tokens + max_tokens} in all) but the context window is {window}: "
-                f"ask for at most {window - num_prompt_tokens} tokens, shorten the prompt or raise --max-context"
-            )
+        check_window(num_prompt_tokens, max_tokens, self.context_window)
 
     def window_summary(self, num_sequences: int = 1) -> str:
         """One line: the context window and what its KV caches cost, per sequence and for
@@ -306,6 +312,57 @@ class SpeculativePipeline:
         if self.draft is not None:
             summaries.append(ModelSummary.of("draft", self.draft))
         return summaries
+
+
+def encode_prompt(tokenizer, name: str, prompt: str, *, chat: bool = False) -> list[int]:
+    """Token ids of ``prompt`` as the pipeline feeds them to ``name``'s model: with ``chat``, one
+    user turn through the tokenizer's chat template (BOS as llama.cpp puts it), else the text with
+    the tokenizer's special tokens (BOS where the model adds one).
+
+    Raises:
+        InvalidParameterError: empty prompt, or ``chat`` for a tokenizer without a chat template.
+    """
+    if not prompt:
+        raise InvalidParameterError("the prompt is empty")
+    if chat:
+        if not getattr(tokenizer, "chat_template", None):
+            raise InvalidParameterError(f"{name} has no chat template: drop --chat")
+        return chat_token_ids(tokenizer, [{"role": "user", "content": prompt}])  # BOS as llama.cpp
+    return list(tokenizer.encode(prompt, add_special_tokens=True))
+
+
+def check_window(num_prompt_tokens: int, max_tokens: int, window: int) -> None:
+    """Refuse a request of ``num_prompt_tokens`` + ``max_tokens`` that cannot finish inside a
+    context ``window`` (tokens).
+
+    Raises:
+        ContextLengthError: ``num_prompt_tokens`` >= ``window``, or ``num_prompt_tokens +
+            max_tokens`` > ``window``; the message gives the numbers.
+    """
+    if num_prompt_tokens >= window:
+        raise ContextLengthError(
+            f"the prompt has {num_prompt_tokens} tokens but the context window is {window}: shorten it"
+        )
+    if num_prompt_tokens + max_tokens > window:
+        raise ContextLengthError(
+            f"the prompt has {num_prompt_tokens} tokens and max_tokens is {max_tokens} "
+            f"({num_prompt_tokens + max_tokens} in all) but the context window is {window}: "
+            f"ask for at most {window - num_prompt_tokens} tokens, shorten the prompt or raise --max-context"
+        )
+
+
+def _check_prompt_first(check: PromptCheck, info: TokenizerInfo, kind: str, runners: RunnerOptions) -> None:
+    """:class:`PromptCheck` against a tokenizer and the window the runner ``kind`` will have: the
+    trained context, cut to ``runners.max_context_length`` or, on every runner but torch, to
+    ``DEFAULT_MAX_CONTEXT`` (``auto`` not decided yet: the trained context, the larger)."""
+    token_ids = encode_prompt(info.tokenizer, info.name, check.prompt, chat=check.chat)
+    if runners.max_context_length is not None:
+        capacity = runners.max_context_length
+    elif kind in ("torch", "auto"):
+        capacity = info.context_length
+    else:
+        capacity = DEFAULT_MAX_CONTEXT
+    check_window(len(token_ids), check.max_tokens, min(info.context_length, capacity))
 
 
 def _with_runner_facts(loaded: LoadedModel, built, role: str) -> LoadedModel:
