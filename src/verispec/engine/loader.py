@@ -15,17 +15,26 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from verispec.algorithms.control import ControllerConfig
 from verispec.algorithms.sampling import SamplingParams
 from verispec.engine.loop import DEFAULT_MAX_NUM_BATCHED_TOKENS, SpeculativeEngine
+from verispec.engine.prompts import PromptCheck, check_prompt_first, check_window, encode_prompt
 from verispec.engine.request import GenerationOutput, SpeculativeConfig, StreamChunk
-from verispec.errors import ContextLengthError, InvalidParameterError
+from verispec.errors import InvalidParameterError
 from verispec.models.compat import check_draft_compatibility
-from verispec.models.gguf_tokenizer import chat_token_ids
-from verispec.models.loading import DTYPES, LoadedModel, TokenizerInfo, load_gguf_info, load_model, load_tokenizer_info
+from verispec.models.conversation import conversation_ids
+from verispec.models.loading import (
+    DTYPES,
+    LoadedModel,
+    TokenizerInfo,
+    load_gguf_info,
+    load_model,
+    load_tokenizer_info,
+)
 from verispec.models.preflight import check_before_loading
 from verispec.progress import announce_slow
 from verispec.proposers.factory import DRAFT_QUANTIZATIONS, DrafterOptions, build_drafters, with_own_suffix_cache
@@ -34,22 +43,10 @@ from verispec.runners import kv_cache_bytes
 from verispec.runners.choice import Choice, Host, ModelFiles, choose_runner
 from verispec.runners.costs import seed_cost_model
 from verispec.runners.cpu.quantize import quantize_linear_layers
-from verispec.runners.select import DEFAULT_MAX_CONTEXT, RunnerOptions, build_runners
+from verispec.runners.select import RunnerOptions, build_runners
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
-
-
-@dataclass(frozen=True)
-class PromptCheck:
-    """A request :meth:`SpeculativePipeline.load` refuses before any weights load when it could
-    not run: ``chat`` on a model without a chat template, or ``prompt`` (as :meth:`~SpeculativePipeline.encode`
-    makes it) plus ``max_tokens`` past the context window. Known from the GGUF header and the
-    tokenizer in well under 5 s, instead of after the models load."""
-
-    prompt: str
-    max_tokens: int = 0
-    chat: bool = False
 
 
 @dataclass
@@ -216,12 +213,12 @@ class SpeculativePipeline:
                 target_model = load_gguf_info(target, runner=name)
                 if check_prompt is not None:
                     info = TokenizerInfo(target_model.name, target_model.tokenizer, target_model.context_length)
-                    _check_prompt_first(check_prompt, info, choice.kind, runners)
+                    check_prompt_first(check_prompt, info, choice.kind, runners)
                 draft_model = load_gguf_info(draft, runner=name) if draft else None
         else:
             info = None if check_prompt is None else load_tokenizer_info(target)
             if info is not None:
-                _check_prompt_first(check_prompt, info, choice.kind, runners)
+                check_prompt_first(check_prompt, info, choice.kind, runners)
             with announce_slow(
                 f"loading {target}" + (f" and {draft}" if draft else "") + " into torch",
                 f"--runner {choice.kind} starts from the float model",
@@ -260,6 +257,52 @@ class SpeculativePipeline:
     ) -> Iterator[StreamChunk]:
         """Encode ``prompt`` and stream chunks; the last one carries the output."""
         return self.engine.stream(self.encode(prompt, chat=chat), params, spec)
+
+    def encode_chat(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None
+    ) -> list[int]:
+        """Token ids of a conversation through the target's chat template, ready for the
+        assistant's turn, exactly as the server's ``/v1/chat/completions`` renders it
+        (:func:`verispec.models.conversation.conversation_ids`: OpenAI message and tool dicts).
+
+        Raises:
+            ConversationError (an InvalidParameterError): no chat template, no messages, a message
+                of an unknown role or without content, or messages the template refuses.
+        """
+        return conversation_ids(self.tokenizer, self.target.name, messages, tools)
+
+    def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        params: SamplingParams | None = None,
+        spec: SpeculativeConfig | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        learn: bool = True,
+    ) -> GenerationOutput:
+        """The assistant's next turn of a conversation: ``messages`` as OpenAI chat messages
+        (``[{"role": "system", "content": ...}, {"role": "user", ...}, {"role": "assistant", ...}, ...]``),
+        ``tools`` as OpenAI tool definitions, rendered by :meth:`encode_chat` (the server's template
+        code), then generated as :meth:`generate` does. The text is the model's own: a tool call
+        comes as the model writes it (Qwen2.5: a ``<tool_call>`` block; the server parses those
+        into ``tool_calls``). Raises as :meth:`encode_chat` and the engine do.
+
+        Example::
+
+            out = pipe.chat([{"role": "system", "content": "Answer in one line."},
+                             {"role": "user", "content": "What is a KV cache?"}], SamplingParams(max_tokens=64))
+        """
+        return self.engine.generate(self.encode_chat(messages, tools), params, spec, learn=learn)
+
+    def stream_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        params: SamplingParams | None = None,
+        spec: SpeculativeConfig | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> Iterator[StreamChunk]:
+        """:meth:`chat`'s turn as stream chunks; the last one carries the output."""
+        return self.engine.stream(self.encode_chat(messages, tools), params, spec)
 
     @property
     def context_window(self) -> int:
@@ -312,57 +355,6 @@ class SpeculativePipeline:
         if self.draft is not None:
             summaries.append(ModelSummary.of("draft", self.draft))
         return summaries
-
-
-def encode_prompt(tokenizer, name: str, prompt: str, *, chat: bool = False) -> list[int]:
-    """Token ids of ``prompt`` as the pipeline feeds them to ``name``'s model: with ``chat``, one
-    user turn through the tokenizer's chat template (BOS as llama.cpp puts it), else the text with
-    the tokenizer's special tokens (BOS where the model adds one).
-
-    Raises:
-        InvalidParameterError: empty prompt, or ``chat`` for a tokenizer without a chat template.
-    """
-    if not prompt:
-        raise InvalidParameterError("the prompt is empty")
-    if chat:
-        if not getattr(tokenizer, "chat_template", None):
-            raise InvalidParameterError(f"{name} has no chat template: drop --chat")
-        return chat_token_ids(tokenizer, [{"role": "user", "content": prompt}])  # BOS as llama.cpp
-    return list(tokenizer.encode(prompt, add_special_tokens=True))
-
-
-def check_window(num_prompt_tokens: int, max_tokens: int, window: int) -> None:
-    """Refuse a request of ``num_prompt_tokens`` + ``max_tokens`` that cannot finish inside a
-    context ``window`` (tokens).
-
-    Raises:
-        ContextLengthError: ``num_prompt_tokens`` >= ``window``, or ``num_prompt_tokens +
-            max_tokens`` > ``window``; the message gives the numbers.
-    """
-    if num_prompt_tokens >= window:
-        raise ContextLengthError(
-            f"the prompt has {num_prompt_tokens} tokens but the context window is {window}: shorten it"
-        )
-    if num_prompt_tokens + max_tokens > window:
-        raise ContextLengthError(
-            f"the prompt has {num_prompt_tokens} tokens and max_tokens is {max_tokens} "
-            f"({num_prompt_tokens + max_tokens} in all) but the context window is {window}: "
-            f"ask for at most {window - num_prompt_tokens} tokens, shorten the prompt or raise --max-context"
-        )
-
-
-def _check_prompt_first(check: PromptCheck, info: TokenizerInfo, kind: str, runners: RunnerOptions) -> None:
-    """:class:`PromptCheck` against a tokenizer and the window the runner ``kind`` will have: the
-    trained context, cut to ``runners.max_context_length`` or, on every runner but torch, to
-    ``DEFAULT_MAX_CONTEXT`` (``auto`` not decided yet: the trained context, the larger)."""
-    token_ids = encode_prompt(info.tokenizer, info.name, check.prompt, chat=check.chat)
-    if runners.max_context_length is not None:
-        capacity = runners.max_context_length
-    elif kind in ("torch", "auto"):
-        capacity = info.context_length
-    else:
-        capacity = DEFAULT_MAX_CONTEXT
-    check_window(len(token_ids), check.max_tokens, min(info.context_length, capacity))
 
 
 def _with_runner_facts(loaded: LoadedModel, built, role: str) -> LoadedModel:
