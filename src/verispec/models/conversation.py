@@ -29,10 +29,16 @@ class ConversationError(InvalidParameterError):
 
 
 def conversation_ids(
-    tokenizer, model_name: str, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None
+    tokenizer,
+    model_name: str,
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    *,
+    add_generation_prompt: bool = True,
 ) -> list[int]:
     """Token ids of ``messages`` (and ``tools``) through ``tokenizer``'s chat template, ready for the
-    assistant's turn (:func:`verispec.models.gguf_tokenizer.chat_token_ids`: one BOS).
+    assistant's turn (``add_generation_prompt=False``: ending with the last message;
+    :func:`verispec.models.gguf_tokenizer.chat_token_ids`: one BOS).
 
     ``messages``: OpenAI chat messages as dicts: ``role`` (system, developer, user, assistant or
     tool; developer is rendered as system), ``content`` (a string or a list of ``{"type": "text",
@@ -52,7 +58,7 @@ def conversation_ids(
     conversation = [template_message(message, i) for i, message in enumerate(messages)]
     options = {} if not tools else {"tools": template_tools(tools)}
     try:
-        return list(chat_token_ids(tokenizer, conversation, **options))
+        return list(chat_token_ids(tokenizer, conversation, add_generation_prompt=add_generation_prompt, **options))
     except Exception as exc:  # jinja raises TemplateError (or anything) for conversations a template refuses
         raise ConversationError(f"the chat template rejected the messages: {exc}") from None
 

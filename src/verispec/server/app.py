@@ -2,7 +2,8 @@
 
 Owns the FastAPI app built by :func:`create_app`: ``/v1/completions`` and
 ``/v1/chat/completions`` (JSON or Server-Sent Events), ``/v1/models``, ``/health``,
-``/metrics`` and ``/openapi.json``; OpenAI-shaped errors for every failure (client mistakes are
+``/metrics``, ``/openapi.json`` and the tokenizer's ``/tokenize`` and ``/detokenize``
+(:mod:`~verispec.server.tokenize`); OpenAI-shaped errors for every failure (client mistakes are
 4xx, never 500); the optional Bearer key on ``/v1``; the request body limit. Generation is the
 engine worker's (:mod:`verispec.server.worker`); wire translation is :mod:`~verispec.server.protocol`'s,
 the shape of choices and event streams :mod:`~verispec.server.responses`', the error shape and
@@ -35,7 +36,7 @@ from verispec.errors import CacheFileError, InvalidParameterError
 from verispec.metrics import peak_rss_bytes
 from verispec.models.cache_files import report_damaged
 from verispec.proposers.suffix_file import SuffixSnapshots
-from verispec.server import logprobs, protocol
+from verispec.server import logprobs, protocol, tokenize
 from verispec.server.config import ServerConfig
 from verispec.server.faults import RETRY_AFTER_S, APIError
 from verispec.server.limits import BodyLimitMiddleware, check_method, fit_window, validation_error
@@ -217,6 +218,7 @@ def create_app(pipeline, config: ServerConfig | None = None, *, metrics_expositi
         header = protocol.ResponseHeader(chat=True, model=body.model, system_fingerprint=state.fingerprint)
         return await _serve(state, request, body, prompts, header)
 
+    tokenize.install(app, pipeline, lambda name: _check_model(state, name), [Depends(authorized)])
     app.openapi = _openapi_without_422(app)
     return app
 
