@@ -112,6 +112,11 @@ def serve(
     target_ongoing_requests: float | None = typer.Option(
         None, help="Requests in flight per replica the autoscaler aims at."
     ),
+    ray_temp_dir: str | None = typer.Option(
+        None,
+        help="Folder a Ray cluster started by --replicas keeps its session files in (default: $VERISPEC_HOME/ray; "
+        "at most 40 characters, for Ray's socket paths).",
+    ),
     replica_cpus: float | None = typer.Option(
         None,
         help="CPUs Ray reserves for each replica, its runners' threads (default: the cores / replicas; 1 on "
@@ -165,7 +170,7 @@ def serve(
             sampling=sampling,
         )
         scaling = ReplicaOptions(
-            replicas, ray_address, min_replicas, max_replicas, target_ongoing_requests, replica_cpus
+            replicas, ray_address, min_replicas, max_replicas, target_ongoing_requests, replica_cpus, ray_temp_dir
         )
         if spec.method in ("eagle", "eagle-tree") and eagle_head is None:
             raise InvalidParameterError(
@@ -209,7 +214,9 @@ def serve(
                 head_quantization,
                 max_context,
             )
-            serve_replicas(models, scaling, host=host, port=port)
+            stopped_by = serve_replicas(models, scaling, host=host, port=port)
+            if stopped_by == signal.SIGINT:
+                raise typer.Exit(130)  # 128 + SIGINT, as a shell expects; SIGTERM: a clean stop, 0
             return
         with err.status(f"loading {target}" + (f" + {draft_ref}" if draft_ref else "")):
             pipe = SpeculativePipeline.load(
