@@ -15,18 +15,16 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 from verispec.algorithms.control import ControllerConfig
 from verispec.algorithms.sampling import SamplingParams
 from verispec.engine.loop import DEFAULT_MAX_NUM_BATCHED_TOKENS, SpeculativeEngine
-from verispec.engine.prompts import PromptCheck, check_prompt_first, check_window, encode_prompt
+from verispec.engine.prompts import PromptCheck, PromptMethods, check_prompt_first, check_window
 from verispec.engine.request import GenerationOutput, SpeculativeConfig, StreamChunk
 from verispec.errors import InvalidParameterError
 from verispec.models.compat import check_draft_compatibility
-from verispec.models.conversation import conversation_ids
 from verispec.models.loading import (
     DTYPES,
     LoadedModel,
@@ -74,7 +72,7 @@ class ModelSummary:
         )
 
 
-class SpeculativePipeline:
+class SpeculativePipeline(PromptMethods):
     """A target, an optional draft, their tokenizer and the engine over them.
 
     Use :meth:`load`; the constructor takes already loaded models (tests, custom setups). With
@@ -227,14 +225,6 @@ class SpeculativePipeline:
                 draft_model = load_model(draft, dtype=dtype, device=device) if draft else None
         return cls(target_model, draft_model, drafters, controller, runners, max_num_batched_tokens, choice=choice)
 
-    def encode(self, prompt: str, *, chat: bool = False) -> list[int]:
-        """Token ids of ``prompt``; with ``chat``, as one user turn through the model's template.
-
-        Raises:
-            InvalidParameterError: empty prompt, or ``chat`` for a model without a chat template.
-        """
-        return encode_prompt(self.tokenizer, self.target.name, prompt, chat=chat)
-
     def generate(
         self,
         prompt: str,
@@ -257,52 +247,6 @@ class SpeculativePipeline:
     ) -> Iterator[StreamChunk]:
         """Encode ``prompt`` and stream chunks; the last one carries the output."""
         return self.engine.stream(self.encode(prompt, chat=chat), params, spec)
-
-    def encode_chat(
-        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None
-    ) -> list[int]:
-        """Token ids of a conversation through the target's chat template, ready for the
-        assistant's turn, exactly as the server's ``/v1/chat/completions`` renders it
-        (:func:`verispec.models.conversation.conversation_ids`: OpenAI message and tool dicts).
-
-        Raises:
-            ConversationError (an InvalidParameterError): no chat template, no messages, a message
-                of an unknown role or without content, or messages the template refuses.
-        """
-        return conversation_ids(self.tokenizer, self.target.name, messages, tools)
-
-    def chat(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        params: SamplingParams | None = None,
-        spec: SpeculativeConfig | None = None,
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        *,
-        learn: bool = True,
-    ) -> GenerationOutput:
-        """The assistant's next turn of a conversation: ``messages`` as OpenAI chat messages
-        (``[{"role": "system", "content": ...}, {"role": "user", ...}, {"role": "assistant", ...}, ...]``),
-        ``tools`` as OpenAI tool definitions, rendered by :meth:`encode_chat` (the server's template
-        code), then generated as :meth:`generate` does. The text is the model's own: a tool call
-        comes as the model writes it (Qwen2.5: a ``<tool_call>`` block; the server parses those
-        into ``tool_calls``). Raises as :meth:`encode_chat` and the engine do.
-
-        Example::
-
-            out = pipe.chat([{"role": "system", "content": "Answer in one line."},
-                             {"role": "user", "content": "What is a KV cache?"}], SamplingParams(max_tokens=64))
-        """
-        return self.engine.generate(self.encode_chat(messages, tools), params, spec, learn=learn)
-
-    def stream_chat(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        params: SamplingParams | None = None,
-        spec: SpeculativeConfig | None = None,
-        tools: Sequence[Mapping[str, Any]] | None = None,
-    ) -> Iterator[StreamChunk]:
-        """:meth:`chat`'s turn as stream chunks; the last one carries the output."""
-        return self.engine.stream(self.encode_chat(messages, tools), params, spec)
 
     @property
     def context_window(self) -> int:

@@ -1,17 +1,26 @@
-"""What a request's prompt becomes and whether it fits: a prompt's token ids (raw, or one user turn
-through the chat template), the refusal of a request past the context window, and the same checks
-run from the tokenizer before any weights load (:class:`PromptCheck`). Knows nothing about
+"""What a request's prompt becomes and whether it fits: a prompt's or a conversation's token ids
+(raw, one user turn, or OpenAI messages through the chat template), the pipeline's conversation
+methods (:class:`PromptMethods`), the refusal of a request past the context window, and the same
+checks run from the tokenizer before any weights load (:class:`PromptCheck`). Knows nothing about
 loading weights or decoding.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
+from verispec.algorithms.sampling import SamplingParams
+from verispec.engine.request import GenerationOutput, SpeculativeConfig, StreamChunk
 from verispec.errors import ContextLengthError, InvalidParameterError
+from verispec.models.conversation import conversation_ids
 from verispec.models.gguf_tokenizer import chat_token_ids
-from verispec.models.loading import TokenizerInfo
+from verispec.models.loading import LoadedModel, TokenizerInfo
 from verispec.runners.select import DEFAULT_MAX_CONTEXT, RunnerOptions
+
+if TYPE_CHECKING:
+    from verispec.engine.loop import SpeculativeEngine
 
 
 @dataclass(frozen=True)
@@ -75,3 +84,67 @@ def check_prompt_first(check: PromptCheck, info: TokenizerInfo, kind: str, runne
     else:
         capacity = DEFAULT_MAX_CONTEXT
     check_window(len(token_ids), check.max_tokens, min(info.context_length, capacity))
+
+
+class PromptMethods:
+    """The prompt side of :class:`verispec.engine.loader.SpeculativePipeline`, which mixes it in:
+    a prompt or a conversation as token ids, and a conversation's next turn (:meth:`chat`,
+    :meth:`stream_chat`). Uses the pipeline's ``tokenizer``, ``target`` and ``engine``."""
+
+    tokenizer: Any
+    target: LoadedModel
+    engine: SpeculativeEngine
+
+    def encode(self, prompt: str, *, chat: bool = False) -> list[int]:
+        """Token ids of ``prompt``; with ``chat``, as one user turn through the model's template.
+
+        Raises:
+            InvalidParameterError: empty prompt, or ``chat`` for a model without a chat template.
+        """
+        return encode_prompt(self.tokenizer, self.target.name, prompt, chat=chat)
+
+    def encode_chat(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None
+    ) -> list[int]:
+        """Token ids of a conversation through the target's chat template, ready for the
+        assistant's turn, exactly as the server's ``/v1/chat/completions`` renders it
+        (:func:`verispec.models.conversation.conversation_ids`: OpenAI message and tool dicts).
+
+        Raises:
+            ConversationError (an InvalidParameterError): no chat template, no messages, a message
+                of an unknown role or without content, or messages the template refuses.
+        """
+        return conversation_ids(self.tokenizer, self.target.name, messages, tools)
+
+    def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        params: SamplingParams | None = None,
+        spec: SpeculativeConfig | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        learn: bool = True,
+    ) -> GenerationOutput:
+        """The assistant's next turn of a conversation: ``messages`` as OpenAI chat messages
+        (``[{"role": "system", "content": ...}, {"role": "user", ...}, {"role": "assistant", ...}, ...]``),
+        ``tools`` as OpenAI tool definitions, rendered by :meth:`encode_chat` (the server's template
+        code), then generated as :meth:`generate` does. The text is the model's own: a tool call
+        comes as the model writes it (Qwen2.5: a ``<tool_call>`` block; the server parses those
+        into ``tool_calls``). Raises as :meth:`encode_chat` and the engine do.
+
+        Example::
+
+            out = pipe.chat([{"role": "system", "content": "Answer in one line."},
+                             {"role": "user", "content": "What is a KV cache?"}], SamplingParams(max_tokens=64))
+        """
+        return self.engine.generate(self.encode_chat(messages, tools), params, spec, learn=learn)
+
+    def stream_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        params: SamplingParams | None = None,
+        spec: SpeculativeConfig | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> Iterator[StreamChunk]:
+        """:meth:`chat`'s turn as stream chunks; the last one carries the output."""
+        return self.engine.stream(self.encode_chat(messages, tools), params, spec)
