@@ -6,8 +6,9 @@ timer: milliseconds per pass by kernel (``linear``, ``attention``, ``add_rms_nor
 products, by block type and shape with the bytes each reads and the GB/s that makes. The wrapping
 adds ~1 us a call. What the numbers say on a 2-core AMD Zen 4 (2026-12-05): the products are the
 pass, at 42-45 GB/s over both cores; see docs/kernel-measurements.md. Usage (from the repo root):
-``../shared/tools/alone .venv/bin/python scripts/pass_breakdown.py [ISA] [K] [REPS]`` (ISA default:
-the best this CPU runs; K default 1; REPS default 15).
+``../shared/tools/alone .venv/bin/python scripts/pass_breakdown.py [ISA] [K] [REPS] [MODEL] [REQUANTIZE]``
+(ISA default: the best this CPU runs; K default 1; REPS default 15; MODEL default the target,
+qwen2.5-coder-1.5b-instruct; REQUANTIZE: e.g. iq4_nl, as the pipeline re-quantizes the default draft).
 """
 
 import collections
@@ -74,14 +75,19 @@ def main() -> None:
     isa = sys.argv[1] if len(sys.argv) > 1 else None
     k = int(sys.argv[2]) if len(sys.argv) > 2 else 1
     reps = int(sys.argv[3]) if len(sys.argv) > 3 else 15
-    set_kernel_isa(isa)
-    runner = GGUFRunner.from_file(ModelStore().fetch("qwen2.5-coder-1.5b-instruct"), max_context_length=4096)
+    model = sys.argv[4] if len(sys.argv) > 4 else "qwen2.5-coder-1.5b-instruct"
+    requantize = sys.argv[5] if len(sys.argv) > 5 else None
+    set_kernel_isa(None if isa in (None, "auto") else isa)
+    runner = GGUFRunner.from_file(ModelStore().fetch(model), max_context_length=4096, requantize=requantize)
     runner.forward(CONTEXT)
     plain = statistics.median(passes(runner, k, reps))
     timed = Timed(gguf_blocks.loaded_kernels())
     gguf_blocks.loaded_kernels = gguf_runner.loaded_kernels = lambda: timed
     wrapped = statistics.median(passes(runner, k, reps))
-    print(f"kernel path {kernel_isa()}; k = {k}: {plain:.2f} ms a pass (median of {reps}); wrapped {wrapped:.2f} ms")
+    print(
+        f"{model} ({requantize or 'as stored'}), kernel path {kernel_isa()}; k = {k}: {plain:.2f} ms a pass "
+        f"(median of {reps}); wrapped {wrapped:.2f} ms"
+    )
     for name, seconds in sorted(timed.seconds.items(), key=lambda item: -item[1]):
         print(f"  {name:16s} {seconds / reps * 1e3:8.2f} ms a pass, {timed.calls[name] / reps:.0f} calls")
     total_ms = total_bytes = 0.0

@@ -1,7 +1,10 @@
 """The command line on tiny local checkpoints: JSON output, exactness, and clear user errors."""
 
+import importlib
 import json
 import socket
+import sys
+from contextlib import contextmanager
 
 import pytest
 from typer.testing import CliRunner
@@ -59,6 +62,24 @@ def test_prompt_from_stdin_streams_text_and_stats(checkpoints):
     result = runner.invoke(app, args, input="print(1)")
     assert result.exit_code == 0, result.output
     assert "acceptance rate" in result.output and "TTFT" in result.output
+
+
+def test_the_streamed_text_ends_its_line_before_stderr_says_more(checkpoints, monkeypatch):
+    # issue 54, item 8: --compare-plain's progress line ran into the text ("returnverispec: plain decoding")
+    generate_command = importlib.import_module("verispec.cli.generate")  # the package's `generate` is the function
+
+    @contextmanager
+    def said_at_once(what, why, console):  # as announce_slow says it once a step takes long
+        print(f"verispec: {what} ({why}) ...", file=sys.stderr, flush=True)
+        yield
+
+    monkeypatch.setattr(generate_command, "working", said_at_once)
+    args = ["generate", "def f():", "--target", str(checkpoints["target"]), "--draft", str(checkpoints["draft"])]
+    result = runner.invoke(app, args + ["--max-tokens", "6", "--compare-plain"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.endswith("\n") and result.stdout.count("\n") >= 1
+    text = result.stdout[:-1]  # the generated text, then the one newline generate writes
+    assert text + "\nverispec: plain decoding of the same prompt (--compare-plain)" in result.output, result.output
 
 
 @pytest.mark.parametrize(

@@ -259,12 +259,13 @@ def test_a_stale_torch_build_lock_is_removed(tmp_path, capsys):
 
 
 def test_a_truncated_kernel_library_is_linked_again_and_computes_the_same(tmp_path):
-    from verispec.runners.kernels import gguf_kernels, kernel_build_dir
+    from verispec.runners.kernels import gguf_kernels
 
-    kernels = gguf_kernels()  # this session's build, in the suite's home
+    kernels = gguf_kernels()  # this session's build: in the home of the test that built it first
+    built = Path(kernels.__file__).parent  # (not kernel_build_dir(): the suite's home may not have it)
     home = tmp_path / "home"
-    copy = home / "kernels" / kernel_build_dir().name
-    shutil.copytree(kernel_build_dir(), copy)
+    copy = home / "kernels" / built.name
+    shutil.copytree(built, copy)
     (library,) = copy.glob("*.so")
     truncate(library)
     gate_up = torch.linspace(-4, 4, 2 * 3 * 40).reshape(3, 80)
@@ -284,4 +285,4 @@ def test_a_truncated_kernel_library_is_linked_again_and_computes_the_same(tmp_pa
     damaged = [line for line in result.stderr.splitlines() if line.startswith("verispec: cache file")]
     assert len(damaged) == 1 and "truncated" in damaged[0] and "Traceback" not in result.stderr
     assert torch.equal(torch.load(tmp_path / "out.pt"), kernels.silu_mul(gate_up, 0))
-    assert library.stat().st_size == next(kernel_build_dir().glob("*.so")).stat().st_size  # whole again
+    assert library.stat().st_size == next(built.glob("*.so")).stat().st_size  # whole again

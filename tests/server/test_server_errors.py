@@ -3,6 +3,7 @@ keeps serving; the queue bound (429), the API key (401) and client disconnects."
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 
@@ -126,6 +127,31 @@ def test_bad_input_gets_its_4xx_and_server_keeps_serving(http, path, body, statu
     if where is not None:
         assert where in (error["param"], error["code"]), error
     assert http.post(C, json=OK).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "headers, sent",
+    [
+        ({"content-type": "application/x-www-form-urlencoded"}, "Content-Type: application/x-www-form-urlencoded"),
+        ({"content-type": "text/plain; charset=utf-8"}, "Content-Type: text/plain; charset=utf-8"),
+    ],
+)
+def test_a_body_not_sent_as_json_is_told_to_send_json(http, headers, sent):
+    # issue 54, item 7: `curl -d '{...}'` sends form data and got "body: Input should be a valid dictionary"
+    response = http.post(C, content=json.dumps(OK).encode(), headers=headers)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["message"] == (
+        f"the body must be a JSON object sent with Content-Type: application/json; this request sent {sent} "
+        "(curl -d sends form data: add -H 'Content-Type: application/json')"
+    )
+    assert http.post(C, json=OK).status_code == 200
+
+
+@pytest.mark.parametrize("headers", [{"content-type": "application/json"}, {"content-type": "application/x+json"}, {}])
+def test_json_that_is_no_object_keeps_its_own_message(http, headers):
+    # FastAPI reads these as JSON (no Content-Type too): the body is JSON, only not an object
+    response = http.post(C, content=b"[1, 2]", headers=headers)
+    assert response.status_code == 400 and "Content-Type" not in response.json()["error"]["message"]
 
 
 def test_streamed_body_over_the_limit_is_413(http):

@@ -29,6 +29,8 @@ OPERATIONS = [
     ("/v1/models/{model_id}", "GET"),
     ("/health", "GET"),
     ("/metrics", "GET"),
+    ("/tokenize", "POST"),
+    ("/detokenize", "POST"),
 ]
 
 

@@ -16,7 +16,6 @@ from verispec.cli.common import (
     categories_option,
     chat_template_option,
     draft_option,
-    draft_or_none,
     dtype_option,
     eagle_head_option,
     err,
@@ -24,6 +23,7 @@ from verispec.cli.common import (
     json_option,
     num_speculative_tokens_option,
     prompts_option,
+    resolve_draft,
     runner_option,
     target_option,
     user_errors,
@@ -49,7 +49,7 @@ def advise(
     threads: int | None = typer.Option(None, help="CPU threads (default: torch's)."),
     chat: bool | None = chat_template_option(),
     target: str = target_option("Target model reference."),
-    draft: str = draft_option(),
+    draft: str | None = draft_option(),
     dtype: str = dtype_option(),
     runner: str = runner_option("The runner advised on (as generate's --runner): the one you would run."),
     eagle_head: Path | None = eagle_head_option(),
@@ -89,7 +89,8 @@ def advise(
             chat=chat,
         )
         drafters = DrafterOptions(eagle_head=eagle_head, head_quantization=head_quantization)
-        pipes, _ = load_pipelines(target, draft_or_none(draft), dtype, err, [runner], drafters=drafters)
+        draft = resolve_draft(target, draft)
+        pipes, _ = load_pipelines(target, draft, dtype, err, [runner], drafters=drafters)
         pipe = next(iter(pipes.values()))
         then = "timing the target's verify passes for the predictions"
         with bench_progress(
@@ -122,7 +123,7 @@ def advise(
                 export,
                 export_file,
                 target,
-                draft_or_none(draft),
+                draft,
                 pipe.drafters,
                 err,
                 eagle_dir=None if eagle_dir is None else str(eagle_dir),

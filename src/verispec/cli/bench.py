@@ -18,7 +18,6 @@ from verispec.cli.common import (
     categories_option,
     chat_template_option,
     draft_option,
-    draft_or_none,
     draft_quantization_option,
     draft_vocab_corpus_option,
     draft_vocab_option,
@@ -29,6 +28,7 @@ from verispec.cli.common import (
     json_option,
     num_speculative_tokens_option,
     prompts_option,
+    resolve_draft,
     runner_option,
     target_option,
     user_errors,
@@ -68,7 +68,7 @@ def bench(
     audit_rate: float = typer.Option(0.0, help="Fraction of speculative runs audited against plain decoding."),
     warmup: bool = typer.Option(True, "--warmup/--no-warmup", help="One short untimed run per runner first."),
     target: str = target_option("Target model reference."),
-    draft: str = draft_option(),
+    draft: str | None = draft_option(),
     dtype: str = dtype_option(),
     runner: str = runner_option(
         "Comma-separated runners compared in one run (as generate's --runner), e.g. gguf,int8,torch; transformers "
@@ -149,7 +149,8 @@ def bench(
             chat=chat,
             audit_rate=audit_rate,
         )
-        pipes, rss = load_pipelines(target, draft_or_none(draft), dtype, err, kinds, drafters=drafters, options=options)
+        draft = resolve_draft(target, draft)
+        pipes, rss = load_pipelines(target, draft, dtype, err, kinds, drafters=drafters, options=options)
         if not split(methods):
             config = dataclasses.replace(config, methods=available_methods(pipes))
         results = run_and_report(
@@ -179,7 +180,7 @@ def bench(
 def bench_sessions(
     workload: str,
     target: str,
-    draft: str,
+    draft: str | None,
     runner: str,
     methods: str | None,
     peers: str,
@@ -215,7 +216,7 @@ def bench_sessions(
         unknown_peers = [p for p in split(peers) if p not in ("llama.cpp", "transformers", "none")]
         if unknown_peers:
             raise InvalidParameterError(f"unknown peer {', '.join(unknown_peers)}; choose llama.cpp or none")
-        pipes, _ = load_pipelines(target, draft_or_none(draft), "float32", err, kinds, options=None)
+        pipes, _ = load_pipelines(target, resolve_draft(target, draft), "float32", err, kinds, options=None)
         pipe = next(iter(pipes.values()))
         peer = None
         if "llama.cpp" in split(peers) and pipe.target.path is not None and str(pipe.target.path).endswith(".gguf"):

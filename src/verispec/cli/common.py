@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from verispec.engine.loader import DEFAULT_DRAFT, DEFAULT_TARGET
+from verispec.engine.loader import DEFAULT_TARGET
 from verispec.errors import VerispecError
 
 err = Console(stderr=True)
@@ -44,10 +44,33 @@ def draft_or_none(draft: str) -> str | None:
     return None if draft.lower() == "none" else draft
 
 
+def resolve_draft(target: str, draft: str | None) -> str | None:
+    """The draft model a command loads: ``--draft`` as given (``none``: None), or, when it is not
+    given, the built-in draft where ``target`` is known to share its tokenizer, else no draft model,
+    said in one line on stderr (:func:`verispec.models.preflight.default_draft`; no download, at most
+    the target's GGUF header read).
+
+    Raises:
+        ModelNotFoundError, ModelIntegrityError: ``target`` names nothing usable, or a broken file.
+    """
+    if draft is not None:
+        return draft_or_none(draft)
+    from verispec.models.preflight import default_draft
+
+    chosen = default_draft(target)
+    if chosen.reason is not None:
+        err.print(chosen.reason, highlight=False, markup=False, soft_wrap=True)
+    return chosen.draft
+
+
 # --- shared options: one definition each; a command passes its own help only where it says more.
 
 TARGET_HELP = "Target model: built-in name, .gguf file, HF directory or hub id."
 DRAFT_HELP = "Draft model reference, or 'none'."
+DRAFT_DEFAULT_HELP = (
+    " Default: the built-in qwen2.5-coder-0.5b-instruct when the target has its tokenizer (the built-in target "
+    "does), else none (said on stderr)."
+)
 RUNNER_HELP = (
     "auto (default: gguf on a CPU when it can run the files, else the fastest by measured cost curves), "
     "gguf (the GGUF file's own 4-bit blocks, batch-invariant C++ kernels: exact and fast on a CPU), "
@@ -98,7 +121,8 @@ def target_option(help: str = TARGET_HELP) -> Any:
 
 
 def draft_option(help: str = DRAFT_HELP) -> Any:
-    return typer.Option(DEFAULT_DRAFT, help=help)
+    """``--draft``: None when not given (:func:`resolve_draft` decides then)."""
+    return typer.Option(None, help=help + DRAFT_DEFAULT_HELP, show_default=False)
 
 
 def dtype_option() -> Any:

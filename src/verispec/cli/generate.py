@@ -26,13 +26,14 @@ from verispec.cli.common import (
     json_option,
     max_context_option,
     num_speculative_tokens_option,
+    resolve_draft,
     runner_option,
     target_option,
     user_errors,
 )
 from verispec.cli.generate_stats import plain_comparison, slowdown_hint, stats_table
 from verispec.engine import SpeculativeConfig
-from verispec.engine.loader import DrafterOptions, SpeculativePipeline
+from verispec.engine.loader import DrafterOptions, PromptCheck, SpeculativePipeline
 from verispec.engine.methods import needs_head, uses_draft_model
 from verispec.errors import InvalidParameterError
 from verispec.metrics import peak_rss_bytes
@@ -44,7 +45,7 @@ from verispec.runners.select import RunnerOptions
 def generate(
     prompt: str | None = typer.Argument(None, help="Prompt text; read from stdin when omitted."),
     target: str = target_option(),
-    draft: str = draft_option("Draft model reference (same forms as --target), or 'none'."),
+    draft: str | None = draft_option("Draft model reference (same forms as --target), or 'none'."),
     method: str = typer.Option(
         DEFAULT_METHOD,
         help="auto (suffix lookup in this request and earlier ones when it matches, else per step the faster of the "
@@ -139,7 +140,8 @@ def generate(
                 f"--method {method} needs --eagle-head FILE (a head from verispec train-head) "
                 "or a published EAGLE-3 folder"
             )
-        use_draft = uses_draft_model(method) and draft.lower() != "none"
+        draft = resolve_draft(target, draft) if uses_draft_model(method) else None
+        use_draft = draft is not None
         if (draft_vocab is not None or draft_vocab_corpus) and not use_draft:  # else silently without effect
             raise InvalidParameterError(
                 "--draft-vocab and --draft-vocab-corpus reduce the draft model's LM head: they need --draft MODEL "
@@ -166,6 +168,7 @@ def generate(
                 drafters=drafters,
                 runners=runners,
                 prefix_cache_gib=0,  # one request: nothing to reuse, and --compare-plain compares cold prompts
+                check_prompt=PromptCheck(prompt, params.max_tokens, chat),  # refused before the weights load
             )
         for summary in pipe.model_summaries():
             requantized = (
@@ -193,11 +196,16 @@ def generate(
             if as_json
             else nullcontext()
         ):
-            for chunk in pipe.stream(prompt, params, spec, chat=chat):
+            try:
+                for chunk in pipe.stream(prompt, params, spec, chat=chat):
+                    if not as_json:
+                        sys.stdout.write(chunk.text)
+                        sys.stdout.flush()
+                    output = chunk.output or output
+            finally:  # the text's line ends before anything else is said on stderr, even when stopped
                 if not as_json:
-                    sys.stdout.write(chunk.text)
+                    sys.stdout.write("\n")
                     sys.stdout.flush()
-                output = chunk.output or output
         comparison = None
         if compare_plain:
             with working(
@@ -219,7 +227,6 @@ def generate(
             data["compare_plain"] = comparison
         print(json.dumps(data))
     else:
-        sys.stdout.write("\n")
         err.print(stats_table(output, method, models, comparison))
     hint = slowdown_hint(output, method, comparison)
     if hint is not None:

@@ -1,4 +1,5 @@
-"""The ``verispec models`` sub-commands: list the built-in models and fetch one into the cache.
+"""The ``verispec models`` sub-commands: list the built-in models, fetch one into the cache, and
+export a model's tokenizer as a Hugging Face tokenizer folder.
 
 Only parses arguments and formats output; the store does the work. Mounted by
 :mod:`verispec.cli` as ``verispec models``.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 from contextlib import nullcontext
+from pathlib import Path
 
 import typer
 from rich import box
@@ -20,7 +22,10 @@ from verispec.models.store import ModelStore
 from verispec.progress import announce_slow
 
 models_app = typer.Typer(
-    help="List and fetch the built-in models.", no_args_is_help=True, add_completion=False, rich_markup_mode=None
+    help="List and fetch the built-in models; export a model's tokenizer.",
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode=None,
 )
 
 _CACHE_LABELS = {"cached": "yes", "unverified": "changed", "missing": "no"}
@@ -102,6 +107,22 @@ def fetch_model(
     with user_errors(), lines:
         path = ModelStore(progress=not quiet).fetch(name, force=force)
     typer.echo(str(path))
+
+
+@models_app.command("export-tokenizer")
+def export_tokenizer(
+    name: str = typer.Argument(..., help="Model: built-in name, .gguf file or checkpoint folder."),
+    directory: Path = typer.Argument(..., help="Folder to write the tokenizer into (created)."),
+) -> None:
+    """Write the model's tokenizer as a folder transformers.AutoTokenizer loads (tokenizer.json,
+    tokenizer_config.json, the chat template), tokenizing exactly as verispec and its server's
+    /tokenize do: for tools that need a Hugging Face tokenizer beside the server, such as
+    lm-evaluation-harness's loglikelihood tasks. Prints the folder."""
+    from verispec.models.tokenizer_export import export_tokenizer as export
+
+    with user_errors(), announce_slow(f"writing the tokenizer of {name}", "built from the model file once, cached"):
+        folder = export(name, directory)
+    typer.echo(str(folder))
 
 
 def _licence_line(entries) -> str:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from verispec.cli.common import err
+from verispec.errors import InvalidParameterError
 from verispec.server.app import ServerConfig
 from verispec.server.replicas import ReplicaSpec, ScalingOptions, import_serve, run_replicas
 
@@ -28,6 +29,7 @@ class ReplicaOptions:
             (:class:`ScalingOptions`).
         replica_cpus: CPUs per replica; None: this machine's cores shared by the first replicas,
             1 on a cluster.
+        ray_temp_dir: where a local Ray cluster keeps its files (None: ``$VERISPEC_HOME/ray``).
     """
 
     replicas: int | None = None
@@ -36,6 +38,7 @@ class ReplicaOptions:
     max_replicas: int | None = None
     target_ongoing_requests: float | None = None
     replica_cpus: float | None = None
+    ray_temp_dir: str | None = None
 
     @property
     def requested(self) -> bool:
@@ -63,20 +66,28 @@ class ReplicaOptions:
         )
 
 
-def serve_replicas(spec: ReplicaSpec, options: ReplicaOptions, *, host: str, port: int) -> None:
-    """Serve ``spec`` on Ray Serve replicas at ``host:port`` until interrupted. The built-in models
-    are fetched here, once for every replica on this machine, and local paths made absolute (a
-    replica's working directory is Ray's, not this shell's).
+def serve_replicas(spec: ReplicaSpec, options: ReplicaOptions, *, host: str, port: int) -> int:
+    """Serve ``spec`` on Ray Serve replicas at ``host:port`` until SIGTERM or SIGINT, then shut them
+    and Ray down; returns that signal's number. The built-in models are fetched here, once for
+    every replica on this machine, and local paths made absolute (a replica's working directory is
+    Ray's, not this shell's).
 
     Raises:
-        VerispecError: Ray Serve missing, bad scaling options, a model reference that resolves to
-            nothing, a damaged datastore, or replicas that did not start.
+        VerispecError: Ray Serve missing, bad scaling options, ``--ray-temp-dir`` with
+            ``--ray-address`` or unusable, a model reference that resolves to nothing, a damaged
+            datastore, or replicas that did not start.
     """
     from verispec.models.store import ModelStore
     from verispec.proposers.datastore import Datastore
+    from verispec.server.ray_session import ray_temp_dir
 
     import_serve()
     scaling = options.scaling(spec.config)
+    if options.ray_address and options.ray_temp_dir is not None:
+        raise InvalidParameterError("--ray-temp-dir is for a cluster this command starts, not with --ray-address")
+    temp_dir, notice = (None, None) if options.ray_address else ray_temp_dir(options.ray_temp_dir)
+    if notice is not None:
+        err.print(f"[yellow]note:[/yellow] {notice}", highlight=False)
     store = ModelStore()
     for ref in (spec.target, spec.draft):
         if ref is not None:
@@ -87,7 +98,7 @@ def serve_replicas(spec: ReplicaSpec, options: ReplicaOptions, *, host: str, por
         Datastore(spec.datastore)
         datastore = str(Path(spec.datastore).resolve())
     spec = dataclasses.replace(spec, target=_absolute(spec.target), draft=_absolute(spec.draft), datastore=datastore)
-    run_replicas(spec, scaling, host=host, port=port, ray_address=options.ray_address)
+    return run_replicas(spec, scaling, host=host, port=port, ray_address=options.ray_address, ray_temp_dir=temp_dir)
 
 
 def _absolute(ref: str | None) -> str | None:

@@ -16,13 +16,13 @@ from verispec.cli.common import (
     DEFAULT_METHOD,
     K_SERVE,
     draft_option,
-    draft_or_none,
     dtype_option,
     eagle_head_option,
     err,
     head_quantization_option,
     max_context_option,
     num_speculative_tokens_option,
+    resolve_draft,
     runner_option,
     target_option,
     user_errors,
@@ -40,7 +40,7 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 def serve(
     target: str = target_option(),
-    draft: str = draft_option(
+    draft: str | None = draft_option(
         "Draft model reference, or 'none' (no draft model: auto then drafts by lookup only; --method none serves "
         "plain decoding)."
     ),
@@ -127,6 +127,11 @@ def serve(
     target_ongoing_requests: float | None = typer.Option(
         None, help="Requests in flight per replica the autoscaler aims at."
     ),
+    ray_temp_dir: str | None = typer.Option(
+        None,
+        help="Folder a Ray cluster started by --replicas keeps its session files in (default: $VERISPEC_HOME/ray; "
+        "at most 40 characters, for Ray's socket paths).",
+    ),
     replica_cpus: float | None = typer.Option(
         None,
         help="CPUs Ray reserves for each replica, its runners' threads (default: the cores / replicas; 1 on "
@@ -155,7 +160,7 @@ def serve(
         if not 0.0 <= audit_rate <= 1.0:
             raise InvalidParameterError(f"--audit-rate must be in [0, 1], got {audit_rate}")
         logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        draft_ref = draft_or_none(draft)
+        draft_ref = resolve_draft(target, draft)
         if host not in LOOPBACK and api_key is None:
             err.print(
                 f"[yellow]warning:[/yellow] serving on {host} without --api-key: anyone who can reach it can use it"
@@ -189,7 +194,7 @@ def serve(
                 "--prefix-cache-file and --warm-prompt need a prefix cache: --prefix-cache-gib > 0"
             )
         scaling = ReplicaOptions(
-            replicas, ray_address, min_replicas, max_replicas, target_ongoing_requests, replica_cpus
+            replicas, ray_address, min_replicas, max_replicas, target_ongoing_requests, replica_cpus, ray_temp_dir
         )
         if spec.method in ("eagle", "eagle-tree") and eagle_head is None:
             raise InvalidParameterError(
@@ -234,9 +239,11 @@ def serve(
                 max_context,
                 prefix_cache_gib,
             )
-            serve_replicas(models, scaling, host=host, port=port)
+            stopped_by = serve_replicas(models, scaling, host=host, port=port)
+            if stopped_by == signal.SIGINT:
+                raise typer.Exit(130)  # 128 + SIGINT, as a shell expects; SIGTERM: a clean stop, 0
             return
-        with err.status(f"loading {target}" + (f" + {draft}" if draft_ref else "")):
+        with err.status(f"loading {target}" + (f" + {draft_ref}" if draft_ref else "")):
             pipe = SpeculativePipeline.load(
                 target,
                 draft_ref,

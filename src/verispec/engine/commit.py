@@ -9,6 +9,7 @@ committed is what :mod:`verispec.algorithms.step` verified against the target's 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -19,6 +20,7 @@ from verispec.algorithms.sampling import process_logits, token_logprobs
 from verispec.algorithms.step import pick_token, verify_chain, verify_tree
 from verispec.algorithms.tree import TreeVerifyResult, tree_attention_mask, tree_position_ids
 from verispec.algorithms.verify import VerifyResult
+from verispec.engine.constraints import cut_draft
 from verispec.engine.policy import DraftStep
 from verispec.engine.request import GenerationOutput, StreamChunk
 from verispec.engine.state import RequestState
@@ -206,3 +208,26 @@ def share_features(state: RequestState, rows: slice | list[int], position: int) 
         proposer.observe_features(features, position)
     if state.prefix is not None and state.prefix.features is not None:  # the prefix cache keeps them
         state.prefix.features.put(features, position)
+
+
+def take_draft(plan: Plan, step: DraftStep) -> None:
+    """The plan's draft, timed, cut where the request's constraints refuse a token
+    (:func:`verispec.engine.constraints.cut_draft`), and the target rows that verify it."""
+    state = plan.state
+    state.times.draft_s += step.draft_s
+    if state.constraints.active:
+        draft = cut_draft(state.constraints, len(state.out.token_ids), step.draft, state.params.is_greedy)
+        step = step if draft is step.draft else dataclasses.replace(step, draft=draft)
+    plan.step = step
+    plan.call = verify_call(plan)
+
+
+def report(plan: Plan, verified: Verified, pass_s: float, base_rows: int) -> None:
+    """Tell the request's policy how its step went (:meth:`DraftPolicy.observe`), and the
+    request's statistics what the controller predicted and got."""
+    state, step = plan.state, plan.step
+    realised = state.policy.observe(
+        step, verified.num_accepted_tokens, pass_s, verified.accepted_nodes, base_rows=base_rows
+    )
+    if state.policy.active and plan.limit > 0:  # a step with no room to draft says nothing about control
+        state.stats.record_control(step.chosen_k, step.predicted, realised)

@@ -23,11 +23,18 @@ from verispec.algorithms.control import ControllerConfig
 from verispec.algorithms.sampling import SamplingParams
 from verispec.engine.loop import DEFAULT_MAX_NUM_BATCHED_TOKENS, SpeculativeEngine
 from verispec.engine.prefix_cache import BLOCK_SIZE, DEFAULT_PREFIX_CACHE_GIB, PrefixCache
+from verispec.engine.prompts import PromptCheck, PromptMethods, check_prompt_first, check_window
 from verispec.engine.request import GenerationOutput, SpeculativeConfig, StreamChunk
-from verispec.errors import ContextLengthError, InvalidParameterError
+from verispec.errors import InvalidParameterError
 from verispec.models.compat import check_draft_compatibility
-from verispec.models.gguf_tokenizer import chat_token_ids
-from verispec.models.loading import DTYPES, LoadedModel, load_gguf_info, load_model
+from verispec.models.loading import (
+    DTYPES,
+    LoadedModel,
+    TokenizerInfo,
+    load_gguf_info,
+    load_model,
+    load_tokenizer_info,
+)
 from verispec.models.preflight import check_before_loading
 from verispec.progress import announce_slow
 from verispec.proposers.factory import DRAFT_QUANTIZATIONS, DrafterOptions, build_drafters, with_own_suffix_cache
@@ -67,7 +74,7 @@ class ModelSummary:
         )
 
 
-class SpeculativePipeline:
+class SpeculativePipeline(PromptMethods):
     """A target, an optional draft, their tokenizer and the engine over them.
 
     Use :meth:`load`; the constructor takes already loaded models (tests, custom setups). With
@@ -177,6 +184,7 @@ class SpeculativePipeline:
         runners: RunnerOptions | None = None,
         max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
         prefix_cache_gib: float = DEFAULT_PREFIX_CACHE_GIB,
+        check_prompt: PromptCheck | None = None,
     ) -> SpeculativePipeline:
         """Load the target and (unless ``draft`` is None) the draft, then check they fit together.
 
@@ -197,6 +205,9 @@ class SpeculativePipeline:
         ``runners`` defaults to ``auto``: on a CPU the gguf runner for GGUF files it can run.
         ``max_num_batched_tokens``: the engine's chunked-prefill budget (:class:`SpeculativeEngine`).
         ``prefix_cache_gib``: the prefix cache's memory (see the class; 0: off).
+        ``check_prompt``: a request refused (InvalidParameterError: no chat template;
+        ContextLengthError: past the window) once the target's tokenizer is read, before any
+        weights load (a hub id's only after, by :meth:`check_window`).
         """
         if prefix_cache_gib < 0:
             raise InvalidParameterError(f"--prefix-cache-gib must be >= 0 (0 turns it off), got {prefix_cache_gib}")
@@ -215,8 +226,14 @@ class SpeculativePipeline:
                 "the tokenizer is built from the file once, then cached",
             ):
                 target_model = load_gguf_info(target, runner=name)
+                if check_prompt is not None:
+                    info = TokenizerInfo(target_model.name, target_model.tokenizer, target_model.context_length)
+                    check_prompt_first(check_prompt, info, choice.kind, runners)
                 draft_model = load_gguf_info(draft, runner=name) if draft else None
         else:
+            info = None if check_prompt is None else load_tokenizer_info(target)
+            if info is not None:
+                check_prompt_first(check_prompt, info, choice.kind, runners)
             with announce_slow(
                 f"loading {target}" + (f" and {draft}" if draft else "") + " into torch",
                 f"--runner {choice.kind} starts from the float model",
@@ -233,20 +250,6 @@ class SpeculativePipeline:
             choice=choice,
             prefix_cache_gib=prefix_cache_gib,
         )
-
-    def encode(self, prompt: str, *, chat: bool = False) -> list[int]:
-        """Token ids of ``prompt``; with ``chat``, as one user turn through the model's template.
-
-        Raises:
-            InvalidParameterError: empty prompt, or ``chat`` for a model without a chat template.
-        """
-        if not prompt:
-            raise InvalidParameterError("the prompt is empty")
-        if chat:
-            if not getattr(self.tokenizer, "chat_template", None):
-                raise InvalidParameterError(f"{self.target.name} has no chat template: drop --chat")
-            return chat_token_ids(self.tokenizer, [{"role": "user", "content": prompt}])  # BOS as llama.cpp
-        return list(self.tokenizer.encode(prompt, add_special_tokens=True))
 
     def generate(
         self,
@@ -286,17 +289,7 @@ class SpeculativePipeline:
             ContextLengthError: ``num_prompt_tokens`` >= the window, or ``num_prompt_tokens +
                 max_tokens`` > the window; the message gives the numbers.
         """
-        window = self.context_window
-        if num_prompt_tokens >= window:
-            raise ContextLengthError(
-                f"the prompt has {num_prompt_tokens} tokens but the context window is {window}: shorten it"
-            )
-        if num_prompt_tokens + max_tokens > window:
-            raise ContextLengthError(
-                f"the prompt has {num_prompt_tokens} tokens and max_tokens is {max_tokens} "
-                f"({num_prompt_tokens + max_tokens} in all) but the context window is {window}: "
-                f"ask for at most {window - num_prompt_tokens} tokens, shorten the prompt or raise --max-context"
-            )
+        check_window(num_prompt_tokens, max_tokens, self.context_window)
 
     def window_summary(self, num_sequences: int = 1) -> str:
         """One line: the context window and what its KV caches cost, per sequence and for

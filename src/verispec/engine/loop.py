@@ -14,7 +14,6 @@ target pass; a single request is a batch of one, so there is one loop for both.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Iterator, Mapping, Sequence
 
@@ -22,19 +21,12 @@ import torch
 
 from verispec.algorithms.control import ControllerConfig, CostModel
 from verispec.algorithms.sampling import SamplingParams
-from verispec.engine.commit import Plan, Verified, commit, commit_prefill, finish, verify, verify_call
-from verispec.engine.constraints import GrammarCompiler, TokenConstraints, cut_draft
+from verispec.engine.commit import Plan, commit, commit_prefill, finish, report, take_draft, verify
+from verispec.engine.constraints import GrammarCompiler, TokenConstraints
 from verispec.engine.methods import drafter_order
-from verispec.engine.policy import DraftStep, draft_batch, make_policy
+from verispec.engine.policy import draft_batch, make_policy
 from verispec.engine.prefix_cache import PrefixCache
-from verispec.engine.prefix_reuse import (
-    keep_prompt,
-    keep_sequence,
-    new_prefix_state,
-    prefill_done,
-    read_prefix,
-    release_prefix,
-)
+from verispec.engine.prefix_reuse import end_request, keep_finished, keep_prompt, new_prefix_state, read_prefix
 from verispec.engine.request import (
     GenerationOutput,
     SpeculativeConfig,
@@ -236,12 +228,8 @@ class SpeculativeEngine:
         """A request leaves before it finished (cancelled, or ``failed`` in a pass): the prefix
         cache keeps what its caches hold (not after a failure) and lets go of its blocks. Call it
         before the slot is released or reused; a finished request needs no call (:meth:`step`)."""
-        if state.prefix is None or self.prefix_cache is None:
-            return
-        if failed:
-            release_prefix(self.prefix_cache, state)
-        else:
-            keep_sequence(self.prefix_cache, state)
+        if state.prefix is not None and self.prefix_cache is not None:
+            end_request(self.prefix_cache, state, failed=failed)
 
     def _constraints(self, params: SamplingParams) -> TokenConstraints:
         """The request's masks; its grammar compiled against the target's tokenizer (built once).
@@ -280,17 +268,18 @@ class SpeculativeEngine:
         decoding = [plan for plan in plans if not plan.prefill]
         asks = [(plan.state.policy, plan.request, plan.limit) for plan in decoding]
         for plan, step in zip(decoding, draft_batch(asks, batch_size)):
-            self._take_draft(plan, step)
+            take_draft(plan, step)
         if not plans:
             return self._ended(states, chunks)
         logits, pass_s, rows = self._forward(plans)
         for plan, plan_logits in zip(plans, logits):
             if plan.prefill:
                 chunk = commit_prefill(plan, plan_logits, self.cost_model)
-                self._keep_prompt(plan.state)
+                if plan.state.prefix is not None:  # the prefix cache keeps its full blocks at once
+                    keep_prompt(self.prefix_cache, plan.state)
             else:
                 verified = verify(plan, plan_logits)
-                self._report(plan, verified, pass_s, rows - len(plan.call.token_ids))
+                report(plan, verified, pass_s, rows - len(plan.call.token_ids))
                 chunk = commit(plan, verified, self.cost_model)
             if chunk is not None:
                 chunks[id(plan.state)] = chunk
@@ -299,19 +288,9 @@ class SpeculativeEngine:
     def _ended(self, states: Sequence[RequestState], chunks: dict[int, StreamChunk]) -> list[StreamChunk | None]:
         """Each state's chunk of this step, in order; the prefix cache keeps the prompt and answer
         of each request that finished in it (for a conversation's next turn)."""
-        for state in states:
-            if id(state) in chunks and state.finished and state.prefix is not None:
-                keep_sequence(self.prefix_cache, state)
+        if self.prefix_cache is not None:
+            keep_finished(self.prefix_cache, [s for s in states if id(s) in chunks])
         return [chunks.get(id(state)) for state in states]
-
-    def _keep_prompt(self, state: RequestState) -> None:
-        """After a prefill chunk: the prefix cache keeps its full blocks (and counts the lookup
-        once the prompt is done)."""
-        if state.prefix is None:
-            return
-        keep_prompt(self.prefix_cache, state)
-        if not state.prefilling:
-            prefill_done(self.prefix_cache, state)
 
     def _plan(self, states: Sequence[RequestState], chunks: dict[int, StreamChunk]) -> list[Plan]:
         """Each unfinished request's share of the pass, in order: a prefill chunk (within
@@ -337,18 +316,6 @@ class SpeculativeEngine:
             plans.append(plan)
         return plans
 
-    @staticmethod
-    def _take_draft(plan: Plan, step: DraftStep) -> None:
-        """The plan's draft, timed, cut where the request's constraints refuse a token
-        (:func:`verispec.engine.constraints.cut_draft`), and the target rows that verify it."""
-        state = plan.state
-        state.times.draft_s += step.draft_s
-        if state.constraints.active:
-            draft = cut_draft(state.constraints, len(state.out.token_ids), step.draft, state.params.is_greedy)
-            step = step if draft is step.draft else dataclasses.replace(step, draft=draft)
-        plan.step = step
-        plan.call = verify_call(plan)
-
     def _forward(self, plans: list[Plan]) -> tuple[list[torch.Tensor], float, int]:
         """One target pass over every plan's rows: each plan's logits, the pass's seconds and its
         rows (a verify pass's cost is recorded once per pass; prefill passes are not)."""
@@ -363,17 +330,6 @@ class SpeculativeEngine:
             plan.state.times.target_s += pass_s
             plan.state.times.num_target_forwards += 1
         return logits, pass_s, rows
-
-    @staticmethod
-    def _report(plan: Plan, verified: Verified, pass_s: float, base_rows: int) -> None:
-        """Tell the request's policy how its step went (:meth:`DraftPolicy.observe`), and the
-        request's statistics what the controller predicted and got."""
-        state, step = plan.state, plan.step
-        realised = state.policy.observe(
-            step, verified.num_accepted_tokens, pass_s, verified.accepted_nodes, base_rows=base_rows
-        )
-        if state.policy.active and plan.limit > 0:  # a step with no room to draft says nothing about control
-            state.stats.record_control(step.chosen_k, step.predicted, realised)
 
     def _plan_prefill(self, state: RequestState, budget: int | None) -> Plan | None:
         if budget is not None and budget <= 0:

@@ -1,11 +1,10 @@
 """Where a request meets the prefix cache: its longest cached prefix read into its sequence before
 it prefills, and what its models computed kept when a prefill chunk lands and when it ends.
 
-Owns :class:`PrefixState` (a request's block names, the blocks it holds, the prompt tokens it
-read from the cache, the target features it saw) and the four moments the engine calls:
-:func:`read_prefix` (before a prefill chunk), :func:`keep_prompt` (after one),
-:func:`prefill_done` (the lookup counted once) and :func:`keep_sequence` (the request ended:
-prompt and answer kept, so the next turn of a conversation matches through the answer). The
+Owns the moments the engine calls, over a request's :class:`verispec.engine.prefix_state.PrefixState`:
+:func:`read_prefix` (before a prefill chunk), :func:`keep_prompt` (after one; the lookup counted
+once), :func:`keep_finished` / :func:`end_request` (the request ended: prompt and answer kept, so
+the next turn of a conversation matches through the answer; :func:`keep_sequence`). The
 store itself is :class:`verispec.engine.prefix_cache.PrefixCache`; knows nothing about passes.
 
 Parts kept per block: the target's K and V entries; each draft model's (drafters whose
@@ -17,59 +16,14 @@ target prefix is read only with its features then, so the head sees every positi
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-
-import torch
-from torch import Tensor
 
 from verispec.engine.prefix_cache import FEATURES_PART, TARGET_PART, PrefixCache, block_hashes
+from verispec.engine.prefix_state import FeatureLog, PrefixState
 from verispec.engine.state import RequestState, Slot
 from verispec.proposers.base import Proposer, common_prefix_length
 
 KV_TOKEN_DIM = 3  # the token dimension of Runner.export_kv's [2, layers, kv_heads, tokens, head_dim]
 FEATURE_TOKEN_DIM = 0  # features are [tokens, layers * hidden]
-
-
-@dataclass
-class FeatureLog:
-    """The target features of a sequence's positions ``0 .. len - 1`` as handed to its feature
-    drafters (``[tokens, layers * hidden]`` float32 pieces), so its blocks can keep them."""
-
-    pieces: list[Tensor] = field(default_factory=list)
-    length: int = 0
-
-    def put(self, features: Tensor, position: int) -> None:
-        """Features of positions ``position ..``; the log is cut there first (a rollback). A gap
-        (features never handed over) empties the log: its blocks keep no features then."""
-        if position > self.length:
-            self.pieces, self.length = [], 0
-            return
-        if position < self.length:
-            kept = torch.cat(self.pieces)[:position] if position else None
-            self.pieces, self.length = ([kept] if kept is not None else []), position
-        self.pieces.append(features)
-        self.length += features.shape[0]
-
-    def rows(self, start: int, end: int) -> Tensor | None:
-        """Features of positions ``start .. end - 1``, or None where the log does not hold them."""
-        if end > self.length or not self.pieces:
-            return None
-        if len(self.pieces) > 1:
-            self.pieces = [torch.cat(self.pieces)]
-        return self.pieces[0][start:end]
-
-
-@dataclass
-class PrefixState:
-    """One request's view of the prefix cache: ``names`` of its prompt's full blocks, the blocks
-    it ``held``, the prompt tokens it read from the cache (``num_cached_tokens``, the most over its
-    lookups), whether its lookup was counted, and its ``features`` (where a feature drafter reads)."""
-
-    names: list[bytes]
-    held: list[bytes] = field(default_factory=list)
-    num_cached_tokens: int = 0
-    counted: bool = False
-    features: FeatureLog | None = None
 
 
 def new_prefix_state(cache: PrefixCache, state: RequestState) -> PrefixState:
@@ -143,16 +97,29 @@ def _restore_drafters(
 
 def keep_prompt(cache: PrefixCache, state: RequestState) -> None:
     """After a prefill chunk: keep the target's entries (and features) of the prompt's full blocks
-    it now holds, so requests sharing the prompt's head read them while this one still runs."""
+    it now holds, so requests sharing the prompt's head read them while this one still runs; once
+    the prompt is done, count the request's lookup (prompt tokens, tokens read) once."""
     size = state.slot.target.num_cached_tokens if not state.prefilling else state.num_prefilled
     _keep_target(cache, state, state.prefix.names[: min(size, len(state.prompt)) // cache.block_size])
-
-
-def prefill_done(cache: PrefixCache, state: RequestState) -> None:
-    """The prompt is prefilled: count the request's lookup once (prompt tokens, tokens read)."""
-    if not state.prefix.counted:
+    if not state.prefilling and not state.prefix.counted:
         state.prefix.counted = True
         cache.record_lookup(len(state.prompt), state.prefix.num_cached_tokens)
+
+
+def keep_finished(cache: PrefixCache, states: Sequence[RequestState]) -> None:
+    """:func:`keep_sequence` for each of ``states`` that finished (and reads the cache)."""
+    for state in states:
+        if state.finished and state.prefix is not None:
+            keep_sequence(cache, state)
+
+
+def end_request(cache: PrefixCache, state: RequestState, *, failed: bool = False) -> None:
+    """A request left before it finished: keep what its caches hold (not after a failure, whose
+    caches may be half written) and let go of its blocks."""
+    if failed:
+        release_prefix(cache, state)
+    else:
+        keep_sequence(cache, state)
 
 
 def keep_sequence(cache: PrefixCache, state: RequestState) -> None:

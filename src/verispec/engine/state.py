@@ -11,22 +11,19 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
 from verispec.algorithms.sampling import SamplingParams, TokenLogprob, token_logprobs
 from verispec.engine.constraints import TokenConstraints
 from verispec.engine.policy import DraftPolicy
+from verispec.engine.prefix_state import PrefixState
 from verispec.engine.request import GenerationOutput, SpeculativeConfig
 from verispec.errors import IncompatibleDraftError, InvalidParameterError
 from verispec.metrics import RequestTimes, SpecDecodeStats
 from verispec.output import Detokenizer, OutputBuilder
 from verispec.proposers import Proposer
 from verispec.runners import Runner
-
-if TYPE_CHECKING:
-    from verispec.engine.prefix_reuse import PrefixState
 
 
 @dataclass

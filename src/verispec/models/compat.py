@@ -65,7 +65,8 @@ def check_same_tokens(target_tokens: list[str | None], draft_tokens: list[str | 
     )
     raise IncompatibleDraftError(
         f"draft vocabulary differs from the target's: id {token_id} is {_show_at(target_tokens, token_id)} in the "
-        f"target and {_show_at(draft_tokens, token_id)} in the draft{sizes}; the draft must use the target's tokenizer"
+        f"target and {_show_at(draft_tokens, token_id)} in the draft{sizes}; the draft must use the target's "
+        "tokenizer, or give --draft none for no draft model"
     )
 
 
@@ -85,7 +86,7 @@ def _check_same_eos(target_eos: tuple[int, ...], draft_eos: tuple[int, ...], tok
     if set(target_eos) != set(draft_eos):
         raise IncompatibleDraftError(
             f"draft EOS token ids {_describe(draft_eos, tokens)} differ from the target's "
-            f"{_describe(target_eos, tokens)}"
+            f"{_describe(target_eos, tokens)}; give a draft of the target's family, or --draft none for no draft model"
         )
 
 

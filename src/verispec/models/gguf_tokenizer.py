@@ -118,7 +118,7 @@ def _load_or_build(header: GGUFHeader, target: Path):
         except OSError:
             scratch = Path(tempfile.mkdtemp(prefix="verispec-tokenizer-"))
         try:
-            _save(tokenizer, header, scratch)
+            save_tokenizer(tokenizer, header, scratch)
             tokenizer = _load_saved(scratch)
             if scratch.parent == target.parent:
                 shutil.rmtree(target, ignore_errors=True)
@@ -130,7 +130,7 @@ def _load_or_build(header: GGUFHeader, target: Path):
     return tokenizer
 
 
-def _save(tokenizer, header: GGUFHeader, folder: Path) -> None:
+def save_tokenizer(tokenizer, header: GGUFHeader, folder: Path) -> None:
     """Save ``tokenizer`` in ``folder`` without tokens past the file's vocabulary: transformers'
     classes add their default special tokens (``<|endoftext|>`` to Llama 3's 128,256), which would
     give ids the model has no row for and make ``len(tokenizer)`` exceed its logits."""
@@ -237,13 +237,18 @@ def _strip_after_special_tokens(tokenizer, header: GGUFHeader) -> None:
         tokenizer.backend_tokenizer.add_special_tokens(stripped)
 
 
-def chat_token_ids(tokenizer, conversation: list[dict], **template_options) -> list[int]:
+def chat_token_ids(
+    tokenizer, conversation: list[dict], *, add_generation_prompt: bool = True, **template_options
+) -> list[int]:
     """Token ids of ``conversation`` through the tokenizer's chat template, ready for the
-    assistant's turn, as llama.cpp makes them (``common/chat.cpp``): where the vocabulary adds BOS,
-    a BOS the template writes at the start is dropped and the tokenizer's own added, so a prompt
-    starts with exactly one BOS whether or not the template writes it; special tokens in the
-    rendered text are parsed. Raises what the template raises (jinja's TemplateError)."""
-    text = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False, **template_options)
+    assistant's turn (``add_generation_prompt=False``: ending with the last message), as llama.cpp
+    makes them (``common/chat.cpp``): where the vocabulary adds BOS, a BOS the template writes at
+    the start is dropped and the tokenizer's own added, so a prompt starts with exactly one BOS
+    whether or not the template writes it; special tokens in the rendered text are parsed. Raises
+    what the template raises (jinja's TemplateError)."""
+    text = tokenizer.apply_chat_template(
+        conversation, add_generation_prompt=add_generation_prompt, tokenize=False, **template_options
+    )
     bos = tokenizer.bos_token
     if bos and _adds_bos(tokenizer) and text.startswith(bos):
         text = text[len(bos) :]

@@ -284,6 +284,46 @@ def _logits_width(model: Any) -> int:
     return int(model.config.get_text_config().vocab_size)
 
 
+@dataclass(frozen=True)
+class TokenizerInfo:
+    """What a model's prompts are checked against before its weights load: its tokenizer and
+    trained context (tokens)."""
+
+    name: str
+    tokenizer: Any  # transformers PreTrainedTokenizerBase, as the loaded model's
+    context_length: int
+
+
+def load_tokenizer_info(ref: str, *, store: ModelStore | None = None) -> TokenizerInfo | None:
+    """The tokenizer and trained context of ``ref`` without its weights: a GGUF file's header and
+    (cached) tokenizer, as :func:`load_gguf_info`; a checkpoint folder's tokenizer files and config.
+    None for a hub id (nothing is downloaded for a check) or a folder transformers cannot read (the
+    load says why). A built-in name is fetched on first use, as loading it would.
+
+    Raises:
+        ModelNotFoundError, ModelIntegrityError, ModelFetchError: from the model store.
+    """
+    store = store or ModelStore()
+    source = store.resolve(ref)
+    if source.kind == "gguf":
+        loaded = load_gguf_info(ref, store=store)
+        return TokenizerInfo(loaded.name, loaded.tokenizer, loaded.context_length)
+    if source.kind != "directory":
+        return None
+    from transformers import AutoConfig
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source.path, local_files_only=True)
+        config = AutoConfig.from_pretrained(source.path, local_files_only=True).get_text_config()
+    except Exception:  # transformers raises anything from OSError to bare Exception; the load reports it
+        return None
+    for attribute in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        value = getattr(config, attribute, None)
+        if isinstance(value, int) and value > 0:
+            return TokenizerInfo(source.name, tokenizer, value)
+    return None
+
+
 def load_gguf_info(ref: str, *, store=None, runner: str = "llama.cpp"):
     """A :class:`LoadedModel` for a GGUF reference without a torch model (every runner but torch
     reads its weights itself).

@@ -13,6 +13,7 @@ from pathlib import Path
 from verispec.errors import IncompatibleDraftError, ModelIntegrityError
 from verispec.models.compat import check_same_tokens
 from verispec.models.gguf_file import GGUFHeader, read_gguf_header
+from verispec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 from verispec.models.store import ModelStore
 
 TOKENS_KEY = "tokenizer.ggml.tokens"
@@ -54,6 +55,41 @@ def check_before_loading(target: str, draft: str | None = None, *, store: ModelS
     _check_same_vocabulary(target_vocabulary, draft_vocabulary)
 
 
+@dataclass(frozen=True)
+class DefaultDraft:
+    """The draft model a command takes when none is named, and why (one line for stderr; None where
+    nothing needs saying: the built-in pair)."""
+
+    draft: str | None
+    reason: str | None
+
+
+def default_draft(target: str, *, store: ModelStore | None = None) -> DefaultDraft:
+    """The draft for ``target`` when the user names none: the built-in draft
+    (``qwen2.5-coder-0.5b-instruct``) where the target is known, before loading, to have its token
+    list (the registry's digest or the GGUF header's), else no draft model (``auto`` then drafts by
+    lookup), with the reason. Reads at most the target's GGUF header; downloads nothing.
+
+    Raises:
+        ModelNotFoundError, ModelIntegrityError: ``target`` names nothing usable, or a broken file.
+    """
+    store = store or ModelStore()
+    if target == DEFAULT_TARGET:
+        return DefaultDraft(DEFAULT_DRAFT, None)
+    builtin = store.registry.get(DEFAULT_DRAFT)
+    if target == DEFAULT_DRAFT or builtin is None:
+        return DefaultDraft(None, f"no draft model: {target} is the built-in draft itself (--draft MODEL to give one)")
+    digest = _vocabulary(target, store).digest
+    if digest is not None and digest == builtin.tokens_sha256:
+        return DefaultDraft(DEFAULT_DRAFT, f"draft model: the built-in {DEFAULT_DRAFT}, which has {target}'s tokenizer")
+    why = "is not known to have" if digest is None else "does not have"
+    return DefaultDraft(
+        None,
+        f"no draft model: the built-in draft {DEFAULT_DRAFT} {why} {target}'s tokenizer, so auto drafts by lookup "
+        "only (--draft MODEL with the target's tokenizer to draft with a model)",
+    )
+
+
 def _vocabulary(ref: str, store: ModelStore) -> _Vocabulary:
     if ref in store.registry:  # judged from the registry: no download, no hashing
         entry = store.registry[ref]
@@ -83,7 +119,8 @@ def _check_same_vocabulary(target: _Vocabulary, draft: _Vocabulary) -> None:
     raise IncompatibleDraftError(
         f"draft vocabulary differs from the target's: the draft {draft.label} has {draft.size} tokens and the "
         f"target {target.label} {target.size}, with other token strings; the draft must use the target's "
-        "tokenizer (known from the built-in models' table: nothing was downloaded or loaded)"
+        "tokenizer, or give --draft none for no draft model (known from the built-in models' table: nothing was "
+        "downloaded or loaded)"
     )
 
 

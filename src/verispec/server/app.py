@@ -2,7 +2,8 @@
 
 Owns the FastAPI app built by :func:`create_app`: ``/v1/completions`` and
 ``/v1/chat/completions`` (JSON or Server-Sent Events), ``/v1/models``, ``/health``,
-``/metrics`` and ``/openapi.json``; OpenAI-shaped errors for every failure (client mistakes are
+``/metrics``, ``/openapi.json`` and the tokenizer's ``/tokenize`` and ``/detokenize``
+(:mod:`~verispec.server.tokenize`); OpenAI-shaped errors for every failure (client mistakes are
 4xx, never 500); the optional Bearer key on ``/v1``; the request body limit. Generation is the
 engine worker's (:mod:`verispec.server.worker`); wire translation is :mod:`~verispec.server.protocol`'s,
 the shape of choices and event streams :mod:`~verispec.server.responses`', the error shape and
@@ -22,7 +23,6 @@ import os
 import time
 import uuid
 from contextlib import asynccontextmanager
-from pathlib import Path
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -30,19 +30,17 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from verispec.algorithms.sampling import SamplingParams
 from verispec.bench.audit import QualityAuditor
 from verispec.engine import SpeculativeConfig
-from verispec.engine.prefix_file import load_prefix_cache, save_prefix_cache
-from verispec.errors import CacheFileError, InvalidParameterError
+from verispec.errors import CacheFileError
 from verispec.metrics import peak_rss_bytes
 from verispec.models.cache_files import report_damaged
-from verispec.models.gguf_tokenizer import chat_token_ids
 from verispec.proposers.suffix_file import SuffixSnapshots
-from verispec.server import logprobs, protocol
+from verispec.server import logprobs, protocol, tokenize
 from verispec.server.config import ServerConfig
 from verispec.server.faults import RETRY_AFTER_S, APIError
 from verispec.server.limits import BodyLimitMiddleware, check_method, fit_window, validation_error
+from verispec.server.prefix_files import PrefixCacheFiles, check_writable
 from verispec.server.prom import ServerMetrics
 from verispec.server.responses import Choice, ChoiceView, ClientGone, next_event, sse
 from verispec.server.schemas import (
@@ -110,7 +108,7 @@ def create_app(pipeline, config: ServerConfig | None = None, *, metrics_expositi
     cache = pipeline.suffix_cache
     snapshots = None
     if config.suffix_cache is not None and cache is not None:
-        _check_writable(config.suffix_cache)
+        check_writable(config.suffix_cache, "suffix cache")
         written = None  # what the file holds: None writes a first snapshot at once
         if os.path.exists(config.suffix_cache):
             try:
@@ -119,12 +117,7 @@ def create_app(pipeline, config: ServerConfig | None = None, *, metrics_expositi
             except CacheFileError as exc:  # ours, damaged: never read; the first snapshot replaces it
                 report_damaged(config.suffix_cache, str(exc), "the server starts with an empty suffix cache")
         snapshots = SuffixSnapshots(cache, config.suffix_cache, config.suffix_snapshot_s, written)
-    prefix_file = config.prefix_cache_file if pipeline.prefix_cache is not None else None
-    if prefix_file is not None:
-        _check_writable(prefix_file, "prefix cache file")
-    for path in config.warm_prompts:
-        if not os.path.isfile(path):
-            raise InvalidParameterError(f"--warm-prompt {path}: no such file (a text file: a system prompt to prefill)")
+    prefix_files = PrefixCacheFiles(pipeline, config.prefix_cache_file, config.warm_prompts)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -137,12 +130,7 @@ def create_app(pipeline, config: ServerConfig | None = None, *, metrics_expositi
                 summary.param_bytes / 2**20,
             )
         log.info("%s (--max-context)", pipeline.window_summary(state.worker.max_num_seqs))
-        log.info("%s", pipeline.prefix_cache_summary())
-        if prefix_file is not None:
-            blocks = load_prefix_cache(pipeline.prefix_cache, prefix_file, pipeline.prefix_cache_identity())
-            log.info("prefix cache: %d blocks from %s", blocks, prefix_file)
-        if pipeline.prefix_cache is not None:
-            _warm_prefix_cache(pipeline, config.warm_prompts)
+        prefix_files.start()
         log.info("peak RSS after loading: %.0f MiB; warming up", peak_rss_bytes() / 2**20)
         state.worker.start()
         if snapshots is not None:
@@ -151,12 +139,7 @@ def create_app(pipeline, config: ServerConfig | None = None, *, metrics_expositi
         state.worker.stop()
         if snapshots is not None:
             snapshots.stop()  # the last snapshot, after the last request
-        if prefix_file is not None:
-            try:
-                blocks = save_prefix_cache(pipeline.prefix_cache, prefix_file, pipeline.prefix_cache_identity())
-                log.info("prefix cache: %d blocks saved to %s", blocks, prefix_file)
-            except OSError as exc:
-                log.error("prefix cache: could not write %s (%s)", prefix_file, exc.strerror or exc)
+        prefix_files.stop()
 
     app = FastAPI(  # strict_content_type=False: a body without Content-Type is read as JSON (curl -d, OpenAI)
         title="verispec",
@@ -241,29 +224,9 @@ def create_app(pipeline, config: ServerConfig | None = None, *, metrics_expositi
         header = protocol.ResponseHeader(chat=True, model=body.model, system_fingerprint=state.fingerprint)
         return await _serve(state, request, body, prompts, header)
 
+    tokenize.install(app, pipeline, lambda name: _check_model(state, name), [Depends(authorized)])
     app.openapi = _openapi_without_422(app)
     return app
-
-
-def _check_writable(path: str, what: str = "suffix cache") -> None:
-    """Raises InvalidParameterError unless ``path`` can be written at shutdown (not a
-    directory, its directory exists and is writable)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path) or not os.path.isdir(directory) or not os.access(directory, os.W_OK):
-        raise InvalidParameterError(f"the {what} {path} cannot be written: give a file in a writable directory")
-
-
-def _warm_prefix_cache(pipeline, files: tuple[str, ...]) -> None:
-    """Prefill each ``--warm-prompt`` file's text, as a chat's system message where the model has
-    a chat template (else as raw text), so the prefix cache holds it before the first request."""
-    for path in files:
-        text = Path(path).read_text(encoding="utf-8")
-        if getattr(pipeline.tokenizer, "chat_template", None):
-            ids = chat_token_ids(pipeline.tokenizer, [{"role": "system", "content": text}])
-        else:
-            ids = pipeline.encode(text)
-        pipeline.engine.generate(ids, SamplingParams(max_tokens=1), SpeculativeConfig(method="none"), learn=False)
-        log.info("prefix cache: warmed with %s (%d tokens)", path, len(ids))
 
 
 def _engine_problem(state: _State) -> str | None:
@@ -389,7 +352,7 @@ def _install_error_handlers(app: FastAPI, state: _State) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return respond(400, validation_error(exc.errors()).body())
+        return respond(400, validation_error(exc.errors(), request.headers.get("content-type")).body())
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

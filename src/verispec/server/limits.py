@@ -93,14 +93,28 @@ BOUNDS = {
 }
 
 
-def validation_error(errors: Sequence[dict[str, Any]]) -> APIError:
-    """One 400 from FastAPI's validation errors: the first error, named by its parameter."""
+# what pydantic says of a body that is no JSON object: FastAPI hands a body that is not sent as JSON
+# (``curl -d`` sends application/x-www-form-urlencoded) to the model as bytes or form fields
+NOT_AN_OBJECT = ("model_attributes_type", "model_type", "dict_type")
+
+
+def validation_error(errors: Sequence[dict[str, Any]], content_type: str | None = None) -> APIError:
+    """One 400 from FastAPI's validation errors: the first error, named by its parameter.
+    ``content_type``: the request's ``Content-Type`` header, so that a body sent as anything but
+    JSON (FastAPI reads JSON only under ``application/json`` or ``*+json``) is told to send JSON."""
     if not errors:
         return APIError(400, "invalid request")
     first = errors[0]
     loc = [str(part) for part in first.get("loc", ()) if part != "body"]
     param = loc[0] if loc else None
     kind = first.get("type", "")
+    if not loc and kind in NOT_AN_OBJECT and not _is_json(content_type):
+        return APIError(
+            400,
+            "the body must be a JSON object sent with Content-Type: application/json; this request sent "
+            f"Content-Type: {content_type} "
+            "(curl -d sends form data: add -H 'Content-Type: application/json')",
+        )
     if kind == "json_invalid":
         return APIError(400, f"the body is not valid JSON: {first.get('ctx', {}).get('error', first.get('msg'))}")
     if kind == "extra_forbidden":
@@ -116,6 +130,15 @@ def validation_error(errors: Sequence[dict[str, Any]]) -> APIError:
     if bound is not None and isinstance(first.get("ctx", {}).get(bound[0]), int):  # the exact integer, never a float
         message = f"Input should be {bound[1]} {first['ctx'][bound[0]]}"
     return APIError(400, f"{where}: {message}", param=param)
+
+
+def _is_json(content_type: str | None) -> bool:
+    """Whether FastAPI parses a body of this ``Content-Type`` as JSON (``application/json``, ``*+json``,
+    or none given)."""
+    if not content_type:
+        return True
+    media = content_type.split(";")[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 
 
 def _readable(loc: list[str]) -> list[str]:

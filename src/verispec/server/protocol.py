@@ -23,7 +23,7 @@ from verispec.engine import SpeculativeConfig
 from verispec.engine.constraints import StructuredOutput
 from verispec.errors import InvalidParameterError, VerispecError
 from verispec.metrics import RequestMetrics, acceptance_rate, mean_acceptance_length
-from verispec.models.gguf_tokenizer import chat_token_ids
+from verispec.models.conversation import ConversationError, conversation_ids
 from verispec.server import tools
 from verispec.server.faults import APIError
 from verispec.server.schemas import (
@@ -206,29 +206,21 @@ def _prompt_ids(pipeline, prompt: str | list[int]) -> list[int]:
 
 def chat_prompt_ids(pipeline, body: ChatCompletionRequest) -> list[int]:
     """Token ids of the messages (and ``tools``, unless ``tool_choice`` is "none") through the
-    target's chat template, ready for the assistant turn.
+    target's chat template, ready for the assistant turn: :func:`verispec.models.conversation.conversation_ids`,
+    as the library's :meth:`~verispec.engine.loader.SpeculativePipeline.chat` renders them.
 
     Raises APIError 400 for a message without content (an assistant's may have ``tool_calls``
     instead), a model without a chat template, or messages the template refuses.
     """
-    tokenizer = pipeline.tokenizer
-    if not getattr(tokenizer, "chat_template", None):
+    if not getattr(pipeline.tokenizer, "chat_template", None):
         raise bad_request(f"{pipeline.target.name} has no chat template: use /v1/completions", "messages")
-    for i, message in enumerate(body.messages):
-        if message.content is None and not (message.role == "assistant" and message.tool_calls):
-            need = "content or tool_calls" if message.role == "assistant" else "content"
-            raise bad_request(
-                f"messages[{i}].content is missing: a {message.role} message needs {need}", f"messages[{i}].content"
-            )
-    conversation = [tools.template_message(m) for m in body.messages]
-    options = {}
-    if body.tools and body.tool_choice != "none":
-        options["tools"] = tools.template_tools(body.tools)
+    messages = [message.model_dump(exclude_none=True) for message in body.messages]
+    use_tools = body.tools and body.tool_choice != "none"
+    definitions = [tool.model_dump(exclude_none=True) for tool in body.tools] if use_tools else None
     try:
-        ids = chat_token_ids(tokenizer, conversation, **options)  # one BOS, as llama.cpp (and generate --chat)
-    except Exception as exc:  # jinja raises TemplateError for conversations a template refuses
-        raise bad_request(f"the chat template rejected the messages: {exc}", "messages") from None
-    return list(ids)
+        return conversation_ids(pipeline.tokenizer, pipeline.target.name, messages, definitions)
+    except ConversationError as exc:
+        raise bad_request(str(exc), exc.param) from None
 
 
 def usage(results: Sequence[tuple[int, RequestMetrics, float]]) -> Usage:

@@ -18,6 +18,7 @@ import asyncio
 import dataclasses
 import logging
 import math
+import signal
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from verispec.errors import InvalidParameterError, VerispecError
 from verispec.server.app import ServerConfig
 from verispec.server.faults import PROXY_CALLBACK, PROXY_CALLBACK_ENV
 from verispec.server.prom import merge_expositions
+from verispec.server.ray_session import Stopped, StopSignals
 
 log = logging.getLogger("verispec.server")
 
@@ -63,8 +65,7 @@ class ReplicaSpec:
             processes), or None.
         head_quantization: the head's layers at inference (:class:`verispec.engine.loader.DrafterOptions`).
         max_context: the context window in tokens (``--max-context``; None: the runner's default).
-        prefix_cache_gib: each replica's prefix cache (``--prefix-cache-gib``; every replica has its
-            own, so a conversation's turns reuse it where they reach the same replica).
+        prefix_cache_gib: each replica's own prefix cache (``--prefix-cache-gib``).
     Raises:
         InvalidParameterError: a suffix cache file or a prefix cache file with replicas.
     """
@@ -315,24 +316,30 @@ def run_replicas(
     host: str = "127.0.0.1",
     port: int = 8000,
     ray_address: str | None = None,
+    ray_temp_dir: str | None = None,
     blocking: bool = True,
 ):
     """Start (or join, with ``ray_address``) a Ray cluster, deploy the replicas behind one HTTP
-    endpoint at ``host:port`` and, with ``blocking``, serve until interrupted, then shut Serve
-    down. Returns the ingress handle when not blocking. Ray's HTTP proxies run
-    :class:`~verispec.server.faults.FaultLayer` (set through the Serve controller's environment,
-    which its proxies inherit; a Serve instance already running in the cluster keeps its own).
+    endpoint at ``host:port`` and, with ``blocking``, serve until SIGTERM or SIGINT, then shut Serve
+    down, and Ray where this call started it (:mod:`verispec.server.ray_session`), and return the
+    signal's number. Returns the ingress handle when not blocking. ``ray_temp_dir``: where a local
+    cluster keeps its files (:func:`~verispec.server.ray_session.ray_temp_dir`; None: Ray's
+    default). Ray's HTTP proxies run :class:`~verispec.server.faults.FaultLayer` (set through the
+    Serve controller's environment, which its proxies inherit; a Serve instance already running in
+    the cluster keeps its own).
 
     Raises:
         RayMissingError: Ray Serve is not installed.
         ReplicasFailedError: the replicas did not start (the replica's own error in the message).
     """
     ray, serve = import_serve()
-    if not ray.is_initialized():
+    started_ray = not ray.is_initialized()
+    if started_ray:
         if ray_address:
             ray.init(address=ray_address, logging_level=logging.WARNING)
         else:
-            ray.init(include_dashboard=False, logging_level=logging.WARNING)
+            where = {} if ray_temp_dir is None else {"_temp_dir": ray_temp_dir}
+            ray.init(include_dashboard=False, logging_level=logging.WARNING, **where)
     if not ray_address:  # a local cluster cannot grow: replicas that do not fit would wait forever
         total = ray.cluster_resources().get("CPU", 0.0)
         need = scaling.bounds[0] * scaling.num_cpus
@@ -356,14 +363,18 @@ def run_replicas(
     )
     if not blocking:
         return handle
-    try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        serve.shutdown()
-    return None
+    with StopSignals():
+        try:
+            while True:
+                time.sleep(3600)
+        except Stopped as stop:
+            log.info("%s: shutting the replicas down", signal.Signals(stop.signum).name)
+            signum = stop.signum
+        finally:
+            serve.shutdown()
+            if started_ray:
+                ray.shutdown()
+    return signum
 
 
 def _first_line(exc: BaseException) -> str:

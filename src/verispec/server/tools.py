@@ -1,27 +1,21 @@
-"""Tool calling in chat completions: what the template sees, the grammar of a forced call, parsing.
+"""Tool calling in chat completions: the grammar of a forced call, and parsing the calls.
 
-Owns: the ``tools`` the chat template renders (OpenAI's function definitions as the Hugging Face
-template convention wants them), the Lark grammar that forces a call when ``tool_choice`` is
-``required`` or names a function (the arguments follow the function's JSON schema: llguidance's
-``%json``), and parsing the model's ``<tool_call>`` blocks (the Hermes / Qwen2.5 convention the
-template asks the model to use) into OpenAI ``tool_calls``. Knows nothing about decoding.
+Owns: the Lark grammar that forces a call when ``tool_choice`` is ``required`` or names a
+function (the arguments follow the function's JSON schema: llguidance's ``%json``), and parsing
+the model's ``<tool_call>`` blocks (the Hermes / Qwen2.5 convention the template asks the model
+to use) into OpenAI ``tool_calls``. What the template sees (messages and tool definitions) is
+:mod:`verispec.models.conversation`'s. Knows nothing about decoding.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
 
 from verispec.engine.constraints import JSON_OPTIONS, StructuredOutput
 from verispec.server.tool_parser import ToolCallStream, parse_tool_calls
 
-__all__ = ["ToolCallStream", "forced_call_grammar", "parse_tool_calls", "template_message", "template_tools"]
-
-
-def template_tools(tools: Sequence) -> list[dict[str, Any]]:
-    """OpenAI ``tools`` (pydantic :class:`~verispec.server.schemas.Tool`) as the template's dicts."""
-    return [{"type": "function", "function": tool.function.model_dump(exclude_none=True)} for tool in tools]
+__all__ = ["ToolCallStream", "forced_call_grammar", "parse_tool_calls"]
 
 
 def forced_call_grammar(tools: Sequence, name: str | None, tokenizer=None) -> StructuredOutput:
@@ -58,34 +52,3 @@ def _tag(tokenizer, text: str) -> str:
     """``text`` in a Lark rule: its token by id where ``tokenizer`` makes it one token, else the literal."""
     ids = tokenizer.encode(text, add_special_tokens=False) if tokenizer is not None else []
     return f"<[{ids[0]}]>" if len(ids) == 1 else json.dumps(text)
-
-
-def template_message(message) -> dict[str, Any]:
-    """One chat message as the template's dict (assistant ``tool_calls`` with parsed arguments).
-
-    ``developer`` is OpenAI's name for the system instruction since its o1 models: it becomes
-    ``system``, the role chat templates know (Qwen2.5's renders no other and drops the message).
-    """
-    role = "system" if message.role == "developer" else message.role
-    entry: dict[str, Any] = {"role": role, "content": message.text()}
-    if message.tool_calls:
-        entry["tool_calls"] = [
-            {
-                "type": "function",
-                "id": call.id,
-                "function": {"name": call.function.name, "arguments": _arguments(call.function.arguments)},
-            }
-            for call in message.tool_calls
-        ]
-    if message.tool_call_id is not None:
-        entry["tool_call_id"] = message.tool_call_id
-    if message.name is not None:
-        entry["name"] = message.name
-    return entry
-
-
-def _arguments(text: str):
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text

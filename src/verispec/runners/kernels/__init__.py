@@ -1,10 +1,12 @@
 """Our C++ CPU kernels: built once on first use, cached under ``$VERISPEC_HOME/kernels``.
 
-Owns compiling and loading the kernel sources (``core.h`` lists them) (``torch.utils.cpp_extension`` with ninja; the
-build is keyed by the source, torch and Python versions, so a change rebuilds and a cache shared
-across them never mixes), checking the build before loading it (:func:`check_build`) and turning
-a missing compiler into a clear error. The kernels choose between their ISA paths at run time,
-so one build works on any CPU of the architecture. Knows nothing about models.
+Owns compiling and loading the kernel sources (``core.h`` lists them) with
+``torch.utils.cpp_extension`` and ninja; the build is keyed by the sources, torch and Python
+versions and the compile command line (compiler, include and library folders), so a change
+rebuilds and a cache shared across them never mixes. Also checking the build before loading it
+(:func:`check_build`) and turning a missing compiler into a clear error. The kernels choose
+between their ISA paths at run time, so one build works on any CPU of the architecture. Knows
+nothing about models.
 """
 
 from __future__ import annotations
@@ -60,7 +62,8 @@ def kernel_build_dir() -> Path:
 
 
 def build_key() -> str:
-    """Hash of what the binary depends on: the source, the flags, torch and Python."""
+    """Hash of what the binary and its ``build.ninja`` depend on: the sources, the flags, torch and
+    Python, and the rest of the compile and link command lines (:func:`command_line_facts`)."""
     digest = hashlib.sha256()
     for path in SOURCES + HEADERS:
         digest.update(path.name.encode())
@@ -68,7 +71,29 @@ def build_key() -> str:
     digest.update(" ".join(CFLAGS).encode())
     digest.update(torch.__version__.encode())
     digest.update(sys.version.encode())
+    for fact in command_line_facts():
+        digest.update(b"\0" + fact.encode())
     return digest.hexdigest()[:16]
+
+
+def command_line_facts() -> list[str]:
+    """What ``torch.utils.cpp_extension`` writes into ``build.ninja`` besides the sources and
+    :data:`CFLAGS`: the compiler (``$CXX``, and the file it resolves to), torch's include and library
+    folders and Python's include folder, each install's own paths. ninja rebuilds every object
+    when a command line changes, so two installs that shared one folder (two virtual environments
+    of the same torch) rebuilt it in turn, ~36 s each time; keyed on these, each has its own."""
+    import sysconfig
+
+    from torch.utils import cpp_extension
+
+    compiler = os.environ.get("CXX", "c++")
+    return [
+        compiler,
+        shutil.which(compiler) or "",
+        *cpp_extension.include_paths(),
+        sysconfig.get_paths()["include"],
+        *cpp_extension.library_paths(),
+    ]
 
 
 def gguf_kernels():
@@ -152,8 +177,8 @@ def build_sources(directory: Path) -> list[Path]:
     is missing or differs; the paths of the ``.cpp`` files, in build order.
 
     ninja's ``build.ninja`` names each source by its absolute path, and rebuilds everything when
-    the path changes. The build folder is keyed by the sources' contents (:func:`build_key`), so
-    two installs of one verispec (two virtual environments, two checkouts) share it; built from
+    the path changes. The build folder is keyed by the sources' contents and the command line
+    (:func:`build_key`), so two checkouts of one verispec over one torch share it; built from
     their own paths they would rebuild it in turn, ~40 s each time. Built from this copy, every
     install names the same paths, and unchanged copies keep the times ninja compares.
     """
