@@ -90,12 +90,20 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--serve-args", default="", help="extra `verispec serve` flags")
+    parser.add_argument(
+        "--warm", action="store_true", help="the cached server also prefills the policy at start (--warm-prompt)"
+    )
     parser.add_argument("--out", default="shared_prompt_clients.json")
     args = parser.parse_args()
     questions = [q for conversation in QUESTIONS for q in conversation][: args.clients]
     report = {"clients": args.clients, "max_tokens": args.max_tokens, "runs": {}}
     alone = None
-    for name, flags in (("prefix cache off", ["--prefix-cache-gib", "0"]), ("prefix cache on", [])):
+    on_flags = []
+    if args.warm:
+        policy = Path(args.out).with_suffix(".policy.txt")
+        policy.write_text(support_policy())
+        on_flags = ["--warm-prompt", str(policy)]
+    for name, flags in (("prefix cache off", ["--prefix-cache-gib", "0"]), ("prefix cache on", on_flags)):
         port = free_port()
         command = [VERISPEC, "serve", "--port", str(port), *flags, *args.serve_args.split()]
         server = Server(name, command, port, "/health", Path(f"/tmp/shared_prompt_{port}.log"))
