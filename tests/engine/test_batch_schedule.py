@@ -37,8 +37,8 @@ def watch_drafts(monkeypatch) -> list[tuple[int, int, float | None]]:
     seen = []
     draft = DraftPolicy.draft
 
-    def watched(self, request, limit, batch_size=1, defer=(), hold_catch_up=False):
-        step = draft(self, request, limit, batch_size, defer, hold_catch_up)
+    def watched(self, request, limit, batch_size=1, defer=()):
+        step = draft(self, request, limit, batch_size, defer)
         drafted = len(step.draft.draft_token_ids) or step.deferred
         speedup = step.predicted[0] / step.predicted[1] if step.predicted else None
         seen.append((batch_size, drafted, speedup))

@@ -279,35 +279,3 @@ def test_an_eagle_head_reads_the_cached_features(gguf_files, method):
     names = block_hashes(SYSTEM, BLOCK)
     assert cache.match(names, [TARGET_PART, FEATURES_PART]) == len(names)  # features kept with the entries
     assert all(o.metrics.spec.num_draft_tokens > 0 for o in cached[1:])  # the head drafted on cached prefixes
-
-
-def test_a_prompt_sized_draft_catch_up_waits_for_prefilling_requests_and_is_kept_for_them(gguf_files):
-    long_system = (SYSTEM * 4)[:96]  # past HELD_CATCH_UP_ROWS: the draft's catch-up is the prompt's prefill
-    cache = PrefixCache(2**30, block_size=BLOCK)
-    engine = make_engine(gguf_files, cache, max_num_batched_tokens=512)
-    scheduler = Scheduler(engine, max_num_seqs=3)
-    params = SamplingParams(max_tokens=12)
-    leader = scheduler.add(long_system + QUESTIONS[0], params, spec("draft"))
-    scheduler.step()  # the leader prefills alone
-    follower = scheduler.add(long_system + QUESTIONS[1], params, spec("draft"))
-    scheduler.step()  # the follower prefills: the leader's catch-up waits (a plain step)
-    assert leader.state.stats.num_draft_tokens == 0 and leader.state.policy._held_catch_up
-    scheduler.step()  # now the leader drafts, and its draft's prompt blocks are kept at once
-    assert leader.state.stats.num_draft_tokens > 0
-    names = block_hashes(long_system, BLOCK)
-    assert cache.match(names, ["draft:draft"]) == len(names)
-    latecomer = scheduler.add(long_system + QUESTIONS[2], params, spec("draft"))  # after the leader drafted
-    scheduler.admit()
-    engine.step([latecomer.state])  # its prefill alone: it reads the target's blocks and its draft model's
-    draft_runner = latecomer.state.slot.proposers["draft"].runner
-    assert latecomer.state.num_cached_prompt_tokens > 0 and draft_runner.num_cached_tokens >= len(names) * BLOCK
-    scheduler.cancel(latecomer)
-    outputs = {}
-    while scheduler.running or scheduler.waiting:
-        for handle, chunk in scheduler.step():
-            if chunk.output is not None:
-                outputs[id(handle)] = chunk.output.token_ids
-    plain = make_engine(gguf_files, None)
-    for handle, question in ((leader, QUESTIONS[0]), (follower, QUESTIONS[1])):
-        want = plain.generate(long_system + question, params, spec("none")).token_ids
-        assert (outputs.get(id(handle)) or handle.state.output.token_ids) == want

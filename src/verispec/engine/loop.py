@@ -21,12 +21,12 @@ import torch
 
 from verispec.algorithms.control import ControllerConfig, CostModel
 from verispec.algorithms.sampling import SamplingParams
-from verispec.engine import prefix_reuse as reuse
 from verispec.engine.commit import Plan, commit, commit_prefill, finish, report, take_draft, verify
 from verispec.engine.constraints import GrammarCompiler, TokenConstraints
 from verispec.engine.methods import drafter_order
 from verispec.engine.policy import draft_batch, make_policy
 from verispec.engine.prefix_cache import PrefixCache
+from verispec.engine.prefix_reuse import end_request, keep_finished, keep_prompt, new_prefix_state, read_prefix
 from verispec.engine.request import (
     GenerationOutput,
     SpeculativeConfig,
@@ -221,7 +221,7 @@ class SpeculativeEngine:
         )
         state = RequestState(prompt, params, spec, slot, policy, generator, out, self._constraints(params), learn=learn)
         if self.prefix_cache is not None and params.prompt_logprobs is None:  # those need every prompt row
-            state.prefix = reuse.new_prefix_state(self.prefix_cache, state)
+            state.prefix = new_prefix_state(self.prefix_cache, state)
         return state
 
     def end(self, state: RequestState, *, failed: bool = False) -> None:
@@ -229,7 +229,7 @@ class SpeculativeEngine:
         cache keeps what its caches hold (not after a failure) and lets go of its blocks. Call it
         before the slot is released or reused; a finished request needs no call (:meth:`step`)."""
         if state.prefix is not None and self.prefix_cache is not None:
-            reuse.end_request(self.prefix_cache, state, failed=failed)
+            end_request(self.prefix_cache, state, failed=failed)
 
     def _constraints(self, params: SamplingParams) -> TokenConstraints:
         """The request's masks; its grammar compiled against the target's tokenizer (built once).
@@ -266,15 +266,9 @@ class SpeculativeEngine:
         batch_size = sum(not s.finished and not s.prefilling for s in states)
         plans = self._plan(states, chunks)
         decoding = [plan for plan in plans if not plan.prefill]
-        cached = [plan.state for plan in decoding if plan.state.prefix is not None]
-        for state in cached:  # draft caches given the prompt blocks other requests' drafts computed
-            reuse.restore_drafts(self.prefix_cache, state)
         asks = [(plan.state.policy, plan.request, plan.limit) for plan in decoding]
-        prefilling = len(decoding) < len(plans)  # a prompt-sized catch-up would hold their first tokens back
-        for plan, step in zip(decoding, draft_batch(asks, batch_size, hold_catch_up=prefilling)):
+        for plan, step in zip(decoding, draft_batch(asks, batch_size)):
             take_draft(plan, step)
-        for state in cached:
-            reuse.keep_drafts(self.prefix_cache, state)
         if not plans:
             return self._ended(states, chunks)
         logits, pass_s, rows = self._forward(plans)
@@ -282,7 +276,7 @@ class SpeculativeEngine:
             if plan.prefill:
                 chunk = commit_prefill(plan, plan_logits, self.cost_model)
                 if plan.state.prefix is not None:  # the prefix cache keeps its full blocks at once
-                    reuse.keep_prompt(self.prefix_cache, plan.state)
+                    keep_prompt(self.prefix_cache, plan.state)
             else:
                 verified = verify(plan, plan_logits)
                 report(plan, verified, pass_s, rows - len(plan.call.token_ids))
@@ -295,7 +289,7 @@ class SpeculativeEngine:
         """Each state's chunk of this step, in order; the prefix cache keeps the prompt and answer
         of each request that finished in it (for a conversation's next turn)."""
         if self.prefix_cache is not None:
-            reuse.keep_finished(self.prefix_cache, [s for s in states if id(s) in chunks])
+            keep_finished(self.prefix_cache, [s for s in states if id(s) in chunks])
         return [chunks.get(id(state)) for state in states]
 
     def _plan(self, states: Sequence[RequestState], chunks: dict[int, StreamChunk]) -> list[Plan]:
@@ -343,7 +337,7 @@ class SpeculativeEngine:
         if state.num_prefilled == 0:
             state.slot.target.truncate(0)
         if state.prefix is not None:  # the longest cached prefix first: computed once, by whoever came first
-            reuse.read_prefix(self.prefix_cache, state)
+            read_prefix(self.prefix_cache, state)
         end = len(state.prompt) if budget is None else min(len(state.prompt), state.num_prefilled + budget)
         chunk = state.prompt[state.num_prefilled : end]
         num_logits = 1 if end == len(state.prompt) else 0

@@ -28,8 +28,6 @@ from verispec.engine.methods import ALTERNATIVE_DRAFTERS, TREE_SCHEDULED, drafte
 from verispec.proposers import DraftOutput, DraftRequest, Proposer
 from verispec.proposers.suffix import ConfidentProposer
 
-HELD_CATCH_UP_ROWS = 64  # a catch-up this long (a prompt's prefill) waits a step for prefilling requests
-
 
 @dataclass
 class DraftStep:
@@ -102,7 +100,6 @@ class DraftPolicy:
         self._exploring = ""  # that alternative
         self._num_choices = 0
         self.num_declined_catch_ups = 0  # steps a model drafter sat out: catching up would not pay
-        self._held_catch_up = False  # a prompt-sized catch-up waited one step for prefilling requests
         self._caught_up_at: dict[str, int] = {}  # model drafter -> output tokens at its first catch-up
         self._tokens_from: dict[str, int] = {}  # model drafter -> tokens its steps emitted since
 
@@ -111,16 +108,13 @@ class DraftPolicy:
         """False for plain decoding (no drafter)."""
         return bool(self._proposers)
 
-    def draft(
-        self, request: DraftRequest, limit: int, batch_size: int = 1, defer: Collection[str] = (), hold_catch_up=False
-    ) -> DraftStep:
+    def draft(self, request: DraftRequest, limit: int, batch_size: int = 1, defer: Collection[str] = ()) -> DraftStep:
         """Ask the drafters in order; the first non-empty proposal of at most ``limit`` tokens wins.
 
         ``batch_size``: requests decoding in the same target pass (continuous batching); the
         schedules price a draft by what it costs the whole batch (:meth:`CostModel.step_costs`).
         ``defer``: drafters :func:`draft_batch` runs for all requests at once: reaching one, the
-        step comes back with ``deferred`` tokens to ask it for. ``hold_catch_up``: requests of the
-        pass are prefilling; a catch-up of :data:`HELD_CATCH_UP_ROWS` or more waits one step, once.
+        step comes back with ``deferred`` tokens to ask it for.
 
         With the ``cost`` schedule a model drafter that must first catch up (feed
         :data:`~verispec.algorithms.control.CATCH_UP_MIN_ROWS` or more context tokens it has not seen: its
@@ -146,9 +140,6 @@ class DraftPolicy:
             # a drafter that drafted the previous step is steady (its cost per token covers what it
             # feeds, a tree's accepted path included); only one coming back to the request catches up
             rows = proposer.catch_up_rows(request) if self._previous != name else 0
-            if hold_catch_up and rows >= HELD_CATCH_UP_ROWS and not self._held_catch_up:
-                self._held_catch_up = True
-                continue
             if not self._catch_up_pays(name, rows, predicted, request, limit, batch_size, num_tokens):
                 self.num_declined_catch_ups += 1
                 continue
@@ -360,19 +351,16 @@ def make_policy(
     return DraftPolicy([(name, proposers[name]) for name in order], schedule, max_k, costs, config)
 
 
-def draft_batch(
-    asks: Sequence[tuple[DraftPolicy, DraftRequest, int]], batch_size: int, hold_catch_up: bool = False
-) -> list[DraftStep]:
+def draft_batch(asks: Sequence[tuple[DraftPolicy, DraftRequest, int]], batch_size: int) -> list[DraftStep]:
     """Each request's draft for one target pass, ``asks`` holding ``(its policy, its request, the
-    draft tokens that fit)``; ``batch_size``: requests decoding in the pass; ``hold_catch_up``:
-    requests of the pass are prefilling (:meth:`DraftPolicy.draft`).
+    draft tokens that fit)``; ``batch_size``: requests decoding in the pass.
 
     Each policy chooses its drafter and draft length (:meth:`DraftPolicy.draft`); the drafters
     that draft for many requests at once (:attr:`DraftPolicy.batched`: a draft model's chains,
     one draft pass per position, :meth:`verispec.proposers.base.Proposer.propose_batch` by
     drafter type) then draft for every request that chose them, each request timed at its share.
     """
-    steps = [policy.draft(request, limit, batch_size, policy.batched, hold_catch_up) for policy, request, limit in asks]
+    steps = [policy.draft(request, limit, batch_size, policy.batched) for policy, request, limit in asks]
     deferred = [i for i, step in enumerate(steps) if step.deferred]
     if not deferred:
         return steps

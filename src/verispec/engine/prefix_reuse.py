@@ -80,34 +80,6 @@ def read_prefix(cache: PrefixCache, state: RequestState) -> None:
         _restore_drafters(cache, names, part, drafters, state.prompt)
 
 
-def restore_drafts(cache: PrefixCache, state: RequestState) -> None:
-    """Before a request's first draft: each draft model's cache gets the cached entries of the
-    prompt it lacks (blocks another request's draft computed since this one prefilled: eight
-    clients under one system prompt catch their drafts up on their own questions only)."""
-    if state.prefix.drafts_restored:
-        return
-    state.prefix.drafts_restored = True
-    names = state.prefix.names[: (len(state.prompt) - 1) // cache.block_size]
-    for part, drafters in drafter_parts(state.slot):
-        _restore_drafters(cache, names, part, drafters, state.prompt)
-
-
-def keep_drafts(cache: PrefixCache, state: RequestState) -> None:
-    """After a request's drafts until its draft models have caught up with the prompt: keep the
-    prompt's full blocks they hold (at once, not only when it ends, so requests sharing the
-    prompt's head restore them)."""
-    if state.prefix.drafts_kept:
-        return
-    whole = (len(state.prompt) - 1) // cache.block_size  # the blocks a caught-up draft holds
-    caught_up = True
-    for part, drafters in drafter_parts(state.slot):
-        runner, token_ids = max((p.kv_prefix() for p in drafters), key=lambda kv: len(kv[1]))
-        held = min(common_prefix_length(token_ids, state.prompt), runner.num_cached_tokens) // cache.block_size
-        caught_up = caught_up and held >= whole
-        _keep(cache, state.prefix.names[:held], part, KV_TOKEN_DIM, lambda s, e, r=runner: r.export_kv(s, e))
-    state.prefix.drafts_kept = caught_up  # else again after the next draft
-
-
 def _restore_drafters(
     cache: PrefixCache, names: Sequence[bytes], part: str, drafters: list[Proposer], prompt: list[int]
 ) -> None:

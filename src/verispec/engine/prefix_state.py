@@ -46,13 +46,10 @@ class FeatureLog:
 class PrefixState:
     """One request's view of the prefix cache: ``names`` of its prompt's full blocks, the blocks
     it ``held``, the prompt tokens it read from the cache (``num_cached_tokens``, the most over its
-    lookups), whether its lookup was counted, its ``features`` (where a feature drafter reads), and
-    whether its draft caches were restored before and kept after its first draft."""
+    lookups), whether its lookup was counted, and its ``features`` (where a feature drafter reads)."""
 
     names: list[bytes]
     held: list[bytes] = field(default_factory=list)
     num_cached_tokens: int = 0
     counted: bool = False
     features: FeatureLog | None = None
-    drafts_restored: bool = False  # the draft caches were given the cached prompt before the first draft
-    drafts_kept: bool = False  # the draft caches' prompt blocks were kept after the first draft
