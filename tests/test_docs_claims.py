@@ -35,3 +35,16 @@ def test_every_figure_of_the_readme_host_table_is_on_the_benchmarks_page():
         assert figure in benchmarks, figure
     for host in ("Zen 3", "Xeon", "AVX-512 VNNI"):  # one row per host kind measured
         assert host in readme and host in benchmarks
+
+
+def test_the_readme_headline_is_the_latest_run_of_one_command_per_host():
+    # issue 54, item 9: the headline was a 2026-12-01 table of another CPU's (64 tokens, k = 5)
+    headline = section(ROOT / "README.md", "## Headline figures").split("\n### ")[0]  # before the per-host claims
+    latest = " ".join(section(ROOT / "docs/benchmarks.md", "## Latest run per host").split())
+    rows = [line for line in headline.splitlines() if line.startswith("| AMD") or line.startswith("| Intel")]
+    assert len(rows) >= 2  # one row per host measured with the command
+    for row in rows:
+        assert re.search(r"20\d\d-\d\d-\d\d", row) and ("Zen" in row or "Xeon" in row)  # dated, the CPU named
+    figures = re.findall(r"\d+\.\d+x?", "\n".join(rows))
+    assert figures and all(figure in latest for figure in figures)
+    assert headline.count("verispec bench") == 1  # one command
