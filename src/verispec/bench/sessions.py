@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from importlib import resources
 
 from verispec.algorithms.sampling import SamplingParams
+from verispec.bench.report import markdown_table
 from verispec.engine.loader import SpeculativePipeline
 from verispec.engine.request import GenerationOutput, SpeculativeConfig
 from verispec.errors import InvalidParameterError
@@ -306,9 +307,7 @@ def session_table(results: SessionResults) -> list[list[str]]:
 def session_markdown(results: SessionResults) -> str:
     """The summary as a Markdown table (what a note or report copies)."""
     rows = session_table(results)
-    lines = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
-    lines += ["| " + " | ".join(row) + " |" for row in rows[1:]]
-    return "\n".join(lines)
+    return markdown_table(rows[0], rows[1:])
 
 
 def check_sessions_limit(num_sessions: int | None, workload: str) -> None:
@@ -316,13 +315,3 @@ def check_sessions_limit(num_sessions: int | None, workload: str) -> None:
     most = len(QUESTIONS) if workload == "multiturn" else EDITOR_REQUESTS
     if num_sessions is not None and not 1 <= num_sessions <= most:
         raise InvalidParameterError(f"--limit for the {workload} workload must be in 1..{most}, got {num_sessions}")
-
-
-__all__: Sequence[str] = (
-    "SESSION_WORKLOADS",
-    "SessionResults",
-    "check_sessions_limit",
-    "run_sessions",
-    "session_table",
-    "warm_up",
-)

@@ -133,9 +133,9 @@ def keep_sequence(cache: PrefixCache, state: RequestState) -> None:
     names = block_hashes(tokens[:held], cache.block_size, known=prefix.names)
     _keep_target(cache, state, names)
     for part, drafters in drafter_parts(state.slot):
-        best = max(drafters, key=lambda p: common_prefix_length(p.kv_prefix()[1], tokens))
-        runner, token_ids = best.kv_prefix()
-        num_blocks = min(common_prefix_length(token_ids, tokens), runner.num_cached_tokens) // cache.block_size
+        prefixes = [p.kv_prefix() for p in drafters]  # the one holding the most of the sequence, measured once
+        held, runner = max(((common_prefix_length(ids, tokens), r) for r, ids in prefixes), key=lambda x: x[0])
+        num_blocks = min(held, runner.num_cached_tokens) // cache.block_size
         _keep(cache, names[:num_blocks], part, KV_TOKEN_DIM, lambda s, e, r=runner: r.export_kv(s, e))
     release_prefix(cache, state)
 
