@@ -96,12 +96,14 @@ def test_a_checkpoint_folder_is_not_given_the_built_in_draft(tmp_path):
     [
         ["generate", "def f():"],
         ["serve", "--port", "{port}"],
-        ["bench", "--workload", "humaneval", "--limit", "1", "--peers", "none"],
-        ["advise", "--workload", "humaneval"],
+        ["bench", "--prompts", "{prompts}", "--limit", "1", "--peers", "none"],
+        ["advise", "--prompts", "{prompts}"],
     ],
 )
-def test_a_named_target_without_a_draft_loads_no_draft_model(loads, command):
-    args = [a.format(port=free_port()) for a in command] + ["--target", "gemma-3-270m"]
+def test_a_named_target_without_a_draft_loads_no_draft_model(loads, command, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"  # a prompts file of its own: a clone need not have ../shared/data
+    prompts.write_text('{"prompt": "def f():"}\n')
+    args = [a.format(port=free_port(), prompts=prompts) for a in command] + ["--target", "gemma-3-270m"]
     result = cli.invoke(app, args)
     assert "stopped before loading" in result.output, result.output
     assert loads == [("gemma-3-270m", None)]
