@@ -56,9 +56,7 @@ def chat(client: openai.OpenAI, model: str, question: str, max_tokens: int) -> d
         "latency_s": end - start,
         "text": "".join(text),
         "tokens": usage.completion_tokens,
-        "cached_tokens": usage.model_extra.get("prompt_tokens_details", {}).get("cached_tokens")
-        if usage.model_extra
-        else getattr(getattr(usage, "prompt_tokens_details", None), "cached_tokens", None),
+        "cached_tokens": getattr(usage.prompt_tokens_details, "cached_tokens", None),  # the SDK's typed field
     }
 
 

@@ -55,7 +55,7 @@ class SpeculativeEngine:
         max_num_batched_tokens: prompt tokens prefilled per pass when other requests share it
             (chunked prefill, first come first served: a long prompt does not stall the batch,
             and the first request's first token does not wait for the others' prompts); a
-            request alone prefills its whole prompt in one pass.
+            request alone prefills in passes of the target's :attr:`Runner.prefill_chunk_rows`.
         prefix_cache: automatic prefix caching across requests
             (:class:`verispec.engine.prefix_cache.PrefixCache`): a request reads the longest prefix
             of its prompt that an earlier or running request computed, and prefills only the rest;
@@ -294,11 +294,12 @@ class SpeculativeEngine:
 
     def _plan(self, states: Sequence[RequestState], chunks: dict[int, StreamChunk]) -> list[Plan]:
         """Each unfinished request's share of the pass, in order: a prefill chunk (within
-        :attr:`max_num_batched_tokens` unless it is alone) or a decode step; a request whose
+        :attr:`max_num_batched_tokens`, or the runner's ``prefill_chunk_rows`` alone) or a decode step; a request whose
         context window is full finishes here (its chunk in ``chunks``)."""
         plans = []
         alone = sum(not s.finished for s in states) == 1
-        prefill_budget = None if alone else self.max_num_batched_tokens  # a request alone prefills at once
+        # a request alone prefills in the runner's most efficient passes (None: at once)
+        prefill_budget = self.target.prefill_chunk_rows if alone else self.max_num_batched_tokens
         for state in states:
             if state.finished:
                 continue

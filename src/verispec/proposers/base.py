@@ -200,6 +200,19 @@ class DraftCacheSequences(Proposer):
         context = self.draft_context(request)
         return len(context) - self.reusable_prefix(context)
 
+    def feed_long_context(self, pending: Sequence[int]) -> list[int]:
+        """Feed ``pending`` (tokens after the cached ones) but its last piece to the draft runner in
+        passes of its ``prefill_chunk_rows`` (a request's first proposal feeds its whole prompt);
+        returns the last piece, which the first drafting pass feeds. The cache holds the same
+        entries either way (batch-invariant runners); long passes are slower per row."""
+        size = self.runner.prefill_chunk_rows
+        pending = list(pending)
+        while size is not None and len(pending) > size:
+            self.runner.forward(pending[:size], num_logits=1)
+            self.cached_token_ids.extend(pending[:size])
+            pending = pending[size:]
+        return pending
+
     @property
     def holds_sequences(self) -> bool:
         """The draft runner can give another sequence."""

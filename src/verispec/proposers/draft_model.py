@@ -71,7 +71,7 @@ def propose_batch(items: Sequence[tuple[DraftModelProposer, DraftRequest, int]])
         keep = proposer.reusable_prefix(context)
         proposer.runner.truncate(keep)
         proposer.cached_token_ids = proposer.cached_token_ids[:keep]
-        active.append([index, context[keep:], num_tokens, [], []])
+        active.append([index, proposer.feed_long_context(context[keep:]), num_tokens, [], []])
     while active:
         logits = forward_batch([ForwardCall(items[a[0]][0].runner, a[1], num_logits=1) for a in active])
         still = []

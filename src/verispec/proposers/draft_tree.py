@@ -208,7 +208,8 @@ class DraftTreeProposer(DraftCacheSequences):
             return root
         keep = self.reusable_prefix(context)
         self.runner.truncate(keep)
-        root_logits = self.runner.forward(context[keep:], num_logits=1)
+        self.cached_token_ids = self.cached_token_ids[:keep]
+        root_logits = self.runner.forward(self.feed_long_context(context[keep:]), num_logits=1)
         self.cached_token_ids = list(context)
         if self.choices is not None:
             tree = self._static_tree(request, len(context) - 1, num_nodes, root_logits)

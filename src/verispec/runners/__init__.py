@@ -45,6 +45,11 @@ class Runner:
         runs_block_kernels: the runner runs GGUF weight blocks on the kernels compiled here
             (:mod:`verispec.runners.kernels`), so a drafter's block-quantized layers (an EAGLE
             head's ``q8_0``) run on them beside it at no extra build.
+        prefill_chunk_rows: the most rows a pass that feeds a long prompt should hold; the engine
+            prefills a request alone, and a draft model catches up, in passes of at most this many
+            rows (None: the whole prompt in one pass). On a batch-invariant runner the entries
+            and logits are the same bits however a prompt is split; the CPU runners get slower
+            per row in passes of many hundred rows (their intermediate tensors leave the caches).
     """
 
     vocab_size: int
@@ -53,6 +58,7 @@ class Runner:
     kv_bytes_per_token: int | None = None
     last_features: Tensor | None = None
     runs_block_kernels: bool = False
+    prefill_chunk_rows: int | None = None
 
     def forward(self, token_ids: Sequence[int], num_logits: int | None = None) -> Tensor:
         """Append ``token_ids`` at positions ``num_cached_tokens ...`` and return their logits.

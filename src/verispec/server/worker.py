@@ -289,6 +289,8 @@ class EngineWorker:
         self._count_admitted(scheduler.admit())  # before the pass: the gauges say what it runs
         self._report_failed_starts()
         self.metrics.running.set(len(scheduler.running))
+        prefilling = sum(r.state.prefilling for r in scheduler.running)
+        start = time.perf_counter()
         try:
             events = scheduler.step()
         except Exception:
@@ -301,6 +303,17 @@ class EngineWorker:
         self._pass_outcome = "ok"
         self._report_failed_starts()  # admitted by step() itself
         self.metrics.observe_pass(self.engine.last_pass_num_seqs, self.engine.last_pass_rows)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "step: %d running (%d prefilling), %d waiting, pass of %d rows over %d sequences, %d chunks, %.3f s",
+                len(scheduler.running) + sum(r.done for r, _ in events),
+                prefilling,
+                len(scheduler.waiting),
+                self.engine.last_pass_rows,
+                self.engine.last_pass_num_seqs,
+                len(events),
+                time.perf_counter() - start,
+            )
         for request, chunk in events:
             job = request.tag
             if chunk.output is not None:

@@ -69,6 +69,10 @@ class Int8Runner(Runner):
         max_context_length: KV cache capacity in tokens (at most the RoPE table's length).
     """
 
+    # Passes of 64-256 rows prefill a 1,200-token prompt of the 1.5B target 1.2x faster than one
+    # pass (AMD Zen 4, avx512: 6.6-7.3 s vs 8.0-8.9 s): a [1200, 17920] gate-up output is 86 MB.
+    prefill_chunk_rows = 128
+
     def __init__(self, weights: Int8Weights, *, max_context_length: int | None = None) -> None:
         capacity = int(max_context_length or weights.cos.shape[0])
         if capacity > weights.cos.shape[0]:
