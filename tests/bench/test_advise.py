@@ -10,7 +10,6 @@ from verispec.bench.advise import (
     DrafterFit,
     best_speedup,
     break_even_alpha,
-    cost_per_million_tokens,
     equivalent_settings,
     expected_speedup,
     iid_acceptance_rate,
@@ -18,6 +17,7 @@ from verispec.bench.advise import (
     measure_verify_curve,
     verdict,
 )
+from verispec.bench.advise_cost import cost_estimate, cost_per_million_tokens, tokens_per_s_with_cache
 from verispec.bench.advise_memory import kv_cache_bytes, memory_advice
 
 
@@ -185,3 +185,27 @@ def test_head_bytes_count_its_own_weights_and_one_layer_of_kv():
     assert 0 < head_nbytes(head) < own  # 8.5 bits per weight in the blocks, norms stay float32
     shape = head.shape
     assert head_kv_bytes(head, 100) == 2 * shape.num_key_value_heads * shape.head_dim * 100 * 4
+
+
+def summary_row(total_tokens_per_s, ttft_ms, tpot_ms, output_tokens):
+    return SimpleNamespace(
+        total_tokens_per_s=total_tokens_per_s, ttft_ms=ttft_ms, tpot_ms=tpot_ms, output_tokens=output_tokens
+    )
+
+
+def test_cached_prompt_share_cuts_only_the_prefill():
+    # 1 s of prefill, 63 x 50 ms of decoding (4.15 s): 64 tokens in 4.15 s measured as 15.42 tok/s
+    row = summary_row(15.42, 1000.0, 50.0, 64.0)
+    assert tokens_per_s_with_cache(row, 0.0) == 15.42  # nothing cached: the measured figure
+    # 90 % of the prompt cached: 0.1 s of prefill + 3.15 s of decoding
+    assert tokens_per_s_with_cache(row, 0.9) == pytest.approx(15.42 * 4.15 / 3.25)
+    assert tokens_per_s_with_cache(summary_row(15.42, None, 50.0, 64.0), 0.5) is None
+
+
+def test_cost_estimate_with_the_prefix_cache():
+    plain, chosen = summary_row(10.0, 2000.0, 100.0, 21.0), summary_row(20.0, 2000.0, 40.0, 21.0)
+    cost = cost_estimate(3000.0, "draft", plain, chosen, 0.5)
+    assert cost["plain_tokens_per_s"] == pytest.approx(10.0 * 4.0 / 3.0)  # 2 + 2 s -> 1 + 2 s
+    assert cost["chosen_tokens_per_s"] == pytest.approx(20.0 * 2.8 / 1.8)  # 2 + 0.8 s -> 1 + 0.8 s
+    assert cost["after_per_million_tokens"] == pytest.approx(cost_per_million_tokens(3000.0, 20.0 * 2.8 / 1.8))
+    assert cost_estimate(3000.0, None, plain, None)["chosen_tokens_per_s"] == 10.0

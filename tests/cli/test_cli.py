@@ -190,7 +190,13 @@ def test_serve_refuses_an_address_it_cannot_listen_on_before_loading(monkeypatch
 
 
 @pytest.mark.parametrize(
-    "args", [["advise", "--export", "nope"], ["bench", "--prefill-tokens", "0"], ["serve", "--log-level", "loud"]]
+    "args",
+    [
+        ["advise", "--export", "nope"],
+        ["advise", "--cached-prompt-fraction", "1"],
+        ["bench", "--prefill-tokens", "0"],
+        ["serve", "--log-level", "loud"],
+    ],
 )
 def test_argument_checks_are_user_errors(args):
     result = runner.invoke(app, args)

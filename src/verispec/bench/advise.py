@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 from verispec.algorithms.control import CostModel, best_draft_length, expected_tokens
+from verispec.bench.advise_cost import cost_estimate
 from verispec.bench.advise_memory import head_kv_bytes, kv_geometry, memory_advice
 from verispec.bench.advise_sample import note_samples
 from verispec.bench.figures import ALL, SummaryRow
@@ -25,7 +26,6 @@ from verispec.errors import InvalidParameterError
 from verispec.runners import Runner, prefill
 from verispec.runners.eagle.blocks import head_nbytes
 
-SECONDS_PER_MONTH = 30 * 24 * 3600
 GO_THRESHOLD = 1.05  # a measured speedup below +5 % is within run-to-run noise here
 VERIFY_LENGTHS = (0, 1, 2, 4, 8, 16)
 NGRAM = "ngram"
@@ -91,12 +91,6 @@ def iid_acceptance_rate(num_accepted_tokens: int, num_rejections: int) -> float 
     accepted / drafted it does not count tokens after a rejection, never judged, as failures."""
     judged = num_accepted_tokens + num_rejections
     return num_accepted_tokens / judged if judged else None
-
-
-def cost_per_million_tokens(cost_per_month: float, tokens_per_s: float) -> float | None:
-    """Cost of a million tokens on a machine costing ``cost_per_month`` (30-day month) that
-    produces ``tokens_per_s`` around the clock; None at 0 tokens/s."""
-    return cost_per_month / (tokens_per_s * SECONDS_PER_MONTH / 1e6) if tokens_per_s > 0 else None
 
 
 def equivalent_settings(
@@ -336,10 +330,19 @@ def advise(
     context_length: int = 4096,
     memory_budget_bytes: int | None = None,
     gpu_cost_per_month: float | None = None,
+    cached_prompt_fraction: float = 0.0,
     on_run=None,
 ) -> Advice:
     """Measure ``config``'s methods (a :class:`BenchConfig` without peers) on ``items`` and the
-    target's verify curve, then fit, predict and decide. Raises as :func:`run_bench` does."""
+    target's verify curve, then fit, predict and decide. ``cached_prompt_fraction``: the share of
+    each prompt the prefix cache serves in production; the cost estimate prefills only the rest
+    (:func:`tokens_per_s_with_cache`). Raises as :func:`run_bench` does, and
+    InvalidParameterError for a fraction outside [0, 1)."""
+    if not 0.0 <= cached_prompt_fraction < 1.0:
+        raise InvalidParameterError(
+            f"the cached prompt fraction must be in [0, 1) (at least the last prompt token is computed), "
+            f"got {cached_prompt_fraction}"
+        )
     from verispec.bench.figures import summarize
     from verispec.bench.run import encode, run_bench
 
@@ -372,17 +375,9 @@ def advise(
     )
     cost = None
     if gpu_cost_per_month is not None:
-        plain = rows[(f"{kind}:none", ALL)].total_tokens_per_s or 0.0
+        plain_row = rows[(f"{kind}:none", ALL)]
         chosen = rows.get((f"{kind}:{overall.method}", ALL)) if overall.method else None
-        fast = chosen.total_tokens_per_s if chosen is not None else plain
-        cost = {
-            "gpu_cost_per_month": gpu_cost_per_month,
-            "method": overall.method or "none",
-            "plain_tokens_per_s": plain,
-            "chosen_tokens_per_s": fast,
-            "before_per_million_tokens": cost_per_million_tokens(gpu_cost_per_month, plain),
-            "after_per_million_tokens": cost_per_million_tokens(gpu_cost_per_month, fast),
-        }
+        cost = cost_estimate(gpu_cost_per_month, overall.method, plain_row, chosen, cached_prompt_fraction)
     draft_ref = model_ref(pipe.draft) if pipe.draft else None
     best_k = {f.method: f.predicted_best_k or config.num_speculative_tokens for f in fits if f.category == ALL}
     settings = {

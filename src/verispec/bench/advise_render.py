@@ -110,6 +110,11 @@ def render(advice: Advice, console) -> None:
             f"({f(c['plain_tokens_per_s'])} tok/s) → "
             f"{f(c['after_per_million_tokens'], '{:.2f}')} with {c['method']} ({f(c['chosen_tokens_per_s'])} tok/s), "
             f"at {c['gpu_cost_per_month']:g} per month"
+            + (
+                f" (estimate: {c['cached_prompt_fraction']:.0%} of each prompt read from the prefix cache)"
+                if c.get("cached_prompt_fraction")
+                else ""
+            )
         )
     overall = advice.verdicts[-1]
     s = advice.settings.get(overall.method or "", {})

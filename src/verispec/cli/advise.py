@@ -46,6 +46,11 @@ def advise(
     gpu_cost_per_month: float | None = typer.Option(
         None, help="Monthly cost of the machine, for the cost per million tokens."
     ),
+    cached_prompt_fraction: float = typer.Option(
+        0.0,
+        help="Share of each prompt the prefix cache serves in production (a chat's earlier turns, a shared system "
+        "prompt), 0 to <1: the cost estimate prefills only the rest.",
+    ),
     threads: int | None = typer.Option(None, help="CPU threads (default: torch's)."),
     chat: bool | None = chat_template_option(),
     target: str = target_option("Target model reference."),
@@ -74,6 +79,8 @@ def advise(
     from verispec.engine.loader import DrafterOptions
 
     with user_errors():
+        if not 0.0 <= cached_prompt_fraction < 1.0:  # before minutes of loading and measuring
+            raise InvalidParameterError(f"--cached-prompt-fraction must be in [0, 1), got {cached_prompt_fraction}")
         if export is not None and export not in EXPORT_TOOLS:
             raise InvalidParameterError(f"--export must be one of {', '.join(EXPORT_TOOLS)}, got {export!r}")
         if export is not None and as_json and export_file is None:
@@ -104,6 +111,7 @@ def advise(
                 context_length=context_length,
                 memory_budget_bytes=int(memory_budget * 2**30) if memory_budget is not None else None,
                 gpu_cost_per_month=gpu_cost_per_month,
+                cached_prompt_fraction=cached_prompt_fraction,
                 on_run=on_run,
             )
     # the report is stdout's unless --json or --export (without a file) claim it; progress is stderr's
