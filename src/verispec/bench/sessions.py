@@ -33,6 +33,7 @@ SESSION_WORKLOADS = {
     "multiturn": "a support chat: a ~1,150-token policy as the system prompt, conversations of several turns",
     "completion": "an editor's completion: a Python file growing at the cursor, a request at each pause",
 }
+SESSION_MAX_TOKENS = {"multiturn": 64, "completion": 32}  # an answer, a completion at the cursor
 QUESTIONS = (  # two conversations of six turns under the support policy
     (
         "Hi, my order NW-20418837 still says Packed. Can I still change the delivery address?",

@@ -55,7 +55,9 @@ def bench(
         "curve; drafts only where it expects a gain), heuristic or constant (every method at -k, even where "
         "slower than plain).",
     ),
-    max_tokens: int = typer.Option(128, help="New tokens at most per prompt."),
+    max_tokens: int | None = typer.Option(
+        None, help="New tokens at most per prompt (default 128; multiturn 64, completion 32 per request)."
+    ),
     temperature: float = typer.Option(0.0, help="0 = greedy (checks exactness); > 0 samples."),
     seed: int = typer.Option(0, help="Seed of sampling runs (prompt i uses seed + i) and of the audit draws."),
     sampling: str = typer.Option(
@@ -103,7 +105,7 @@ def bench(
     """Benchmark plain decoding, every speculative method and the peers, interleaved prompt by prompt."""
     from verispec.bench.command import available_methods, load_pipelines, print_summary, run_and_report, split
     from verispec.bench.run import BenchConfig
-    from verispec.bench.sessions import SESSION_WORKLOADS
+    from verispec.bench.sessions import SESSION_MAX_TOKENS, SESSION_WORKLOADS
     from verispec.bench.workload import load_workload
     from verispec.engine.loader import DrafterOptions
     from verispec.runners.select import RUNNERS, RunnerOptions
@@ -117,13 +119,14 @@ def bench(
             methods,
             peers,
             limit,
-            max_tokens,
+            SESSION_MAX_TOKENS[workload] if max_tokens is None else max_tokens,
             num_speculative_tokens,
             schedule,
             out,
             as_json,
         )
         return
+    max_tokens = 128 if max_tokens is None else max_tokens
     with user_errors():
         lengths = int_list(prefill_tokens, "--prefill-tokens")
         kinds = split(runner) or ["auto"]
