@@ -76,3 +76,40 @@ def test_bad_grammars_are_clear_errors(compiler):
         StructuredOutput("json_schema", "{")
     with pytest.raises(InvalidParameterError, match="unknown structured output"):
         StructuredOutput("xml", "<a/>")
+
+
+def test_forced_tokens_are_the_bytes_the_grammar_allows_next(compiler):
+    tokenizer, grammar = compiler
+    constraints = TokenConstraints(
+        len(tokenizer), (), matcher=grammar.matcher(StructuredOutput("regex", "hello world (1|2)!"))
+    )
+    forced = constraints.forced_tokens(64)
+    assert tokenizer.decode(forced) == "hello world "  # then a choice: nothing more is forced
+    assert constraints.forced_tokens(1) == forced[:1]
+    assert constraints.masks(0)[0].nonzero().flatten().tolist() == [forced[0]]  # nothing consumed
+    constraints.commit(forced)
+    assert constraints.forced_tokens(64) == []
+    assert TokenConstraints(len(tokenizer), ()).forced_tokens(64) == []  # no grammar
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft", "auto"])
+@pytest.mark.parametrize("options", [{}, {"temperature": 0.9, "seed": 5}])
+def test_grammar_forced_drafts_keep_plain_output(method, options):
+    """Drafts the grammar forces (free, verified as any draft) leave the output plain decoding's,
+    greedy and seeded; the request's statistics name them."""
+    from server_support import tiny_pipeline
+    from verispec.engine import SpeculativeConfig
+
+    pipe = tiny_pipeline()
+    regex = StructuredOutput("regex", r'\{"name": "[a-z]{1,6}", "city": "(Paris|Rome)", "zip": [0-9]{4}\}')
+    params = SamplingParams(max_tokens=48, structured_output=regex, logprobs=1, **options)
+    prompt = pipe.tokenizer.encode("hello")
+    plain = pipe.engine.generate(prompt, params, SpeculativeConfig(method="none"))
+    got = pipe.engine.generate(prompt, params, SpeculativeConfig(method=method, num_speculative_tokens=4))
+    assert got.token_ids == plain.token_ids
+    # the tiny pipeline runs on the torch runner: a verify row's logits are not bit-identical to a
+    # one-token step's there (the gguf/int8 runners' are), so logprobs agree to float rounding
+    assert [lp.logprob for lp in got.logprobs] == pytest.approx([lp.logprob for lp in plain.logprobs], abs=1e-5)
+    forced = got.metrics.spec.per_drafter["grammar"]
+    assert forced.num_draft_tokens >= 10 and forced.num_accepted_tokens >= 1
+    assert "grammar" in got.token_sources and "grammar" not in plain.metrics.spec.per_drafter

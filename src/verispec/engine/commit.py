@@ -16,12 +16,13 @@ from dataclasses import dataclass
 import torch
 
 from verispec.algorithms.control import CostModel
+from verispec.algorithms.draft import DraftOutput
 from verispec.algorithms.sampling import process_logits, token_logprobs
 from verispec.algorithms.step import pick_token, verify_chain, verify_tree
 from verispec.algorithms.tree import TreeVerifyResult, tree_attention_mask, tree_position_ids
 from verispec.algorithms.verify import VerifyResult
 from verispec.engine.constraints import cut_draft
-from verispec.engine.policy import DraftStep
+from verispec.engine.policy import DraftStep, draft_batch
 from verispec.engine.request import GenerationOutput, StreamChunk
 from verispec.engine.state import RequestState
 from verispec.metrics import RequestMetrics
@@ -208,6 +209,33 @@ def share_features(state: RequestState, rows: slice | list[int], position: int) 
         proposer.observe_features(features, position)
     if state.prefix is not None and state.prefix.features is not None:  # the prefix cache keeps them
         state.prefix.features.put(features, position)
+
+
+GRAMMAR_DRAFTER = "grammar"  # the source of a draft the request's grammar forced (stats, sources)
+MIN_FORCED_TOKENS = 2  # a grammar forcing one token: the drafter's own draft holds it (masked alike) and more
+
+
+def forced_draft(plan: Plan) -> DraftStep | None:
+    """A draft the request's grammar forces (:meth:`TokenConstraints.forced_tokens`): at least
+    :data:`MIN_FORCED_TOKENS` tokens, none but what fits; None otherwise (the policy drafts). It
+    costs no draft pass; its drafter is :data:`GRAMMAR_DRAFTER`, deterministic (one-hot ``q``)."""
+    if plan.state.spec.method == "none" or plan.limit < MIN_FORCED_TOKENS:
+        return None
+    forced = plan.state.constraints.forced_tokens(plan.limit)
+    if len(forced) < MIN_FORCED_TOKENS:
+        return None
+    return DraftStep(GRAMMAR_DRAFTER, len(forced), DraftOutput(forced))
+
+
+def draft_plans(plans: list[Plan], batch_size: int) -> None:
+    """Each decoding plan's draft and the rows that verify it: the tokens its grammar forces
+    (:func:`forced_draft`, free), else its policy's (:func:`verispec.engine.policy.draft_batch`,
+    the draft models' chains of every request at once); ``batch_size``: requests decoding."""
+    forced = [forced_draft(plan) for plan in plans]
+    asks = [(plan.state.policy, plan.request, plan.limit) for plan, step in zip(plans, forced) if step is None]
+    drafted = iter(draft_batch(asks, batch_size))
+    for plan, step in zip(plans, forced):
+        take_draft(plan, step if step is not None else next(drafted))
 
 
 def take_draft(plan: Plan, step: DraftStep) -> None:

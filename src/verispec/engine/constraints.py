@@ -225,6 +225,15 @@ class TokenConstraints:
                     return i
         return valid
 
+    def forced_tokens(self, limit: int) -> list[int]:
+        """At most ``limit`` tokens the grammar forces after the committed output (llguidance's
+        fast-forward tokens: the only bytes it allows next, in its canonical tokenization), [] without
+        a grammar. Free drafts ("jump-forward decoding", SGLang, Zheng et al. 2024, §4): they are
+        verified as any draft, so a model that tokenizes the same bytes otherwise only rejects them."""
+        if self.matcher is None or limit <= 0 or self.matcher.is_stopped():
+            return []
+        return [int(t) for t in self.matcher.compute_ff_tokens()[:limit]]
+
     def commit(self, token_ids: Sequence[int]) -> None:
         """Advance the grammar by the tokens the output committed (end tokens leave it as it is)."""
         if self.matcher is None:

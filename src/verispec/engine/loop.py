@@ -21,10 +21,10 @@ import torch
 
 from verispec.algorithms.control import ControllerConfig, CostModel
 from verispec.algorithms.sampling import SamplingParams
-from verispec.engine.commit import Plan, commit, commit_prefill, finish, report, take_draft, verify
+from verispec.engine.commit import Plan, commit, commit_prefill, draft_plans, finish, report, verify
 from verispec.engine.constraints import GrammarCompiler, TokenConstraints
 from verispec.engine.methods import drafter_order
-from verispec.engine.policy import draft_batch, make_policy
+from verispec.engine.policy import make_policy
 from verispec.engine.prefix_cache import PrefixCache
 from verispec.engine.prefix_reuse import end_request, keep_finished, keep_prompt, new_prefix_state, read_prefix
 from verispec.engine.request import (
@@ -253,7 +253,8 @@ class SpeculativeEngine:
         plan -> draft -> forward -> verify -> commit: each request plans its share of the pass (a
         prefill chunk, or the draft tokens that fit), the policies draft for the decoding ones
         (:func:`verispec.engine.policy.draft_batch`: each draft length chosen for a pass holding
-        the other requests' rows too), one :func:`verispec.runners.forward_batch` scores every
+        the other requests' rows too; tokens a request's grammar forces are its draft, free:
+        :func:`verispec.engine.commit.draft_plans`), one :func:`verispec.runners.forward_batch` scores every
         prefill chunk, draft chain and draft tree, and each request then verifies, reports the
         outcome to its policy, commits, rolls back and stops on its own. On a batch-invariant
         runner each request's rows are the rows it would get alone, so its output is the output
@@ -265,10 +266,7 @@ class SpeculativeEngine:
         chunks: dict[int, StreamChunk] = {}
         batch_size = sum(not s.finished and not s.prefilling for s in states)
         plans = self._plan(states, chunks)
-        decoding = [plan for plan in plans if not plan.prefill]
-        asks = [(plan.state.policy, plan.request, plan.limit) for plan in decoding]
-        for plan, step in zip(decoding, draft_batch(asks, batch_size)):
-            take_draft(plan, step)
+        draft_plans([plan for plan in plans if not plan.prefill], batch_size)
         if not plans:
             return self._ended(states, chunks)
         logits, pass_s, rows = self._forward(plans)

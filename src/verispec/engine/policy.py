@@ -273,7 +273,7 @@ class DraftPolicy:
         num_draft = len(step.draft.draft_token_ids)
         if step.steady:
             self.costs.record_draft_ratio(step.drafter, num_draft, step.drafter_s, verify_s)
-        if step.drafter is not None:
+        if step.drafter in self.alphas:  # not None, nor a draft the grammar forced
             self.alphas[step.drafter].update(num_draft, num_accepted_tokens)
             self.costs.record_acceptance(
                 step.drafter, num_draft, num_accepted_tokens, self._carried_alpha_weight, self._alpha_prior
