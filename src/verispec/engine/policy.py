@@ -271,6 +271,8 @@ class DraftPolicy:
         None while no plain step cost is known.
         """
         num_draft = len(step.draft.draft_token_ids)
+        if step.drafter is not None and step.drafter not in self.alphas:  # a draft the grammar forced:
+            self._previous = None  # the next model draft catches up on its tokens, not a steady step
         if step.steady:
             self.costs.record_draft_ratio(step.drafter, num_draft, step.drafter_s, verify_s)
         if step.drafter in self.alphas:  # not None, nor a draft the grammar forced
