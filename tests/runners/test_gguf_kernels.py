@@ -283,3 +283,17 @@ def test_packed_weights_of_2_mb_or_more_start_on_a_huge_page_and_give_the_same_p
     assert torch.equal(big, torch.cat(small))  # tiles of 16 columns, one after the other: every byte
     parts = [gguf_kernels().linear(torch.from_numpy(x), p, int(T.Q4_K), 1024, ISA_NUMBERS["portable"]) for p in small]
     assert torch.equal(y, torch.cat(parts, dim=1))
+
+
+def test_a_pass_keeps_the_isa_it_started_with(monkeypatch):
+    from verispec.runners.kernels import kernel_isa_number, one_isa
+
+    monkeypatch.delenv("VERISPEC_KERNEL_ISA", raising=False)
+    best = kernel_isa_number()
+    with one_isa():
+        monkeypatch.setenv("VERISPEC_KERNEL_ISA", "portable")  # read once, on entry
+        assert kernel_isa_number() == best
+        with one_isa():  # nested: the outer pass's
+            assert kernel_isa_number() == best
+        assert kernel_isa_number() == best
+    assert kernel_isa_number() == ISA_NUMBERS["portable"]  # after the pass: the setting again

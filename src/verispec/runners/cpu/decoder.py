@@ -13,12 +13,14 @@ sampling or files.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from verispec.runners.features import concat_features
+from verispec.runners.kernels import one_isa
 
 
 @dataclass
@@ -56,7 +58,13 @@ def run_segments(segments: list[Segment]) -> list[Tensor]:
     """The decoder over every segment's new tokens (each at its cache's slots ``num_cached ..``):
     linear layers, norms and the LM head over all rows at once; RoPE, the cache write and
     attention per segment. Returns each segment's last ``num_rows`` logits rows ``[num_rows,
-    vocab]`` float32, and sets each capturing runner's ``last_features`` to its own rows."""
+    vocab]`` float32, and sets each capturing runner's ``last_features`` to its own rows. On the
+    compiled kernels, the pass runs on the ISA chosen as it starts (:func:`one_isa`)."""
+    with one_isa() if segments and segments[0].runner.runs_block_kernels else contextlib.nullcontext():
+        return _run_segments(segments)
+
+
+def _run_segments(segments: list[Segment]) -> list[Tensor]:
     runners = [seg.runner for seg in segments]
     if len({id(r) for r in runners}) != len(runners):
         raise ValueError("a sequence appears twice in one pass")
