@@ -106,3 +106,24 @@ def test_tree_on_a_runner_without_tree_verification_is_refused_before_any_token(
     engine = SpeculativeEngine(BigramRunner(chain_table({1: 2, 2: 1}, 4)), CharTokenizer("abcd"), eos_token_ids=[])
     with pytest.raises(InvalidParameterError, match="cannot verify token trees"):
         next(engine.stream([1, 2, 1, 2, 1], SamplingParams(max_tokens=8), SpeculativeConfig(method="tree")))
+
+
+def first_drafter(rate: float | None, batch_size: int = 1) -> tuple[str, int]:
+    """The drafter of ``auto``'s first step: an n-gram lookup (always matching, acceptance at the
+    prior) ahead of the draft model, whose realised rate is ``rate`` (None: not measured)."""
+    costs = CostModel(
+        verify_s={0: 1.0, 2: 1.2, 4: 1.3, 6: 1.4},
+        draft_token_s={"ngram": 0.0, "draft": 0.1},
+        drafter_rate={} if rate is None else {"draft": rate},
+    )
+    config = ControllerConfig(alpha_prior=0.5)
+    policy = DraftPolicy([("ngram", Fixed()), ("draft", Fixed())], "constant", 2, costs, config)
+    return policy.draft(None, 2, batch_size).drafter, policy.num_outrun_lookups
+
+
+def test_a_lookup_sits_out_when_the_draft_model_realises_more_than_it_predicts():
+    # the lookup predicts (1 + 0.5 + 0.25) tokens for a pass of 1.2 plain steps: 1.46x plain decoding
+    assert first_drafter(2.0) == ("draft", 1)  # the draft model realised 2.0x: it takes the step
+    assert first_drafter(1.3) == ("ngram", 0)  # a weaker draft model leaves it to the lookup
+    assert first_drafter(None) == ("ngram", 0)  # nothing measured yet: the lookup first, as before
+    assert first_drafter(2.0, batch_size=2) == ("ngram", 0)  # in a batch the draft model's costs are shared

@@ -115,6 +115,10 @@ class ControllerConfig:
         price_catch_up: the ``cost`` schedule also prices a model drafter's catch-up (its
             prefill at a request's first proposal) against the rest of the answer
             (:func:`catch_up_pays`); False: steady steps only, as before.
+        lookups_against_models: ``auto``'s lookup drafter sits a step out when a model drafter
+            behind it has realised more than the lookup's draft is predicted to give
+            (:meth:`verispec.engine.policy.DraftPolicy.draft`); False: a lookup drafts whenever
+            it beats plain decoding, as before.
     """
 
     alpha_prior: float = 0.6
@@ -125,6 +129,7 @@ class ControllerConfig:
     probe_interval: int = 16
     probe_length: int = 1
     price_catch_up: bool = True
+    lookups_against_models: bool = True
 
 
 class AcceptanceEstimate:

@@ -24,7 +24,7 @@ from verispec.algorithms.control import (
     expected_tokens,
 )
 from verispec.algorithms.schedules import CostModelSchedule, TreeBudgetSchedule, make_schedule, sized_by_confidence
-from verispec.engine.methods import ALTERNATIVE_DRAFTERS, TREE_SCHEDULED, drafter_order
+from verispec.engine.methods import ALTERNATIVE_DRAFTERS, LOOKUP_DRAFTERS, TREE_SCHEDULED, drafter_order
 from verispec.proposers import DraftOutput, DraftRequest, Proposer
 from verispec.proposers.suffix import ConfidentProposer
 
@@ -82,6 +82,7 @@ class DraftPolicy:
         self.costs = costs
         self._probe_interval = config.probe_interval
         self._price_catch_up = config.price_catch_up
+        self._lookups_against_models = config.lookups_against_models
         self._alpha_prior = config.alpha_prior
         self._carried_alpha_weight = config.carried_alpha_weight
         self._proposers = dict(proposers)
@@ -96,6 +97,8 @@ class DraftPolicy:
         self._previous: str | None = None  # drafter of the previous step
         alternatives = [name for name in ALTERNATIVE_DRAFTERS if name in self._proposers]
         self._alternatives = tuple(alternatives) if len(alternatives) > 1 else ()
+        self._models = (*alternatives, *(name for name in ("layer-skip",) if name in self._proposers))
+        self.num_outrun_lookups = 0  # steps a lookup sat out: a model drafter's realised rate beat its prediction
         self._explore_steps = 0  # > 0: steps left trying an alternative that is not the best
         self._exploring = ""  # that alternative
         self._num_choices = 0
@@ -128,15 +131,19 @@ class DraftPolicy:
         for name in self._step_order():
             proposer = self._proposers[name]
             k = self.schedules[name].next_k(batch_size)
+            scores = _LastScores()
             if isinstance(proposer, ConfidentProposer):  # a lookup sure of its match drafts more than the average
                 start, prior = time.perf_counter(), self.alphas[name].alpha
-                scores = functools.partial(proposer.draft_confidences, request, prior=prior)
+                scores.of = functools.partial(proposer.draft_confidences, request, prior=prior)
                 k = sized_by_confidence(self.schedules[name], scores, limit, batch_size, at_least=k)
                 spent += time.perf_counter() - start
             num_tokens = min(k, limit)
             if num_tokens <= 0:
                 continue
             predicted = self._predicted(name, num_tokens, batch_size)  # before this step's own timing
+            if self._outrun(name, num_tokens, predicted, scores.last, batch_size):
+                self.num_outrun_lookups += 1
+                continue
             # a drafter that drafted the previous step is steady (its cost per token covers what it
             # feeds, a tree's accepted path included); only one coming back to the request catches up
             rows = proposer.catch_up_rows(request) if self._previous != name else 0
@@ -154,6 +161,33 @@ class DraftPolicy:
                 return self._drafted(DraftStep(name, k, draft, spent, predicted, False, seconds, 0, rows), request)
         self._previous = None
         return self._plain_step(spent)
+
+    def _outrun(
+        self,
+        name: str,
+        num_tokens: int,
+        predicted: tuple[float, float] | None,
+        confidences: Sequence[float] | None,
+        batch_size: int,
+    ) -> bool:
+        """True when lookup drafter ``name`` should sit the step out for the model drafters behind
+        it (``auto``, a request decoding alone): its predicted speedup for ``num_tokens`` (expected
+        tokens ``1 + sum(confidences[:num_tokens])`` where it scored its proposal, Leviathan et al.
+        2023 Eq. 1 at its acceptance estimate otherwise, over ``predicted``'s step cost) is below
+        the best realised rate of a model drafter here (:meth:`CostModel.record_rate`: tokens per
+        plain-step cost of its steady steps). A lookup's schedule prices its draft against plain
+        decoding, and a weak match beats that while losing the step to the draft model it
+        displaces (measured: ``make demo``'s suffix steps accepted 0.118 of their tokens, the draft
+        model's 0.829). In a batch the model drafters' costs are shared, so the rule stays out."""
+        if not self._lookups_against_models or name not in LOOKUP_DRAFTERS or not self._models:
+            return False
+        if predicted is None or batch_size > 1:
+            return False
+        rates = [self.costs.drafter_rate[model] for model in self._models if model in self.costs.drafter_rate]
+        if not rates:
+            return False
+        tokens = 1.0 + sum(confidences[:num_tokens]) if confidences else predicted[0]
+        return tokens / predicted[1] < max(rates)
 
     def _plain_step(self, spent: float) -> DraftStep:
         """A step without a draft (``spent``: seconds of the proposals that came back empty)."""
@@ -289,7 +323,7 @@ class DraftPolicy:
                 self._tokens_from[step.drafter] += num_accepted_tokens + 1
         plain = self.costs.plain_step_s(base_rows)
         realised = (num_accepted_tokens + 1, (step.draft_s + verify_s) / plain) if plain else None
-        if realised is not None and step.steady and step.drafter in self._alternatives:
+        if realised is not None and step.steady and step.drafter in self._models:
             self.costs.record_rate(step.drafter, realised[0] / realised[1])
         return realised
 
@@ -380,6 +414,19 @@ def draft_batch(asks: Sequence[tuple[DraftPolicy, DraftRequest, int]], batch_siz
         policy, request = asks[i][0], asks[i][1]
         steps[i] = policy._complete(steps[i], draft, share, request, alone=len(deferred) == 1)
     return steps
+
+
+class _LastScores:
+    """``draft_confidences`` of a lookup that keeps the last scores it returned (``last``), so the
+    policy prices the cut it drafts with the same scores that sized it."""
+
+    def __init__(self) -> None:
+        self.of = None
+        self.last: list[float] | None = None
+
+    def __call__(self, num_tokens: int) -> list[float]:
+        self.last = list(self.of(num_tokens))
+        return self.last
 
 
 def _at_most(draft: DraftOutput, num_tokens: int) -> DraftOutput:

@@ -138,6 +138,11 @@ class Proposer:
         """The sequence this drafter follows was emptied for good (the request left its slot):
         drop per-sequence state and give back the memory it holds. Nothing by default."""
 
+    def shares_sequence_with(self, other: Proposer) -> bool:
+        """``other`` drafts over this drafter's own model sequence (so a new request's copies
+        share one too). False by default."""
+        return False
+
     def kv_prefix(self) -> tuple[Runner, Sequence[int]] | None:
         """The runner whose cache the prefix cache may keep and restore for this drafter, and the
         token ids its cache holds from position 0 (entries ``i`` follow tokens ``0 .. i``); None
@@ -176,8 +181,19 @@ class DraftCacheSequences(Proposer):
     """
 
     runner: Runner
-    cached_token_ids: list[int]  # the token ids in the draft runner's cache, in order
     context_window: int | None = None
+
+    @property
+    def cached_token_ids(self) -> list[int]:
+        """The token ids in the draft runner's cache, in order (shared by every drafter over the
+        same draft sequence: :meth:`on_sequence_of`)."""
+        return self._contents.token_ids
+
+    @cached_token_ids.setter
+    def cached_token_ids(self, token_ids: list[int]) -> None:
+        if "_contents" not in self.__dict__:
+            self._contents = _CacheContents()
+        self._contents.token_ids = token_ids
 
     def draft_context(self, request: DraftRequest) -> list[int]:
         """The token ids the draft continues: the prompt's last ``context_window`` and the output,
@@ -222,8 +238,23 @@ class DraftCacheSequences(Proposer):
         """This drafter for another request: the same draft weights, its own empty cache."""
         clone = copy.copy(self)
         clone.runner = self.runner.new_sequence()
-        clone.cached_token_ids = []
+        clone._contents = _CacheContents()
         return clone
+
+    def on_sequence_of(self, other: DraftCacheSequences) -> DraftCacheSequences:
+        """This drafter over ``other``'s draft sequence: the same runner sequence, its cache and
+        the token ids it holds shared, so switching between the two drafters (``auto``'s draft
+        chain and draft tree) feeds only the tokens since either last drafted, never the context
+        again. For runners whose rows do not depend on the pass they are in (gguf, int8): an
+        entry is the same bits whichever drafter computed it."""
+        clone = copy.copy(self)
+        clone.runner = other.runner
+        clone._contents = other._contents
+        return clone
+
+    def shares_sequence_with(self, other: Proposer) -> bool:
+        """``other`` drafts over this drafter's very draft sequence (:meth:`on_sequence_of`)."""
+        return isinstance(other, DraftCacheSequences) and other._contents is self._contents
 
     def kv_prefix(self) -> tuple[Runner, Sequence[int]] | None:
         """The draft runner and the token ids its cache holds (where it can copy entries out)."""
@@ -239,6 +270,16 @@ class DraftCacheSequences(Proposer):
         """Empty the draft cache and hand its memory back (the runner's ``release()``)."""
         self.runner.release()
         self.cached_token_ids = []
+
+
+class _CacheContents:
+    """The token ids one draft runner sequence's cache holds, in order: one object for every
+    drafter over that sequence (:meth:`DraftCacheSequences.on_sequence_of`)."""
+
+    __slots__ = ("token_ids",)
+
+    def __init__(self) -> None:
+        self.token_ids: list[int] = []
 
 
 def window_start(num_tokens: int, capacity: int) -> int:

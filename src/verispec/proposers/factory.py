@@ -148,6 +148,8 @@ def build_drafters(
         proposers["tree"] = DraftTreeProposer(
             tree_runner, choices=options.tree_choices, context_window=options.draft_context_window
         )
+        if tree_runner is draft_runner:  # one draft sequence: switching chain <-> tree catches up on nothing
+            proposers["tree"] = proposers["tree"].on_sequence_of(proposers["draft"])
     if options.eagle_head is not None:
         if target_runner is None or not target_runner.supports_features:
             kind = type(target_runner).__name__ if target_runner is not None else "no runner"
@@ -223,12 +225,18 @@ def with_lookup_drafters(proposers: Mapping[str, Proposer] | None) -> dict[str, 
 
 def for_new_sequence(proposers: Mapping[str, Proposer]) -> dict[str, Proposer]:
     """Each drafter for another sequence (its own caches and state); a tree over a chain drafter
-    wraps the new chain drafter, so the two keep sharing one index.
+    wraps the new chain drafter, so the two keep sharing one index, and drafters over one draft
+    sequence (:meth:`~verispec.proposers.DraftCacheSequences.on_sequence_of`) share the new one.
 
     Raises:
         ValueError: a drafter that cannot follow another sequence.
     """
-    fresh = {name: p.new_sequence() for name, p in proposers.items() if name not in TREE_WRAPPERS}
+    fresh: dict[str, Proposer] = {}
+    for name, p in proposers.items():
+        if name in TREE_WRAPPERS:
+            continue
+        partner = next((n for n in fresh if proposers[n] is not p and proposers[n].shares_sequence_with(p)), None)
+        fresh[name] = p.on_sequence_of(fresh[partner]) if partner is not None else p.new_sequence()
     for tree_name, (tree_type, chain_name, chain_type) in TREE_WRAPPERS.items():
         tree = proposers.get(tree_name)
         if isinstance(tree, tree_type) and isinstance(fresh.get(chain_name), chain_type):

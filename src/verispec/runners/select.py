@@ -129,7 +129,7 @@ class BuiltRunners:
     choice: Choice
     target: Runner
     draft: Runner | None
-    draft_tree: Runner | None = None  # a second draft runner (own cache) for tree drafting; None: no tree
+    draft_tree: Runner | None = None  # the tree drafter's runner (gguf/int8: the draft's own, one cache); None: no tree
     load_s: dict[str, float] = field(default_factory=dict)  # seconds each runner took to build ("target", "draft")
     weight_bytes: dict[str, int] = field(default_factory=dict)  # bytes of weights the runner holds, where it knows
     draft_requantize: str | None = None  # what the draft was re-quantized to as it loaded (gguf), None: as stored
@@ -208,8 +208,8 @@ def build_runners(
                 requantize=draft_requantize,
             )
         load_s["draft"] = time.perf_counter() - start
-        if kind in BATCH_INVARIANT:  # same weights, its own KV cache
-            draft_tree = type(draft_runner)(draft_runner.weights, max_context_length=draft_runner.max_context_length)
+        if kind in BATCH_INVARIANT:  # the draft chain's own sequence: its entries are the same bits either way
+            draft_tree = draft_runner
         elif kind == "torch":
             draft_tree = make_runner(kind, draft, max_context_length=draft_capacity)
     if kind == "gguf":  # seconds to measure: the controller then starts from this machine's costs
