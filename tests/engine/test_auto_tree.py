@@ -118,7 +118,7 @@ def first_drafter(rate: float | None, batch_size: int = 1) -> tuple[str, int]:
     )
     config = ControllerConfig(alpha_prior=0.5)
     policy = DraftPolicy([("ngram", Fixed()), ("draft", Fixed())], "constant", 2, costs, config)
-    return policy.draft(None, 2, batch_size).drafter, policy.num_outrun_lookups
+    return policy.draft(None, 2, batch_size).drafter, policy.ranking.num_outrun_lookups
 
 
 def test_a_lookup_sits_out_when_the_draft_model_realises_more_than_it_predicts():

@@ -1,11 +1,12 @@
 """Per-step drafting policy of one request: which drafter drafts, and how many tokens.
 
 Owns, over the drafter order of the request's method (:mod:`verispec.engine.methods`), one
-acceptance estimate and draft-length schedule per drafter, the ranking of ``auto``'s model
-drafters by realised rate, the timing of proposals (drafters that batch draft for every request
-of a pass at once, :func:`draft_batch`) and the controller's predictions. The engine's one loop
-asks it for the drafts of a pass (:func:`draft_batch`) and reports each outcome back
-(:meth:`DraftPolicy.observe`). Knows nothing about verification, caches or text.
+acceptance estimate and draft-length schedule per drafter, the timing of proposals (drafters that
+batch draft for every request of a pass at once, :func:`draft_batch`) and the controller's
+predictions; the order ``auto``'s drafters are tried in each step is
+:class:`verispec.engine.ranking.DrafterRanking`'s. The engine's one loop asks it for the drafts of
+a pass (:func:`draft_batch`) and reports each outcome back (:meth:`DraftPolicy.observe`). Knows
+nothing about verification, caches or text.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from verispec.algorithms.control import (
     expected_tokens,
 )
 from verispec.algorithms.schedules import CostModelSchedule, TreeBudgetSchedule, make_schedule, sized_by_confidence
-from verispec.engine.methods import ALTERNATIVE_DRAFTERS, LOOKUP_DRAFTERS, TREE_SCHEDULED, drafter_order
+from verispec.engine.methods import TREE_SCHEDULED, drafter_order
+from verispec.engine.ranking import DrafterRanking
 from verispec.proposers import DraftOutput, DraftRequest, Proposer
 from verispec.proposers.suffix import ConfidentProposer
 
@@ -80,9 +82,7 @@ class DraftPolicy:
         config: ControllerConfig,
     ) -> None:
         self.costs = costs
-        self._probe_interval = config.probe_interval
         self._price_catch_up = config.price_catch_up
-        self._lookups_against_models = config.lookups_against_models
         self._alpha_prior = config.alpha_prior
         self._carried_alpha_weight = config.carried_alpha_weight
         self._proposers = dict(proposers)
@@ -95,13 +95,7 @@ class DraftPolicy:
             for name in self._proposers
         }
         self._previous: str | None = None  # drafter of the previous step
-        alternatives = [name for name in ALTERNATIVE_DRAFTERS if name in self._proposers]
-        self._alternatives = tuple(alternatives) if len(alternatives) > 1 else ()
-        self._models = (*alternatives, *(name for name in ("layer-skip",) if name in self._proposers))
-        self.num_outrun_lookups = 0  # steps a lookup sat out: a model drafter's realised rate beat its prediction
-        self._explore_steps = 0  # > 0: steps left trying an alternative that is not the best
-        self._exploring = ""  # that alternative
-        self._num_choices = 0
+        self.ranking = DrafterRanking(list(self._proposers), costs, config)
         self.num_declined_catch_ups = 0  # steps a model drafter sat out: catching up would not pay
         self._caught_up_at: dict[str, int] = {}  # model drafter -> output tokens at its first catch-up
         self._tokens_from: dict[str, int] = {}  # model drafter -> tokens its steps emitted since
@@ -128,7 +122,7 @@ class DraftPolicy:
         drafter's own steps have been emitting, :meth:`CostModel.record_coverage`). A probe of a
         switched-off drafter is priced at the prior acceptance."""
         spent = 0.0
-        for name in self._step_order():
+        for name in self.ranking.step_order():
             proposer = self._proposers[name]
             k = self.schedules[name].next_k(batch_size)
             scores = _LastScores()
@@ -141,8 +135,7 @@ class DraftPolicy:
             if num_tokens <= 0:
                 continue
             predicted = self._predicted(name, num_tokens, batch_size)  # before this step's own timing
-            if self._outrun(name, num_tokens, predicted, scores.last, batch_size):
-                self.num_outrun_lookups += 1
+            if self.ranking.outrun(name, num_tokens, predicted, scores.last, batch_size):
                 continue
             # a drafter that drafted the previous step is steady (its cost per token covers what it
             # feeds, a tree's accepted path included); only one coming back to the request catches up
@@ -161,33 +154,6 @@ class DraftPolicy:
                 return self._drafted(DraftStep(name, k, draft, spent, predicted, False, seconds, 0, rows), request)
         self._previous = None
         return self._plain_step(spent)
-
-    def _outrun(
-        self,
-        name: str,
-        num_tokens: int,
-        predicted: tuple[float, float] | None,
-        confidences: Sequence[float] | None,
-        batch_size: int,
-    ) -> bool:
-        """True when lookup drafter ``name`` should sit the step out for the model drafters behind
-        it (``auto``, a request decoding alone): its predicted speedup for ``num_tokens`` (expected
-        tokens ``1 + sum(confidences[:num_tokens])`` where it scored its proposal, Leviathan et al.
-        2023 Eq. 1 at its acceptance estimate otherwise, over ``predicted``'s step cost) is below
-        the best realised rate of a model drafter here (:meth:`CostModel.record_rate`: tokens per
-        plain-step cost of its steady steps). A lookup's schedule prices its draft against plain
-        decoding, and a weak match beats that while losing the step to the draft model it
-        displaces (measured: ``make demo``'s suffix steps accepted 0.118 of their tokens, the draft
-        model's 0.829). In a batch the model drafters' costs are shared, so the rule stays out."""
-        if not self._lookups_against_models or name not in LOOKUP_DRAFTERS or not self._models:
-            return False
-        if predicted is None or batch_size > 1:
-            return False
-        rates = [self.costs.drafter_rate[model] for model in self._models if model in self.costs.drafter_rate]
-        if not rates:
-            return False
-        tokens = 1.0 + sum(confidences[:num_tokens]) if confidences else predicted[0]
-        return tokens / predicted[1] < max(rates)
 
     def _plain_step(self, spent: float) -> DraftStep:
         """A step without a draft (``spent``: seconds of the proposals that came back empty)."""
@@ -323,44 +289,9 @@ class DraftPolicy:
                 self._tokens_from[step.drafter] += num_accepted_tokens + 1
         plain = self.costs.plain_step_s(base_rows)
         realised = (num_accepted_tokens + 1, (step.draft_s + verify_s) / plain) if plain else None
-        if realised is not None and step.steady and step.drafter in self._models:
-            self.costs.record_rate(step.drafter, realised[0] / realised[1])
+        if realised is not None and step.steady:
+            self.ranking.record(step.drafter, realised)
         return realised
-
-    def _step_order(self) -> list[str]:
-        """The drafters to try this step: the policy's order, the alternatives (``auto``'s model
-        drafters: EAGLE head, draft chain, draft tree) in their places ranked by
-        :meth:`_rank_alternatives`. The first that drafts wins, so an alternative whose own
-        schedule sits the step out (its cost model expects no gain) hands it to the next."""
-        if not self._alternatives:
-            return list(self._proposers)
-        ranked = iter(self._rank_alternatives())
-        return [next(ranked) if name in self._alternatives else name for name in self._proposers]
-
-    def _rank_alternatives(self) -> list[str]:
-        """``auto``'s model drafters, best first, for this step.
-
-        Alternatives with no realised rate yet come first (in the policy's order); then by
-        realised tokens per plain-step cost (:meth:`CostModel.record_rate`, steady steps only,
-        kept across requests), except that every ``probe_interval`` choices one of the others
-        (in turn) goes first for two steps (the first pays for catching up on skipped tokens and
-        is not recorded), so a change in the text or the machine can change the ranking. A weak
-        EAGLE head thus loses the steps to the draft model once both are rated.
-        """
-        rates = self.costs.drafter_rate
-        untried = [name for name in self._alternatives if name not in rates]
-        tried = sorted((name for name in self._alternatives if name in rates), key=rates.__getitem__, reverse=True)
-        self._num_choices += 1
-        if self._explore_steps == 0 and not untried and self._num_choices % self._probe_interval == 0:
-            self._explore_steps = 2
-            others = tried[1:]
-            self._exploring = others[(self._num_choices // self._probe_interval - 1) % len(others)]
-        ranked = untried + tried
-        if self._explore_steps > 0:
-            self._explore_steps -= 1
-            ranked.remove(self._exploring)
-            ranked.insert(0, self._exploring)
-        return ranked
 
     def _predicted(self, name: str, num_draft_tokens: int, batch_size: int = 1) -> tuple[float, float] | None:
         step_costs = self.costs.step_costs(name, num_draft_tokens, batch_size)

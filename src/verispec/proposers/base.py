@@ -187,13 +187,15 @@ class DraftCacheSequences(Proposer):
     def cached_token_ids(self) -> list[int]:
         """The token ids in the draft runner's cache, in order (shared by every drafter over the
         same draft sequence: :meth:`on_sequence_of`)."""
-        return self._contents.token_ids
+        return self._held().token_ids
 
     @cached_token_ids.setter
     def cached_token_ids(self, token_ids: list[int]) -> None:
-        if "_contents" not in self.__dict__:
-            self._contents = _CacheContents()
-        self._contents.token_ids = token_ids
+        self._held().token_ids = token_ids
+
+    def _held(self) -> _CacheContents:
+        """What this drafter's draft sequence holds (made on first use)."""
+        return self.__dict__.setdefault("_contents", _CacheContents())
 
     def draft_context(self, request: DraftRequest) -> list[int]:
         """The token ids the draft continues: the prompt's last ``context_window`` and the output,
@@ -249,12 +251,12 @@ class DraftCacheSequences(Proposer):
         entry is the same bits whichever drafter computed it."""
         clone = copy.copy(self)
         clone.runner = other.runner
-        clone._contents = other._contents
+        clone._contents = other._held()
         return clone
 
     def shares_sequence_with(self, other: Proposer) -> bool:
         """``other`` drafts over this drafter's very draft sequence (:meth:`on_sequence_of`)."""
-        return isinstance(other, DraftCacheSequences) and other._contents is self._contents
+        return isinstance(other, DraftCacheSequences) and other._held() is self._held()
 
     def kv_prefix(self) -> tuple[Runner, Sequence[int]] | None:
         """The draft runner and the token ids its cache holds (where it can copy entries out)."""
