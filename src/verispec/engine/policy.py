@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from verispec.algorithms.control import (
@@ -125,17 +125,18 @@ class DraftPolicy:
         for name in self.ranking.step_order():
             proposer = self._proposers[name]
             k = self.schedules[name].next_k(batch_size)
-            scores = _LastScores()
+            confidences = None  # the lookup's scores of its proposal, where it sized the draft by them
             if isinstance(proposer, ConfidentProposer):  # a lookup sure of its match drafts more than the average
                 start, prior = time.perf_counter(), self.alphas[name].alpha
-                scores.of = functools.partial(proposer.draft_confidences, request, prior=prior)
+                scores = _LastScores(functools.partial(proposer.draft_confidences, request, prior=prior))
                 k = sized_by_confidence(self.schedules[name], scores, limit, batch_size, at_least=k)
+                confidences = scores.last
                 spent += time.perf_counter() - start
             num_tokens = min(k, limit)
             if num_tokens <= 0:
                 continue
             predicted = self._predicted(name, num_tokens, batch_size)  # before this step's own timing
-            if self.ranking.outrun(name, num_tokens, predicted, scores.last, batch_size):
+            if self.ranking.outrun(name, num_tokens, predicted, confidences, batch_size):
                 continue
             # a drafter that drafted the previous step is steady (its cost per token covers what it
             # feeds, a tree's accepted path included); only one coming back to the request catches up
@@ -351,8 +352,8 @@ class _LastScores:
     """``draft_confidences`` of a lookup that keeps the last scores it returned (``last``), so the
     policy prices the cut it drafts with the same scores that sized it."""
 
-    def __init__(self) -> None:
-        self.of = None
+    def __init__(self, of: Callable[[int], Sequence[float]]) -> None:
+        self.of = of
         self.last: list[float] | None = None
 
     def __call__(self, num_tokens: int) -> list[float]:
