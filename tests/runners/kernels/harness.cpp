@@ -64,16 +64,7 @@ float bits_float(uint32_t b) {
 
 const int64_t TYPES[] = {Q4_K, Q6_K, Q4_0, IQ4_NL, Q5_0, Q8_0};
 
-const char* type_name(int64_t qtype) {
-    switch (qtype) {
-        case Q4_K: return "Q4_K";
-        case Q6_K: return "Q6_K";
-        case Q4_0: return "Q4_0";
-        case IQ4_NL: return "IQ4_NL";
-        case Q5_0: return "Q5_0";
-        default: return "Q8_0";
-    }
-}
+const char* type_name(int64_t qtype) { return block_traits(qtype).name; }
 
 // Block kinds: SANE as random_blocks (random bits, positive fp16 scales of about 1e-3); ANY_SCALE
 // random bits with any finite fp16 scales (negative, subnormal, up to 65504); FULL and EMPTY every
@@ -90,7 +81,7 @@ const char* blocks_name(Blocks kind) {
 }
 
 std::vector<uint8_t> random_blocks(int64_t qtype, int64_t out, int64_t in, Rng& rng, Blocks kind) {
-    const Format f = format_of(qtype);
+    const BlockTraits& f = block_traits(qtype);
     const int64_t nblocks = out * (in / f.block_k);
     std::vector<uint8_t> raw(nblocks * f.raw_bytes);
     for (auto& byte : raw) byte = kind == FULL ? 0xFF : kind == EMPTY ? 0x00 : (uint8_t)rng.next();
@@ -305,7 +296,7 @@ struct Harness {
     // Tile products: k = 1..16 rows (or a few row counts) of activations quantized by the portable
     // path (the quantization is checked on its own), all tiles of the matrix, padding included.
     void tiles(int64_t qtype, int64_t out, int64_t in, Blocks kind, bool every_k, uint64_t seed) {
-        const Format f = format_of(qtype);
+        const BlockTraits& f = block_traits(qtype);
         Rng rng(seed);
         const std::vector<uint8_t> raw = random_blocks(qtype, out, in, rng, kind);
         const int64_t nblocks = in / f.block_k, ntiles = (out + TILE - 1) / TILE, ldo = ntiles * TILE;
@@ -736,7 +727,7 @@ int main(int argc, char** argv) {
 
     uint64_t seed = 1;
     for (int64_t qtype : TYPES) {
-        const bool k_quant = format_of(qtype).k_quant;
+        const bool k_quant = block_traits(qtype).k_quant;
         const int64_t unit = k_quant ? 256 : 32;
         h.tiles(qtype, 40, k_quant ? 512 : 160, SANE, true, seed++);  // 3 tiles, the last half padding
         h.tiles(qtype, 33, 3 * unit, SANE, true, seed++);            // one real column in the last tile

@@ -215,7 +215,7 @@ template <class Acc>
 VS_KERNEL void tile_q4_k(const TileArgs& a) {
     constexpr int R = Acc::ROWS;
     constexpr int DMIN = 32, SCALES = 64, MINS = 192, QS = 320;  // byte offsets in a tile block
-    const int bytes = format_of(Q4_K).tile_bytes;
+    const int bytes = block_traits(Q4_K).tile_bytes;
     const Activations& x = *a.act;
     const int64_t nb = x.in / 256;
     const uint8x16_t m4 = vdupq_n_u8(0x0F);
@@ -265,7 +265,7 @@ template <class Acc>
 VS_KERNEL void tile_q6_k(const TileArgs& a) {
     constexpr int R = Acc::ROWS;
     constexpr int SCALES = 32, PAIRS = 288, PAIR_BYTES = 384, HIGH = 256;  // byte offsets / strides
-    const int bytes = format_of(Q6_K).tile_bytes;
+    const int bytes = block_traits(Q6_K).tile_bytes;
     const Activations& x = *a.act;
     const int64_t nb = x.in / 256;
     const uint8x16_t m4 = vdupq_n_u8(0x0F), m30 = vdupq_n_u8(0x30);
@@ -320,7 +320,7 @@ template <class Acc, int64_t QT>
 VS_KERNEL void tile_nibbles(const TileArgs& a) {
     constexpr int R = Acc::ROWS;
     constexpr int NIBBLES = 32, HIGH = 288;  // byte offsets in a tile block
-    const int bytes = format_of(QT).tile_bytes;
+    const int bytes = block_traits(QT).tile_bytes;
     const Activations& x = *a.act;
     const int64_t nb = x.in / 32;
     const uint8x16_t m4 = vdupq_n_u8(0x0F), top = vdupq_n_u8(0xF0);
@@ -364,7 +364,7 @@ template <class Acc>
 VS_KERNEL void tile_q8_0(const TileArgs& a) {
     constexpr int R = Acc::ROWS;
     constexpr int WEIGHTS = 32;  // byte offset in a tile block
-    const int bytes = format_of(Q8_0).tile_bytes;
+    const int bytes = block_traits(Q8_0).tile_bytes;
     const Activations& x = *a.act;
     const int64_t nb = x.in / 32;
     zero_rows<R>(a);
@@ -388,25 +388,23 @@ VS_KERNEL void tile_q8_0(const TileArgs& a) {
     }
 }
 
+// The NEON tile kernels for one accumulator (Acc::ROWS rows), one row per block format (QTYPES order).
 template <class Acc>
-void tile_rows(int64_t qtype, const TileArgs& a) {
-    switch (qtype) {
-        case Q4_K: tile_q4_k<Acc>(a); break;
-        case Q6_K: tile_q6_k<Acc>(a); break;
-        case Q4_0: tile_nibbles<Acc, Q4_0>(a); break;
-        case IQ4_NL: tile_nibbles<Acc, IQ4_NL>(a); break;
-        case Q5_0: tile_nibbles<Acc, Q5_0>(a); break;
-        case Q8_0: tile_q8_0<Acc>(a); break;
-        default: fail("unsupported GGUF block type " + std::to_string(qtype));
-    }
-}
+constexpr TileKernel TILES[] = {{Q4_K, tile_q4_k<Acc>},
+                                {Q6_K, tile_q6_k<Acc>},
+                                {Q4_0, tile_nibbles<Acc, Q4_0>},
+                                {IQ4_NL, tile_nibbles<Acc, IQ4_NL>},
+                                {Q5_0, tile_nibbles<Acc, Q5_0>},
+                                {Q8_0, tile_q8_0<Acc>}};
+static_assert(in_format_order(TILES<DotAcc<1>>), "the NEON tile kernels: one per format, in QTYPES order");
 
 }  // namespace
 
 // Rows in register tiles of at most TILE_ROWS; with i8mm, pairs of rows through smmla and a last
 // odd row through sdot (8 = 4 + 4, 7 = 4 + 2 + 1, 3 = 2 + 1); without, 8 = 4 + 4, 7 = 4 + 3, ...
 // Each row's result is independent of the split and of the accumulator (core.h).
-void tile_neon(int64_t qtype, const TileArgs& a) {
+// One table lookup per register tile of rows: the accumulator picks the table, the format its row.
+void tile_neon(int format, const TileArgs& a) {
 #if defined(VS_HAVE_I8MM)
     static const bool mmla = neon_has_i8mm();
 #else
@@ -420,15 +418,15 @@ void tile_neon(int64_t qtype, const TileArgs& a) {
         part.rows = mmla && left >= 2 ? (left >= TILE_ROWS ? TILE_ROWS : 2) : std::min(TILE_ROWS, left);
         if (mmla && part.rows % 2 == 0) {
 #if defined(VS_HAVE_I8MM)
-            if (part.rows == 4) tile_rows<MmlaAcc<4>>(qtype, part);
-            else tile_rows<MmlaAcc<2>>(qtype, part);
+            if (part.rows == 4) TILES<MmlaAcc<4>>[format].run(part);
+            else TILES<MmlaAcc<2>>[format].run(part);
 #endif
         } else {
             switch (part.rows) {
-                case 1: tile_rows<DotAcc<1>>(qtype, part); break;
-                case 2: tile_rows<DotAcc<2>>(qtype, part); break;
-                case 3: tile_rows<DotAcc<3>>(qtype, part); break;
-                default: tile_rows<DotAcc<4>>(qtype, part); break;
+                case 1: TILES<DotAcc<1>>[format].run(part); break;
+                case 2: TILES<DotAcc<2>>[format].run(part); break;
+                case 3: TILES<DotAcc<3>>[format].run(part); break;
+                default: TILES<DotAcc<4>>[format].run(part); break;
             }
         }
         r0 += part.rows;
@@ -440,7 +438,7 @@ void tile_neon(int64_t qtype, const TileArgs& a) {
 #else  // not AArch64: the path is not compiled in (isa_supported says so; these are never called)
 
 namespace vsk {
-void tile_neon(int64_t, const TileArgs&) { fail("the NEON path is not compiled for this CPU"); }
+void tile_neon(int, const TileArgs&) { fail("the NEON path is not compiled for this CPU"); }
 }  // namespace vsk
 
 #endif

@@ -19,7 +19,7 @@ namespace {
 using vsk::Isa;
 
 // The checks repack and dequantize share: raw holds out_features rows of whole blocks.
-int64_t check_raw_blocks(const torch::Tensor& raw, const vsk::Format& f, int64_t out_features, int64_t in_features) {
+int64_t check_raw_blocks(const torch::Tensor& raw, const vsk::BlockTraits& f, int64_t out_features, int64_t in_features) {
     TORCH_CHECK(raw.dtype() == torch::kUInt8 && raw.is_contiguous(), "raw blocks must be contiguous uint8");
     TORCH_CHECK(in_features % f.block_k == 0, "in_features ", in_features, " is not a multiple of ", f.block_k);
     const int64_t nblocks = in_features / f.block_k;
@@ -49,7 +49,7 @@ torch::Tensor zeroed_weight_bytes(int64_t n) {
 }
 
 torch::Tensor repack(torch::Tensor raw, int64_t qtype, int64_t out_features, int64_t in_features) {
-    const vsk::Format f = vsk::format_of(qtype);
+    const vsk::BlockTraits& f = vsk::block_traits(qtype);
     const int64_t nblocks = check_raw_blocks(raw, f, out_features, in_features);
     const int64_t ntiles = (out_features + vsk::TILE - 1) / vsk::TILE;
     auto packed = zeroed_weight_bytes(ntiles * nblocks * f.tile_bytes);
@@ -62,7 +62,7 @@ torch::Tensor repack(torch::Tensor raw, int64_t qtype, int64_t out_features, int
 // Calls row_fn(r, w) with each row r of raw de-quantized (ggml's formulas), rows in parallel.
 template <typename RowFn>
 void for_dequantized_rows(const torch::Tensor& raw, int64_t qtype, int64_t out_features, int64_t in_features, RowFn row_fn) {
-    const vsk::Format f = vsk::format_of(qtype);
+    const vsk::BlockTraits& f = vsk::block_traits(qtype);
     const int64_t nblocks = check_raw_blocks(raw, f, out_features, in_features);
     const int64_t row_bytes = nblocks * f.raw_bytes;
     const uint8_t* src = raw.data_ptr<uint8_t>();
@@ -112,19 +112,18 @@ std::vector<torch::Tensor> requantize_int8(torch::Tensor raw, int64_t qtype, int
 // uint8: each row de-quantized (as dequantize) and quantized 32 values at a time. impl: as linear.
 torch::Tensor requantize_4bit(torch::Tensor raw, int64_t qtype, int64_t out_features, int64_t in_features, int64_t to_qtype,
                               int64_t impl) {
-    TORCH_CHECK(to_qtype == vsk::Q4_0 || to_qtype == vsk::IQ4_NL, "re-quantizing to GGUF block type ", to_qtype,
+    const vsk::BlockTraits* to = vsk::find_block_traits(to_qtype);  // the target's row: its quantize_block
+    TORCH_CHECK(to != nullptr && to->quantize_block != nullptr, "re-quantizing to GGUF block type ", to_qtype,
                 " is not supported");
-    TORCH_CHECK(in_features % 32 == 0, "in_features ", in_features, " is not a multiple of 32");
+    TORCH_CHECK(in_features % to->block_k == 0, "in_features ", in_features, " is not a multiple of ", to->block_k);
     const Isa isa = vsk::resolve_isa(impl);
-    const int64_t out_blocks = in_features / 32;
-    auto q = torch::empty({out_features * out_blocks * 18}, torch::kUInt8);
+    const int64_t out_blocks = in_features / to->block_k;
+    auto q = torch::empty({out_features * out_blocks * to->raw_bytes}, torch::kUInt8);
     uint8_t* dst = q.data_ptr<uint8_t>();
+    const auto quantize_block = to->quantize_block;
     for_dequantized_rows(raw, qtype, out_features, in_features, [&](int64_t r, const float* w) {
-        for (int64_t blk = 0; blk < out_blocks; ++blk) {
-            uint8_t* o = dst + (r * out_blocks + blk) * 18;
-            if (to_qtype == vsk::Q4_0) vsk::quantize_block_q4_0(w + blk * 32, o);
-            else vsk::quantize_block_iq4_nl(w + blk * 32, o, isa);
-        }
+        for (int64_t blk = 0; blk < out_blocks; ++blk)
+            quantize_block(w + blk * to->block_k, dst + (r * out_blocks + blk) * to->raw_bytes, isa);
     });
     return q;
 }
@@ -134,7 +133,7 @@ torch::Tensor requantize_4bit(torch::Tensor raw, int64_t qtype, int64_t out_feat
 torch::Tensor linear(torch::Tensor x, torch::Tensor packed, int64_t qtype, int64_t out_features, int64_t impl) {
     TORCH_CHECK(x.dim() == 2 && x.dtype() == torch::kFloat32, "x must be [rows, in] float32");
     x = x.contiguous();
-    const vsk::Format f = vsk::format_of(qtype);
+    const vsk::BlockTraits& f = vsk::block_traits(qtype);
     const int64_t rows = x.size(0), in = x.size(1);
     TORCH_CHECK(in % f.block_k == 0, "in_features ", in, " is not a multiple of ", f.block_k);
     const int64_t nblocks = in / f.block_k, ntiles = (out_features + vsk::TILE - 1) / vsk::TILE;
@@ -142,7 +141,7 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, int64_t qtype, int64
     const Isa isa = vsk::resolve_isa(impl);
     auto out = torch::empty({rows, ntiles * vsk::TILE}, torch::kFloat32);
     vsk::Activations act;
-    vsk::prepare_activations(act, rows, in, f.k_quant ? 256 : 32, qtype == vsk::Q8_0);
+    vsk::prepare_activations(act, rows, in, f.k_quant ? 256 : 32, f.offset);
     const float* xp = x.data_ptr<float>();
     at::parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) { vsk::quantize_activation_rows(xp, act, r0, r1, isa); });
     const uint8_t* w = packed.data_ptr<uint8_t>();

@@ -16,11 +16,12 @@
 // Block formats: ggml's Q4_K, Q6_K, Q4_0, IQ4_NL, Q5_0 and Q8_0 (ggml-common.h, ggml-quants.c).
 // Activation quantization follows llama.cpp's Q8_K (256 values per scale, K-quants) and Q8_0 (32).
 //
-// Files: formats.cpp (decoding, the repacked tile layout), portable.cpp (reference), x86_avx512.cpp,
-// x86_avx2.cpp (AVX2, with AVX-VNNI where present), arm_neon.cpp (ARMv8.2 dotprod tile products),
-// arm_neon_float.cpp (NEON activation rows, attention, IQ4_NL scale search), attention.cpp,
-// row_ops.cpp (SwiGLU, RMSNorm, softmax numerators), requantize.cpp, dispatch.cpp (which path
-// runs: the kernel tables; the product loop), bindings.cpp (torch).
+// Files: formats.cpp (FORMATS, one row per block format: decoding, the repacked tile layout),
+// portable.cpp (reference), x86_avx512.cpp, x86_avx2.cpp (AVX2, with AVX-VNNI where present),
+// arm_neon.cpp (ARMv8.2 dotprod tile products), arm_neon_float.cpp (NEON activation rows,
+// attention, IQ4_NL scale search), attention.cpp, row_ops.cpp (SwiGLU, RMSNorm, softmax
+// numerators), requantize.cpp, dispatch.cpp (which path runs: the kernel tables; the product
+// loop), bindings.cpp (torch). Each tile ISA file keeps its own per-format table of tile kernels.
 
 #pragma once
 
@@ -64,17 +65,51 @@ constexpr int MAX_TILE_ROWS = 8;  // rows handed to one tile call (each ISA spli
 
 enum QType : int64_t { Q4_0 = 2, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q6_K = 14, IQ4_NL = 20 };
 
+// The block formats the kernels know (ggml's type numbers), in the order of the rows of every
+// per-format table: FORMATS (formats.cpp) and each ISA's tile kernels (portable.cpp, x86_avx512.cpp,
+// x86_avx2.cpp, arm_neon.cpp). A format's row number there is its `format` (format_index).
+constexpr int NUM_FORMATS = 6;
+constexpr int64_t QTYPES[NUM_FORMATS] = {Q4_K, Q6_K, Q4_0, IQ4_NL, Q5_0, Q8_0};
+
+// Whether a per-format table has one row per format in QTYPES order (rows name their qtype); each
+// table static_asserts it, so a row cannot go missing or land under another format.
+template <typename Row, size_t N>
+constexpr bool in_format_order(const Row (&rows)[N]) {
+    if (N != NUM_FORMATS) return false;
+    for (size_t i = 0; i < N; ++i)
+        if (rows[i].qtype != QTYPES[i]) return false;
+    return true;
+}
+
 // IQ4_NL's 16 levels (ggml-common.h kvalues_iq4nl).
 constexpr int8_t IQ4_NL_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
-struct Format {
-    int block_k;     // weights per block along the input dimension
-    int raw_bytes;   // bytes of one block in the GGUF file
-    int tile_bytes;  // bytes of one block of a 16-column tile after repacking
-    bool k_quant;    // activations in 256-value blocks (else 32)
+// One row of FORMATS per block format (ggml's type_traits): its sizes and the functions for whole
+// rows of its blocks, each instantiated for the format so that its per-block code is inlined (the
+// choice of format is made once per call, by the row). ISA-independent: the tile products of
+// each ISA are in that ISA's own per-format table (KernelTable::tile).
+struct BlockTraits {
+    int64_t qtype;
+    const char* name;  // ggml's, e.g. "Q4_K"
+    int block_k;       // weights per block along the input dimension
+    int raw_bytes;     // bytes of one block in the GGUF file
+    int tile_bytes;    // bytes of one block of a 16-column tile after repacking
+    bool k_quant;      // activations in 256-value blocks (else 32)
+    bool offset;       // activations stored as the bits of q + 128 (Q8_0: signed weights; Activations)
+    // Tiles t0 .. t1 - 1 of a matrix of out_features rows of nblocks raw blocks into `packed`
+    // (ntiles * nblocks * tile_bytes bytes, zeroed by the caller: padding columns keep d = 0).
+    void (*repack_tiles)(const uint8_t* raw, int64_t out_features, int64_t nblocks, uint8_t* packed, int64_t t0,
+                         int64_t t1);
+    // One row of nblocks raw blocks -> nblocks * block_k floats, ggml's de-quantization formulas.
+    void (*dequantize_row)(const uint8_t* raw, int64_t nblocks, float* out);
+    // block_k floats -> one raw block (requantize.cpp; isa: the path of any float search); null
+    // where the format is not a re-quantization target.
+    void (*quantize_block)(const float* x, uint8_t* out, Isa isa);
 };
 
-Format format_of(int64_t qtype);  // fails for a type the kernels do not multiply
+int format_index(int64_t qtype);                   // qtype's row; fails for a type the kernels do not multiply
+const BlockTraits& block_traits(int64_t qtype);    // FORMATS[format_index(qtype)]
+const BlockTraits* find_block_traits(int64_t qtype);  // null for a type the kernels do not know
 
 float half_to_float(uint16_t h);
 uint16_t float_to_half(float f);  // IEEE binary16, round to nearest even (as c10::Half)
@@ -90,12 +125,9 @@ struct Decoded {
     uint16_t d, dmin;   // fp16 bits
 };
 
-void decode_block(int64_t qtype, const uint8_t* raw, Decoded& out);
-// Tiles t0 .. t1 - 1 of a matrix of out_features rows of nblocks raw blocks into `packed`
-// (ntiles * nblocks * tile_bytes bytes, zeroed by the caller: padding columns keep d = 0).
+// block_traits(qtype).repack_tiles and .dequantize_row (above).
 void repack_tiles(int64_t qtype, const uint8_t* raw, int64_t out_features, int64_t nblocks, uint8_t* packed, int64_t t0,
                   int64_t t1);
-// One row of nblocks raw blocks -> nblocks * block_k floats, ggml's de-quantization formulas.
 void dequantize_row(int64_t qtype, const uint8_t* raw, int64_t nblocks, float* out);
 
 // ---------------------------------------------------------------------------------------------
@@ -136,11 +168,22 @@ struct TileArgs {
     int64_t ldo;
 };
 
-void tile_portable(int64_t qtype, const TileArgs& a);
-void tile_avx512(int64_t qtype, const TileArgs& a);
-void tile_avx2(int64_t qtype, const TileArgs& a);     // vpmaddubsw + vpmaddwd
-void tile_avxvnni(int64_t qtype, const TileArgs& a);  // vpdpbusd (VEX)
-void tile_neon(int64_t qtype, const TileArgs& a);
+// One ISA's tile product for one block format (and, where the ISA makes the row count a
+// compile-time one, for one row count): a kernel of the ISA's per-format table.
+using TileFn = void (*)(const TileArgs& a);
+// A row of an ISA's per-format table of tile kernels (in QTYPES order: in_format_order).
+struct TileKernel {
+    int64_t qtype;
+    TileFn run;
+};
+
+// Each ISA's entry: `format` is the block format's row (format_index, looked up once per
+// linear_tiles call); each picks its kernel from its own per-format table, one lookup per call.
+void tile_portable(int format, const TileArgs& a);
+void tile_avx512(int format, const TileArgs& a);
+void tile_avx2(int format, const TileArgs& a);     // vpmaddubsw + vpmaddwd
+void tile_avxvnni(int format, const TileArgs& a);  // vpdpbusd (VEX)
+void tile_neon(int format, const TileArgs& a);
 
 // The whole product for tiles t0 .. t1 - 1 and every row of `act` (rows in blocks of 64, whose
 // activations stay in cache while a tile is reused): out [rows][ntiles * 16].
@@ -277,7 +320,7 @@ void fit_iq4_nl_neon(const float* x, const float* w, float inv, float& sumqx, fl
 
 struct KernelTable {
     void (*quantize_block)(const float* xb, int block_k, int8_t* qb, float* d_out);
-    void (*tile)(int64_t qtype, const TileArgs& a);
+    void (*tile)(int format, const TileArgs& a);  // format: format_index(qtype)
     ScoresFn scores;
     WeightedSumFn weighted_sum;
     void (*softmax_numerators)(float* s, int64_t count);

@@ -180,13 +180,14 @@ void quantize_activation_rows(const float* x, Activations& a, int64_t r0, int64_
 
 void linear_tiles(int64_t qtype, const uint8_t* packed, int64_t nblocks, const Activations& act, float* out, int64_t ldo,
                   int64_t row_begin, int64_t row_end, int64_t t0, int64_t t1, Isa isa) {
-    const Format f = format_of(qtype);
+    const BlockTraits& f = block_traits(qtype);  // the format's row, once per call (fails for an unknown type)
+    const int format = format_index(qtype);
     const auto tile = kernel_table(isa).tile;
     for (int64_t t = t0; t < t1; ++t)
         for (int64_t r = row_begin; r < row_end; r += MAX_TILE_ROWS) {
             const TileArgs args{packed + t * nblocks * f.tile_bytes, nblocks, &act, r,
                                 (int)std::min<int64_t>(MAX_TILE_ROWS, row_end - r), out + r * ldo + t * TILE, ldo};
-            tile(qtype, args);
+            tile(format, args);
         }
 }
 

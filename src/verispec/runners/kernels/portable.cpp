@@ -101,10 +101,39 @@ int32_t block_q8_0(const uint8_t* t, int c, const int8_t* x) {
     return dot - 128 * wsum;
 }
 
+// The block sum of each format in one signature (s16, s32: the row's sums for the block; mins:
+// Q4_K's mins sum), so that tile_type<QT> inlines its own.
+template <int64_t QT>
+int32_t block_sum(const uint8_t* t, int c, const int8_t* x, const int16_t* s16, const int16_t* s32, int32_t& mins);
+template <>
+int32_t block_sum<Q4_K>(const uint8_t* t, int c, const int8_t* x, const int16_t*, const int16_t* s32, int32_t& mins) {
+    return block_q4_k(t, c, x, s32, mins);
+}
+template <>
+int32_t block_sum<Q6_K>(const uint8_t* t, int c, const int8_t* x, const int16_t* s16, const int16_t*, int32_t&) {
+    return block_q6_k(t, c, x, s16);
+}
+template <>
+int32_t block_sum<Q4_0>(const uint8_t* t, int c, const int8_t* x, const int16_t*, const int16_t* s32, int32_t&) {
+    return block_nibbles<Q4_0>(t, c, x, *s32);
+}
+template <>
+int32_t block_sum<IQ4_NL>(const uint8_t* t, int c, const int8_t* x, const int16_t*, const int16_t* s32, int32_t&) {
+    return block_nibbles<IQ4_NL>(t, c, x, *s32);
+}
+template <>
+int32_t block_sum<Q5_0>(const uint8_t* t, int c, const int8_t* x, const int16_t*, const int16_t* s32, int32_t&) {
+    return block_q5_0(t, c, x, *s32);
+}
+template <>
+int32_t block_sum<Q8_0>(const uint8_t* t, int c, const int8_t* x, const int16_t*, const int16_t*, int32_t&) {
+    return block_q8_0(t, c, x);
+}
+
 // The float part, the same for every type: acc + total * (dx * d), then (Q4_K) - mins * (dx * dmin).
 template <int64_t QT>
 void tile_type(const TileArgs& a) {
-    const Format f = format_of(QT);
+    const BlockTraits& f = block_traits(QT);
     const Activations& x = *a.act;
     const int64_t nb = x.in / f.block_k;
     for (int r = 0; r < a.rows; ++r) {
@@ -117,12 +146,8 @@ void tile_type(const TileArgs& a) {
                 const int8_t* xb = xq + b * f.block_k;
                 const int16_t* s16 = x.s16.data() + row * (x.in / 16) + b * (f.block_k / 16);
                 const int16_t* s32 = x.s32.data() + row * (x.in / 32) + b * (f.block_k / 32);
-                int32_t total, mins = 0;
-                if constexpr (QT == Q4_K) total = block_q4_k(t, c, xb, s32, mins);
-                else if constexpr (QT == Q6_K) total = block_q6_k(t, c, xb, s16);
-                else if constexpr (QT == Q4_0 || QT == IQ4_NL) total = block_nibbles<QT>(t, c, xb, *s32);
-                else if constexpr (QT == Q5_0) total = block_q5_0(t, c, xb, *s32);
-                else total = block_q8_0(t, c, xb);
+                int32_t mins = 0;
+                const int32_t total = block_sum<QT>(t, c, xb, s16, s32, mins);
                 const float dx = x.d[row * nb + b];
                 const float pd = (float)total * (dx * half_to_float(load_u16(t + 2 * c)));
                 acc = acc + pd;
@@ -136,19 +161,14 @@ void tile_type(const TileArgs& a) {
     }
 }
 
+// The portable tile kernels, one row per block format (QTYPES order).
+constexpr TileKernel TILES[] = {{Q4_K, tile_type<Q4_K>}, {Q6_K, tile_type<Q6_K>}, {Q4_0, tile_type<Q4_0>},
+                                {IQ4_NL, tile_type<IQ4_NL>}, {Q5_0, tile_type<Q5_0>}, {Q8_0, tile_type<Q8_0>}};
+static_assert(in_format_order(TILES), "the portable tile kernels: one per format, in QTYPES order");
+
 }  // namespace
 
-void tile_portable(int64_t qtype, const TileArgs& a) {
-    switch (qtype) {
-        case Q4_K: tile_type<Q4_K>(a); break;
-        case Q6_K: tile_type<Q6_K>(a); break;
-        case Q4_0: tile_type<Q4_0>(a); break;
-        case IQ4_NL: tile_type<IQ4_NL>(a); break;
-        case Q5_0: tile_type<Q5_0>(a); break;
-        case Q8_0: tile_type<Q8_0>(a); break;
-        default: fail("unsupported GGUF block type " + std::to_string(qtype));
-    }
-}
+void tile_portable(int format, const TileArgs& a) { TILES[format].run(a); }
 
 // scores[a][j] = (q_a . k_j) * scale: 16 partial lanes (lanes[l] += q[c + l] * k[c + l] over the
 // chunks c in order, from 0), reduced by the tree l + 8, l + 4, l + 2, l + 1, then one multiply.

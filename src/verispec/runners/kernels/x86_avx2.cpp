@@ -328,39 +328,37 @@ VS_AVX2 void tile_32(const TileArgs& a) {
     }
 }
 
+// Both halves in one pass (see ROWS); Q6_K's one row in two.
 template <int R, bool VNNI>
-void tile_rows(int64_t qtype, const TileArgs& a) {
-    switch (qtype) {  // both halves in one pass (see ROWS); Q6_K's one row in two
-        case Q4_K: tile_q4k<R, VNNI>(a); return;
-        case Q6_K:
-            if constexpr (R == 1) {
-                tile_q6k<1, VNNI, 1>(a, 0);
-                tile_q6k<1, VNNI, 1>(a, 1);
-            } else {
-                tile_q6k<R, VNNI, 2>(a, 0);
-            }
-            return;
-        case Q4_0: tile_32<R, VNNI, Q4_0>(a); return;
-        case IQ4_NL: tile_32<R, VNNI, IQ4_NL>(a); return;
-        case Q5_0: tile_32<R, VNNI, Q5_0>(a); return;
-        case Q8_0: tile_32<R, VNNI, Q8_0>(a); return;
-        default: fail("unsupported GGUF block type " + std::to_string(qtype));
+void tile_q6k_rows(const TileArgs& a) {
+    if constexpr (R == 1) {
+        tile_q6k<1, VNNI, 1>(a, 0);
+        tile_q6k<1, VNNI, 1>(a, 1);
+    } else {
+        tile_q6k<R, VNNI, 2>(a, 0);
     }
 }
 
+// The AVX2 (VNNI: AVX-VNNI) tile kernels for R rows, one row per block format (QTYPES order).
+template <int R, bool VNNI>
+constexpr TileKernel TILES[] = {{Q4_K, tile_q4k<R, VNNI>}, {Q6_K, tile_q6k_rows<R, VNNI>},
+                                {Q4_0, tile_32<R, VNNI, Q4_0>}, {IQ4_NL, tile_32<R, VNNI, IQ4_NL>},
+                                {Q5_0, tile_32<R, VNNI, Q5_0>}, {Q8_0, tile_32<R, VNNI, Q8_0>}};
+static_assert(in_format_order(TILES<1, false>), "the AVX2 tile kernels: one per format, in QTYPES order");
+
 template <bool VNNI>
-void tile_split(int64_t qtype, const TileArgs& args) {
+void tile_split(int format, const TileArgs& args) {
     const int groups = (args.rows + ROWS - 1) / ROWS;
     for (int g = 0, r0 = 0; g < groups; ++g) {
         TileArgs a = args;
         a.row0 = args.row0 + r0;
         a.rows = (args.rows - r0 + groups - g - 1) / (groups - g);  // as even as can be: 5 rows as 3 + 2
         a.out = args.out + r0 * args.ldo;
-        switch (a.rows) {
-            case 1: tile_rows<1, VNNI>(qtype, a); break;
-            case 2: tile_rows<2, VNNI>(qtype, a); break;
-            case 3: tile_rows<3, VNNI>(qtype, a); break;
-            default: tile_rows<4, VNNI>(qtype, a); break;
+        switch (a.rows) {  // one table lookup per group of rows
+            case 1: TILES<1, VNNI>[format].run(a); break;
+            case 2: TILES<2, VNNI>[format].run(a); break;
+            case 3: TILES<3, VNNI>[format].run(a); break;
+            default: TILES<4, VNNI>[format].run(a); break;
         }
         r0 += a.rows;
     }
@@ -412,8 +410,8 @@ VS_AVX2 void weighted_sum_tile(const float* p, int a0, const float* values, int6
 
 }  // namespace
 
-void tile_avx2(int64_t qtype, const TileArgs& a) { tile_split<false>(qtype, a); }
-void tile_avxvnni(int64_t qtype, const TileArgs& a) { tile_split<true>(qtype, a); }
+void tile_avx2(int format, const TileArgs& a) { tile_split<false>(format, a); }
+void tile_avxvnni(int format, const TileArgs& a) { tile_split<true>(format, a); }
 
 // exp_clamped (core.h) in 8 lanes: the same operations in the same order (no FMA), so the same
 // bits; the clamps as selects keep a NaN a NaN as the scalar ternaries do.
@@ -579,8 +577,8 @@ void weighted_sum_avx2(const float* p, int nq, const float* values, int64_t head
 #else  // not x86-64: the path is not compiled in (isa_supported says so; these are never called)
 
 namespace vsk {
-void tile_avx2(int64_t, const TileArgs&) { fail("the AVX2 path is not compiled for this CPU"); }
-void tile_avxvnni(int64_t, const TileArgs&) { fail("the AVX2 path is not compiled for this CPU"); }
+void tile_avx2(int, const TileArgs&) { fail("the AVX2 path is not compiled for this CPU"); }
+void tile_avxvnni(int, const TileArgs&) { fail("the AVX2 path is not compiled for this CPU"); }
 void silu_mul_row_avx2(const float*, const float*, int64_t, float*) { fail("the AVX2 path is not compiled for this CPU"); }
 void gelu_mul_row_avx2(const float*, const float*, int64_t, float*) { fail("the AVX2 path is not compiled for this CPU"); }
 void softmax_numerators_avx2(float*, int64_t) { fail("the AVX2 path is not compiled for this CPU"); }

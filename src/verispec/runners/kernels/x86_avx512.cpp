@@ -243,18 +243,15 @@ VS_AVX512 void tile_q8_0(const TileArgs& a) {
 }
 
 
+// The AVX-512 tile kernels for R rows, one row per block format (QTYPES order).
 template <int R>
-void tile_rows(int64_t qtype, const TileArgs& a) {
-    switch (qtype) {
-        case Q4_K: tile_q4k<R>(a); break;
-        case Q6_K: tile_q6k<R>(a); break;
-        case Q4_0: tile_nibbles<R, Q4_0>(a); break;
-        case IQ4_NL: tile_nibbles<R, IQ4_NL>(a); break;
-        case Q5_0: tile_nibbles<R, Q5_0>(a); break;
-        case Q8_0: tile_q8_0<R>(a); break;
-        default: fail("unsupported GGUF block type " + std::to_string(qtype));
-    }
-}
+constexpr TileKernel TILES[] = {{Q4_K, tile_q4k<R>},
+                                {Q6_K, tile_q6k<R>},
+                                {Q4_0, tile_nibbles<R, Q4_0>},
+                                {IQ4_NL, tile_nibbles<R, IQ4_NL>},
+                                {Q5_0, tile_nibbles<R, Q5_0>},
+                                {Q8_0, tile_q8_0<R>}};
+static_assert(in_format_order(TILES<1>), "the AVX-512 tile kernels: one per format, in QTYPES order");
 
 // The nearest level as the number of midpoints between levels strictly below v (ties go low,
 // NaN to 0: the same index as nearest_iq4_nl), 16 values per register.
@@ -325,16 +322,17 @@ void weighted_sum_avx512(const float* p, int nq, const float* values, int64_t he
     }
 }
 
-void tile_avx512(int64_t qtype, const TileArgs& a) {
+// One table lookup per call: the row count picks the table, the format its row.
+void tile_avx512(int format, const TileArgs& a) {
     switch (a.rows) {
-        case 1: tile_rows<1>(qtype, a); break;
-        case 2: tile_rows<2>(qtype, a); break;
-        case 3: tile_rows<3>(qtype, a); break;
-        case 4: tile_rows<4>(qtype, a); break;
-        case 5: tile_rows<5>(qtype, a); break;
-        case 6: tile_rows<6>(qtype, a); break;
-        case 7: tile_rows<7>(qtype, a); break;
-        default: tile_rows<8>(qtype, a); break;
+        case 1: TILES<1>[format].run(a); break;
+        case 2: TILES<2>[format].run(a); break;
+        case 3: TILES<3>[format].run(a); break;
+        case 4: TILES<4>[format].run(a); break;
+        case 5: TILES<5>[format].run(a); break;
+        case 6: TILES<6>[format].run(a); break;
+        case 7: TILES<7>[format].run(a); break;
+        default: TILES<8>[format].run(a); break;
     }
 }
 
@@ -412,7 +410,7 @@ VS_AVX512 void scores_avx512(const float* q, int nq, const float* keys, int64_t 
 #else  // not x86-64: the path is not compiled in (isa_supported says so; these are never called)
 
 namespace vsk {
-void tile_avx512(int64_t, const TileArgs&) { fail("the AVX-512 path is not compiled for this CPU"); }
+void tile_avx512(int, const TileArgs&) { fail("the AVX-512 path is not compiled for this CPU"); }
 void quantize_block_avx512(const float*, int, int8_t*, float*) { fail("the AVX-512 path is not compiled for this CPU"); }
 void fit_iq4_nl_avx512(const float*, const float*, float, float&, float&) { fail("the AVX-512 path is not compiled for this CPU"); }
 void scores_avx512(const float*, int, const float*, int64_t, const int64_t*, int64_t, float, float*) {
