@@ -177,8 +177,9 @@ struct TileKernel {
     TileFn run;
 };
 
-// Each ISA's entry: `format` is the block format's row (format_index, looked up once per
-// linear_tiles call); each picks its kernel from its own per-format table, one lookup per call.
+// Each ISA's entry: `format` is the block format's row (format_index, looked up and checked once
+// per linear_tiles call, not again here); each picks its kernel from its own per-format table, one
+// lookup per tile call (AVX2, NEON: per group of rows, as the row-count switch did before).
 void tile_portable(int format, const TileArgs& a);
 void tile_avx512(int format, const TileArgs& a);
 void tile_avx2(int format, const TileArgs& a);     // vpmaddubsw + vpmaddwd
@@ -316,7 +317,8 @@ void fit_iq4_nl_neon(const float* x, const float* w, float inv, float& sumqx, fl
 
 // ---------------------------------------------------------------------------------------------
 // One instruction set's kernels in one table, chosen once per call instead of a switch at every
-// block (ggml's type_traits_cpu). Every entry gives the portable entry's bits (the argument above).
+// block (ggml's type_traits_cpu; its tile entry looks up the ISA's own per-format table). Every
+// entry gives the portable entry's bits (the argument above).
 
 struct KernelTable {
     void (*quantize_block)(const float* xb, int block_k, int8_t* qb, float* d_out);
