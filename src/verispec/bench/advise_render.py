@@ -6,22 +6,40 @@ from verispec.bench.advise import Advice
 from verispec.bench.figures import ALL
 
 
+def _f(value, pattern="{:.2f}") -> str:
+    """``value`` through ``pattern``, or a dash for None."""
+    return "—" if value is None else pattern.format(value)
+
+
+def _mib(value: int) -> str:
+    """Bytes as whole MiB."""
+    return f"{value / 2**20:.0f} MiB"
+
+
 def render(advice: Advice, console) -> None:
     """Print the advice as rich tables and lines."""
-    import json
-
     if not console.is_terminal:
         console.width = max(console.width, 160)  # a log file: do not squeeze the tables
-
-    from rich.table import Table
-
-    def f(value, pattern="{:.2f}"):
-        return "—" if value is None else pattern.format(value)
-
     console.print(
         "target pass over the pending token + k draft tokens: "
         + ", ".join(f"k={k} {s * 1e3:.0f} ms" for k, s in advice.verify_curve_s.items())
     )
+    console.print(_fits_table(advice))
+    console.print(_per_k_table(advice))
+    console.print(_verdicts_table(advice))
+    for v in advice.verdicts:
+        if v.sample:
+            console.print(f"{v.category}: {v.sample}", highlight=False, markup=False)
+    console.print(_memory_line(advice.memory))
+    if advice.cost:
+        console.print(_cost_line(advice.cost))
+    _print_settings(advice, console)
+
+
+def _fits_table(advice: Advice):
+    """The table of each drafter's fit over all prompts."""
+    from rich.table import Table
+
     fitted = Table(title=f"measured per drafter (all prompts; measured speedup at k={advice.num_speculative_tokens})")
     for name in (
         "drafter",
@@ -39,17 +57,23 @@ def render(advice: Advice, console) -> None:
     for fit in (x for x in advice.fits if x.category == ALL):
         fitted.add_row(
             fit.method,
-            f(fit.alpha),
+            _f(fit.alpha),
             f"{fit.coverage:.0%}",
-            f(fit.cost_ratio, "{:.3f}"),
-            f(fit.break_even_alpha),
-            f(fit.leviathan_best_k, "{}"),
-            f(fit.leviathan_speedup, "{:.2f}×"),
-            f(fit.predicted_best_k, "{}"),
-            f(fit.predicted_speedup, "{:.2f}×"),
-            f(fit.measured_speedup, "{:.2f}×"),
+            _f(fit.cost_ratio, "{:.3f}"),
+            _f(fit.break_even_alpha),
+            _f(fit.leviathan_best_k, "{}"),
+            _f(fit.leviathan_speedup, "{:.2f}×"),
+            _f(fit.predicted_best_k, "{}"),
+            _f(fit.predicted_speedup, "{:.2f}×"),
+            _f(fit.measured_speedup, "{:.2f}×"),
         )
-    console.print(fitted)
+    return fitted
+
+
+def _per_k_table(advice: Advice):
+    """The table of each drafter's expected tokens and speedups by draft length k."""
+    from rich.table import Table
+
     methods = list(dict.fromkeys(row["method"] for row in advice.table))
     per_k = Table(title="expected speedup by draft length k (Leviathan: verify cost flat; curve: measured verify cost)")
     per_k.add_column("k", justify="right")
@@ -62,12 +86,18 @@ def render(advice: Advice, console) -> None:
         for method in methods:
             row = next(r for r in advice.table if r["method"] == method and r["k"] == k)
             cells += [
-                f(row["expected_tokens"]),
-                f(row["leviathan_speedup"], "{:.2f}×"),
-                f(row["curve_speedup"], "{:.2f}×"),
+                _f(row["expected_tokens"]),
+                _f(row["leviathan_speedup"], "{:.2f}×"),
+                _f(row["curve_speedup"], "{:.2f}×"),
             ]
         per_k.add_row(*cells)
-    console.print(per_k)
+    return per_k
+
+
+def _verdicts_table(advice: Advice):
+    """The table of the verdict per category, GO in green and NO-GO in red."""
+    from rich.table import Table
+
     decided = Table(title="verdict per category")
     for name in ("category", "verdict", "method", "k", "reason"):
         decided.add_column(name)
@@ -78,44 +108,51 @@ def render(advice: Advice, console) -> None:
             v.category,
             f"[{color}]{v.decision}[/{color}]{mark}",
             v.method or "—",
-            f(v.num_speculative_tokens, "{}"),
+            _f(v.num_speculative_tokens, "{}"),
             v.reason,
         )
-    console.print(decided)
-    for v in advice.verdicts:
-        if v.sample:
-            console.print(f"{v.category}: {v.sample}", highlight=False, markup=False)
-    m = advice.memory
-    mib = lambda b: f"{b / 2**20:.0f} MiB"  # noqa: E731
+    return decided
+
+
+def _memory_line(m: dict) -> str:
+    """The memory line: target, draft, an EAGLE head's share, the budget's verdict."""
     line = (
-        f"memory at {m['context_length']} tokens: target {mib(m['target_param_bytes'])} + KV "
-        f"{mib(m['target_kv_bytes'])}, "
-        f"draft {mib(m['draft_param_bytes'])} + KV {mib(m['draft_kv_bytes'])}; total {mib(m['total_bytes'])}; "
-        f"draft overhead {f(m['draft_overhead_pct'], '{:.1f}')} %"
+        f"memory at {m['context_length']} tokens: target {_mib(m['target_param_bytes'])} + KV "
+        f"{_mib(m['target_kv_bytes'])}, "
+        f"draft {_mib(m['draft_param_bytes'])} + KV {_mib(m['draft_kv_bytes'])}; total {_mib(m['total_bytes'])}; "
+        f"draft overhead {_f(m['draft_overhead_pct'], '{:.1f}')} %"
     )
     if m.get("head_overhead_pct") is not None:
         within = "within" if m["head_within_limit"] else "OVER"
         line += (
-            f"; EAGLE head {mib(m['head_param_bytes'])} + KV {mib(m['head_kv_bytes'])} = "
+            f"; EAGLE head {_mib(m['head_param_bytes'])} + KV {_mib(m['head_kv_bytes'])} = "
             f"{m['head_overhead_pct']:.1f} % of the target's ({within} the 10 % target)"
         )
     if m["budget_bytes"] is not None:
-        line += f"; budget {mib(m['budget_bytes'])}: {'fits' if m['fits'] else 'does NOT fit'}"
+        line += f"; budget {_mib(m['budget_bytes'])}: {'fits' if m['fits'] else 'does NOT fit'}"
         line += "" if m["fits"] else f" ({'fits' if m['fits_without_draft'] else 'does not fit'} without the draft)"
-    console.print(line)
-    c = advice.cost
-    if c:
-        console.print(
-            f"cost per million tokens: {f(c['before_per_million_tokens'], '{:.2f}')} plain "
-            f"({f(c['plain_tokens_per_s'])} tok/s) → "
-            f"{f(c['after_per_million_tokens'], '{:.2f}')} with {c['method']} ({f(c['chosen_tokens_per_s'])} tok/s), "
-            f"at {c['gpu_cost_per_month']:g} per month"
-            + (
-                f" (estimate: {c['cached_prompt_fraction']:.0%} of each prompt read from the prefix cache)"
-                if c.get("cached_prompt_fraction")
-                else ""
-            )
+    return line
+
+
+def _cost_line(c: dict) -> str:
+    """The cost line: per million tokens with plain decoding and with the chosen drafter."""
+    return (
+        f"cost per million tokens: {_f(c['before_per_million_tokens'], '{:.2f}')} plain "
+        f"({_f(c['plain_tokens_per_s'])} tok/s) → "
+        f"{_f(c['after_per_million_tokens'], '{:.2f}')} with {c['method']} ({_f(c['chosen_tokens_per_s'])} tok/s), "
+        f"at {c['gpu_cost_per_month']:g} per month"
+        + (
+            f" (estimate: {c['cached_prompt_fraction']:.0%} of each prompt read from the prefix cache)"
+            if c.get("cached_prompt_fraction")
+            else ""
         )
+    )
+
+
+def _print_settings(advice: Advice, console) -> None:
+    """The overall verdict's transformers and vLLM settings, or that it has none."""
+    import json
+
     overall = advice.verdicts[-1]
     s = advice.settings.get(overall.method or "", {})
     if s.get("transformers"):

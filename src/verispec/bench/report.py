@@ -163,67 +163,98 @@ def _mib(value) -> str:
 def report_markdown(results: BenchResults) -> str:
     """report.md: settings (and the kernels that ran), the two tables, exactness, long-text decay, memory,
     audit, plots."""
-    c, s = results.config, results.summary
-    kernels = kernel_line(results.environment)
     lines = [
         "# verispec benchmark",
         "",
-        f"{results.created_at} · workload `{c.get('workload')}` · {c.get('num_prompts')} prompts · "
-        f"max tokens {c.get('max_tokens')} · "
-        f"{'greedy' if c.get('temperature', 0) == 0 else 'temperature ' + str(c.get('temperature'))} · "
-        f"k = {c.get('num_speculative_tokens')} · "
-        f"threads {results.environment.get('threads')} · dtype {c.get('dtype')}" + (f" · {kernels}" if kernels else ""),
+        _settings_line(results),
         "",
         "Speedup: geometric mean over prompts of end-to-end tokens/s over plain decoding of the same runner "
         "(α acceptance rate, τ mean acceptance length).",
         "",
         "## Per category",
         "",
-        markdown_table(*category_matrix(s)),
+        markdown_table(*category_matrix(results.summary)),
         "",
         "## Per runner (all prompts)",
         "",
-        markdown_table(*overall_rows(s)),
+        markdown_table(*overall_rows(results.summary)),
         "",
         "## Runners",
         "",
     ]
+    lines += _runner_lines(results)
+    lines += ["", "## Exactness", ""] + _exactness_lines(results)
+    lines += ["", f"## Acceptance by output position (buckets of {OUTPUT_BUCKET_TOKENS} tokens)", ""]
+    lines += _decay_lines(results.summary)
+    lines += ["", "## Memory and load time", ""] + _memory_lines(results)
+    lines += _optional_sections(results)
+    lines += ["", "Environment: " + ", ".join(f"{k} {v}" for k, v in results.environment.items()), ""]
+    return "\n".join(lines)
+
+
+def _settings_line(results: BenchResults) -> str:
+    """The run's settings in one line, with the kernels that ran."""
+    c = results.config
+    kernels = kernel_line(results.environment)
+    return (
+        f"{results.created_at} · workload `{c.get('workload')}` · {c.get('num_prompts')} prompts · "
+        f"max tokens {c.get('max_tokens')} · "
+        f"{'greedy' if c.get('temperature', 0) == 0 else 'temperature ' + str(c.get('temperature'))} · "
+        f"k = {c.get('num_speculative_tokens')} · "
+        f"threads {results.environment.get('threads')} · dtype {c.get('dtype')}" + (f" · {kernels}" if kernels else "")
+    )
+
+
+def _runner_lines(results: BenchResults) -> list[str]:
+    """One bullet per participant: its status, load time and settings."""
+    lines = []
     for r in results.runners:
         load = f", loaded in {r.load_time_s:.1f} s" if r.load_time_s is not None else ""
         lines.append(f"- `{r.name}`: {r.status}{load}" + (f" · {json.dumps(r.settings)}" if r.settings else ""))
-    ex = results.exactness
-    lines += ["", "## Exactness", ""]
+    return lines
+
+
+def _exactness_lines(results: BenchResults) -> list[str]:
+    """Whether every method's tokens equal plain decoding's, or where they differ and why they may."""
+    ex, dtype = results.exactness, results.config.get("dtype")
     kind = "Greedy" if ex.get("greedy") else "Sampled by coupling (one seed per prompt)"
     if not ex.get("compared", ex.get("greedy")):
-        lines.append(
+        return [
             "Modified rejection sampling: outputs are not compared token by token (the text depends on the drafter)."
-        )
-    elif ex.get("all_equal"):
-        lines.append(f"{kind}: every method's tokens equal plain decoding of the same runner on every prompt.")
-    else:
-        lines.append(f"{kind}: tokens differ from plain decoding of the same runner on:")
-        lines += [f"- `{m['runner']}` on prompt {m['prompt_id']} ({m['category']})" for m in ex.get("mismatches", [])]
-        if c.get("dtype") != "float32":
-            lines += [
-                "",
-                f"With {c.get('dtype')} weights a pass over k + 1 tokens and a pass over one token round "
-                "differently, so a near-tie between two tokens can flip; float32 makes that far rarer.",
-            ]
-    lines += ["", f"## Acceptance by output position (buckets of {OUTPUT_BUCKET_TOKENS} tokens)", ""]
-    decay = [r for r in s if r.category == ALL and r.acceptance_by_output_bucket]
-    if decay:
-        width = max(len(r.acceptance_by_output_bucket) for r in decay)
-        header = ["runner"] + [f"{b * OUTPUT_BUCKET_TOKENS}-{(b + 1) * OUTPUT_BUCKET_TOKENS - 1}" for b in range(width)]
-        rows = [
-            [r.runner]
-            + [_fmt(v) for v in r.acceptance_by_output_bucket]
-            + ["—"] * (width - len(r.acceptance_by_output_bucket))
-            for r in decay
         ]
-        lines.append(markdown_table(header, rows))
-    else:
-        lines.append("No drafts.")
-    lines += ["", "## Memory and load time", ""]
+    if ex.get("all_equal"):
+        return [f"{kind}: every method's tokens equal plain decoding of the same runner on every prompt."]
+    lines = [f"{kind}: tokens differ from plain decoding of the same runner on:"]
+    lines += [f"- `{m['runner']}` on prompt {m['prompt_id']} ({m['category']})" for m in ex.get("mismatches", [])]
+    if dtype != "float32":
+        lines += [
+            "",
+            f"With {dtype} weights a pass over k + 1 tokens and a pass over one token round "
+            "differently, so a near-tie between two tokens can flip; float32 makes that far rarer.",
+        ]
+    return lines
+
+
+def _decay_lines(summary: Sequence[SummaryRow]) -> list[str]:
+    """The acceptance rate per bucket of output positions, per drafting runner over all prompts."""
+    decay = [r for r in summary if r.category == ALL and r.acceptance_by_output_bucket]
+    if not decay:
+        return ["No drafts."]
+    width = max(len(r.acceptance_by_output_bucket) for r in decay)
+    header = ["runner"] + [f"{b * OUTPUT_BUCKET_TOKENS}-{(b + 1) * OUTPUT_BUCKET_TOKENS - 1}" for b in range(width)]
+    rows = [
+        [r.runner]
+        + [_fmt(v) for v in r.acceptance_by_output_bucket]
+        + ["—"] * (width - len(r.acceptance_by_output_bucket))
+        for r in decay
+    ]
+    return [markdown_table(header, rows)]
+
+
+def _memory_lines(results: BenchResults) -> list[str]:
+    """Parameters and RSS per runner kind, the run's peak RSS, each model's load time."""
+    c = results.config
+    lines = []
     by_runner = results.memory.get("by_runner") or {c.get("runner"): results.memory}
     for kind, m in by_runner.items():
         before, after = m.get("rss_before_load_bytes"), m.get("rss_after_draft_bytes")
@@ -239,6 +270,12 @@ def report_markdown(results: BenchResults) -> str:
         f"{model['load_time_s']:.1f} s"
         for model in results.models
     ]
+    return lines
+
+
+def _optional_sections(results: BenchResults) -> list[str]:
+    """The sections only some runs have: cost curves, prefill, quality, audit, plots."""
+    lines = []
     if results.curves:
         lines += ["", "## Cost of one target pass (ms, median)", "", markdown_table(*curve_rows(results.curves))]
     if results.prefill:
@@ -262,5 +299,4 @@ def report_markdown(results: BenchResults) -> str:
         ]
     if results.plots:
         lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({p})" for p in results.plots]
-    lines += ["", "Environment: " + ", ".join(f"{k} {v}" for k, v in results.environment.items()), ""]
-    return "\n".join(lines)
+    return lines

@@ -191,6 +191,32 @@ def run_sessions(
         InvalidParameterError: an unknown workload, a pipeline without a prefix cache, or a
             model without a chat template for ``multiturn``.
     """
+    _check_workload(pipe, workload)
+    spec = SpeculativeConfig(method=method, num_speculative_tokens=num_speculative_tokens, schedule=schedule)
+    participants = _participants(pipe, method, spec, peer)
+    results = SessionResults(workload, max_tokens, method, list(participants))
+    results.notes.append(
+        "llama.cpp:plain is llama-cpp-python keeping its previous prompt's KV cache (it evaluates only what "
+        "follows the longest common prefix of its last prompt); verispec's prefix cache keeps every earlier "
+        "prompt and answer in 16-token blocks"
+    )
+    params = SamplingParams(max_tokens=max_tokens)
+
+    def run(request: SessionRequest) -> GenerationOutput:
+        """``request`` to every participant; the first one's output."""
+        return _run_request(request, participants, params, results, on_request)
+
+    if workload == "multiturn":
+        _run_multiturn(pipe, run, num_sessions)
+    else:
+        prompts = list(editor_requests or editor_prompts(editor_file()))
+        for turn, text in enumerate(prompts[: num_sessions or len(prompts)]):
+            run(SessionRequest(0, turn, pipe.encode(text)))
+    return results
+
+
+def _check_workload(pipe: SpeculativePipeline, workload: str) -> None:
+    """Raise InvalidParameterError for an unknown workload, or one ``pipe`` cannot run."""
     if workload not in SESSION_WORKLOADS:
         raise InvalidParameterError(f"unknown session workload {workload!r}; choose {', '.join(SESSION_WORKLOADS)}")
     if pipe.prefix_cache is None:
@@ -199,8 +225,10 @@ def run_sessions(
         )
     if workload == "multiturn" and not getattr(pipe.tokenizer, "chat_template", None):
         raise InvalidParameterError(f"{pipe.target.name} has no chat template: the multiturn workload is a chat")
-    spec = SpeculativeConfig(method=method, num_speculative_tokens=num_speculative_tokens, schedule=schedule)
-    params = SamplingParams(max_tokens=max_tokens)
+
+
+def _participants(pipe: SpeculativePipeline, method: str, spec: SpeculativeConfig, peer) -> dict[str, Participant]:
+    """verispec with its prefix cache (emptied), without it (the reference), and ``peer`` if any."""
     cached_engine = pipe.engine_with_own_suffix_cache()  # its own suffix cache: never drafts the other's answer
     uncached_engine = pipe.engine_with_own_suffix_cache()
     uncached_engine.prefix_cache = None
@@ -213,54 +241,57 @@ def run_sessions(
         peer.reuse_prompt = True
         peer.llm.reset()
         participants["llama.cpp:plain"] = peer.generate
+    return participants
+
+
+def _run_request(
+    request: SessionRequest,
+    participants: dict[str, Participant],
+    params: SamplingParams,
+    results: SessionResults,
+    on_request: Callable[[str, SessionRequest], None] | None,
+) -> GenerationOutput:
+    """``request`` to each participant in turn, timed; their records appended to ``results``.
+    Returns the first participant's output (the answer fed back)."""
     names = list(participants)
-    results = SessionResults(workload, max_tokens, method, names)
-    results.notes.append(
-        "llama.cpp:plain is llama-cpp-python keeping its previous prompt's KV cache (it evaluates only what "
-        "follows the longest common prefix of its last prompt); verispec's prefix cache keeps every earlier "
-        "prompt and answer in 16-token blocks"
-    )
     reference = names[1]
-
-    def run(request: SessionRequest) -> GenerationOutput:
-        outputs, times = {}, {}
-        for name in names:
-            if on_request is not None:
-                on_request(name, request)
-            start = time.perf_counter()
-            outputs[name] = participants[name](request.prompt_token_ids, params)
-            times[name] = (time.perf_counter() - start) * 1e3
-        for name in names:
-            out, ours = outputs[name], name.startswith("verispec")
-            identical = out.token_ids == outputs[reference].token_ids if ours and name != reference else None
-            results.records.append(
-                TurnRecord(
-                    name,
-                    request.session,
-                    request.turn,
-                    len(request.prompt_token_ids),
-                    out.metrics.cached_tokens if ours else None,
-                    len(out.token_ids),
-                    out.metrics.ttft_ms,
-                    times[name],
-                    identical,
-                )
+    outputs, times = {}, {}
+    for name in names:
+        if on_request is not None:
+            on_request(name, request)
+        start = time.perf_counter()
+        outputs[name] = participants[name](request.prompt_token_ids, params)
+        times[name] = (time.perf_counter() - start) * 1e3
+    for name in names:
+        out, ours = outputs[name], name.startswith("verispec")
+        identical = out.token_ids == outputs[reference].token_ids if ours and name != reference else None
+        results.records.append(
+            TurnRecord(
+                name,
+                request.session,
+                request.turn,
+                len(request.prompt_token_ids),
+                out.metrics.cached_tokens if ours else None,
+                len(out.token_ids),
+                out.metrics.ttft_ms,
+                times[name],
+                identical,
             )
-        return outputs[names[0]]
+        )
+    return outputs[names[0]]
 
-    if workload == "multiturn":
-        system = support_policy()
-        for session, questions in enumerate(QUESTIONS[: num_sessions or len(QUESTIONS)]):
-            messages = [{"role": "system", "content": system}]
-            for turn, question in enumerate(questions):
-                messages.append({"role": "user", "content": question})
-                out = run(SessionRequest(session, turn, chat_token_ids(pipe.tokenizer, messages)))
-                messages.append({"role": "assistant", "content": out.text})
-    else:
-        prompts = list(editor_requests or editor_prompts(editor_file()))
-        for turn, text in enumerate(prompts[: num_sessions or len(prompts)]):
-            run(SessionRequest(0, turn, pipe.encode(text)))
-    return results
+
+def _run_multiturn(
+    pipe: SpeculativePipeline, run: Callable[[SessionRequest], GenerationOutput], num_sessions: int | None
+) -> None:
+    """The support chats, each turn the conversation so far with the answers ``run`` gave fed back."""
+    system = support_policy()
+    for session, questions in enumerate(QUESTIONS[: num_sessions or len(QUESTIONS)]):
+        messages = [{"role": "system", "content": system}]
+        for turn, question in enumerate(questions):
+            messages.append({"role": "user", "content": question})
+            out = run(SessionRequest(session, turn, chat_token_ids(pipe.tokenizer, messages)))
+            messages.append({"role": "assistant", "content": out.text})
 
 
 def warm_up(pipe: SpeculativePipeline, peer, method: str) -> None:

@@ -17,7 +17,7 @@ of steps ``1 .. j`` (the diagonal), which is what the head's cache holds when it
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -259,11 +259,7 @@ def train_head(
     num_held = round(len(usable) * options.held_out)
     if len(usable) - num_held < 1:
         raise InvalidParameterError("train_head needs at least one training sequence of two or more tokens")
-    teachers = []
-    for sequence in usable:
-        teachers.append(read(sequence) if read is not None else teacher(target, sequence, head.shape.feature_layers))
-        if on_teacher is not None:
-            on_teacher(len(teachers), len(usable))
+    teachers = _read_teachers(head, target, usable, read, on_teacher)
     device = head.fc.weight.device  # where the head trains (--device); the teacher data stays on the CPU
     target_head = tuple(
         None if t is None else t.to(device) for t in target_draft_head(target, head.d2t.to(_device_of(target)))
@@ -274,19 +270,49 @@ def train_head(
     report.held_out_loss_before, before = evaluate(head, teachers, held_groups, target_head, options)
     report.held_out_top1_before = before[0]
     step = TrainStep(head, optimizer or make_optimizer(head, options), target_head, options)
-    start, groups = time.monotonic(), []
-
-    def next_group():
-        nonlocal groups
-        if not groups:  # a new epoch in a new seeded order
-            shuffled = [train_windows[i] for i in torch.randperm(len(train_windows), generator=generator).tolist()]
-            groups = batches(shuffled, options.batch_positions)[::-1]
-        return groups.pop()
-
+    start, groups = time.monotonic(), _epochs(train_windows, options.batch_positions, generator)
     for _ in range(options.steps_before):  # earlier runs' batches: the order goes on after them
-        next_group()
+        next(groups)
+    _optimise(report, step, lambda: pack(teachers, next(groups), options.ttt_steps, device), options, on_step, start)
+    report.held_out_loss, report.held_out_top1_by_step = evaluate(head, teachers, held_groups, target_head, options)
+    report.held_out_top1 = report.held_out_top1_by_step[0]
+    return report
+
+
+def _read_teachers(
+    head: EagleHead,
+    target: torch.nn.Module,
+    usable: Sequence[list[int]],
+    read: Callable[[Sequence[int]], Teacher] | None,
+    on_teacher: Callable[[int, int], None] | None,
+) -> list[Teacher]:
+    """The target's reading of each sequence (``read``, or float32 :func:`teacher`), reported as it goes."""
+    teachers = []
+    for sequence in usable:
+        teachers.append(read(sequence) if read is not None else teacher(target, sequence, head.shape.feature_layers))
+        if on_teacher is not None:
+            on_teacher(len(teachers), len(usable))
+    return teachers
+
+
+def _epochs(windows: Sequence[Window], batch_positions: int, generator: torch.Generator) -> Iterator[list[Window]]:
+    """The training batches without end: each epoch the windows in a new seeded order."""
+    while True:
+        shuffled = [windows[i] for i in torch.randperm(len(windows), generator=generator).tolist()]
+        yield from batches(shuffled, batch_positions)
+
+
+def _optimise(
+    report: TrainReport,
+    step: TrainStep,
+    next_batch: Callable[[], Batch],
+    options: TrainOptions,
+    on_step: Callable[[int, float, float, float], None] | None,
+    start: float,
+) -> None:
+    """Optimiser steps on ``next_batch()`` until the budget (from ``start``) is spent, each in ``report``."""
     while _within_budget(options, report.steps, time.monotonic() - start):
-        batch = pack(teachers, next_group(), options.ttt_steps, device)
+        batch = next_batch()
         loss, agreements = step(batch)
         report.steps += 1
         report.positions += batch.positions.numel()
@@ -296,6 +322,3 @@ def train_head(
             rate = report.positions / max(time.monotonic() - start, 1e-9)
             on_step(report.steps, report.losses[-1], report.top1[-1], rate)
     report.seconds = time.monotonic() - start
-    report.held_out_loss, report.held_out_top1_by_step = evaluate(head, teachers, held_groups, target_head, options)
-    report.held_out_top1 = report.held_out_top1_by_step[0]
-    return report
