@@ -23,6 +23,7 @@ import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
+from verispec.engine.loader import DrafterOptions
 from verispec.engine.prefix_cache import DEFAULT_PREFIX_CACHE_GIB
 from verispec.errors import InvalidParameterError, VerispecError
 from verispec.server.app import ServerConfig
@@ -59,11 +60,9 @@ class ReplicaSpec:
         config: the server options of each replica (:class:`ServerConfig`; its ``suffix_cache``
             must be None: replicas would overwrite one file).
         max_num_batched_tokens: chunked-prefill tokens per pass (the engine's).
-        datastore: a corpus datastore directory every replica's suffix drafter reads, or None.
-        eagle_head: an EAGLE-3 head file (``verispec train-head``) or published folder every replica loads for the
-            ``eagle`` and ``eagle-tree`` methods (an absolute path: replicas start in other
-            processes), or None.
-        head_quantization: the head's layers at inference (:class:`verispec.engine.loader.DrafterOptions`).
+        drafters: how every replica builds its drafters (:class:`verispec.engine.loader.DrafterOptions`:
+            the CLI's; an EAGLE head file or folder and a datastore as absolute paths, since
+            replicas start in other processes).
         max_context: the context window in tokens (``--max-context``; None: the runner's default).
         prefix_cache_gib: each replica's own prefix cache (``--prefix-cache-gib``).
     Raises:
@@ -76,9 +75,7 @@ class ReplicaSpec:
     runner: str = "auto"
     config: ServerConfig = field(default_factory=ServerConfig)
     max_num_batched_tokens: int = 256
-    datastore: str | None = None
-    eagle_head: str | None = None
-    head_quantization: str = "auto"
+    drafters: DrafterOptions = field(default_factory=DrafterOptions)
     max_context: int | None = None
     prefix_cache_gib: float = DEFAULT_PREFIX_CACHE_GIB
 
@@ -223,20 +220,17 @@ def replica_app(spec: ReplicaSpec, replica_id: str, merged_metrics=None):
 
     Raises what :meth:`SpeculativePipeline.load` and :func:`create_app` raise.
     """
-    from verispec.engine.loader import DrafterOptions, SpeculativePipeline
+    from verispec.engine.loader import SpeculativePipeline
     from verispec.runners.select import RunnerOptions
     from verispec.server.app import create_app
 
-    drafters = DrafterOptions(
-        eagle_head=spec.eagle_head, head_quantization=spec.head_quantization, datastore=spec.datastore
-    )
     pipe = SpeculativePipeline.load(
         spec.target,
         spec.draft,
         dtype=spec.dtype,
         runners=RunnerOptions(kind=spec.runner, max_context_length=spec.max_context),
         max_num_batched_tokens=spec.max_num_batched_tokens,
-        drafters=drafters,
+        drafters=spec.drafters,
         prefix_cache_gib=spec.prefix_cache_gib,
     )
     config = dataclasses.replace(spec.config, unhealthy_is_unavailable=True)
