@@ -18,8 +18,6 @@ import asyncio
 import dataclasses
 import logging
 import math
-import signal
-import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -29,7 +27,7 @@ from verispec.errors import InvalidParameterError, VerispecError
 from verispec.server.app import ServerConfig
 from verispec.server.faults import PROXY_CALLBACK, PROXY_CALLBACK_ENV
 from verispec.server.prom import merge_expositions
-from verispec.server.ray_session import Stopped, StopSignals
+from verispec.server.ray_session import serve_until_stopped
 
 log = logging.getLogger("verispec.server")
 
@@ -327,21 +325,7 @@ def run_replicas(
         ReplicasFailedError: the replicas did not start (the replica's own error in the message).
     """
     ray, serve = import_serve()
-    started_ray = not ray.is_initialized()
-    if started_ray:
-        if ray_address:
-            ray.init(address=ray_address, logging_level=logging.WARNING)
-        else:
-            where = {} if ray_temp_dir is None else {"_temp_dir": ray_temp_dir}
-            ray.init(include_dashboard=False, logging_level=logging.WARNING, **where)
-    if not ray_address:  # a local cluster cannot grow: replicas that do not fit would wait forever
-        total = ray.cluster_resources().get("CPU", 0.0)
-        need = scaling.bounds[0] * scaling.num_cpus
-        if need > total + 1e-9:
-            raise ReplicasFailedError(
-                f"{scaling.bounds[0]} replicas x {scaling.num_cpus:g} CPUs need {need:g} CPUs but this machine's Ray "
-                f"cluster has {total:g}: lower --replicas or --replica-cpus"
-            )
+    started_ray = _start_ray(ray, scaling, ray_address, ray_temp_dir)
     serve.start(
         http_options={"host": host, "port": port},
         controller_options={"runtime_env": {"env_vars": {PROXY_CALLBACK_ENV: PROXY_CALLBACK}}},
@@ -357,18 +341,28 @@ def run_replicas(
     )
     if not blocking:
         return handle
-    with StopSignals():
-        try:
-            while True:
-                time.sleep(3600)
-        except Stopped as stop:
-            log.info("%s: shutting the replicas down", signal.Signals(stop.signum).name)
-            signum = stop.signum
-        finally:
-            serve.shutdown()
-            if started_ray:
-                ray.shutdown()
-    return signum
+    return serve_until_stopped(ray, serve, started_ray)
+
+
+def _start_ray(ray, scaling: ScalingOptions, ray_address: str | None, ray_temp_dir: str | None) -> bool:
+    """Start Ray here, or join ``ray_address``, unless this process already did; returns whether
+    this call started it. Raises ReplicasFailedError: a local cluster too small for the replicas."""
+    started_ray = not ray.is_initialized()
+    if started_ray:
+        if ray_address:
+            ray.init(address=ray_address, logging_level=logging.WARNING)
+        else:
+            where = {} if ray_temp_dir is None else {"_temp_dir": ray_temp_dir}
+            ray.init(include_dashboard=False, logging_level=logging.WARNING, **where)
+    if not ray_address:  # a local cluster cannot grow: replicas that do not fit would wait forever
+        total = ray.cluster_resources().get("CPU", 0.0)
+        need = scaling.bounds[0] * scaling.num_cpus
+        if need > total + 1e-9:
+            raise ReplicasFailedError(
+                f"{scaling.bounds[0]} replicas x {scaling.num_cpus:g} CPUs need {need:g} CPUs but this machine's Ray "
+                f"cluster has {total:g}: lower --replicas or --replica-cpus"
+            )
+    return started_ray
 
 
 def _first_line(exc: BaseException) -> str:
