@@ -88,3 +88,29 @@ def test_a_prompt_that_fits_loads(models):
     args = ["generate", "a" * 10, "--target", str(models["gguf"]), "--method", "none", "--max-tokens", "2"]
     result = cli.invoke(app, args + ["--runner", "gguf", "--max-context", "64"])
     assert result.exit_code == 0, result.output
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize("command", [["generate", "hi"], ["serve"]], ids=["generate", "serve"])
+@pytest.mark.parametrize(
+    "extra, fragment",
+    [
+        (["--method", "eagle"], "--method eagle needs --eagle-head FILE"),  # serve skipped this check once
+        (["--eagle-head", "no-such-head"], "--eagle-head no-such-head: no such file or folder"),
+        (["--head-quantization", "q2"], "unknown head quantization 'q2'"),
+        (["--runner", "bogus"], "unknown runner 'bogus'"),
+    ],
+)
+def test_generate_and_serve_refuse_the_same_mistakes_before_loading(no_weights, command, extra, fragment):
+    # one check (verispec.cli.options.PipelineOptions.check_before_loading) for every command
+    args = [*command, "--draft", "none", *extra]
+    if command == ["serve"]:
+        args += ["--port", str(free_port())]
+    refused(cli.invoke(app, args), fragment)

@@ -195,6 +195,7 @@ def test_a_replica_serves_the_head_and_answers_as_plain(files, tmp_path):
     import httpx
 
     from server_support import LiveServer
+    from verispec.engine.loader import DrafterOptions
     from verispec.server import ServerConfig
     from verispec.server.replicas import REPLICA_HEADER, ReplicaSpec, replica_app
 
@@ -202,7 +203,11 @@ def test_a_replica_serves_the_head_and_answers_as_plain(files, tmp_path):
     result = train(folder, target, tmp_path / "head.pt")
     assert result.exit_code == 0, result.output
     spec = ReplicaSpec(
-        str(target), None, runner="gguf", config=ServerConfig(max_num_seqs=2), eagle_head=str(tmp_path / "head.pt")
+        str(target),
+        None,
+        runner="gguf",
+        config=ServerConfig(max_num_seqs=2),
+        drafters=DrafterOptions(eagle_head=str(tmp_path / "head.pt")),
     )
     with LiveServer(replica_app(spec, "replica-0")) as server:
 

@@ -6,171 +6,152 @@ with ``--json`` stdout carries the JSON only and the report goes to stderr."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 
 from verispec.cli.common import (
     K_BENCH,
-    categories_option,
-    chat_template_option,
+    Categories,
+    ChatTemplate,
+    DraftQuantization,
+    DraftVocab,
+    DraftVocabCorpus,
+    Dtype,
+    EagleHead,
+    HeadQuantization,
+    NumSpeculativeTokens,
+    Prompts,
+    Workload,
     draft_option,
-    draft_quantization_option,
-    draft_vocab_corpus_option,
-    draft_vocab_option,
-    dtype_option,
-    eagle_head_option,
     err,
-    head_quantization_option,
     json_option,
-    num_speculative_tokens_option,
-    prompts_option,
-    resolve_draft,
     runner_option,
     target_option,
     user_errors,
-    workload_option,
 )
+from verispec.cli.options import PipelineOptions, from_params
+from verispec.engine.loader import DEFAULT_TARGET
 from verispec.errors import InvalidParameterError
 
-
-def bench(
-    workload: str | None = workload_option(),
-    prompts: Path | None = prompts_option(),
-    categories: str | None = categories_option(),
-    limit: int | None = typer.Option(None, help="Prompts per category at most."),
-    methods: str | None = typer.Option(
-        None, help="Comma-separated verispec methods (default: all loaded); none always runs."
-    ),
-    peers: str = typer.Option(
-        "transformers,llama.cpp", help="Peers in the same loop: transformers, llama.cpp, or none."
-    ),
-    num_speculative_tokens: int = num_speculative_tokens_option(K_BENCH),
-    schedule: str = typer.Option(
-        "cost",
+# bench's own options, each declared once (the shared ones are verispec.cli.common's)
+Limit = Annotated[int | None, typer.Option(help="Prompts per category at most.")]
+Methods = Annotated[
+    str | None, typer.Option(help="Comma-separated verispec methods (default: all loaded); none always runs.")
+]
+Peers = Annotated[str, typer.Option(help="Peers in the same loop: transformers, llama.cpp, or none.")]
+Schedule = Annotated[
+    str,
+    typer.Option(
         help="Draft length: cost (the default, as generate and serve: the cost model, seeded with the machine's cost "
         "curve; drafts only where it expects a gain), heuristic or constant (every method at -k, even where "
         "slower than plain).",
     ),
-    max_tokens: int | None = typer.Option(
-        None, help="New tokens at most per prompt (default 128; multiturn 64, completion 32 per request)."
-    ),
-    temperature: float = typer.Option(0.0, help="0 = greedy (checks exactness); > 0 samples."),
-    seed: int = typer.Option(0, help="Seed of sampling runs (prompt i uses seed + i) and of the audit draws."),
-    sampling: str = typer.Option(
-        "coupled",
+]
+MaxTokens = Annotated[
+    int | None,
+    typer.Option(help="New tokens at most per prompt (default 128; multiturn 64, completion 32 per request)."),
+]
+Temperature = Annotated[float, typer.Option(help="0 = greedy (checks exactness); > 0 samples.")]
+Seed = Annotated[int, typer.Option(help="Seed of sampling runs (prompt i uses seed + i) and of the audit draws.")]
+Sampling = Annotated[
+    str,
+    typer.Option(
         help="Sampled runs: coupled (a seed fixes the text under every method) "
         "or rejection (modified rejection sampling).",
     ),
-    threads: int | None = typer.Option(None, help="CPU threads for every runner (default: torch's)."),
-    chat: bool | None = chat_template_option(),
-    audit_rate: float = typer.Option(0.0, help="Fraction of speculative runs audited against plain decoding."),
-    warmup: bool = typer.Option(True, "--warmup/--no-warmup", help="One short untimed run per runner first."),
-    target: str = target_option("Target model reference."),
-    draft: str | None = draft_option(),
-    dtype: str = dtype_option(),
-    runner: str = runner_option(
+]
+Threads = Annotated[int | None, typer.Option(help="CPU threads for every runner (default: torch's).")]
+AuditRate = Annotated[float, typer.Option(help="Fraction of speculative runs audited against plain decoding.")]
+Warmup = Annotated[bool, typer.Option("--warmup/--no-warmup", help="One short untimed run per runner first.")]
+Target = Annotated[str, target_option("Target model reference.")]
+Draft = Annotated[str | None, draft_option()]
+Runner = Annotated[
+    str,
+    runner_option(
         "Comma-separated runners compared in one run (as generate's --runner), e.g. gguf,int8,torch; transformers "
         "peers need torch."
     ),
-    draft_quantization: str = draft_quantization_option(),
-    eagle_head: Path | None = eagle_head_option(),
-    head_quantization: str = head_quantization_option(),
-    draft_vocab: int | None = draft_vocab_option(),
-    draft_vocab_corpus: list[str] | None = draft_vocab_corpus_option(),
-    curves: bool = typer.Option(
-        False,
-        "--curves/--no-curves",
-        help="Also time one target pass of k = 1..16 tokens and one draft pass per runner.",
+]
+Curves = Annotated[
+    bool,
+    typer.Option(
+        "--curves/--no-curves", help="Also time one target pass of k = 1..16 tokens and one draft pass per runner."
     ),
-    prefill_tokens: str = typer.Option(
-        "",
+]
+PrefillTokens = Annotated[
+    str,
+    typer.Option(
         help="Also time one prefill of each of these prompt lengths per runner, e.g. 512,2048 (llama.cpp's beside "
         "when it is a peer).",
     ),
-    quality_prompts: int = typer.Option(
-        0,
+]
+QualityPrompts = Annotated[
+    int,
+    typer.Option(
         min=0,
         help="Also score each runner against the float32 model (teacher-forced, 32 tokens) on the first N prompts.",
     ),
-    out: Path | None = typer.Option(None, help="Write results.json, report.md and PNG plots into this folder."),
-    quiet: bool = typer.Option(
-        False, "--quiet", "-q", help="No progress display (prompt i of n, method, decode tok/s so far) on stderr."
-    ),
-    as_json: bool = json_option("Also print the results (as results.json) as one JSON object on stdout."),
+]
+Out = Annotated[Path | None, typer.Option(help="Write results.json, report.md and PNG plots into this folder.")]
+Quiet = Annotated[
+    bool,
+    typer.Option("--quiet", "-q", help="No progress display (prompt i of n, method, decode tok/s so far) on stderr."),
+]
+AsJson = Annotated[bool, json_option("Also print the results (as results.json) as one JSON object on stdout.")]
+
+
+def bench(
+    workload: Workload = None,
+    prompts: Prompts = None,
+    categories: Categories = None,
+    limit: Limit = None,
+    methods: Methods = None,
+    peers: Peers = "transformers,llama.cpp",
+    num_speculative_tokens: NumSpeculativeTokens = K_BENCH,
+    schedule: Schedule = "cost",
+    max_tokens: MaxTokens = None,
+    temperature: Temperature = 0.0,
+    seed: Seed = 0,
+    sampling: Sampling = "coupled",
+    threads: Threads = None,
+    chat: ChatTemplate = None,
+    audit_rate: AuditRate = 0.0,
+    warmup: Warmup = True,
+    target: Target = DEFAULT_TARGET,
+    draft: Draft = None,
+    dtype: Dtype = "float32",
+    runner: Runner = "auto",
+    draft_quantization: DraftQuantization = "auto",
+    eagle_head: EagleHead = None,
+    head_quantization: HeadQuantization = "auto",
+    draft_vocab: DraftVocab = None,
+    draft_vocab_corpus: DraftVocabCorpus = None,
+    curves: Curves = False,
+    prefill_tokens: PrefillTokens = "",
+    quality_prompts: QualityPrompts = 0,
+    out: Out = None,
+    quiet: Quiet = False,
+    as_json: AsJson = False,
 ) -> None:
     """Benchmark plain decoding, every speculative method and the peers, interleaved prompt by prompt."""
-    from verispec.bench.command import available_methods, load_pipelines, print_summary, run_and_report, split
-    from verispec.bench.run import BenchConfig
-    from verispec.bench.sessions import SESSION_MAX_TOKENS, SESSION_WORKLOADS
-    from verispec.bench.workload import load_workload
-    from verispec.engine.loader import DrafterOptions
-    from verispec.runners.select import RUNNERS, RunnerOptions
+    params = dict(locals())
+    from verispec.bench.sessions import SESSION_WORKLOADS
 
     if workload in SESSION_WORKLOADS and prompts is None:
-        bench_sessions(
-            workload,
-            target,
-            draft,
-            runner,
-            methods,
-            peers,
-            limit,
-            SESSION_MAX_TOKENS[workload] if max_tokens is None else max_tokens,
-            num_speculative_tokens,
-            schedule,
-            out,
-            as_json,
-        )
+        bench_sessions(params)
         return
-    max_tokens = 128 if max_tokens is None else max_tokens
     with user_errors():
         lengths = int_list(prefill_tokens, "--prefill-tokens")
-        kinds = split(runner) or ["auto"]
-        unknown = [k for k in kinds if k not in RUNNERS]
-        if unknown:
-            raise InvalidParameterError(f"unknown runner {', '.join(unknown)}; choose from {', '.join(RUNNERS)}")
-        items = load_workload(None if prompts else workload or "specbench", prompts, split(categories), limit)
-        drafters = DrafterOptions(
-            draft_quantization=draft_quantization, eagle_head=eagle_head, head_quantization=head_quantization
-        )
-        options = RunnerOptions(draft_vocab_size=draft_vocab, draft_vocab_corpus=tuple(draft_vocab_corpus or ()))
-        config = BenchConfig(  # checked before minutes of loading; no --methods: what the pipelines loaded
-            methods=tuple(split(methods)),
-            peers=tuple(p for p in split(peers) if p != "none"),
-            num_speculative_tokens=num_speculative_tokens,
-            schedule=schedule,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            seed=seed,
-            sampling=sampling,
-            threads=threads,
-            warmup=warmup,
-            chat=chat,
-            audit_rate=audit_rate,
-        )
-        draft = resolve_draft(target, draft)
-        pipes, rss = load_pipelines(target, draft, dtype, err, kinds, drafters=drafters, options=options)
-        if not split(methods):
-            config = dataclasses.replace(config, methods=available_methods(pipes))
-        results = run_and_report(
-            pipes,
-            items,
-            config,
-            out,
-            workload=str(prompts or workload or "specbench"),
-            dtype=dtype,
-            rss=rss,
-            console=err,
-            curves=curves,
-            prefill_tokens=lengths,
-            quality_prompts=quality_prompts,
-            show_progress=not quiet,
-        )
+        pipeline = PipelineOptions.from_cli(params, runners_listed=True).check_before_loading()
+        items, config = bench_plan(params)
+        results = run_bench(pipeline, items, config, params, lengths)
     report = err if as_json else Console()  # stdout is the JSON's with --json
+    from verispec.bench.command import print_summary
+
     print_summary(results, report)
     if out is not None:
         report.print(
@@ -180,68 +161,141 @@ def bench(
         print(json.dumps(results.to_dict(), ensure_ascii=False))
 
 
-def bench_sessions(
-    workload: str,
-    target: str,
-    draft: str | None,
-    runner: str,
-    methods: str | None,
-    peers: str,
-    limit: int | None,
-    max_tokens: int,
-    num_speculative_tokens: int,
-    schedule: str,
-    out: Path | None,
-    as_json: bool,
-) -> None:
-    """``--workload multiturn`` / ``completion``: verispec with and without its prefix cache and
-    llama-cpp-python reusing its previous prompt, fed the same requests (:mod:`verispec.bench.sessions`)."""
-    from rich.table import Table
+def bench_plan(params: dict[str, Any]):
+    """The prompts and the run's configuration (checked before minutes of loading; no
+    ``--methods``: :func:`run_bench` takes what the pipelines loaded); returns ``(items, config)``."""
+    from verispec.bench.command import split
+    from verispec.bench.run import BenchConfig
+    from verispec.bench.workload import load_workload
 
-    from verispec.bench.command import load_pipelines, split
-    from verispec.bench.peers import LlamaCppPeer
-    from verispec.bench.sessions import (
-        check_sessions_limit,
-        run_sessions,
-        session_markdown,
-        session_table,
-        warm_up,
+    p = params
+    items = load_workload(
+        None if p["prompts"] else p["workload"] or "specbench", p["prompts"], split(p["categories"]), p["limit"]
+    )
+    config = from_params(
+        BenchConfig,
+        params,
+        methods=tuple(split(p["methods"])),
+        peers=tuple(peer for peer in split(p["peers"]) if peer != "none"),
+        max_tokens=128 if p["max_tokens"] is None else p["max_tokens"],
+    )
+    return items, config
+
+
+def run_bench(pipeline: PipelineOptions, items, config, params: dict[str, Any], lengths: tuple[int, ...]):
+    """Load ``pipeline`` (checked) on each of its runners and run the benchmark; returns its results."""
+    import dataclasses
+
+    from verispec.bench.command import available_methods, load_pipelines, run_and_report
+
+    p = params
+    pipes, rss = load_pipelines(
+        pipeline.target,
+        pipeline.draft_model,
+        pipeline.dtype,
+        err,
+        pipeline.runner_kinds,
+        drafters=pipeline.drafters(),
+        options=pipeline.runner_options("auto"),
+    )
+    if not config.methods:
+        config = dataclasses.replace(config, methods=available_methods(pipes))
+    return run_and_report(
+        pipes,
+        items,
+        config,
+        p["out"],
+        workload=str(p["prompts"] or p["workload"] or "specbench"),
+        dtype=pipeline.dtype,
+        rss=rss,
+        console=err,
+        curves=p["curves"],
+        prefill_tokens=lengths,
+        quality_prompts=p["quality_prompts"],
+        show_progress=not p["quiet"],
     )
 
+
+def bench_sessions(params: dict[str, Any]) -> None:
+    """``--workload multiturn`` / ``completion``: verispec with and without its prefix cache and
+    llama-cpp-python reusing its previous prompt, fed the same requests (:mod:`verispec.bench.sessions`)."""
+    from verispec.bench.sessions import SESSION_MAX_TOKENS
+
+    p, workload = params, params["workload"]
     with user_errors():
-        check_sessions_limit(limit, workload)
-        chosen = split(methods) or ["auto"]
-        if len(chosen) > 1:
-            raise InvalidParameterError(f"the {workload} workload runs one method (--methods auto, draft, none, ...)")
-        kinds = split(runner) or ["auto"]
-        if len(kinds) > 1:
-            raise InvalidParameterError(f"the {workload} workload runs one runner (--runner gguf or int8)")
-        unknown_peers = [p for p in split(peers) if p not in ("llama.cpp", "transformers", "none")]
-        if unknown_peers:
-            raise InvalidParameterError(f"unknown peer {', '.join(unknown_peers)}; choose llama.cpp or none")
-        pipes, _ = load_pipelines(target, resolve_draft(target, draft), "float32", err, kinds, options=None)
-        pipe = next(iter(pipes.values()))
-        peer = None
-        if "llama.cpp" in split(peers) and pipe.target.path is not None and str(pipe.target.path).endswith(".gguf"):
-            try:
-                peer = LlamaCppPeer(str(pipe.target.path), pipe.tokenizer, pipe.target.eos_token_ids, torch_threads())
-            except ImportError:
-                err.print("llama.cpp peer: llama-cpp-python is not installed (make install-llamacpp); skipped")
-        warm_up(pipe, peer, chosen[0])
-        results = run_sessions(
-            pipe,
-            workload,
-            method=chosen[0],
-            max_tokens=max_tokens,
-            num_speculative_tokens=num_speculative_tokens,
-            schedule=schedule,
-            peer=peer,
-            num_sessions=limit,
-            on_request=lambda name, r: err.print(
-                f"session {r.session + 1} request {r.turn + 1}: {name} ({len(r.prompt_token_ids)} prompt tokens)",
-                highlight=False,
-            ),
+        method = check_sessions(params)
+        pipeline = PipelineOptions.from_cli(params, runners_listed=True).check_before_loading()
+        pipe, results = run_sessions(
+            pipeline, method, SESSION_MAX_TOKENS[workload] if p["max_tokens"] is None else p["max_tokens"], params
         )
+    report_sessions(pipe, results, workload, p["out"], p["as_json"])
+
+
+def check_sessions(params: dict[str, Any]) -> str:
+    """The session workloads' own refusals; returns the one method. Raises InvalidParameterError."""
+    from verispec.bench.command import split
+    from verispec.bench.sessions import check_sessions_limit
+
+    workload = params["workload"]
+    check_sessions_limit(params["limit"], workload)
+    chosen = split(params["methods"]) or ["auto"]
+    if len(chosen) > 1:
+        raise InvalidParameterError(f"the {workload} workload runs one method (--methods auto, draft, none, ...)")
+    kinds = split(params["runner"]) or ["auto"]
+    if len(kinds) > 1:
+        raise InvalidParameterError(f"the {workload} workload runs one runner (--runner gguf or int8)")
+    unknown_peers = [p for p in split(params["peers"]) if p not in ("llama.cpp", "transformers", "none")]
+    if unknown_peers:
+        raise InvalidParameterError(f"unknown peer {', '.join(unknown_peers)}; choose llama.cpp or none")
+    return chosen[0]
+
+
+def run_sessions(pipeline: PipelineOptions, method: str, max_tokens: int, params: dict[str, Any]):
+    """Load ``pipeline`` (checked; float32, no drafter options) and feed it the sessions, beside
+    llama.cpp where it is a peer and installed; returns ``(pipe, results)``."""
+    from verispec.bench.command import load_pipelines, split
+    from verispec.bench.peers import LlamaCppPeer
+    from verispec.bench.sessions import run_sessions as run
+    from verispec.bench.sessions import warm_up
+
+    pipes, _ = load_pipelines(
+        pipeline.target, pipeline.draft_model, "float32", err, pipeline.runner_kinds, options=None
+    )
+    pipe = next(iter(pipes.values()))
+    peer = None
+    if (
+        "llama.cpp" in split(params["peers"])
+        and pipe.target.path is not None
+        and str(pipe.target.path).endswith(".gguf")
+    ):
+        try:
+            peer = LlamaCppPeer(str(pipe.target.path), pipe.tokenizer, pipe.target.eos_token_ids, torch_threads())
+        except ImportError:
+            err.print("llama.cpp peer: llama-cpp-python is not installed (make install-llamacpp); skipped")
+    warm_up(pipe, peer, method)
+    results = run(
+        pipe,
+        params["workload"],
+        method=method,
+        max_tokens=max_tokens,
+        num_speculative_tokens=params["num_speculative_tokens"],
+        schedule=params["schedule"],
+        peer=peer,
+        num_sessions=params["limit"],
+        on_request=lambda name, r: err.print(
+            f"session {r.session + 1} request {r.turn + 1}: {name} ({len(r.prompt_token_ids)} prompt tokens)",
+            highlight=False,
+        ),
+    )
+    return pipe, results
+
+
+def report_sessions(pipe, results, workload: str, out: Path | None, as_json: bool) -> None:
+    """The sessions' table and notes (stdout, stderr with ``as_json``), and their JSON."""
+    from rich.table import Table
+
+    from verispec.bench.sessions import session_markdown, session_table
+
     rows = session_table(results)
     table = Table(title=f"{workload}: {results.max_tokens} tokens a request, greedy ({pipe.runner_choice.label})")
     for column in rows[0]:

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.text import Text
 
-from verispec.engine.loader import DEFAULT_TARGET
 from verispec.errors import VerispecError
 
 err = Console(stderr=True)
@@ -106,93 +106,80 @@ MAX_CONTEXT_HELP = (
 )
 
 
-def max_context_option() -> Any:
-    """``--max-context N`` of generate and serve (:class:`verispec.runners.select.RunnerOptions`)."""
-    return typer.Option(None, "--max-context", min=1, help=MAX_CONTEXT_HELP)
+DTYPE_HELP = (
+    "float32, bfloat16 or float16: the float model of --runner torch / transformers (the gguf, int8 and "
+    "llama.cpp runners compute in their own formats)."
+)
+DRAFT_QUANTIZATION_HELP = (
+    "auto (iq4_nl on the gguf runner, else none); none; int8 (weight-only, --runner torch); iq4_nl or q4_0 "
+    "(--runner gguf: the draft's 5-8-bit matrices re-quantized to 4.5 bits per weight as they load, once, "
+    "kept under $VERISPEC_HOME/weights). Changes only what the draft proposes, never the output."
+)
+HEAD_QUANTIZATION_HELP = (
+    "The EAGLE head's linear layers at inference: auto (q8_0 over the gguf runner, else none), none "
+    "(float32), q8_0 or iq4_nl (GGUF blocks, the gguf kernels). Changes only what the head drafts, never "
+    "the output."
+)
+EAGLE_HEAD_HELP = (
+    "EAGLE-3 head for --method eagle (and for auto to draft with it where the lookup fails): a file "
+    "from verispec train-head, or a published EAGLE-3 folder (config.json + model.safetensors or "
+    "pytorch_model.bin, as the EAGLE authors and SpecForge publish and vLLM/SGLang load), converted once "
+    "and cached under $VERISPEC_HOME/eagle-heads."
+)
 
 
-def num_speculative_tokens_option(default: int) -> Any:
-    """``-k/--num-speculative-tokens``; ``default``: one of the ``K_*`` constants above."""
-    return typer.Option(default, "--num-speculative-tokens", "-k", help=NUM_SPECULATIVE_TOKENS_HELP)
+# Each shared option once, as the type of a command's parameter (``target: Target = DEFAULT_TARGET``;
+# the default stays in the signature, where typer reads it). A command that says more about an
+# option passes its own help to the factory: ``Annotated[str, target_option("...")]``.
 
 
 def target_option(help: str = TARGET_HELP) -> Any:
-    return typer.Option(DEFAULT_TARGET, help=help)
+    """``--target``; default :data:`DEFAULT_TARGET`."""
+    return typer.Option(help=help)
 
 
 def draft_option(help: str = DRAFT_HELP) -> Any:
     """``--draft``: None when not given (:func:`resolve_draft` decides then)."""
-    return typer.Option(None, help=help + DRAFT_DEFAULT_HELP, show_default=False)
-
-
-def dtype_option() -> Any:
-    return typer.Option(
-        "float32",
-        help="float32, bfloat16 or float16: the float model of --runner torch / transformers (the gguf, int8 and "
-        "llama.cpp runners compute in their own formats).",
-    )
+    return typer.Option(help=help + DRAFT_DEFAULT_HELP, show_default=False)
 
 
 def runner_option(help: str = RUNNER_HELP) -> Any:
-    return typer.Option("auto", help=help)
-
-
-def workload_option() -> Any:
-    return typer.Option(None, help=WORKLOAD_HELP)
+    """``--runner``; default ``auto``."""
+    return typer.Option(help=help)
 
 
 def prompts_option(help: str = PROMPTS_HELP) -> Any:
-    return typer.Option(None, help=help)
-
-
-def categories_option() -> Any:
-    return typer.Option(None, help="Comma-separated categories to keep.")
-
-
-def chat_template_option() -> Any:
-    """``--chat/--no-chat`` of the workload commands: None leaves it to each prompt line."""
-    return typer.Option(None, "--chat/--no-chat", help="Force the chat template (default: 'turns' lines use it).")
+    return typer.Option(help=help)
 
 
 def json_option(help: str) -> Any:
-    return typer.Option(False, "--json", help=help)
+    """``--json``; default False."""
+    return typer.Option("--json", help=help)
 
 
-def draft_quantization_option() -> Any:
-    return typer.Option(
-        "auto",
-        help="auto (iq4_nl on the gguf runner, else none); none; int8 (weight-only, --runner torch); iq4_nl or q4_0 "
-        "(--runner gguf: the draft's 5-8-bit matrices re-quantized to 4.5 bits per weight as they load, once, "
-        "kept under $VERISPEC_HOME/weights). Changes only what the draft proposes, never the output.",
-    )
-
-
-def draft_vocab_option() -> Any:
-    return typer.Option(
-        None, help="Reduced draft LM head: keep this many most frequent tokens (FR-Spec; --runner gguf or int8)."
-    )
-
-
-def draft_vocab_corpus_option() -> Any:
-    return typer.Option(
-        None, help="Text file whose token counts pick the --draft-vocab tokens (repeatable; default: BPE rank)."
-    )
-
-
-def head_quantization_option() -> Any:
-    return typer.Option(
-        "auto",
-        help="The EAGLE head's linear layers at inference: auto (q8_0 over the gguf runner, else none), none "
-        "(float32), q8_0 or iq4_nl (GGUF blocks, the gguf kernels). Changes only what the head drafts, never "
-        "the output.",
-    )
-
-
-def eagle_head_option() -> Any:
-    return typer.Option(
-        None,
-        help="EAGLE-3 head for --method eagle (and for auto to draft with it where the lookup fails): a file "
-        "from verispec train-head, or a published EAGLE-3 folder (config.json + model.safetensors or "
-        "pytorch_model.bin, as the EAGLE authors and SpecForge publish and vLLM/SGLang load), converted once "
-        "and cached under $VERISPEC_HOME/eagle-heads.",
-    )
+Target = Annotated[str, target_option()]
+Draft = Annotated[str | None, draft_option()]
+Runner = Annotated[str, runner_option()]
+Dtype = Annotated[str, typer.Option(help=DTYPE_HELP)]
+MaxContext = Annotated[int | None, typer.Option("--max-context", min=1, help=MAX_CONTEXT_HELP)]
+NumSpeculativeTokens = Annotated[int, typer.Option("--num-speculative-tokens", "-k", help=NUM_SPECULATIVE_TOKENS_HELP)]
+"""``-k/--num-speculative-tokens``; its default is one of the ``K_*`` constants above."""
+DraftQuantization = Annotated[str, typer.Option(help=DRAFT_QUANTIZATION_HELP)]
+DraftVocab = Annotated[
+    int | None,
+    typer.Option(help="Reduced draft LM head: keep this many most frequent tokens (FR-Spec; --runner gguf or int8)."),
+]
+DraftVocabCorpus = Annotated[
+    list[str] | None,
+    typer.Option(help="Text file whose token counts pick the --draft-vocab tokens (repeatable; default: BPE rank)."),
+]
+HeadQuantization = Annotated[str, typer.Option(help=HEAD_QUANTIZATION_HELP)]
+EagleHead = Annotated[Path | None, typer.Option(help=EAGLE_HEAD_HELP)]
+Workload = Annotated[str | None, typer.Option(help=WORKLOAD_HELP)]
+Prompts = Annotated[Path | None, prompts_option()]
+Categories = Annotated[str | None, typer.Option(help="Comma-separated categories to keep.")]
+ChatTemplate = Annotated[
+    bool | None,
+    typer.Option("--chat/--no-chat", help="Force the chat template (default: 'turns' lines use it)."),
+]
+"""``--chat/--no-chat`` of the workload commands: None leaves it to each prompt line."""

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
 from verispec.cli.common import err, target_option, user_errors
+from verispec.engine.loader import DEFAULT_TARGET
 from verispec.errors import InvalidParameterError
 from verispec.progress import steps
 from verispec.training.corpus import corpus_files
@@ -23,7 +25,9 @@ datastore_app = typer.Typer(
 def build(
     corpus: list[Path] = typer.Argument(..., help="Files and directories (their text files, recursively)."),
     out: Path = typer.Option(..., help="Directory to write the datastore to."),
-    target: str = target_option("The model whose tokenizer tokenizes the corpus (the target you serve)."),
+    target: Annotated[
+        str, target_option("The model whose tokenizer tokenizes the corpus (the target you serve).")
+    ] = DEFAULT_TARGET,
     depth: int = typer.Option(8, min=1, max=32, help="Longest n-gram the datastore can match."),
     exclude: list[str] = typer.Option([], help="Directory names to skip inside the corpus directories (repeatable)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display on stderr."),

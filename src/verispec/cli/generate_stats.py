@@ -60,49 +60,21 @@ def slowdown_hint(output: GenerationOutput, method: str, comparison: dict | None
 
 def stats_table(output: GenerationOutput, method: str, models: list[dict], comparison: dict | None = None) -> Table:
     """The stats a user reads after a generation (ms, tokens/s, MiB)."""
-    m, spec = output.metrics, output.metrics.spec
+    m = output.metrics
     table = Table(title=f"verispec · method={method} · finish={output.finish_reason}", show_header=False)
     table.add_column("metric", style="cyan")
     table.add_column("value", justify="right")
-
-    def fmt(value, pattern="{:.1f}"):
-        return "—" if value is None else pattern.format(value)
-
     rows = [
         ("prompt / output tokens", f"{m.prompt_tokens} / {m.output_tokens}"),
-        ("TTFT (ms)", fmt(m.ttft_ms)),
-        ("TPOT (ms)", fmt(m.tpot_ms)),
-        ("decode tokens/s", fmt(m.decode_tokens_per_s, "{:.2f}")),
-        ("total tokens/s", fmt(m.total_tokens_per_s, "{:.2f}")),
+        ("TTFT (ms)", _fmt(m.ttft_ms)),
+        ("TPOT (ms)", _fmt(m.tpot_ms)),
+        ("decode tokens/s", _fmt(m.decode_tokens_per_s, "{:.2f}")),
+        ("total tokens/s", _fmt(m.total_tokens_per_s, "{:.2f}")),
         ("target forwards", str(m.num_target_forwards)),
         ("time in target / draft (ms)", f"{m.target_ms:.0f} / {m.draft_ms:.0f}"),
     ]
     if method != "none":
-        rows += [
-            (
-                "drafts / drafted / accepted",
-                f"{spec.num_drafts} / {spec.num_draft_tokens} / {spec.num_accepted_tokens}",
-            ),
-            ("acceptance rate", fmt(spec.acceptance_rate, "{:.3f}")),
-            ("mean acceptance length", fmt(spec.mean_acceptance_length, "{:.2f}")),
-            ("acceptance per position", " ".join(f"{r:.2f}" for r in spec.acceptance_rate_per_position)),
-            ("accepted-length histogram", " ".join(str(c) for c in spec.accepted_length_histogram)),
-            ("chosen k histogram (k = 0, 1, ...)", " ".join(str(c) for c in spec.chosen_k_histogram)),
-            # estimates: in units of the controller's plain-step cost, not a plain run (--compare-plain measures one)
-            (
-                "speedup estimate: predicted / from step times",
-                f"{fmt(spec.predicted_speedup, '{:.2f}')} / {fmt(spec.realised_speedup, '{:.2f}')}",
-            ),
-        ]
-        for name, drafter in sorted(spec.per_drafter.items()):
-            rows.append(
-                (
-                    f"{name}: drafts / drafted / accepted",
-                    f"{drafter.num_drafts} / {drafter.num_draft_tokens} / {drafter.num_accepted_tokens} "
-                    f"(rate {fmt(drafter.acceptance_rate, '{:.3f}')}, length "
-                    f"{fmt(drafter.mean_acceptance_length, '{:.2f}')})",
-                )
-            )
+        rows += _speculation_rows(m.spec)
     for model in models:
         rows.append(
             (
@@ -115,11 +87,43 @@ def stats_table(output: GenerationOutput, method: str, models: list[dict], compa
             comparison["identical"]
         ]
         rows += [
-            ("plain decoding, same prompt: decode tokens/s", fmt(comparison["plain_decode_tokens_per_s"], "{:.2f}")),
-            ("measured speedup vs plain (decode)", fmt(comparison["measured_speedup"], "{:.2f}x")),
+            ("plain decoding, same prompt: decode tokens/s", _fmt(comparison["plain_decode_tokens_per_s"], "{:.2f}")),
+            ("measured speedup vs plain (decode)", _fmt(comparison["measured_speedup"], "{:.2f}x")),
             ("tokens identical to plain", identical),
         ]
     rows.append(("peak RSS (MiB)", f"{peak_rss_bytes() / 2**20:.0f}"))
     for name, value in rows:
         table.add_row(name, value)
     return table
+
+
+def _fmt(value, pattern="{:.1f}") -> str:
+    return "—" if value is None else pattern.format(value)
+
+
+def _speculation_rows(spec) -> list[tuple[str, str]]:
+    """The drafting's rows: drafts and acceptance overall, the schedule's choices, the speedup
+    estimates, then each drafter's share."""
+    rows = [
+        ("drafts / drafted / accepted", f"{spec.num_drafts} / {spec.num_draft_tokens} / {spec.num_accepted_tokens}"),
+        ("acceptance rate", _fmt(spec.acceptance_rate, "{:.3f}")),
+        ("mean acceptance length", _fmt(spec.mean_acceptance_length, "{:.2f}")),
+        ("acceptance per position", " ".join(f"{r:.2f}" for r in spec.acceptance_rate_per_position)),
+        ("accepted-length histogram", " ".join(str(c) for c in spec.accepted_length_histogram)),
+        ("chosen k histogram (k = 0, 1, ...)", " ".join(str(c) for c in spec.chosen_k_histogram)),
+        # estimates: in units of the controller's plain-step cost, not a plain run (--compare-plain measures one)
+        (
+            "speedup estimate: predicted / from step times",
+            f"{_fmt(spec.predicted_speedup, '{:.2f}')} / {_fmt(spec.realised_speedup, '{:.2f}')}",
+        ),
+    ]
+    for name, drafter in sorted(spec.per_drafter.items()):
+        rows.append(
+            (
+                f"{name}: drafts / drafted / accepted",
+                f"{drafter.num_drafts} / {drafter.num_draft_tokens} / {drafter.num_accepted_tokens} "
+                f"(rate {_fmt(drafter.acceptance_rate, '{:.3f}')}, length "
+                f"{_fmt(drafter.mean_acceptance_length, '{:.2f}')})",
+            )
+        )
+    return rows

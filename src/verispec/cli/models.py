@@ -11,6 +11,7 @@ import json
 import sys
 from contextlib import nullcontext
 from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich import box
@@ -36,7 +37,9 @@ def list_models(
     paths: bool = typer.Option(
         False, "--paths", help="Print NAME<tab>PATH per model (the full path of its file), no table."
     ),
-    as_json: bool = json_option("Print one JSON object a line, one per model, with the full path of its file."),
+    as_json: Annotated[
+        bool, json_option("Print one JSON object a line, one per model, with the full path of its file.")
+    ] = False,
 ) -> None:
     """Show the built-in models, their roles, sizes, licences and whether they are in the cache.
 

@@ -93,12 +93,19 @@ def serve_replicas(spec: ReplicaSpec, options: ReplicaOptions, *, host: str, por
         if ref is not None:
             with err.status(f"resolving {ref}"):
                 store.resolve(ref)
-    datastore = None
-    if spec.datastore is not None:
-        Datastore(spec.datastore)
-        datastore = str(Path(spec.datastore).resolve())
-    spec = dataclasses.replace(spec, target=_absolute(spec.target), draft=_absolute(spec.draft), datastore=datastore)
+    drafters = spec.drafters
+    if drafters.datastore is not None:
+        Datastore(drafters.datastore)
+    drafters = dataclasses.replace(
+        drafters, datastore=_resolved(drafters.datastore), eagle_head=_resolved(drafters.eagle_head)
+    )
+    spec = dataclasses.replace(spec, target=_absolute(spec.target), draft=_absolute(spec.draft), drafters=drafters)
     return run_replicas(spec, scaling, host=host, port=port, ray_address=options.ray_address, ray_temp_dir=temp_dir)
+
+
+def _resolved(path: str | Path | None) -> str | None:
+    """A local path as an absolute one (a replica's working directory is Ray's)."""
+    return None if path is None else str(Path(path).resolve())
 
 
 def _absolute(ref: str | None) -> str | None:

@@ -1,261 +1,320 @@
 """``verispec serve``: the OpenAI-compatible HTTP server, in this process (uvicorn) or, with any of
-the ``--replicas`` family of options, as Ray Serve replicas (:mod:`verispec.cli.replicas`)."""
+the ``--replicas`` family of options, as Ray Serve replicas (:mod:`verispec.cli.replicas`).
+
+The steps: the server's own options checked and made a :class:`~verispec.server.ServerConfig`,
+the pipeline's checked (:class:`~verispec.cli.options.PipelineOptions`), both before minutes of
+loading; then the replicas launched, or the pipeline loaded and served here until Ctrl-C or SIGTERM."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import gc
 import logging
 import signal
 import socket
 from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 
 from verispec.cli.common import (
     DEFAULT_METHOD,
     K_SERVE,
+    Dtype,
+    EagleHead,
+    HeadQuantization,
+    MaxContext,
+    NumSpeculativeTokens,
+    Runner,
+    Target,
     draft_option,
-    dtype_option,
-    eagle_head_option,
     err,
-    head_quantization_option,
-    max_context_option,
-    num_speculative_tokens_option,
-    resolve_draft,
-    runner_option,
-    target_option,
     user_errors,
 )
+from verispec.cli.options import PipelineOptions, from_params
 from verispec.engine import SpeculativeConfig
-from verispec.engine.loader import DrafterOptions, SpeculativePipeline
+from verispec.engine.loader import DEFAULT_TARGET
 from verispec.engine.prefix_cache import DEFAULT_PREFIX_CACHE_GIB
 from verispec.errors import InvalidParameterError, VerispecError
-from verispec.models.preflight import check_before_loading
-from verispec.runners.select import RunnerOptions
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
-
-def serve(
-    target: str = target_option(),
-    draft: str | None = draft_option(
+# serve's own options, each declared once (the shared ones are verispec.cli.common's)
+Draft = Annotated[
+    str | None,
+    draft_option(
         "Draft model reference, or 'none' (no draft model: auto then drafts by lookup only; --method none serves "
         "plain decoding)."
     ),
-    method: str = typer.Option(
-        DEFAULT_METHOD,
+]
+Method = Annotated[
+    str,
+    typer.Option(
         help="Default method of requests without 'speculative': auto (lookup where it matches, else the draft "
         "model; plain steps where a batch makes speculation cost more), draft, none, ... (as generate).",
     ),
-    num_speculative_tokens: int = num_speculative_tokens_option(K_SERVE),
-    schedule: str = typer.Option(
-        "cost", help="Default draft-length schedule: cost (batch-aware cost model), heuristic or constant."
-    ),
-    sampling: str = typer.Option(
-        "coupled",
+]
+Schedule = Annotated[
+    str, typer.Option(help="Default draft-length schedule: cost (batch-aware cost model), heuristic or constant.")
+]
+Sampling = Annotated[
+    str,
+    typer.Option(
         help="Default sampling mode: coupled (a seed gives the same text under every method, batched or "
         'alone) or rejection (modified rejection sampling); requests may send "sampling".',
     ),
-    host: str = typer.Option("127.0.0.1", help="Address to bind; loopback unless you say otherwise."),
-    port: int = typer.Option(8000, min=1, max=65535, help="TCP port."),
-    api_key: str | None = typer.Option(
-        None, envvar="VERISPEC_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1."
-    ),
-    dtype: str = dtype_option(),
-    runner: str = runner_option(),
-    max_context: int | None = max_context_option(),
-    max_queue: int = typer.Option(64, min=1, help="Requests that may wait for the engine before 429."),
-    max_num_seqs: int | None = typer.Option(
-        None, min=1, help="Requests batched into one target pass (default 8; 1 on the llama.cpp runner)."
-    ),
-    max_kv_tokens: int | None = typer.Option(
-        None, min=1, help="KV-cache tokens the running requests may reserve together (default: a context each)."
-    ),
-    max_num_batched_tokens: int = typer.Option(
-        256, min=1, help="Prompt tokens prefilled per pass while other requests decode (chunked prefill)."
-    ),
-    max_tokens_cap: int = typer.Option(2048, min=1, help="Largest max_tokens a request may ask for."),
-    suffix_cache: Path | None = typer.Option(
-        None,
+]
+Host = Annotated[str, typer.Option(help="Address to bind; loopback unless you say otherwise.")]
+Port = Annotated[int, typer.Option(min=1, max=65535, help="TCP port.")]
+ApiKey = Annotated[
+    str | None, typer.Option(envvar="VERISPEC_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1.")
+]
+MaxQueue = Annotated[int, typer.Option(min=1, help="Requests that may wait for the engine before 429.")]
+MaxNumSeqs = Annotated[
+    int | None,
+    typer.Option(min=1, help="Requests batched into one target pass (default 8; 1 on the llama.cpp runner)."),
+]
+MaxKvTokens = Annotated[
+    int | None,
+    typer.Option(min=1, help="KV-cache tokens the running requests may reserve together (default: a context each)."),
+]
+MaxNumBatchedTokens = Annotated[
+    int, typer.Option(min=1, help="Prompt tokens prefilled per pass while other requests decode (chunked prefill).")
+]
+MaxTokensCap = Annotated[int, typer.Option(min=1, help="Largest max_tokens a request may ask for.")]
+SuffixCache = Annotated[
+    Path | None,
+    typer.Option(
         help="File for the suffix drafter's cache of past requests: loaded at start if present, written atomically "
         "within --suffix-snapshot-seconds of a change and at shutdown.",
     ),
-    suffix_snapshot_seconds: float = typer.Option(
-        60.0,
+]
+SuffixSnapshotSeconds = Annotated[
+    float,
+    typer.Option(
         help="The longest a change of --suffix-cache waits before it is on disk (what a crash or kill -9 can lose).",
     ),
-    datastore: Path | None = typer.Option(
-        None, help="A corpus datastore (verispec datastore build) the suffix drafter also reads."
-    ),
-    record_traffic: Path | None = typer.Option(
-        None,
+]
+Datastore = Annotated[
+    Path | None, typer.Option(help="A corpus datastore (verispec datastore build) the suffix drafter also reads.")
+]
+RecordTraffic = Annotated[
+    Path | None,
+    typer.Option(
         help="Append each answered request's prompt (user turns or completion prompt; no answers, no system "
         "messages, no client details) to DIR/traffic-<pid>.jsonl, for verispec train-head --prompts. Off by "
         "default.",
     ),
-    eagle_head: Path | None = eagle_head_option(),
-    head_quantization: str = head_quantization_option(),
-    prefix_cache_gib: float = typer.Option(
-        DEFAULT_PREFIX_CACHE_GIB,
+]
+PrefixCacheGib = Annotated[
+    float,
+    typer.Option(
         min=0.0,
         help="Memory for automatic prefix caching: KV entries of earlier prompts and answers reused bit for bit "
         "(a chat's next turn, a shared system prompt); least recently used blocks evicted. 0 turns it off.",
     ),
-    prefix_cache_file: Path | None = typer.Option(
-        None,
+]
+PrefixCacheFile = Annotated[
+    Path | None,
+    typer.Option(
         help="Save the prefix cache here at shutdown and read it at start (checksummed; a damaged file, or one "
         "for other weights or kernels, is said and not used).",
     ),
-    warm_prompt: list[Path] | None = typer.Option(
-        None, help="A text file prefilled at start as a system prompt, so the first requests find it cached."
+]
+WarmPrompt = Annotated[
+    list[Path] | None,
+    typer.Option(help="A text file prefilled at start as a system prompt, so the first requests find it cached."),
+]
+MaxBodyBytes = Annotated[int, typer.Option(min=1024, help="Largest request body (bytes).")]
+LogLevel = Annotated[str, typer.Option(help="debug, info, warning or error.")]
+AuditRate = Annotated[
+    float,
+    typer.Option(
+        help="Fraction of responses re-decoded plainly when the engine is idle, to count agreement (0 = off)."
     ),
-    max_body_bytes: int = typer.Option(4 * 1024 * 1024, min=1024, help="Largest request body (bytes)."),
-    log_level: str = typer.Option("info", help="debug, info, warning or error."),
-    audit_rate: float = typer.Option(
-        0.0, help="Fraction of responses re-decoded plainly when the engine is idle, to count agreement (0 = off)."
-    ),
-    replicas: int | None = typer.Option(
-        None, help="Serve N replicas on Ray Serve, each its own batched engine (needs verispec[ray])."
-    ),
-    ray_address: str | None = typer.Option(
-        None, help="Join this Ray cluster (e.g. auto or ray://host:10001) instead of starting one."
-    ),
-    min_replicas: int | None = typer.Option(None, help="Autoscale replicas from this many (Ray Serve autoscaling)."),
-    max_replicas: int | None = typer.Option(None, help="Autoscale replicas up to this many."),
-    target_ongoing_requests: float | None = typer.Option(
-        None, help="Requests in flight per replica the autoscaler aims at."
-    ),
-    ray_temp_dir: str | None = typer.Option(
-        None,
+]
+Replicas = Annotated[
+    int | None,
+    typer.Option(help="Serve N replicas on Ray Serve, each its own batched engine (needs verispec[ray])."),
+]
+RayAddress = Annotated[
+    str | None,
+    typer.Option(help="Join this Ray cluster (e.g. auto or ray://host:10001) instead of starting one."),
+]
+MinReplicas = Annotated[int | None, typer.Option(help="Autoscale replicas from this many (Ray Serve autoscaling).")]
+MaxReplicas = Annotated[int | None, typer.Option(help="Autoscale replicas up to this many.")]
+TargetOngoingRequests = Annotated[
+    float | None, typer.Option(help="Requests in flight per replica the autoscaler aims at.")
+]
+RayTempDir = Annotated[
+    str | None,
+    typer.Option(
         help="Folder a Ray cluster started by --replicas keeps its session files in (default: $VERISPEC_HOME/ray; "
         "at most 40 characters, for Ray's socket paths).",
     ),
-    replica_cpus: float | None = typer.Option(
-        None,
+]
+ReplicaCpus = Annotated[
+    float | None,
+    typer.Option(
         help="CPUs Ray reserves for each replica, its runners' threads (default: the cores / replicas; 1 on "
         "--ray-address).",
     ),
+]
+
+
+def serve(
+    target: Target = DEFAULT_TARGET,
+    draft: Draft = None,
+    method: Method = DEFAULT_METHOD,
+    num_speculative_tokens: NumSpeculativeTokens = K_SERVE,
+    schedule: Schedule = "cost",
+    sampling: Sampling = "coupled",
+    host: Host = "127.0.0.1",
+    port: Port = 8000,
+    api_key: ApiKey = None,
+    dtype: Dtype = "float32",
+    runner: Runner = "auto",
+    max_context: MaxContext = None,
+    max_queue: MaxQueue = 64,
+    max_num_seqs: MaxNumSeqs = None,
+    max_kv_tokens: MaxKvTokens = None,
+    max_num_batched_tokens: MaxNumBatchedTokens = 256,
+    max_tokens_cap: MaxTokensCap = 2048,
+    suffix_cache: SuffixCache = None,
+    suffix_snapshot_seconds: SuffixSnapshotSeconds = 60.0,
+    datastore: Datastore = None,
+    record_traffic: RecordTraffic = None,
+    eagle_head: EagleHead = None,
+    head_quantization: HeadQuantization = "auto",
+    prefix_cache_gib: PrefixCacheGib = DEFAULT_PREFIX_CACHE_GIB,
+    prefix_cache_file: PrefixCacheFile = None,
+    warm_prompt: WarmPrompt = None,
+    max_body_bytes: MaxBodyBytes = 4 * 1024 * 1024,
+    log_level: LogLevel = "info",
+    audit_rate: AuditRate = 0.0,
+    replicas: Replicas = None,
+    ray_address: RayAddress = None,
+    min_replicas: MinReplicas = None,
+    max_replicas: MaxReplicas = None,
+    target_ongoing_requests: TargetOngoingRequests = None,
+    ray_temp_dir: RayTempDir = None,
+    replica_cpus: ReplicaCpus = None,
 ) -> None:
     """Serve the models over an OpenAI-compatible HTTP API (completions, chat, streaming, /metrics)."""
+    params = dict(locals())
     with user_errors():
-        try:
-            import uvicorn
-
-            from verispec.cli.replicas import ReplicaOptions, serve_replicas
-            from verispec.server import ServerConfig, create_app
-            from verispec.server.replicas import ReplicaSpec
-        except ImportError as exc:
-            raise VerispecError(f"the server's dependencies are missing ({exc}): pip install -e .") from None
-        if log_level.lower() not in LOG_LEVELS:
-            raise InvalidParameterError(f"--log-level must be debug, info, warning or error, got {log_level!r}")
-        check_listen(host, port)  # before minutes of loading, not uvicorn's error after them
-        if record_traffic is not None:
-            from verispec.server.traffic import check_folder
-
-            check_folder(record_traffic)  # before minutes of loading
-        if not suffix_snapshot_seconds > 0:
-            raise InvalidParameterError(f"--suffix-snapshot-seconds must be > 0, got {suffix_snapshot_seconds}")
-        if not 0.0 <= audit_rate <= 1.0:
-            raise InvalidParameterError(f"--audit-rate must be in [0, 1], got {audit_rate}")
-        logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        draft_ref = resolve_draft(target, draft)
-        if host not in LOOPBACK and api_key is None:
-            err.print(
-                f"[yellow]warning:[/yellow] serving on {host} without --api-key: anyone who can reach it can use it"
-            )
-        spec = SpeculativeConfig(
-            method=method,
-            num_speculative_tokens=num_speculative_tokens,
-            schedule=schedule,
-        )
-        config = ServerConfig(
-            api_key=api_key,
-            max_tokens_cap=max_tokens_cap,
-            max_queue=max_queue,
-            max_body_bytes=max_body_bytes,
-            default_spec=spec,
-            audit_rate=audit_rate,
-            max_num_seqs=max_num_seqs,
-            max_kv_tokens=max_kv_tokens,
-            suffix_cache=None if suffix_cache is None else str(suffix_cache),
-            suffix_snapshot_s=suffix_snapshot_seconds,
-            record_traffic=None if record_traffic is None else str(record_traffic),
-            sampling=sampling,
-            prefix_cache_file=None if prefix_cache_file is None else str(prefix_cache_file),
-            warm_prompts=tuple(str(p) for p in warm_prompt or ()),
-        )
-        for path in config.warm_prompts:  # before minutes of loading
-            if not Path(path).is_file():
-                raise InvalidParameterError(f"--warm-prompt {path}: no such file (a text file: a system prompt)")
-        if prefix_cache_gib == 0 and (prefix_cache_file is not None or config.warm_prompts):
-            raise InvalidParameterError(
-                "--prefix-cache-file and --warm-prompt need a prefix cache: --prefix-cache-gib > 0"
-            )
-        scaling = ReplicaOptions(
-            replicas, ray_address, min_replicas, max_replicas, target_ongoing_requests, replica_cpus, ray_temp_dir
-        )
-        if spec.method in ("eagle", "eagle-tree") and eagle_head is None:
-            raise InvalidParameterError(
-                f"--method {spec.method} needs --eagle-head FILE (a head from verispec train-head) or a published "
-                "EAGLE-3 folder"
-            )
-        if eagle_head is not None and not eagle_head.exists():
-            raise InvalidParameterError(
-                f"--eagle-head {eagle_head}: no such file or folder (a head from verispec train-head, or a published "
-                "EAGLE-3 folder)"
-            )
-        DrafterOptions(
-            eagle_head=eagle_head, head_quantization=head_quantization
-        )  # its checks, before minutes of loading
-        if scaling.requested:  # load() checks these itself; replicas would each fail after starting
-            check_before_loading(target, draft_ref)
-        if scaling.requested and eagle_head is not None:
-            with err.status(f"checking the EAGLE head {eagle_head} against {target} (before starting the replicas)"):
-                checked = (
-                    SpeculativePipeline.load(  # the same checks a replica runs: one clear error here, not N in Ray
-                        target,
-                        None,
-                        dtype=dtype,
-                        runners=RunnerOptions(kind=runner, max_context_length=max_context),
-                        max_num_batched_tokens=max_num_batched_tokens,
-                        drafters=DrafterOptions(eagle_head=eagle_head, head_quantization=head_quantization),
-                    )
-                )
-                del checked
-                gc.collect()
+        server = server_modules()
+        config = server_config(params)
+        scaling = from_params(server.ReplicaOptions, params)
+        pipeline = PipelineOptions.from_cli(params).check_before_loading(models=scaling.requested)
         if scaling.requested:
-            models = ReplicaSpec(
-                target,
-                draft_ref,
-                dtype,
-                runner,
-                config,
-                max_num_batched_tokens,
-                None if datastore is None else str(datastore),
-                None if eagle_head is None else str(eagle_head.resolve()),
-                head_quantization,
-                max_context,
-                prefix_cache_gib,
-            )
-            stopped_by = serve_replicas(models, scaling, host=host, port=port)
-            if stopped_by == signal.SIGINT:
-                raise typer.Exit(130)  # 128 + SIGINT, as a shell expects; SIGTERM: a clean stop, 0
+            serve_on_replicas(pipeline, config, scaling, host, port)
             return
-        with err.status(f"loading {target}" + (f" + {draft_ref}" if draft_ref else "")):
-            pipe = SpeculativePipeline.load(
-                target,
-                draft_ref,
-                dtype=dtype,
-                runners=RunnerOptions(kind=runner, max_context_length=max_context),
-                max_num_batched_tokens=max_num_batched_tokens,
-                drafters=DrafterOptions(
-                    eagle_head=eagle_head, head_quantization=head_quantization, datastore=datastore
-                ),
-                prefix_cache_gib=prefix_cache_gib,
-            )
-        server = create_app(pipe, config)
+        app = server.create_app(pipeline.load(), config)
+    serve_here(server.uvicorn, app, host, port, log_level)
+
+
+def server_modules() -> Any:
+    """What serving needs beyond the CLI's own imports (uvicorn, FastAPI, the replicas'
+    launch), as attributes.
+
+    Raises:
+        VerispecError: the server's dependencies are not installed.
+    """
+    from types import SimpleNamespace
+
+    try:
+        import uvicorn
+
+        from verispec.cli.replicas import ReplicaOptions
+        from verispec.server import create_app
+    except ImportError as exc:
+        raise VerispecError(f"the server's dependencies are missing ({exc}): pip install -e .") from None
+    return SimpleNamespace(uvicorn=uvicorn, ReplicaOptions=ReplicaOptions, create_app=create_app)
+
+
+def server_config(params: dict[str, Any]):
+    """The server's options (``serve``'s parameters) checked, logging set up, and made a
+    :class:`~verispec.server.ServerConfig`.
+
+    Raises:
+        InvalidParameterError: a bad log level, an address that cannot be listened on, a traffic
+            folder that cannot be written, a non-positive snapshot interval, an audit rate outside
+            [0, 1], a missing warm-prompt file, a prefix cache file or warm prompt without a cache.
+    """
+    from verispec.server import ServerConfig
+
+    p = params
+    if p["log_level"].lower() not in LOG_LEVELS:
+        raise InvalidParameterError(f"--log-level must be debug, info, warning or error, got {p['log_level']!r}")
+    check_listen(p["host"], p["port"])  # before minutes of loading, not uvicorn's error after them
+    if p["record_traffic"] is not None:
+        from verispec.server.traffic import check_folder
+
+        check_folder(p["record_traffic"])  # before minutes of loading
+    if not p["suffix_snapshot_seconds"] > 0:
+        raise InvalidParameterError(f"--suffix-snapshot-seconds must be > 0, got {p['suffix_snapshot_seconds']}")
+    if not 0.0 <= p["audit_rate"] <= 1.0:
+        raise InvalidParameterError(f"--audit-rate must be in [0, 1], got {p['audit_rate']}")
+    logging.basicConfig(level=p["log_level"].upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if p["host"] not in LOOPBACK and p["api_key"] is None:
+        err.print(
+            f"[yellow]warning:[/yellow] serving on {p['host']} without --api-key: anyone who can reach it can use it"
+        )
+    for path in p["warm_prompt"] or ():  # before minutes of loading
+        if not Path(path).is_file():
+            raise InvalidParameterError(f"--warm-prompt {path}: no such file (a text file: a system prompt)")
+    if p["prefix_cache_gib"] == 0 and (p["prefix_cache_file"] is not None or p["warm_prompt"]):
+        raise InvalidParameterError("--prefix-cache-file and --warm-prompt need a prefix cache: --prefix-cache-gib > 0")
+    return from_params(
+        ServerConfig,
+        params,
+        default_spec=from_params(SpeculativeConfig, params),
+        suffix_cache=_text(p["suffix_cache"]),
+        suffix_snapshot_s=p["suffix_snapshot_seconds"],
+        record_traffic=_text(p["record_traffic"]),
+        prefix_cache_file=_text(p["prefix_cache_file"]),
+        warm_prompts=tuple(str(path) for path in p["warm_prompt"] or ()),
+    )
+
+
+def _text(path: Path | None) -> str | None:
+    return None if path is None else str(path)
+
+
+def serve_on_replicas(pipeline: PipelineOptions, config, scaling, host: str, port: int) -> None:
+    """Serve ``pipeline`` (checked) on Ray Serve replicas until SIGTERM, or Ctrl-C (exit 130).
+    An EAGLE head is loaded here once against the target first: one clear error, not one per
+    replica."""
+    from verispec.cli.replicas import serve_replicas
+    from verispec.server.replicas import ReplicaSpec
+
+    if pipeline.eagle_head is not None:
+        status = (
+            f"checking the EAGLE head {pipeline.eagle_head} against {pipeline.target} (before starting the replicas)"
+        )
+        checked = dataclasses.replace(pipeline, draft_model=None, datastore=None).load(status=status)
+        del checked
+        gc.collect()
+    spec = ReplicaSpec(
+        pipeline.target,
+        pipeline.draft_model,
+        pipeline.dtype,
+        pipeline.runner,
+        config,
+        pipeline.max_num_batched_tokens,
+        drafters=pipeline.drafters(),
+        max_context=pipeline.max_context,
+        prefix_cache_gib=pipeline.prefix_cache_gib,
+    )
+    if serve_replicas(spec, scaling, host=host, port=port) == signal.SIGINT:
+        raise typer.Exit(130)  # 128 + SIGINT, as a shell expects; SIGTERM: a clean stop, 0
+
+
+def serve_here(uvicorn, app, host: str, port: int, log_level: str) -> None:
+    """Run ``app`` on uvicorn in this process until Ctrl-C (then exit 130) or SIGTERM."""
     interrupted: list[int] = []
 
     def on_sigint(signum, frame) -> None:  # uvicorn re-raises a Ctrl-C here after its graceful shutdown
@@ -264,7 +323,7 @@ def serve(
 
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:
-        uvicorn.run(server, host=host, port=port, log_level=log_level.lower())  # swallows that KeyboardInterrupt
+        uvicorn.run(app, host=host, port=port, log_level=log_level.lower())  # swallows that KeyboardInterrupt
     finally:
         signal.signal(signal.SIGINT, previous)
     if interrupted:

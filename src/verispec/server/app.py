@@ -21,14 +21,11 @@ import hmac
 import logging
 import os
 import time
-import uuid
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from verispec.bench.audit import QualityAuditor
 from verispec.engine import SpeculativeConfig
@@ -39,10 +36,11 @@ from verispec.proposers.suffix_file import SuffixSnapshots
 from verispec.server import logprobs, protocol, tokenize
 from verispec.server.config import ServerConfig
 from verispec.server.faults import RETRY_AFTER_S, APIError
-from verispec.server.limits import BodyLimitMiddleware, check_method, fit_window, validation_error
+from verispec.server.handlers import install_error_handlers, openapi_without_422
+from verispec.server.limits import BodyLimitMiddleware, check_method, fit_window
 from verispec.server.prefix_files import PrefixCacheFiles, check_writable
 from verispec.server.prom import ServerMetrics
-from verispec.server.responses import Choice, ChoiceView, ClientGone, next_event, sse
+from verispec.server.responses import Choice, ChoiceView, next_event, sse
 from verispec.server.schemas import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -105,30 +103,54 @@ def create_app(pipeline, config: ServerConfig | None = None, *, metrics_expositi
     """
     config = dataclasses.replace(config or ServerConfig(), **options)
     state = _State(pipeline, config)
-    cache = pipeline.suffix_cache
-    snapshots = None
-    if config.suffix_cache is not None and cache is not None:
-        check_writable(config.suffix_cache, "suffix cache")
-        written = None  # what the file holds: None writes a first snapshot at once
-        if os.path.exists(config.suffix_cache):
-            try:
-                log.info("suffix cache: %d past requests from %s", cache.load(config.suffix_cache), config.suffix_cache)
-                written = cache.num_changes
-            except CacheFileError as exc:  # ours, damaged: never read; the first snapshot replaces it
-                report_damaged(config.suffix_cache, str(exc), "the server starts with an empty suffix cache")
-        snapshots = SuffixSnapshots(cache, config.suffix_cache, config.suffix_snapshot_s, written)
+    snapshots = _suffix_snapshots(pipeline, config)
     prefix_files = PrefixCacheFiles(pipeline, config.prefix_cache_file, config.warm_prompts)
+    app = FastAPI(  # strict_content_type=False: a body without Content-Type is read as JSON (curl -d, OpenAI)
+        title="verispec",
+        version="0.1.0",
+        lifespan=_lifespan(state, snapshots, prefix_files),
+        summary="OpenAI-compatible lossless speculative decoding",
+        strict_content_type=False,
+    )
+    app.state.verispec = state
+    app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
+    install_error_handlers(app, state.metrics)
+    authorized = [Depends(_authorization(config))]
+    _add_status_routes(app, state, metrics_exposition)
+    _add_model_routes(app, state, authorized)
+    _add_generation_routes(app, state, authorized)
+    tokenize.install(app, pipeline, lambda name: _check_model(state, name), authorized)
+    app.openapi = openapi_without_422(app)
+    return app
+
+
+def _suffix_snapshots(pipeline, config: ServerConfig) -> SuffixSnapshots | None:
+    """The suffix cache's file (``config.suffix_cache``): read now if it exists (a damaged one is
+    said and replaced), snapshotted while serving; None without a file or a suffix cache."""
+    cache = pipeline.suffix_cache
+    if config.suffix_cache is None or cache is None:
+        return None
+    check_writable(config.suffix_cache, "suffix cache")
+    written = None  # what the file holds: None writes a first snapshot at once
+    if os.path.exists(config.suffix_cache):
+        try:
+            log.info("suffix cache: %d past requests from %s", cache.load(config.suffix_cache), config.suffix_cache)
+            written = cache.num_changes
+        except CacheFileError as exc:  # ours, damaged: never read; the first snapshot replaces it
+            report_damaged(config.suffix_cache, str(exc), "the server starts with an empty suffix cache")
+    return SuffixSnapshots(cache, config.suffix_cache, config.suffix_snapshot_s, written)
+
+
+def _lifespan(state: _State, snapshots: SuffixSnapshots | None, prefix_files: PrefixCacheFiles):
+    """The app's lifespan: the models said in the log, the prefix cache's files, the engine
+    worker and the suffix snapshots started; at shutdown stopped in the reverse order."""
+    pipeline = state.pipeline
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         for summary in pipeline.model_summaries():
-            log.info(
-                "%s %s: loaded in %.1f s, %.0f MiB",
-                summary.role,
-                summary.name,
-                summary.load_time_s,
-                summary.param_bytes / 2**20,
-            )
+            size_mib = summary.param_bytes / 2**20
+            log.info("%s %s: loaded in %.1f s, %.0f MiB", summary.role, summary.name, summary.load_time_s, size_mib)
         log.info("%s (--max-context)", pipeline.window_summary(state.worker.max_num_seqs))
         prefix_files.start()
         log.info("peak RSS after loading: %.0f MiB; warming up", peak_rss_bytes() / 2**20)
@@ -141,16 +163,11 @@ def create_app(pipeline, config: ServerConfig | None = None, *, metrics_expositi
             snapshots.stop()  # the last snapshot, after the last request
         prefix_files.stop()
 
-    app = FastAPI(  # strict_content_type=False: a body without Content-Type is read as JSON (curl -d, OpenAI)
-        title="verispec",
-        version="0.1.0",
-        lifespan=lifespan,
-        summary="OpenAI-compatible lossless speculative decoding",
-        strict_content_type=False,
-    )
-    app.state.verispec = state
-    app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
-    _install_error_handlers(app, state)
+    return lifespan
+
+
+def _authorization(config: ServerConfig):
+    """The dependency of every ``/v1`` route: the Bearer key, where ``config.api_key`` asks one."""
 
     async def authorized(request: Request) -> None:
         if config.api_key is None:
@@ -159,8 +176,11 @@ def create_app(pipeline, config: ServerConfig | None = None, *, metrics_expositi
         if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), config.api_key.encode()):
             raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
 
-    def model_card() -> ModelCard:
-        return ModelCard(id=state.model_name, created=state.created)
+    return authorized
+
+
+def _add_status_routes(app: FastAPI, state: _State, metrics_exposition) -> None:
+    """``/health`` and ``/metrics`` (no key needed)."""
 
     @app.get("/health", responses={503: {"model": dict}})
     async def health() -> JSONResponse:
@@ -186,25 +206,32 @@ def create_app(pipeline, config: ServerConfig | None = None, *, metrics_expositi
         data, content_type = state.metrics.exposition()
         return Response(data, media_type=content_type)
 
-    @app.get("/v1/models", response_model=ModelList, responses=ERROR_RESPONSES, dependencies=[Depends(authorized)])
+
+def _add_model_routes(app: FastAPI, state: _State, authorized: list) -> None:
+    """``/v1/models`` and ``/v1/models/{id}``: the one model this server serves."""
+
+    def model_card() -> ModelCard:
+        return ModelCard(id=state.model_name, created=state.created)
+
+    @app.get("/v1/models", response_model=ModelList, responses=ERROR_RESPONSES, dependencies=authorized)
     async def list_models() -> ModelList:
         return ModelList(data=[model_card()])
 
-    @app.get(
-        "/v1/models/{model_id:path}",
-        response_model=ModelCard,
-        responses=ERROR_RESPONSES,
-        dependencies=[Depends(authorized)],
-    )
+    @app.get("/v1/models/{model_id:path}", response_model=ModelCard, responses=ERROR_RESPONSES, dependencies=authorized)
     async def get_model(model_id: str) -> ModelCard:
         _check_model(state, model_id, param=None)
         return model_card()
+
+
+def _add_generation_routes(app: FastAPI, state: _State, authorized: list) -> None:
+    """``/v1/completions`` and ``/v1/chat/completions``: the prompts read, then :func:`_serve`."""
+    pipeline = state.pipeline
 
     @app.post(
         "/v1/completions",
         response_model=CompletionResponse,
         responses=GENERATE_RESPONSES,
-        dependencies=[Depends(authorized)],
+        dependencies=authorized,
     )
     async def completions(body: CompletionRequest, request: Request):
         _check_model(state, body.model)
@@ -216,17 +243,13 @@ def create_app(pipeline, config: ServerConfig | None = None, *, metrics_expositi
         "/v1/chat/completions",
         response_model=ChatCompletionResponse,
         responses=GENERATE_RESPONSES,
-        dependencies=[Depends(authorized)],
+        dependencies=authorized,
     )
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         _check_model(state, body.model)
         prompts = [protocol.chat_prompt_ids(pipeline, body)]
         header = protocol.ResponseHeader(chat=True, model=body.model, system_fingerprint=state.fingerprint)
         return await _serve(state, request, body, prompts, header)
-
-    tokenize.install(app, pipeline, lambda name: _check_model(state, name), [Depends(authorized)])
-    app.openapi = _openapi_without_422(app)
-    return app
 
 
 def _engine_problem(state: _State) -> str | None:
@@ -248,6 +271,39 @@ def _check_model(state: _State, name: str, param: str | None = "model") -> None:
 async def _serve(state: _State, request: Request, body, prompts: list[list[int]], header: protocol.ResponseHeader):
     """Validate, queue every choice (``n`` per prompt), then answer with JSON or SSE. Errors
     before the first token are HTTP errors."""
+    _check_ready(state)
+    choices = _choices(state, body, prompts, header)
+    _submit(state, choices)
+    state.metrics.in_flight.inc()
+    try:
+        firsts = [await next_event(choice.job, request) for choice in choices]
+    except BaseException:
+        state.metrics.in_flight.dec()
+        for choice in choices:
+            choice.job.cancel()
+        raise
+    view = ChoiceView(state.token_texts, state.pipeline.tokenizer, body, header)
+
+    def finished() -> None:  # every choice ended without an error: the prompt joins the recorded traffic
+        if state.traffic is not None:
+            tokenizer = state.pipeline.tokenizer
+            state.traffic.record(chat_record(body.messages) if header.chat else completion_records(tokenizer, prompts))
+
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return StreamingResponse(
+            sse(state.metrics, choices, firsts, view, include_usage, on_finished=finished),
+            media_type="text/event-stream",
+        )
+    outputs = await _outputs(state, request, choices, firsts)
+    finished()
+    bodies = [view.choice_body(choice, output) for choice, output in zip(choices, outputs)]
+    results = [(c.prompt_index, o.metrics, c.job.queue_s) for c, o in zip(choices, outputs)]
+    return JSONResponse(header.body(bodies, protocol.usage(results)))
+
+
+def _check_ready(state: _State) -> None:
+    """503 while the models load or warm up, and while the engine cannot generate."""
     if not state.worker.ready.is_set():
         raise APIError(
             503, "the server is still loading the models: retry shortly", type="server_error", code="not_ready"
@@ -262,6 +318,11 @@ async def _serve(state: _State, request: Request, body, prompts: list[list[int]]
             reason="engine_unavailable",
             retry_after_s=RETRY_AFTER_S,
         )
+
+
+def _choices(state: _State, body, prompts: list[list[int]], header: protocol.ResponseHeader) -> list[Choice]:
+    """The request's choices (``n`` per prompt), each a job with its own sampling, after its
+    parameters are checked against the window, the vocabulary, the loaded drafters and the queue."""
     structured = protocol.structured_output(body, state.pipeline.tokenizer)
     max_tokens = protocol.max_tokens_of(body, cap=state.config.max_tokens_cap)
     max_tokens = fit_window(state.pipeline, body, prompts, max_tokens, "messages" if header.chat else "prompt")
@@ -292,6 +353,11 @@ async def _serve(state: _State, request: Request, body, prompts: list[list[int]]
             "send fewer per request",
             param="n",
         )
+    return choices
+
+
+def _submit(state: _State, choices: list[Choice]) -> None:
+    """Queue every choice, or none: 429 (the ones queued cancelled) when the queue is full."""
     submitted = []
     try:
         for choice in choices:
@@ -301,28 +367,10 @@ async def _serve(state: _State, request: Request, body, prompts: list[list[int]]
         for choice in submitted:
             choice.job.cancel()
         raise APIError(429, f"{exc}: retry later", type="rate_limit_error", code="queue_full") from None
-    state.metrics.in_flight.inc()
-    try:
-        firsts = [await next_event(choice.job, request) for choice in choices]
-    except BaseException:
-        state.metrics.in_flight.dec()
-        for choice in choices:
-            choice.job.cancel()
-        raise
-    view = ChoiceView(state.token_texts, state.pipeline.tokenizer, body, header)
 
-    def finished() -> None:  # every choice ended without an error: the prompt joins the recorded traffic
-        if state.traffic is not None:
-            state.traffic.record(
-                chat_record(body.messages) if header.chat else completion_records(state.pipeline.tokenizer, prompts)
-            )
 
-    if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(
-            sse(state.metrics, choices, firsts, view, include_usage, on_finished=finished),
-            media_type="text/event-stream",
-        )
+async def _outputs(state: _State, request: Request, choices: list[Choice], firsts: list) -> list:
+    """Every choice's final output (a JSON answer), the request then out of flight."""
     outputs = []
     try:
         for choice, chunk in zip(choices, firsts):
@@ -333,60 +381,4 @@ async def _serve(state: _State, request: Request, body, prompts: list[list[int]]
         state.metrics.in_flight.dec()
         for choice in choices:
             choice.job.cancel()
-    finished()
-    bodies = [view.choice_body(choice, output) for choice, output in zip(choices, outputs)]
-    results = [(c.prompt_index, o.metrics, c.job.queue_s) for c, o in zip(choices, outputs)]
-    return JSONResponse(header.body(bodies, protocol.usage(results)))
-
-
-def _install_error_handlers(app: FastAPI, state: _State) -> None:
-    def respond(status: int, body: dict, headers: dict | None = None, reason: str | None = None) -> JSONResponse:
-        state.metrics.http_errors.labels(status=str(status)).inc()
-        if reason is not None:
-            state.metrics.failed.labels(reason=reason).inc()
-        return JSONResponse(body, status_code=status, headers=headers)
-
-    @app.exception_handler(APIError)
-    async def api_error(request: Request, exc: APIError) -> JSONResponse:
-        return respond(exc.status, exc.body(), exc.headers(), exc.reason)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return respond(400, validation_error(exc.errors(), request.headers.get("content-type")).body())
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        return respond(exc.status_code, APIError(exc.status_code, str(exc.detail), code=code).body())
-
-    @app.exception_handler(ClientGone)
-    async def client_gone(request: Request, exc: ClientGone) -> Response:
-        state.metrics.failed.labels(reason="client_disconnected").inc()
-        return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
-
-    @app.exception_handler(Exception)
-    async def server_fault(request: Request, exc: Exception) -> JSONResponse:
-        error_id = uuid.uuid4().hex[:12]
-        log.error("unhandled error %s on %s %s", error_id, request.method, request.url.path, exc_info=exc)
-        message = f"internal server error (error id {error_id})"
-        return respond(
-            500, APIError(500, message, type="server_error", code="server_error").body(), reason="internal_error"
-        )
-
-
-def _openapi_without_422(app: FastAPI):
-    """FastAPI documents 422 for bodies; this server answers 400 instead, so drop them."""
-    original = app.openapi
-
-    def openapi() -> dict:
-        if app.openapi_schema is None:
-            schema = original()
-            for path in schema.get("paths", {}).values():
-                for operation in path.values():
-                    operation.get("responses", {}).pop("422", None)
-            for name in ("HTTPValidationError", "ValidationError"):
-                schema.get("components", {}).get("schemas", {}).pop(name, None)
-            app.openapi_schema = schema
-        return app.openapi_schema
-
-    return openapi
+    return outputs

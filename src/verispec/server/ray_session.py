@@ -8,11 +8,15 @@ Knows nothing about the replicas themselves (:mod:`verispec.server.replicas`).
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
+import time
 from pathlib import Path
 
 from verispec.errors import InvalidParameterError
+
+log = logging.getLogger("verispec.server")
 
 # Ray puts sockets under <temp>/session_<date>_<time>_<us>_<pid>/sockets/ (64 characters after the
 # temp folder), and a Unix socket's path holds at most 107 bytes
@@ -81,3 +85,20 @@ class StopSignals:
             return
         self._stopping = True
         raise Stopped(signum)
+
+
+def serve_until_stopped(ray, serve, started_ray: bool) -> int:
+    """Wait for SIGTERM or SIGINT, then shut Ray Serve down (and Ray where this process started
+    it, ``started_ray``); returns the signal's number."""
+    with StopSignals():
+        try:
+            while True:
+                time.sleep(3600)
+        except Stopped as stop:
+            log.info("%s: shutting the replicas down", signal.Signals(stop.signum).name)
+            signum = stop.signum
+        finally:
+            serve.shutdown()
+            if started_ray:
+                ray.shutdown()
+    return signum

@@ -18,17 +18,16 @@ import asyncio
 import dataclasses
 import logging
 import math
-import signal
-import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
+from verispec.engine.loader import DrafterOptions
 from verispec.engine.prefix_cache import DEFAULT_PREFIX_CACHE_GIB
 from verispec.errors import InvalidParameterError, VerispecError
 from verispec.server.app import ServerConfig
 from verispec.server.faults import PROXY_CALLBACK, PROXY_CALLBACK_ENV
 from verispec.server.prom import merge_expositions
-from verispec.server.ray_session import Stopped, StopSignals
+from verispec.server.ray_session import serve_until_stopped
 
 log = logging.getLogger("verispec.server")
 
@@ -59,11 +58,9 @@ class ReplicaSpec:
         config: the server options of each replica (:class:`ServerConfig`; its ``suffix_cache``
             must be None: replicas would overwrite one file).
         max_num_batched_tokens: chunked-prefill tokens per pass (the engine's).
-        datastore: a corpus datastore directory every replica's suffix drafter reads, or None.
-        eagle_head: an EAGLE-3 head file (``verispec train-head``) or published folder every replica loads for the
-            ``eagle`` and ``eagle-tree`` methods (an absolute path: replicas start in other
-            processes), or None.
-        head_quantization: the head's layers at inference (:class:`verispec.engine.loader.DrafterOptions`).
+        drafters: how every replica builds its drafters (:class:`verispec.engine.loader.DrafterOptions`:
+            the CLI's; an EAGLE head file or folder and a datastore as absolute paths, since
+            replicas start in other processes).
         max_context: the context window in tokens (``--max-context``; None: the runner's default).
         prefix_cache_gib: each replica's own prefix cache (``--prefix-cache-gib``).
     Raises:
@@ -76,9 +73,7 @@ class ReplicaSpec:
     runner: str = "auto"
     config: ServerConfig = field(default_factory=ServerConfig)
     max_num_batched_tokens: int = 256
-    datastore: str | None = None
-    eagle_head: str | None = None
-    head_quantization: str = "auto"
+    drafters: DrafterOptions = field(default_factory=DrafterOptions)
     max_context: int | None = None
     prefix_cache_gib: float = DEFAULT_PREFIX_CACHE_GIB
 
@@ -223,20 +218,17 @@ def replica_app(spec: ReplicaSpec, replica_id: str, merged_metrics=None):
 
     Raises what :meth:`SpeculativePipeline.load` and :func:`create_app` raise.
     """
-    from verispec.engine.loader import DrafterOptions, SpeculativePipeline
+    from verispec.engine.loader import SpeculativePipeline
     from verispec.runners.select import RunnerOptions
     from verispec.server.app import create_app
 
-    drafters = DrafterOptions(
-        eagle_head=spec.eagle_head, head_quantization=spec.head_quantization, datastore=spec.datastore
-    )
     pipe = SpeculativePipeline.load(
         spec.target,
         spec.draft,
         dtype=spec.dtype,
         runners=RunnerOptions(kind=spec.runner, max_context_length=spec.max_context),
         max_num_batched_tokens=spec.max_num_batched_tokens,
-        drafters=drafters,
+        drafters=spec.drafters,
         prefix_cache_gib=spec.prefix_cache_gib,
     )
     config = dataclasses.replace(spec.config, unhealthy_is_unavailable=True)
@@ -333,21 +325,7 @@ def run_replicas(
         ReplicasFailedError: the replicas did not start (the replica's own error in the message).
     """
     ray, serve = import_serve()
-    started_ray = not ray.is_initialized()
-    if started_ray:
-        if ray_address:
-            ray.init(address=ray_address, logging_level=logging.WARNING)
-        else:
-            where = {} if ray_temp_dir is None else {"_temp_dir": ray_temp_dir}
-            ray.init(include_dashboard=False, logging_level=logging.WARNING, **where)
-    if not ray_address:  # a local cluster cannot grow: replicas that do not fit would wait forever
-        total = ray.cluster_resources().get("CPU", 0.0)
-        need = scaling.bounds[0] * scaling.num_cpus
-        if need > total + 1e-9:
-            raise ReplicasFailedError(
-                f"{scaling.bounds[0]} replicas x {scaling.num_cpus:g} CPUs need {need:g} CPUs but this machine's Ray "
-                f"cluster has {total:g}: lower --replicas or --replica-cpus"
-            )
+    started_ray = _start_ray(ray, scaling, ray_address, ray_temp_dir)
     serve.start(
         http_options={"host": host, "port": port},
         controller_options={"runtime_env": {"env_vars": {PROXY_CALLBACK_ENV: PROXY_CALLBACK}}},
@@ -363,18 +341,28 @@ def run_replicas(
     )
     if not blocking:
         return handle
-    with StopSignals():
-        try:
-            while True:
-                time.sleep(3600)
-        except Stopped as stop:
-            log.info("%s: shutting the replicas down", signal.Signals(stop.signum).name)
-            signum = stop.signum
-        finally:
-            serve.shutdown()
-            if started_ray:
-                ray.shutdown()
-    return signum
+    return serve_until_stopped(ray, serve, started_ray)
+
+
+def _start_ray(ray, scaling: ScalingOptions, ray_address: str | None, ray_temp_dir: str | None) -> bool:
+    """Start Ray here, or join ``ray_address``, unless this process already did; returns whether
+    this call started it. Raises ReplicasFailedError: a local cluster too small for the replicas."""
+    started_ray = not ray.is_initialized()
+    if started_ray:
+        if ray_address:
+            ray.init(address=ray_address, logging_level=logging.WARNING)
+        else:
+            where = {} if ray_temp_dir is None else {"_temp_dir": ray_temp_dir}
+            ray.init(include_dashboard=False, logging_level=logging.WARNING, **where)
+    if not ray_address:  # a local cluster cannot grow: replicas that do not fit would wait forever
+        total = ray.cluster_resources().get("CPU", 0.0)
+        need = scaling.bounds[0] * scaling.num_cpus
+        if need > total + 1e-9:
+            raise ReplicasFailedError(
+                f"{scaling.bounds[0]} replicas x {scaling.num_cpus:g} CPUs need {need:g} CPUs but this machine's Ray "
+                f"cluster has {total:g}: lower --replicas or --replica-cpus"
+            )
+    return started_ray
 
 
 def _first_line(exc: BaseException) -> str:

@@ -16,7 +16,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 
 from fastapi import Request
 
@@ -104,18 +104,8 @@ async def sse(
     shown = {choice.index: b"" for choice in choices}  # bytes of each choice's text so far (offsets)
     results = []
     try:
-        if header.chat:
-            for choice in choices:
-                yield frame(header.chunk("", role=True, index=choice.index))
-        elif view.echo:
-            for choice, first in zip(choices, firsts):
-                text = view.prompt_text(choice)
-                shown[choice.index] = text.encode("utf-8")
-                prompt = first.prompt_logprobs if first.output is None else first.output.prompt_logprobs
-                entries = None
-                if prompt is not None:  # echo with logprobs: the prompt's tokens, the first one null
-                    entries = logprobs.completion_logprobs(view.texts, [None] + list(prompt), choice.prompt_ids)
-                yield frame(header.chunk(text, index=choice.index, logprobs=entries))
+        for opening in _opening_frames(view, choices, firsts, shown):
+            yield opening
         async for choice, chunk in merged_events(choices, firsts):
             entries = view.logprobs(choice, chunk.token_ids, chunk.logprobs, shown[choice.index])
             if not header.chat and chunk.logprobs is not None:
@@ -124,15 +114,8 @@ async def sse(
             if text or entries:
                 yield frame(header.chunk(text, index=choice.index, logprobs=entries))
             if chunk.output is not None:
-                finish_reason, calls = chunk.output.finish_reason, None
-                if view.tools is not None:
-                    content, calls = held[choice.index].finish()
-                    finish_reason = "tool_calls" if calls else finish_reason
-                    if content:
-                        yield frame(header.chunk(content, index=choice.index))
-                    if calls:
-                        yield frame(header.chunk(None, index=choice.index, tool_calls=calls))
-                yield frame(header.chunk(None if header.chat else "", finish_reason, index=choice.index))
+                for closing in _finish_frames(view, choice, chunk.output, held.get(choice.index)):
+                    yield closing
                 results.append((choice.prompt_index, chunk.output.metrics, choice.job.queue_s))
         if include_usage:
             yield frame(header.usage_chunk(protocol.usage(results)))
@@ -161,6 +144,37 @@ async def sse(
         for choice in choices:
             choice.job.cancel()
     yield DONE_EVENT
+
+
+def _opening_frames(view: ChoiceView, choices: list[Choice], firsts: list[StreamChunk], shown: dict) -> Iterator[str]:
+    """The stream's first events: each chat choice's role, or each echoed prompt (with its
+    logprobs where asked; ``shown`` then holds its bytes)."""
+    header = view.header
+    if header.chat:
+        for choice in choices:
+            yield frame(header.chunk("", role=True, index=choice.index))
+    elif view.echo:
+        for choice, first in zip(choices, firsts):
+            text = view.prompt_text(choice)
+            shown[choice.index] = text.encode("utf-8")
+            prompt = first.prompt_logprobs if first.output is None else first.output.prompt_logprobs
+            entries = None
+            if prompt is not None:  # echo with logprobs: the prompt's tokens, the first one null
+                entries = logprobs.completion_logprobs(view.texts, [None] + list(prompt), choice.prompt_ids)
+            yield frame(header.chunk(text, index=choice.index, logprobs=entries))
+
+
+def _finish_frames(view: ChoiceView, choice: Choice, output, held) -> Iterator[str]:
+    """A choice's last events: with tools, the text held back and its calls; then its finish."""
+    header, finish_reason = view.header, output.finish_reason
+    if held is not None:
+        content, calls = held.finish()
+        finish_reason = "tool_calls" if calls else finish_reason
+        if content:
+            yield frame(header.chunk(content, index=choice.index))
+        if calls:
+            yield frame(header.chunk(None, index=choice.index, tool_calls=calls))
+    yield frame(header.chunk(None if header.chat else "", finish_reason, index=choice.index))
 
 
 def _failed(metrics: ServerMetrics, error: APIError) -> str:
