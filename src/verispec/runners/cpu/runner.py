@@ -118,7 +118,7 @@ class CPURunner(Runner):
 
     @torch.inference_mode()
     def forward(self, token_ids: Sequence[int], num_logits: int | None = None) -> Tensor:
-        return CPURunner._run([ForwardCall(self, token_ids, num_logits)])[0]
+        return self._run([ForwardCall(self, token_ids, num_logits)])[0]
 
     @torch.inference_mode()
     def forward_tree(self, token_ids: Sequence[int], position_ids: Tensor, attention_mask: Tensor) -> Tensor:
@@ -135,7 +135,7 @@ class CPURunner(Runner):
             accepted path gets the logits plain decoding would. Follow with
             :meth:`keep_tree_path`.
         """
-        return CPURunner._run([ForwardCall(self, token_ids, None, position_ids, attention_mask)])[0]
+        return self._run([ForwardCall(self, token_ids, None, position_ids, attention_mask)])[0]
 
     @staticmethod
     @torch.inference_mode()
