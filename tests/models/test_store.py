@@ -340,9 +340,9 @@ def test_a_readonly_copy_is_read_and_its_folder_never_written(make_store, entry,
 
 def test_a_readonly_copy_without_marker_is_hashed_and_a_wrong_one_skipped(make_store, entry, tmp_path, capsys):
     shared = make_store(home=tmp_path / "shared").fetch(entry.name).parent.parent
-    store._marker_path(shared / entry.name / entry.file_name).unlink()  # verified by hashing, not re-marked
+    store.marker_path(shared / entry.name / entry.file_name).unlink()  # verified by hashing, not re-marked
     assert make_store(readonly=(shared,), downloader=refusing_downloader).fetch(entry.name).parent.parent == shared
-    assert not store._marker_path(shared / entry.name / entry.file_name).exists()
+    assert not store.marker_path(shared / entry.name / entry.file_name).exists()
     (shared / entry.name / entry.file_name).write_bytes(b"tampered")
     path = make_store(readonly=(shared,)).fetch(entry.name)  # skipped: downloaded into the own store
     assert path == tmp_path / "home" / "models" / entry.name / entry.file_name

@@ -360,3 +360,22 @@ def test_requantized_draft_is_cached_and_read_back_bit_identical(files, tmp_path
     kept = torch.tensor([1, 5, 17, 40, 95])
     reduced = runner(files["draft"], requantize="iq4_nl", cache_dir=cache, head_token_ids=kept).forward(PROMPTS[2])
     assert torch.equal(reduced[:, kept], expected[:, kept])
+
+
+def test_the_gguf_and_int8_runners_are_one_cpu_runner_over_their_own_ops(files):
+    from verispec.runners.cpu.decoder_ops import DecoderOps
+    from verispec.runners.cpu.gguf_runner import GGUFOps
+    from verispec.runners.cpu.int8 import Int8Ops, Int8Runner
+    from verispec.runners.cpu.int8_gguf import int8_weights_from_gguf
+    from verispec.runners.cpu.runner import CPURunner
+
+    assert not issubclass(GGUFRunner, Int8Runner) and not issubclass(Int8Runner, GGUFRunner)
+    gguf_runner, int8_runner = runner(files["target"], 64), Int8Runner(int8_weights_from_gguf(files["target"], 64))
+    members = [name for name in vars(DecoderOps) if not name.startswith("_")] + list(DecoderOps.__annotations__)
+    for r, ops_class in ((gguf_runner, GGUFOps), (int8_runner, Int8Ops)):
+        assert isinstance(r, CPURunner) and type(r.ops) is ops_class and r.ops.weights is r.weights
+        assert all(hasattr(r.ops, name) for name in members)
+        sequence = r.new_sequence()
+        assert type(sequence) is type(r) and sequence.ops is r.ops and r.shares_weights_with(sequence)
+    assert gguf_runner.runs_block_kernels and not int8_runner.runs_block_kernels
+    assert not gguf_runner.shares_weights_with(int8_runner)

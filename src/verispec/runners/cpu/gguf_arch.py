@@ -13,6 +13,7 @@ nothing about tensors' contents or the forward pass (:mod:`verispec.runners.cpu.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from verispec.errors import InvalidParameterError
@@ -130,38 +131,13 @@ def read_architecture(header: GGUFHeader) -> Architecture:
     head_dim = int(header.arch_value("attention.key_length", hidden // heads))
     if int(header.arch_value("attention.value_length", head_dim)) != head_dim:
         refuse("values of another width than keys")
-    dims = int(header.arch_value("rope.dimension_count", head_dim))
-    if dims > head_dim or dims % 2:
-        refuse(f"{dims} rotary dimensions with head_dim {head_dim}")
-    if dims != head_dim and family.permuted_qk:
-        refuse("partial rotary embeddings on llama.cpp-permuted q/k rows")
-    scaling = str(header.arch_value("rope.scaling.type", "none") or "none")
-    if scaling not in ROPE_SCALINGS:
-        refuse(f"RoPE scaling {scaling!r}")
-    freq_factors = "rope_freqs.weight" in tensors
-    if scaling == "llama3" and not freq_factors:
-        refuse("llama3 RoPE scaling without its rope_freqs tensor")
-    factor = float(header.arch_value("rope.scaling.factor", 1.0) or 1.0) if scaling == "linear" else 1.0
-    window = int(header.arch_value("attention.sliding_window", 0) or 0)
-    windows = tuple(window for _ in range(num_layers)) if window > 0 else ()
-    local = ()
-    if windows and family.global_every:
-        windows = tuple(0 if (i + 1) % family.global_every == 0 else window for i in range(num_layers))
-        local = tuple(w > 0 for w in windows)
-    local_base = header.arch_value("rope.freq_base_swa", family.local_rope_base) if local else None
+    windows, local = _layer_windows(header, family, num_layers)
     scalar = None
     if name == "gemma3":  # llama.cpp: 1 / sqrt(head_dim), but hidden / heads for the 62-layer 27B
         scalar = float(hidden // heads) if num_layers == 62 else float(head_dim)
     return Architecture(
         name=name,
-        rope=RoPE(
-            dims=dims,
-            base=float(header.arch_value("rope.freq_base", 10000.0)),
-            scaling=scaling,
-            factor=factor,
-            freq_factors=freq_factors,
-            local_base=None if local_base is None else float(local_base),
-        ),
+        rope=_rope(header, family, head_dim, bool(local), refuse),
         qk_norm="blk.0.attn_q_norm.weight" in tensors,
         qkv_bias="blk.0.attn_q.bias" in tensors,
         post_norms="blk.0.post_attention_norm.weight" in tensors,
@@ -174,4 +150,43 @@ def read_architecture(header: GGUFHeader) -> Architecture:
         fused_qkv="blk.0.attn_qkv.weight" in tensors,
         fused_gate_up="blk.0.ffn_gate.weight" not in tensors,
         permuted_qk=family.permuted_qk,
+    )
+
+
+def _layer_windows(header: GGUFHeader, family: Family, num_layers: int) -> tuple[tuple[int, ...], tuple[bool, ...]]:
+    """Per layer, the sliding window (``()``: none anywhere) and whether it is a local layer (its
+    own RoPE base; ``()``: none is)."""
+    window = int(header.arch_value("attention.sliding_window", 0) or 0)
+    windows = tuple(window for _ in range(num_layers)) if window > 0 else ()
+    local = ()
+    if windows and family.global_every:
+        windows = tuple(0 if (i + 1) % family.global_every == 0 else window for i in range(num_layers))
+        local = tuple(w > 0 for w in windows)
+    return windows, local
+
+
+def _rope(header: GGUFHeader, family: Family, head_dim: int, has_local: bool, refuse: Callable[[str], None]) -> RoPE:
+    """The :class:`RoPE` ``header`` declares (``has_local``: some layers are local); ``refuse``
+    what the forward does not implement."""
+    tensors = header.tensors
+    dims = int(header.arch_value("rope.dimension_count", head_dim))
+    if dims > head_dim or dims % 2:
+        refuse(f"{dims} rotary dimensions with head_dim {head_dim}")
+    if dims != head_dim and family.permuted_qk:
+        refuse("partial rotary embeddings on llama.cpp-permuted q/k rows")
+    scaling = str(header.arch_value("rope.scaling.type", "none") or "none")
+    if scaling not in ROPE_SCALINGS:
+        refuse(f"RoPE scaling {scaling!r}")
+    freq_factors = "rope_freqs.weight" in tensors
+    if scaling == "llama3" and not freq_factors:
+        refuse("llama3 RoPE scaling without its rope_freqs tensor")
+    factor = float(header.arch_value("rope.scaling.factor", 1.0) or 1.0) if scaling == "linear" else 1.0
+    local_base = header.arch_value("rope.freq_base_swa", family.local_rope_base) if has_local else None
+    return RoPE(
+        dims=dims,
+        base=float(header.arch_value("rope.freq_base", 10000.0)),
+        scaling=scaling,
+        factor=factor,
+        freq_factors=freq_factors,
+        local_base=None if local_base is None else float(local_base),
     )

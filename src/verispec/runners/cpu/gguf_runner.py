@@ -1,11 +1,12 @@
 """The batch-invariant 4-bit CPU runner: a GGUF file's own quantized blocks, read straight from disk.
 
-Owns the gguf runner's forward ops on the compiled kernels: RoPE and the KV store in one C++ call,
+Owns the gguf runner's forward ops on the compiled kernels (:class:`GGUFOps`, a
+:class:`verispec.runners.cpu.decoder_ops.DecoderOps`): RoPE and the KV store in one C++ call,
 RMSNorm (fused with the residual add), SwiGLU or GELU-tanh, and attention one (row, head) at a time
 over the KV cache (or its sliding window) or a tree's slots. The weights (the file's blocks repacked
 into the kernels' tiles) are :mod:`verispec.runners.cpu.gguf_weights`'; the layer order is
 :mod:`verispec.runners.cpu.decoder`'s; the KV cache, tree verification and rollback are
-:class:`verispec.runners.cpu.int8.Int8Runner`'s: every op is row-local and the block products
+:class:`verispec.runners.cpu.runner.CPURunner`'s: every op is row-local and the block products
 (:mod:`verispec.runners.kernels`) accumulate in one fixed order, so a k-token verify pass gives
 bit-identical logits to k one-token steps. Knows nothing about drafting or sampling.
 """
@@ -20,8 +21,9 @@ from torch import Tensor
 from verispec.models.gguf_file import read_gguf_header
 from verispec.runners.cpu.gguf_blocks import loaded_kernels
 from verispec.runners.cpu.gguf_weights import GGUFWeights
-from verispec.runners.cpu.int8 import Int8Runner, attention_scale
+from verispec.runners.cpu.int8 import attention_scale
 from verispec.runners.cpu.int8_weights import DEFAULT_MAX_CONTEXT
+from verispec.runners.cpu.runner import CPURunner
 from verispec.runners.kernels import kernel_isa_number, set_kernel_isa
 
 
@@ -32,15 +34,78 @@ def set_kernel_implementation(name: str) -> None:
     set_kernel_isa(None if name == "auto" else name)
 
 
-class GGUFRunner(Int8Runner):
-    """:class:`verispec.runners.Runner` over a GGUF file's own blocks (``--runner gguf``).
+class GGUFOps:
+    """:class:`verispec.runners.cpu.decoder_ops.DecoderOps` on the compiled kernels over
+    ``weights`` (GGUF-block layers): what :class:`GGUFRunner` runs. Same contracts, same
+    row-local arithmetic as :class:`verispec.runners.cpu.int8.Int8Ops`, their own bits."""
+
+    runs_block_kernels = True
+
+    def __init__(self, weights: GGUFWeights) -> None:
+        self.weights = weights
+
+    def rope_rows(self, positions: Tensor) -> Tensor:
+        return positions  # the C++ op reads the full tables at these positions
+
+    def tree_slots(self, visible: list[Tensor]) -> tuple[Tensor, Tensor]:
+        """``slots`` ``[rows, width]`` int64 (row i's first ``lengths[i]`` entries) and ``lengths`` ``[rows]``."""
+        lengths = torch.tensor([len(v) for v in visible], dtype=torch.int64)
+        slots = torch.zeros(len(visible), int(lengths.max()), dtype=torch.int64)
+        for i, v in enumerate(visible):
+            slots[i, : len(v)] = v
+        return slots, lengths
+
+    def rope_store(
+        self, qkv: Tensor, rope: Tensor, keys: Tensor, values: Tensor, start: int, local: bool = False
+    ) -> Tensor:
+        """:meth:`Int8Ops.rope_store` in one C++ call (same formula, same row-local arithmetic)."""
+        w = self.weights
+        cos, sin = (w.local_cos, w.local_sin) if local else (w.cos, w.sin)
+        return loaded_kernels().rope_store(qkv, rope, cos, sin, keys, values, start, w.num_heads)
+
+    def norm(self, x: Tensor, weight: Tensor) -> Tensor:
+        """The C++ RMSNorm: 16 partial sums of squares in a fixed order (not torch's), row-local."""
+        return loaded_kernels().rms_norm(x, weight, self.weights.rms_norm_eps)
+
+    def add_norm(self, x: Tensor, delta: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
+        """``(x + delta, self.norm(x + delta, weight))`` in one C++ call (the sum is torch's add bit for bit)."""
+        total, normed = loaded_kernels().add_rms_norm(x, delta, weight, self.weights.rms_norm_eps)
+        return total, normed
+
+    def gated(self, gate_up: Tensor) -> Tensor:
+        """The C++ ``silu(gate) * up`` or ``gelu_tanh(gate) * up`` (exp_clamped, the same bits on every ISA)."""
+        if self.weights.arch.activation == "gelu_tanh":
+            return loaded_kernels().gelu_mul(gate_up, kernel_isa_number())
+        return loaded_kernels().silu_mul(gate_up, kernel_isa_number())
+
+    def attend(
+        self,
+        q: Tensor,
+        keys: Tensor,
+        values: Tensor,
+        start: int,
+        tree: tuple[Tensor, Tensor] | None = None,
+        window: int = 0,
+    ) -> Tensor:
+        """The C++ kernel's attention: same contract as :meth:`Int8Ops.attend` (row i over
+        slots ``0 .. start + i``, the last ``window`` of them, or its tree slots from
+        :meth:`tree_slots`, in order), parallel over (row, head)."""
+        slots, lengths = (_EMPTY, _EMPTY) if tree is None else tree
+        scale = attention_scale(self.weights)
+        return loaded_kernels().attention(q, keys, values, start, slots, lengths, scale, kernel_isa_number(), window)
+
+
+class GGUFRunner(CPURunner):
+    """:class:`verispec.runners.Runner` over a GGUF file's own blocks (``--runner gguf``): a
+    :class:`CPURunner` over :class:`GGUFOps`.
 
     Args:
         weights: from :meth:`GGUFWeights.from_file` (shared by runners with their own caches).
         max_context_length: KV capacity in tokens (at most the RoPE table's length).
     """
 
-    runs_block_kernels = True
+    def __init__(self, weights: GGUFWeights, *, max_context_length: int | None = None) -> None:
+        super().__init__(GGUFOps(weights), max_context_length=max_context_length)
 
     @classmethod
     def from_file(
@@ -68,56 +133,6 @@ class GGUFRunner(Int8Runner):
             cache_dir=cache_dir,
         )
         return cls(weights, max_context_length=int(max_context_length))
-
-    def _rope_rows(self, positions: Tensor) -> Tensor:
-        return positions  # the C++ op reads the full tables at these positions
-
-    def _tree_slots(self, visible: list[Tensor]) -> tuple[Tensor, Tensor]:
-        """``slots`` ``[rows, width]`` int64 (row i's first ``lengths[i]`` entries) and ``lengths`` ``[rows]``."""
-        lengths = torch.tensor([len(v) for v in visible], dtype=torch.int64)
-        slots = torch.zeros(len(visible), int(lengths.max()), dtype=torch.int64)
-        for i, v in enumerate(visible):
-            slots[i, : len(v)] = v
-        return slots, lengths
-
-    def _rope_store(
-        self, qkv: Tensor, rope: Tensor, keys: Tensor, values: Tensor, start: int, local: bool = False
-    ) -> Tensor:
-        """:meth:`Int8Runner._rope_store` in one C++ call (same formula, same row-local arithmetic)."""
-        w = self.weights
-        cos, sin = (w.local_cos, w.local_sin) if local else (w.cos, w.sin)
-        return loaded_kernels().rope_store(qkv, rope, cos, sin, keys, values, start, w.num_heads)
-
-    def _norm(self, x: Tensor, weight: Tensor) -> Tensor:
-        """The C++ RMSNorm: 16 partial sums of squares in a fixed order (not torch's), row-local."""
-        return loaded_kernels().rms_norm(x, weight, self.weights.rms_norm_eps)
-
-    def _add_norm(self, x: Tensor, delta: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
-        """``(x + delta, self._norm(x + delta, weight))`` in one C++ call (the sum is torch's add bit for bit)."""
-        total, normed = loaded_kernels().add_rms_norm(x, delta, weight, self.weights.rms_norm_eps)
-        return total, normed
-
-    def _gated(self, gate_up: Tensor) -> Tensor:
-        """The C++ ``silu(gate) * up`` or ``gelu_tanh(gate) * up`` (exp_clamped, the same bits on every ISA)."""
-        if self.weights.arch.activation == "gelu_tanh":
-            return loaded_kernels().gelu_mul(gate_up, kernel_isa_number())
-        return loaded_kernels().silu_mul(gate_up, kernel_isa_number())
-
-    def _attend(
-        self,
-        q: Tensor,
-        keys: Tensor,
-        values: Tensor,
-        start: int,
-        tree: tuple[Tensor, Tensor] | None = None,
-        window: int = 0,
-    ) -> Tensor:
-        """The C++ kernel's attention: same contract as :meth:`Int8Runner._attend` (row i over
-        slots ``0 .. start + i``, the last ``window`` of them, or its tree slots from
-        :meth:`_tree_slots`, in order), parallel over (row, head)."""
-        slots, lengths = (_EMPTY, _EMPTY) if tree is None else tree
-        scale = attention_scale(self.weights)
-        return loaded_kernels().attention(q, keys, values, start, slots, lengths, scale, kernel_isa_number(), window)
 
 
 _EMPTY = torch.empty(0, dtype=torch.int64)

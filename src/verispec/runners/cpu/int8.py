@@ -1,32 +1,27 @@
 """Fast batch-invariant CPU runner: int8 weights, a lean forward.
 
-Owns a static KV cache per sequence over a decoder's int8 weights
-(:class:`verispec.runners.cpu.int8_weights.Int8Weights`) and the row-local ops of a forward pass
-written for them (RMSNorm, RoPE, grouped-query attention, SwiGLU / GELU-tanh), over one or several
-sequences; the layer order is :mod:`verispec.runners.cpu.decoder`'s. Every row of every op depends
-on its own token only: the linear layers use per-row activation scales with exact int32 accumulation
+Owns the row-local ops of a forward pass written in torch for a decoder's int8 weights
+(:class:`verispec.runners.cpu.int8_weights.Int8Weights`): RMSNorm, RoPE, grouped-query attention,
+SwiGLU / GELU-tanh (:class:`Int8Ops`, a :class:`verispec.runners.cpu.decoder_ops.DecoderOps`), and
+the int8 runner (:class:`Int8Runner`: a :class:`verispec.runners.cpu.runner.CPURunner` over them,
+its KV cache, trees, batching, features and rollback there; the layer order is
+:mod:`verispec.runners.cpu.decoder`'s). Every row of every op depends on its own token only: the
+linear layers use per-row activation scales with exact int32 accumulation
 (:mod:`verispec.runners.cpu.int8_ops`), norms and activations are row-wise, and attention runs one
 query at a time over exactly the keys it sees, with the same shapes as a one-token decode step. So a
 k-token verify pass gives bit-identical logits and KV entries to k one-token steps, and speculative
-greedy output equals plain greedy output of this runner. With :meth:`Int8Runner.capture_features`
-on, a pass also hands out the hidden states of chosen layers for every row (EAGLE-3 features,
-:mod:`verispec.runners.features`), which are as batch-invariant as the logits. Rollback moves a
-length. Knows nothing about drafting or sampling.
+greedy output equals plain greedy output of this runner. Knows nothing about drafting or sampling.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from contextlib import contextmanager
 
 import torch
 from torch import Tensor
 
-from verispec.runners import ForwardCall, Runner, check_new_tokens
-from verispec.runners.cpu.decoder import Segment, run_segments
 from verispec.runners.cpu.int8_weights import DEFAULT_MAX_CONTEXT, Int8Weights
-from verispec.runners.cpu.memory import release_pages
-from verispec.runners.features import check_feature_layers
+from verispec.runners.cpu.runner import CPURunner
 
 
 @contextmanager
@@ -61,174 +56,30 @@ def attention_scale(weights) -> float:
     return (weights.arch.query_pre_attn_scalar or weights.head_dim) ** -0.5
 
 
-class Int8Runner(Runner):
-    """:class:`verispec.runners.Runner` over :class:`Int8Weights` with a static KV cache.
+class Int8Ops:
+    """:class:`verispec.runners.cpu.decoder_ops.DecoderOps` in torch over ``weights`` (an
+    :class:`Int8Weights`, or :class:`verispec.runners.cpu.gguf_weights.GGUFWeights` with int8
+    layers): what :class:`Int8Runner` runs."""
 
-    Args:
-        weights: the quantized model.
-        max_context_length: KV cache capacity in tokens (at most the RoPE table's length).
-    """
+    runs_block_kernels = False
 
-    # Passes of 64-256 rows prefill a 1,200-token prompt of the 1.5B target 1.2x faster than one
-    # pass (AMD Zen 4, avx512: 6.6-7.3 s vs 8.0-8.9 s): a [1200, 17920] gate-up output is 86 MB.
-    prefill_chunk_rows = 128
-
-    def __init__(self, weights: Int8Weights, *, max_context_length: int | None = None) -> None:
-        capacity = int(max_context_length or weights.cos.shape[0])
-        if capacity > weights.cos.shape[0]:
-            raise ValueError(f"max_context_length {capacity} exceeds the {weights.cos.shape[0]} prepared positions")
+    def __init__(self, weights: Int8Weights) -> None:
         self.weights = weights
-        self.vocab_size = weights.vocab_size
-        self.max_context_length = capacity
-        shape = (len(weights.layers), weights.num_kv_heads, capacity, weights.head_dim)
-        # uninitialised on purpose: a slot is read only after this pass or an earlier one wrote it
-        # (attention over slots < num_cached_tokens + new rows), so the pages of an unused context
-        # are never touched and never resident
-        self._keys = torch.empty(shape)
-        self._values = torch.empty(shape)
-        self._num_cached = 0
-        self._feature_layers: tuple[int, ...] = ()
-        self.last_features: Tensor | None = None  # see capture_features
-        self._capture_final = False
-        self.last_final_hidden: Tensor | None = None  # see capture_final_hidden
 
-    @classmethod
-    def from_module(
-        cls,
-        model: torch.nn.Module,
-        *,
-        max_context_length: int | None = None,
-        kernel: str = "auto",
-        head_token_ids: Tensor | None = None,
-    ) -> Int8Runner:
-        """Quantize a transformers Qwen2/Llama model; capacity defaults to min(model's, 4096).
-
-        ``head_token_ids`` ``[kept]``: a reduced-vocabulary LM head (drafts only; see
-        :mod:`verispec.runners.cpu.reduced_vocab`).
-        """
-        capacity = int(max_context_length or min(int(model.config.max_position_embeddings), DEFAULT_MAX_CONTEXT))
-        weights = Int8Weights.from_module(model, capacity, kernel=kernel, head_token_ids=head_token_ids)
-        return cls(weights, max_context_length=capacity)
-
-    @property
-    def num_cached_tokens(self) -> int:
-        return self._num_cached
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """Bytes one position takes in this sequence's K and V caches: layers x 2 x kv_heads x
-        head_dim x 4 (float32); the cache is allocated at ``max_context_length`` positions."""
-        w = self.weights
-        return len(w.layers) * 2 * w.num_kv_heads * w.head_dim * self._keys.element_size()
-
-    def new_sequence(self) -> Int8Runner:
-        """Another sequence over the same weights: its own empty KV cache of the same capacity
-        (allocated, not touched: pages become resident as tokens are written)."""
-        sequence = type(self)(self.weights, max_context_length=self.max_context_length)
-        sequence.capture_features(self._feature_layers)
-        return sequence
-
-    def shares_weights_with(self, other: Runner) -> bool:
-        """``other`` is a sequence of the same class over these very weights (one batched pass)."""
-        return type(other) is type(self) and other.weights is self.weights
-
-    def capture_features(self, layers: Sequence[int]) -> None:
-        """From now on every pass of this sequence (``forward``, ``forward_tree``, ``forward_many``)
-        sets :attr:`last_features` to float32 ``[rows of the pass, len(layers) * hidden_size]``:
-        for every row (not only the logits rows), the hidden state entering each decoder layer in
-        ``layers`` (:mod:`verispec.runners.features`' convention; 0: the embeddings), concatenated
-        in the order given. ``()`` stops it (``last_features`` None). :meth:`new_sequence` copies
-        the setting. The states are references the pass holds anyway, copied once per sequence:
-        logits are unchanged bit for bit, and a row's features, like its logits, do not depend
-        on the other rows of the pass.
-
-        Raises:
-            InvalidParameterError: a layer outside ``0 .. num_layers - 1``.
-        """
-        self._feature_layers = check_feature_layers(layers, len(self.weights.layers))
-        self.last_features = None
-
-    def capture_final_hidden(self, on: bool = True) -> None:
-        """From now on (``on``) every pass sets :attr:`last_final_hidden` to float32 ``[rows of the
-        pass, hidden_size]``: the final normed hidden state of every row, the LM head's input (what
-        a head is distilled against, :func:`verispec.training.loop.runner_teacher`). Logits are
-        unchanged; not copied by :meth:`new_sequence` (a training-time setting)."""
-        self._capture_final = bool(on)
-        self.last_final_hidden = None
-
-    @torch.inference_mode()
-    def forward(self, token_ids: Sequence[int], num_logits: int | None = None) -> Tensor:
-        return run_segments([self._segment(ForwardCall(self, token_ids, num_logits))])[0]
-
-    @torch.inference_mode()
-    def forward_tree(self, token_ids: Sequence[int], position_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        """Score a token tree in one pass (layout: :mod:`verispec.algorithms.tree`).
-
-        Args:
-            token_ids: ``[num_nodes]`` in topological order; node i goes to cache slot
-                ``num_cached_tokens + i``.
-            position_ids: ``[num_nodes]`` int64 RoPE positions (cached length + depth).
-            attention_mask: ``[num_nodes, num_cached_tokens + num_nodes]`` bool.
-        Returns:
-            float32 ``[num_nodes, vocab_size]``. Node i attends exactly the slots its mask row
-            allows, gathered in order, with the same op as a one-token step: a node on the
-            accepted path gets the logits plain decoding would. Follow with
-            :meth:`keep_tree_path`.
-        """
-        return run_segments([self._segment(ForwardCall(self, token_ids, None, position_ids, attention_mask))])[0]
-
-    @staticmethod
-    @torch.inference_mode()
-    def forward_many(calls: Sequence[ForwardCall]) -> list[Tensor]:
-        """Several sequences over the same weights in one pass (:func:`verispec.runners.forward_batch`):
-        all their rows go through each linear layer together, attention runs per sequence over
-        its own cache. Every op is row-local, so each sequence's logits are bit-identical to its
-        own ``forward`` / ``forward_tree``. Raises ValueError as those do, before any cache changes."""
-        return run_segments([call.runner._segment(call) for call in calls])
-
-    def keep_tree_path(self, num_prefix_tokens: int, node_indices: Sequence[int]) -> None:
-        """Keep ``num_prefix_tokens`` cache entries plus tree nodes ``node_indices`` (offsets after
-        the prefix, in order), moved to contiguous slots. No recompute."""
-        keep = torch.tensor(list(node_indices), dtype=torch.long) + num_prefix_tokens
-        if keep.numel() and (int(keep.min()) < num_prefix_tokens or int(keep.max()) >= self._num_cached):
-            raise ValueError(f"node indices {list(node_indices)} outside the cached tree")
-        end = num_prefix_tokens + keep.numel()
-        self._keys[:, :, num_prefix_tokens:end] = self._keys[:, :, keep]  # advanced indexing copies first
-        self._values[:, :, num_prefix_tokens:end] = self._values[:, :, keep]
-        self._num_cached = end
-
-    def _segment(self, call: ForwardCall) -> Segment:
-        """Check ``call`` against this cache and say where its rows go; nothing changes yet."""
-        num_new, start = len(call.token_ids), self._num_cached
-        if not call.is_tree:
-            check_new_tokens(start, num_new, self.max_context_length)
-            if call.num_logits is not None and not 0 <= call.num_logits <= num_new:
-                raise ValueError(f"num_logits {call.num_logits} outside 0..{num_new}")
-            return Segment(self, list(call.token_ids), torch.arange(start, start + num_new), None, call.num_logits)
-        if num_new == 0:
-            raise ValueError("forward_tree needs at least one node")
-        mask, positions = call.attention_mask, call.position_ids
-        if mask.shape != (num_new, start + num_new):
-            raise ValueError(f"mask shape {tuple(mask.shape)} != ({num_new}, {start + num_new})")
-        if start + num_new > self.max_context_length or int(positions.max()) >= self.max_context_length:
-            raise ValueError(f"the tree does not fit the context length {self.max_context_length}")
-        visible = [row.nonzero().flatten() for row in mask]
-        return Segment(self, list(call.token_ids), positions.long(), visible, None)
-
-    def _rope_rows(self, positions: Tensor):
-        """What :meth:`_rope_store` needs for ``positions`` ``[rows]``, computed once per pass:
+    def rope_rows(self, positions: Tensor):
+        """What :meth:`rope_store` needs for ``positions`` ``[rows]``, computed once per pass:
         here the ``cos``, ``sin`` rows ``[rows, rot]`` of the global table and of the local one."""
         w = self.weights
         local = None if w.local_cos is None else (w.local_cos[positions], w.local_sin[positions])
         return (w.cos[positions], w.sin[positions]), local
 
-    def _tree_slots(self, visible: list[Tensor]):
-        """What :meth:`_attend` needs for a tree pass, once per pass: here the per-row slot lists."""
+    def tree_slots(self, visible: list[Tensor]):
+        """What :meth:`attend` needs for a tree pass, once per pass: here the per-row slot lists."""
         return visible
 
-    def _rope_store(self, qkv: Tensor, rope, keys: Tensor, values: Tensor, start: int, local: bool = False) -> Tensor:
+    def rope_store(self, qkv: Tensor, rope, keys: Tensor, values: Tensor, start: int, local: bool = False) -> Tensor:
         """RoPE on the q and k parts of ``qkv`` ``[rows, (heads + 2 kv_heads) * head_dim]`` with
-        ``rope`` from :meth:`_rope_rows` (``local``: the local layers' table); k and v go to cache
+        ``rope`` from :meth:`rope_rows` (``local``: the local layers' table); k and v go to cache
         slots ``start ..``; returns q ``[rows, heads, head_dim]``."""
         w = self.weights
         rows, q_width, kv_width = qkv.shape[0], w.num_heads * w.head_dim, w.num_kv_heads * w.head_dim
@@ -239,16 +90,16 @@ class Int8Runner(Runner):
         values[:, start : start + rows] = v.transpose(0, 1)
         return qk[:, : w.num_heads]
 
-    def _norm(self, x: Tensor, weight: Tensor) -> Tensor:
+    def norm(self, x: Tensor, weight: Tensor) -> Tensor:
         """Row-local RMSNorm of ``x`` ``[rows, hidden]`` float32 with ``weight`` ``[hidden]``."""
         return rms_norm(x, weight, self.weights.rms_norm_eps)
 
-    def _add_norm(self, x: Tensor, delta: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
-        """A residual step: ``(x + delta, self._norm(x + delta, weight))``, both ``[rows, hidden]``."""
+    def add_norm(self, x: Tensor, delta: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
+        """A residual step: ``(x + delta, self.norm(x + delta, weight))``, both ``[rows, hidden]``."""
         x = x + delta
-        return x, self._norm(x, weight)
+        return x, self.norm(x, weight)
 
-    def _gated(self, gate_up: Tensor) -> Tensor:
+    def gated(self, gate_up: Tensor) -> Tensor:
         """``act(gate) * up`` of ``gate_up`` ``[rows, 2 * ffn]`` (Shazeer 2020), row-local: SiLU
         (SwiGLU) or GELU-tanh (GeGLU) as the architecture says."""
         gate, up = gate_up.chunk(2, dim=-1)
@@ -256,7 +107,7 @@ class Int8Runner(Runner):
             return torch.nn.functional.gelu(gate, approximate="tanh") * up
         return torch.nn.functional.silu(gate) * up
 
-    def _attend(
+    def attend(
         self, q: Tensor, keys: Tensor, values: Tensor, start: int, visible: list[Tensor] | None = None, window: int = 0
     ) -> Tensor:
         """GQA attention, one query at a time over exactly its visible keys.
@@ -285,72 +136,33 @@ class Int8Runner(Runner):
                 out[i] = attended.view(-1)
         return out
 
-    def truncate(self, num_tokens: int) -> None:
-        if not 0 <= num_tokens <= self._num_cached:
-            raise ValueError(f"cannot truncate a cache of {self._num_cached} tokens to {num_tokens}")
-        self._num_cached = num_tokens  # entries past the length are overwritten before they are read
 
-    def copy_prefix(self, source: Int8Runner, num_tokens: int) -> None:
-        """Hold ``source``'s first ``num_tokens`` cache entries and nothing after: ``source`` is
-        another sequence over the same weights, and the entries are what a prefill of the same
-        tokens would write here, bit for bit (each row of a pass is row-local, so neither the
-        chunking nor the other sequences of a pass change them), for the cost of a copy. The
-        scheduler prefills a prompt once for the ``n`` choices of a request this way.
+class Int8Runner(CPURunner):
+    """:class:`verispec.runners.Runner` over :class:`Int8Weights` with a static KV cache: a
+    :class:`CPURunner` over :class:`Int8Ops`.
 
-        Raises:
-            ValueError: ``source`` runs other weights, or holds fewer than ``num_tokens`` tokens.
+    Args:
+        weights: the quantized model.
+        max_context_length: KV cache capacity in tokens (at most the RoPE table's length).
+    """
+
+    def __init__(self, weights: Int8Weights, *, max_context_length: int | None = None) -> None:
+        super().__init__(Int8Ops(weights), max_context_length=max_context_length)
+
+    @classmethod
+    def from_module(
+        cls,
+        model: torch.nn.Module,
+        *,
+        max_context_length: int | None = None,
+        kernel: str = "auto",
+        head_token_ids: Tensor | None = None,
+    ) -> Int8Runner:
+        """Quantize a transformers Qwen2/Llama model; capacity defaults to min(model's, 4096).
+
+        ``head_token_ids`` ``[kept]``: a reduced-vocabulary LM head (drafts only; see
+        :mod:`verispec.runners.cpu.reduced_vocab`).
         """
-        if source.weights is not self.weights:
-            raise ValueError("copy_prefix needs a sequence over the same weights")
-        if not 0 <= num_tokens <= min(source._num_cached, self.max_context_length):
-            raise ValueError(f"cannot copy {num_tokens} tokens from a cache of {source._num_cached}")
-        self._keys[:, :, :num_tokens] = source._keys[:, :, :num_tokens]
-        self._values[:, :, :num_tokens] = source._values[:, :, :num_tokens]
-        self._num_cached = num_tokens
-
-    def export_kv(self, start: int, end: int) -> Tensor:
-        """Entries ``start .. end - 1`` of every layer's K and V caches, copied: float32 ``[2, layers,
-        kv_heads, end - start, head_dim]``. Every op of a pass is row-local, so they are the bits
-        any prefill of the same tokens writes (chunked or not, batched or alone).
-
-        Raises:
-            ValueError: the range is outside ``0 .. num_cached_tokens``.
-        """
-        if not 0 <= start <= end <= self._num_cached:
-            raise ValueError(f"cannot export entries {start}..{end} of a cache of {self._num_cached} tokens")
-        return torch.stack((self._keys[:, :, start:end], self._values[:, :, start:end]))
-
-    def import_kv(self, kv: Tensor, start: int) -> None:
-        """Keep ``start`` entries and write ``kv`` (``[2, layers, kv_heads, n, head_dim]`` float32,
-        from :meth:`export_kv` of a sequence over the same weights) after them.
-
-        Raises:
-            ValueError: ``start`` past the cache, a shape that is not this model's, or past the capacity.
-        """
-        expected = (2, *self._keys.shape[:2], self._keys.shape[3])
-        if (
-            kv.dim() != 5
-            or (kv.shape[0], kv.shape[1], kv.shape[2], kv.shape[4]) != expected
-            or kv.dtype != self._keys.dtype
-        ):
-            raise ValueError(f"KV entries of shape {tuple(kv.shape)} do not fit this model's cache {expected}")
-        end = start + kv.shape[3]
-        if not 0 <= start <= self._num_cached or end > self.max_context_length:
-            raise ValueError(
-                f"cannot write {kv.shape[3]} entries at {start} in a cache holding {self._num_cached} "
-                f"of {self.max_context_length}"
-            )
-        self._keys[:, :, start:end] = kv[0]
-        self._values[:, :, start:end] = kv[1]
-        self._num_cached = end
-
-    def release(self) -> None:
-        """Empty the cache (``truncate(0)``) and hand the pages its tokens were written to back
-        to the OS (:func:`verispec.runners.cpu.memory.release_pages`): a sequence waiting in a pool
-        between requests holds no KV memory, instead of the pages of the longest request it ever
-        held (8 pooled sequences of the default pair: 80 KiB per token each, target and draft).
-        The next tokens written fault in fresh pages; entries are written before they are read."""
-        self._num_cached = 0
-        self.last_features = None
-        release_pages(self._keys)
-        release_pages(self._values)
+        capacity = int(max_context_length or min(int(model.config.max_position_embeddings), DEFAULT_MAX_CONTEXT))
+        weights = Int8Weights.from_module(model, capacity, kernel=kernel, head_token_ids=head_token_ids)
+        return cls(weights, max_context_length=capacity)
