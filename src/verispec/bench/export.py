@@ -20,13 +20,14 @@ import json
 import shlex
 from dataclasses import dataclass, field
 
+from verispec.engine.methods import HEAD_DRAFTERS
 from verispec.errors import InvalidParameterError
 from verispec.models.registry import BUILTIN_MODELS
 from verispec.proposers.eagle import TREE_BRANCHING, TREE_MAX_DEPTH
 
 EXPORT_TOOLS = ("vllm", "sglang", "transformers")
 PLAIN_METHODS = (None, "none")
-EAGLE_METHODS = ("eagle", "eagle-tree")
+EAGLE_METHODS = HEAD_DRAFTERS  # the methods over an EAGLE head (as the drafters declare)
 EAGLE_TOOLS = ("vllm", "sglang")  # the tools that serve EAGLE-3 heads
 
 

@@ -23,7 +23,7 @@ from verispec.algorithms.control import ControllerConfig, CostModel
 from verispec.algorithms.sampling import SamplingParams
 from verispec.engine.commit import Plan, commit, commit_prefill, draft_plans, finish, report, verify
 from verispec.engine.constraints import GrammarCompiler, TokenConstraints
-from verispec.engine.methods import drafter_order
+from verispec.engine.methods import drafter_order, needs_trees
 from verispec.engine.policy import make_policy
 from verispec.engine.prefix_cache import PrefixCache
 from verispec.engine.prefix_reuse import end_request, keep_finished, keep_prompt, new_prefix_state, read_prefix
@@ -380,7 +380,7 @@ class SpeculativeEngine:
                 f"the prompt has {len(prompt)} tokens but the target's context window is "
                 f"{self.target.max_context_length}: shorten the prompt"
             )
-        if spec.method in ("tree", "eagle-tree") and not self.target.supports_trees:
+        if needs_trees(spec.method) and not self.target.supports_trees:
             raise InvalidParameterError(
                 f"the {type(self.target).__name__} cannot verify token trees: use a chain method or another runner"
             )

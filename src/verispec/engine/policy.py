@@ -28,7 +28,6 @@ from verispec.algorithms.schedules import CostModelSchedule, TreeBudgetSchedule,
 from verispec.engine.methods import TREE_SCHEDULED, drafter_order
 from verispec.engine.ranking import DrafterRanking
 from verispec.proposers import DraftOutput, DraftRequest, Proposer
-from verispec.proposers.suffix import ConfidentProposer
 
 
 @dataclass
@@ -126,7 +125,7 @@ class DraftPolicy:
             proposer = self._proposers[name]
             k = self.schedules[name].next_k(batch_size)
             confidences = None  # the lookup's scores of its proposal, where it sized the draft by them
-            if isinstance(proposer, ConfidentProposer):  # a lookup sure of its match drafts more than the average
+            if proposer.scores_own_drafts:  # a lookup sure of its match drafts more than the average
                 start, prior = time.perf_counter(), self.alphas[name].alpha
                 scores = _LastScores(functools.partial(proposer.draft_confidences, request, prior=prior))
                 k = sized_by_confidence(self.schedules[name], scores, limit, batch_size, at_least=k)
@@ -166,7 +165,13 @@ class DraftPolicy:
         model's chains, one draft pass per position): :func:`draft_batch` defers them."""
         return [name for name, proposer in self._proposers.items() if proposer.batches]
 
-    def _complete(self, step: DraftStep, draft: DraftOutput, seconds: float, request: DraftRequest, alone: bool):
+    def proposer(self, name: str) -> Proposer:
+        """The drafter this policy calls ``name`` (a deferred step's :attr:`DraftStep.drafter`)."""
+        return self._proposers[name]
+
+    def complete_deferred(
+        self, step: DraftStep, draft: DraftOutput, seconds: float, request: DraftRequest, alone: bool
+    ) -> DraftStep:
         """Finish a deferred ``step`` with the proposal :func:`draft_batch` got (``seconds``: its
         share of the batched proposal's time; ``alone``: the proposal was this request's only, so a
         catch-up's cost is its own). An empty proposal makes it a plain step."""
@@ -333,7 +338,7 @@ def draft_batch(asks: Sequence[tuple[DraftPolicy, DraftRequest, int]], batch_siz
     if not deferred:
         return steps
     start = time.perf_counter()
-    items = [(asks[i][0]._proposers[steps[i].drafter], asks[i][1], steps[i].deferred) for i in deferred]
+    items = [(asks[i][0].proposer(steps[i].drafter), asks[i][1], steps[i].deferred) for i in deferred]
     groups: dict = {}  # drafters that batch together: the same propose_batch
     for index, item in enumerate(items):
         groups.setdefault(type(item[0]).propose_batch, []).append(index)
@@ -344,7 +349,7 @@ def draft_batch(asks: Sequence[tuple[DraftPolicy, DraftRequest, int]], batch_siz
     share = (time.perf_counter() - start) / len(deferred)
     for i, draft in zip(deferred, drafts):
         policy, request = asks[i][0], asks[i][1]
-        steps[i] = policy._complete(steps[i], draft, share, request, alone=len(deferred) == 1)
+        steps[i] = policy.complete_deferred(steps[i], draft, share, request, alone=len(deferred) == 1)
     return steps
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from verispec.algorithms.control import ControllerConfig, CostModel
-from verispec.engine.methods import ALTERNATIVE_DRAFTERS, LOOKUP_DRAFTERS
+from verispec.engine.methods import ALTERNATIVE_DRAFTERS, FALLBACK_DRAFTERS, LOOKUP_DRAFTERS
 
 
 class DrafterRanking:
@@ -31,7 +31,7 @@ class DrafterRanking:
         self.costs = costs
         alternatives = [name for name in ALTERNATIVE_DRAFTERS if name in self.names]
         self.alternatives = tuple(alternatives) if len(alternatives) > 1 else ()  # ranked against each other
-        self.models = (*alternatives, *(name for name in ("layer-skip",) if name in self.names))
+        self.models = (*alternatives, *(name for name in FALLBACK_DRAFTERS if name in self.names))
         self._probe_interval = config.probe_interval
         self._lookups_against_models = config.lookups_against_models
         self._explore_steps = 0  # > 0: steps left trying an alternative that is not the best

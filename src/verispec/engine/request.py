@@ -7,10 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from verispec.algorithms.schedules import SCHEDULES
+from verispec.engine.methods import METHODS
 from verispec.errors import InvalidParameterError
 from verispec.metrics import RequestMetrics
 
-METHODS = ("none", "draft", "ngram", "suffix", "layer-skip", "eagle", "eagle-tree", "auto", "tree")
+__all__ = ["MAX_SPECULATIVE_TOKENS", "METHODS", "GenerationOutput", "SpeculativeConfig", "StreamChunk"]
 MAX_SPECULATIVE_TOKENS = 64
 
 

@@ -13,12 +13,13 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
 
 from verispec.algorithms.draft import DraftOutput
 from verispec.algorithms.sampling import SamplingParams
+from verispec.proposers.declared import Declaration, register
 from verispec.runners import Runner
 
 
@@ -71,8 +72,37 @@ class DraftRequest:
         return list(self.prompt_token_ids) + list(self.output_token_ids)
 
 
+@dataclass(frozen=True)
+class DrafterSources:
+    """What the factory hands a drafter class's :meth:`Proposer.build`: the loaded pair's parts.
+
+    Attributes:
+        options: the build options (:class:`verispec.proposers.factory.DrafterOptions`).
+        target: the target as loaded (:class:`verispec.models.loading.LoadedModel`).
+        draft_runner: the draft model's runner (its chain); None without a draft model.
+        tree_runner: the runner of the draft model's token trees (the chain's own runner where the
+            two share one sequence); None without one.
+        target_runner: the target's runner (an EAGLE head reads its features and embedding).
+        suffix_cache: the pipeline's cache of past requests (:class:`verispec.proposers.suffix.SuffixCache`).
+        built: the drafters built so far, by name (in declaration priority order).
+    """
+
+    options: Any
+    target: Any
+    draft_runner: Runner | None = None
+    tree_runner: Runner | None = None
+    target_runner: Runner | None = None
+    suffix_cache: Any = None
+    built: dict[str, Proposer] | None = None
+
+
 class Proposer:
     """Base of every drafter. Subclasses implement :meth:`propose`; the rest have defaults.
+
+    A drafter class declares its facts once, as ``declaration`` (:class:`~verispec.proposers.declared.Declaration`:
+    name, kind, what it needs loaded, whether it scores its own drafts, its role in ``auto``), and
+    builds itself from the loaded pair in :meth:`build`; the methods, the CLI's choices and the
+    factory read those, so a new drafter is one module (:func:`~verispec.proposers.declared.declared_drafters`).
 
     Hooks (all called by the engine, none looked up by name):
         propose: the draft for one step (required).
@@ -99,8 +129,37 @@ class Proposer:
             no cache to keep, nothing to restore).
     """
 
+    declaration: ClassVar[Declaration | None] = None  # None: not listed (a subclass or a user's own drafter)
     feature_layers: tuple[int, ...] = ()
     runner: Runner | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("declaration") is not None:
+            register(cls)
+
+    @classmethod
+    def build(cls, sources: DrafterSources) -> Proposer | None:
+        """This drafter over the loaded pair (``sources``), or None where what it needs is not
+        loaded (the default: a drafter the factory does not build; a tree that wraps its chain is
+        built over the chain instead, :func:`verispec.proposers.factory.with_lookup_drafters`)."""
+        return None
+
+    def draft_confidences(self, request: DraftRequest, num_tokens: int, prior: float) -> list[float]:
+        """For the proposal ``propose(request, num_tokens)`` would return, the estimated probability
+        that verification accepts each of its tokens (tree nodes: in tree order) and every token
+        before it; ``prior``: the drafter's realised per-token acceptance. Only drafters declaring
+        ``scores_own_drafts`` implement it.
+
+        Raises:
+            NotImplementedError: the drafter does not score its drafts.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not score its own drafts")
+
+    @property
+    def scores_own_drafts(self) -> bool:
+        """Whether :meth:`draft_confidences` is implemented (declared as ``scores_own_drafts``)."""
+        return self.declaration is not None and self.declaration.scores_own_drafts
 
     def propose(self, request: DraftRequest, num_speculative_tokens: int) -> DraftOutput:
         """Propose up to ``num_speculative_tokens`` tokens that continue ``request.context``."""

@@ -14,8 +14,11 @@ import torch
 from verispec.algorithms.draft import DraftOutput
 from verispec.algorithms.sampling import ProcessedRows, process_logits
 from verispec.algorithms.step import pick_token
-from verispec.proposers.base import DraftCacheSequences, DraftRequest
+from verispec.proposers.base import DraftCacheSequences, DrafterSources, DraftRequest
+from verispec.proposers.declared import AutoRole, Declaration, Kind, Needs
 from verispec.runners import ForwardCall, Runner, forward_batch
+
+DRAFT_HINT = "load a draft model with --draft"
 
 
 class DraftModelProposer(DraftCacheSequences):
@@ -26,6 +29,24 @@ class DraftModelProposer(DraftCacheSequences):
         context_window: prompt tokens the draft sees, the last ones; None: all
             (:class:`~verispec.proposers.DraftCacheSequences`).
     """
+
+    declaration = Declaration(
+        "draft",
+        Kind.MODEL,
+        Needs.DRAFT_MODEL,
+        DRAFT_HINT,
+        auto=AutoRole.BACKUP,
+        priority=40,
+        summary="a draft model's chain; --draft",
+    )
+
+    @classmethod
+    def build(cls, sources: DrafterSources) -> DraftModelProposer | None:
+        """The draft model's chain over ``draft_runner``, seeing the options' context window;
+        None without a draft model."""
+        if sources.draft_runner is None:
+            return None
+        return cls(sources.draft_runner, context_window=sources.options.draft_context_window)
 
     def __init__(self, runner: Runner, context_window: int | None = None) -> None:
         self.runner = runner

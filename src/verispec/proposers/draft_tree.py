@@ -21,7 +21,9 @@ from verispec.algorithms.sampling import process_logits
 from verispec.algorithms.step import coupling_key
 from verispec.algorithms.tree import TokenTree, tree_attention_mask, tree_position_ids
 from verispec.errors import InvalidParameterError
-from verispec.proposers.base import DraftCacheSequences, DraftRequest
+from verispec.proposers.base import DraftCacheSequences, DrafterSources, DraftRequest
+from verispec.proposers.declared import AutoRole, Declaration, Kind, Needs
+from verispec.proposers.draft_model import DRAFT_HINT
 
 
 @dataclass(frozen=True)
@@ -185,6 +187,31 @@ class DraftTreeProposer(DraftCacheSequences):
         context_window: prompt tokens the draft sees, the last ones; None: all
             (:class:`~verispec.proposers.DraftCacheSequences`).
     """
+
+    declaration = Declaration(
+        "tree",
+        Kind.TREE,
+        Needs.DRAFT_MODEL,
+        DRAFT_HINT,
+        chain="draft",
+        auto=AutoRole.BACKUP,
+        in_tree_method=True,
+        priority=41,
+        summary="token trees: n-gram branches where the lookup matches, else the draft model's tree",
+    )
+
+    @classmethod
+    def build(cls, sources: DrafterSources) -> DraftTreeProposer | None:
+        """The draft model's trees over ``tree_runner`` (the options' static shape, else dynamic),
+        on the chain's own sequence where the two share a runner; None without one."""
+        if sources.tree_runner is None:
+            return None
+        options = sources.options
+        tree = cls(sources.tree_runner, choices=options.tree_choices, context_window=options.draft_context_window)
+        chain = (sources.built or {}).get("draft")
+        if sources.tree_runner is sources.draft_runner and chain is not None:  # switching catches up on nothing
+            return tree.on_sequence_of(chain)
+        return tree
 
     def __init__(
         self, runner, *, branching: int = 2, max_depth: int = 6, choices=None, context_window: int | None = None

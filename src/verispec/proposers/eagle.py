@@ -26,10 +26,16 @@ from verispec.algorithms.draft import DraftOutput
 from verispec.algorithms.sampling import process_logits
 from verispec.algorithms.step import pick_token
 from verispec.algorithms.tree import TokenTree
-from verispec.proposers.base import DraftRequest, Proposer, common_prefix_length
+from verispec.errors import InvalidParameterError
+from verispec.proposers.base import DrafterSources, DraftRequest, Proposer, common_prefix_length
+from verispec.proposers.declared import AutoRole, Declaration, Kind, Needs
 from verispec.proposers.draft_tree import dynamic_tree_levels
 from verispec.runners.eagle.head import EagleHead
 from verispec.runners.eagle.passes import HeadCall, forward_heads
+
+HEAD_QUANTIZATIONS = ("auto", "none", "q8_0", "iq4_nl")  # of an EAGLE head's linear layers (runners/eagle/blocks.py)
+AUTO_HEAD_QUANTIZATION = "q8_0"  # "auto" over the gguf runner (measured: see DrafterOptions.head_quantization)
+HEAD_HINT = "load a head with --eagle-head (a file verispec train-head writes, or a published EAGLE-3 folder)"
 
 TREE_BRANCHING = 2  # eagle-tree: children expanded per frontier node (EAGLE-2's top-k) ...
 TREE_MAX_DEPTH = 6  # ... over this many levels at most
@@ -48,6 +54,42 @@ class EagleProposer(Proposer):
     sampling keeps the target's distribution (Leviathan et al. 2023, §2.3). The output never
     depends on the head; only how many drafts are accepted does.
     """
+
+    declaration = Declaration(
+        "eagle",
+        Kind.HEAD,
+        Needs.HEAD,
+        HEAD_HINT,
+        auto=AutoRole.BACKUP,
+        priority=30,
+        summary="an EAGLE-3 head over the target's features, a chain; --eagle-head",
+    )
+
+    @classmethod
+    def build(cls, sources: DrafterSources) -> EagleProposer | None:
+        """The head of ``options.eagle_head`` over the target runner's embedding and features,
+        its linear layers quantized as ``options.head_quantization`` says; None without a head.
+
+        Raises:
+            InvalidParameterError: a head for another target, or a runner that cannot hand its
+                features or embedding to it.
+            ModelNotFoundError, ModelIntegrityError: no head file, or a damaged one.
+        """
+        options, target_runner = sources.options, sources.target_runner
+        if options.eagle_head is None:
+            return None
+        if target_runner is None or not target_runner.supports_features:
+            kind = type(target_runner).__name__ if target_runner is not None else "no runner"
+            raise InvalidParameterError(
+                f"--eagle-head needs a runner that hands out the target's features (gguf, int8, torch), not {kind}"
+            )
+        head = EagleHead.load(options.eagle_head, target_runner)
+        quantization = head_quantization_for(options.head_quantization, target_runner)
+        if quantization != "none":
+            from verispec.runners.eagle.blocks import quantize_head_
+
+            quantize_head_(head, quantization)
+        return cls(head)
 
     def __init__(self, head: EagleHead) -> None:
         self.head = head
@@ -300,6 +342,18 @@ class EagleTreeProposer(Proposer):
         ValueError: ``branching`` or ``max_depth`` below 1.
     """
 
+    declaration = Declaration(
+        "eagle-tree",
+        Kind.TREE,
+        Needs.HEAD,
+        HEAD_HINT,
+        chain="eagle",
+        wraps_chain=True,
+        auto=AutoRole.BACKUP,
+        priority=31,
+        summary="the EAGLE head's dynamic tree",
+    )
+
     def __init__(
         self, eagle: EagleProposer, *, branching: int = TREE_BRANCHING, max_depth: int = TREE_MAX_DEPTH
     ) -> None:
@@ -336,3 +390,12 @@ class EagleTreeProposer(Proposer):
 
     def release(self) -> None:
         self.eagle.release()
+
+
+def head_quantization_for(choice: str, target_runner) -> str:
+    """``choice`` with ``auto`` resolved: :data:`AUTO_HEAD_QUANTIZATION` when ``target_runner``
+    runs the GGUF block kernels (:attr:`Runner.runs_block_kernels`: the gguf runner, its kernels
+    built and the CPU bandwidth-bound), else ``none``."""
+    if choice != "auto":
+        return choice
+    return AUTO_HEAD_QUANTIZATION if target_runner.runs_block_kernels else "none"

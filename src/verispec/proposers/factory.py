@@ -1,7 +1,7 @@
 """Which drafters an engine gets, decided in one place.
 
-Builds the drafters of a loaded pair (:func:`build_drafters`: n-gram lookup, the draft model's
-chains and trees, layer skip over the target), completes them with the lookup drafters every
+Builds the drafters of a loaded pair (:func:`build_drafters`: every declared drafter class builds
+itself from the pair, :meth:`~verispec.proposers.base.Proposer.build`), completes them with the lookup drafters every
 engine has (:func:`with_lookup_drafters`: n-gram and suffix lookup and their trees), and copies a
 set for another sequence (:func:`for_new_sequence`) or with a fresh suffix cache
 (:func:`with_own_suffix_cache`). The engine sees only :class:`~verispec.proposers.base.Proposer`.
@@ -15,32 +15,32 @@ from pathlib import Path
 
 from verispec.errors import InvalidParameterError
 from verispec.models.loading import LoadedModel
-from verispec.proposers.base import Proposer
-from verispec.proposers.datastore import Datastore
-from verispec.proposers.draft_model import DraftModelProposer
-from verispec.proposers.draft_tree import DraftTreeProposer, validate_tree_choices
-from verispec.proposers.eagle import EagleProposer, EagleTreeProposer
-from verispec.proposers.layer_skip import LayerSkipProposer
-from verispec.proposers.ngram import NgramProposer, NgramTreeProposer
+from verispec.proposers.base import DrafterSources, Proposer
+from verispec.proposers.declared import Kind, Needs, declared_drafters
+from verispec.proposers.draft_tree import validate_tree_choices
+from verispec.proposers.eagle import AUTO_HEAD_QUANTIZATION, HEAD_QUANTIZATIONS, head_quantization_for
+from verispec.proposers.layer_skip import DEFAULT_LAYER_SKIP_FRACTION, layer_skip_drafter
 from verispec.proposers.suffix import SuffixCache, SuffixProposer, SuffixTreeProposer
 from verispec.runners import Runner
-from verispec.runners.eagle.head import EagleHead
+
+__all__ = [
+    "AUTO_HEAD_QUANTIZATION",
+    "DEFAULT_LAYER_SKIP_FRACTION",
+    "DRAFT_QUANTIZATIONS",
+    "HEAD_QUANTIZATIONS",
+    "DrafterOptions",
+    "build_drafters",
+    "chain_wrappers",
+    "for_new_sequence",
+    "head_quantization_for",
+    "layer_skip_drafter",
+    "with_lookup_drafters",
+    "with_own_suffix_cache",
+]
 
 # --draft-quantization: the runner each one needs (None: any); "gguf" ones are re-quantizations the
 # gguf runner applies as it loads (auto picks one when the runner is gguf)
 DRAFT_QUANTIZATIONS = {"auto": None, "none": None, "int8": "torch", "q4_0": "gguf", "iq4_nl": "gguf"}
-HEAD_QUANTIZATIONS = ("auto", "none", "q8_0", "iq4_nl")  # of an EAGLE head's linear layers (runners/eagle/blocks.py)
-AUTO_HEAD_QUANTIZATION = "q8_0"  # "auto" over the gguf runner (measured: see DrafterOptions.head_quantization)
-
-DEFAULT_LAYER_SKIP_FRACTION = 4  # layer skip drafts with the first 1/4 of the target's layers
-
-# the tree drafters that wrap a chain drafter and share its index (each has ``over(chain)``: the same
-# tree over another sequence's chain): tree name -> (tree type, chain name, chain type)
-TREE_WRAPPERS = {
-    "ngram-tree": (NgramTreeProposer, "ngram", NgramProposer),
-    "suffix-tree": (SuffixTreeProposer, "suffix", SuffixProposer),
-    "eagle-tree": (EagleTreeProposer, "eagle", EagleProposer),
-}
 
 
 @dataclass(frozen=True)
@@ -127,11 +127,14 @@ def build_drafters(
     target_runner: Runner | None = None,
     suffix_cache: SuffixCache | None = None,
 ) -> dict[str, Proposer]:
-    """The drafters of a loaded pair, by method name: ``ngram`` and ``suffix`` always (over
-    ``suffix_cache``, the pipeline's cache of past requests, and ``options.datastore``), ``draft``
-    over ``draft_runner``, ``tree`` over ``tree_runner`` (the draft's weights, its own KV cache),
-    ``layer-skip`` over ``target`` (unless disabled or, by default, unsupported) and ``eagle``
-    (``options.eagle_head`` over ``target_runner``'s embedding and features).
+    """The drafters of a loaded pair, by name: each declared drafter class
+    (:func:`~verispec.proposers.declared.declared_drafters`, in priority order) builds itself
+    from the pair (:meth:`Proposer.build`): ``ngram`` and ``suffix`` always (over ``suffix_cache``,
+    the pipeline's cache of past requests, and ``options.datastore``), ``draft`` over
+    ``draft_runner``, ``tree`` over ``tree_runner`` (the draft's weights, its own KV cache, or the
+    chain's sequence when it is the same runner), ``eagle`` (``options.eagle_head`` over
+    ``target_runner``'s embedding and features) and ``layer-skip`` over ``target`` (unless
+    disabled or, by default, unsupported).
 
     Raises:
         VerispecError: a missing or damaged datastore (:class:`verispec.proposers.datastore.Datastore`).
@@ -139,67 +142,13 @@ def build_drafters(
             for another target, or a runner that cannot hand its features or embedding to it.
         ModelNotFoundError, ModelIntegrityError: no head file, or a damaged one.
     """
-    proposers: dict[str, Proposer] = {"ngram": NgramProposer(options.min_ngram, options.max_ngram)}
-    datastore = None if options.datastore is None else Datastore(options.datastore)
-    proposers["suffix"] = SuffixProposer(suffix_cache, datastore=datastore)
-    if draft_runner is not None:
-        proposers["draft"] = DraftModelProposer(draft_runner, context_window=options.draft_context_window)
-    if tree_runner is not None:
-        proposers["tree"] = DraftTreeProposer(
-            tree_runner, choices=options.tree_choices, context_window=options.draft_context_window
-        )
-        if tree_runner is draft_runner:  # one draft sequence: switching chain <-> tree catches up on nothing
-            proposers["tree"] = proposers["tree"].on_sequence_of(proposers["draft"])
-    if options.eagle_head is not None:
-        if target_runner is None or not target_runner.supports_features:
-            kind = type(target_runner).__name__ if target_runner is not None else "no runner"
-            raise InvalidParameterError(
-                f"--eagle-head needs a runner that hands out the target's features (gguf, int8, torch), not {kind}"
-            )
-        head = EagleHead.load(options.eagle_head, target_runner)
-        quantization = head_quantization_for(options.head_quantization, target_runner)
-        if quantization != "none":
-            from verispec.runners.eagle.blocks import quantize_head_
-
-            quantize_head_(head, quantization)
-        proposers["eagle"] = EagleProposer(head)
-    layer_skip = layer_skip_drafter(target, options.layer_skip_layers)
-    if layer_skip is not None:
-        proposers["layer-skip"] = layer_skip
-    return proposers
-
-
-def head_quantization_for(choice: str, target_runner: Runner) -> str:
-    """``choice`` with ``auto`` resolved: :data:`AUTO_HEAD_QUANTIZATION` when ``target_runner``
-    runs the GGUF block kernels (:attr:`Runner.runs_block_kernels`: the gguf runner, its kernels
-    built and the CPU bandwidth-bound), else ``none``."""
-    if choice != "auto":
-        return choice
-    return AUTO_HEAD_QUANTIZATION if target_runner.runs_block_kernels else "none"
-
-
-def layer_skip_drafter(target: LoadedModel, num_layers: int | None) -> LayerSkipProposer | None:
-    """The layer-skip drafter over ``target``; None when disabled (0) or, by default (None: a
-    quarter of the layers), when the target's layout does not support it. An explicit layer
-    count on an unsupported model, or on a target the runner holds no float model of (gguf,
-    llama.cpp, int8 from a GGUF file: ``target.model`` is None), raises InvalidParameterError."""
-    if num_layers == 0:
-        return None
-    if getattr(target.model, "config", None) is None:
-        if num_layers is None:
-            return None
-        raise InvalidParameterError(
-            f"layer skip (layer_skip_layers={num_layers}) runs the first layers of the target's float model, "
-            "which the gguf and llama.cpp runners (and int8 from a GGUF file) do not hold: use --runner torch"
-        )
-    try:
-        total = int(target.model.config.num_hidden_layers)
-        layers = max(1, total // DEFAULT_LAYER_SKIP_FRACTION) if num_layers is None else num_layers
-        return LayerSkipProposer(target.model, layers, max_context_length=target.context_length)
-    except (InvalidParameterError, AttributeError, TypeError):
-        if num_layers is None:
-            return None
-        raise
+    built: dict[str, Proposer] = {}
+    sources = DrafterSources(options, target, draft_runner, tree_runner, target_runner, suffix_cache, built)
+    for name, cls in declared_drafters().items():
+        proposer = cls.build(sources)
+        if proposer is not None:
+            built[name] = proposer
+    return built
 
 
 def with_lookup_drafters(proposers: Mapping[str, Proposer] | None) -> dict[str, Proposer]:
@@ -215,12 +164,24 @@ def with_lookup_drafters(proposers: Mapping[str, Proposer] | None) -> dict[str, 
             raise InvalidParameterError(
                 f"drafter {name!r} is a {type(proposer).__name__}: drafters subclass verispec.proposers.Proposer"
             )
-    proposers.setdefault("ngram", NgramProposer())
-    proposers.setdefault("suffix", SuffixProposer())
-    for tree_name, (tree_type, chain_name, chain_type) in TREE_WRAPPERS.items():
-        if isinstance(proposers.get(chain_name), chain_type):  # method "tree": the lookup's branches first
-            proposers.setdefault(tree_name, tree_type(proposers[chain_name]))
+    drafters = declared_drafters()
+    for name, cls in drafters.items():
+        if cls.declaration.kind is Kind.LOOKUP and cls.declaration.needs is Needs.NOTHING:
+            proposers.setdefault(name, cls())
+    for name, (tree_type, chain_type) in chain_wrappers(drafters).items():
+        if isinstance(proposers.get(tree_type.declaration.chain), chain_type):  # method "tree": lookup branches first
+            proposers.setdefault(name, tree_type(proposers[tree_type.declaration.chain]))
     return proposers
+
+
+def chain_wrappers(drafters: Mapping[str, type]) -> dict[str, tuple[type, type]]:
+    """The declared trees built over their chain drafter and sharing its index (``wraps_chain``:
+    ``Tree(chain)``, and ``tree.over(chain)`` for another sequence): name -> (tree class, chain class)."""
+    return {
+        name: (cls, drafters[cls.declaration.chain])
+        for name, cls in drafters.items()
+        if cls.declaration.wraps_chain and cls.declaration.chain in drafters
+    }
 
 
 def for_new_sequence(proposers: Mapping[str, Proposer]) -> dict[str, Proposer]:
@@ -231,14 +192,15 @@ def for_new_sequence(proposers: Mapping[str, Proposer]) -> dict[str, Proposer]:
     Raises:
         ValueError: a drafter that cannot follow another sequence.
     """
+    wrappers = chain_wrappers(declared_drafters())
     fresh: dict[str, Proposer] = {}
     for name, p in proposers.items():
-        if name in TREE_WRAPPERS:
+        if name in wrappers:
             continue
         partner = next((n for n in fresh if proposers[n] is not p and proposers[n].shares_sequence_with(p)), None)
         fresh[name] = p.on_sequence_of(fresh[partner]) if partner is not None else p.new_sequence()
-    for tree_name, (tree_type, chain_name, chain_type) in TREE_WRAPPERS.items():
-        tree = proposers.get(tree_name)
+    for tree_name, (tree_type, chain_type) in wrappers.items():
+        tree, chain_name = proposers.get(tree_name), tree_type.declaration.chain
         if isinstance(tree, tree_type) and isinstance(fresh.get(chain_name), chain_type):
             fresh[tree_name] = tree.over(fresh[chain_name])  # its own settings kept
         elif tree is not None:

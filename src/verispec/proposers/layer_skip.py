@@ -15,8 +15,16 @@ import copy
 import torch
 
 from verispec.errors import InvalidParameterError
+from verispec.proposers.base import DrafterSources
+from verispec.proposers.declared import AutoRole, Declaration, Kind, Needs
 from verispec.proposers.draft_model import DraftModelProposer
 from verispec.runners.torch_runner import TransformersRunner
+
+DEFAULT_LAYER_SKIP_FRACTION = 4  # layer skip drafts with the first 1/4 of the target's layers
+LAYER_SKIP_HINT = (
+    "layer skip runs the first layers of the target's float model, which the gguf and llama.cpp "
+    "runners (and int8 from a GGUF file) do not hold: use --runner torch"
+)
 
 
 def early_exit_model(model: torch.nn.Module, num_layers: int) -> torch.nn.Module:
@@ -71,6 +79,45 @@ class LayerSkipProposer(DraftModelProposer):
         max_context_length: the target's context window.
     """
 
+    declaration = Declaration(
+        "layer-skip",
+        Kind.MODEL,
+        Needs.FLOAT_TARGET,
+        LAYER_SKIP_HINT,
+        auto=AutoRole.FALLBACK,
+        priority=50,
+        summary="the target's first quarter of layers; --runner torch",
+    )
+
+    @classmethod
+    def build(cls, sources: DrafterSources) -> LayerSkipProposer | None:
+        """:func:`layer_skip_drafter` over the target with the options' layer count."""
+        return layer_skip_drafter(sources.target, sources.options.layer_skip_layers)
+
     def __init__(self, model: torch.nn.Module, num_layers: int, *, max_context_length: int | None = None) -> None:
         self.num_layers = num_layers
         super().__init__(TransformersRunner(early_exit_model(model, num_layers), max_context_length=max_context_length))
+
+
+def layer_skip_drafter(target, num_layers: int | None) -> LayerSkipProposer | None:
+    """The layer-skip drafter over ``target`` (a :class:`verispec.models.loading.LoadedModel`);
+    None when disabled (0) or, by default (None: a quarter of the layers), when the target's
+    layout does not support it. An explicit layer count on an unsupported model, or on a target
+    the runner holds no float model of (gguf, llama.cpp, int8 from a GGUF file: ``target.model``
+    is None), raises InvalidParameterError."""
+    if num_layers == 0:
+        return None
+    if getattr(target.model, "config", None) is None:
+        if num_layers is None:
+            return None
+        raise InvalidParameterError(
+            f"layer skip (layer_skip_layers={num_layers}) " + LAYER_SKIP_HINT.removeprefix("layer skip ")
+        )
+    try:
+        total = int(target.model.config.num_hidden_layers)
+        layers = max(1, total // DEFAULT_LAYER_SKIP_FRACTION) if num_layers is None else num_layers
+        return LayerSkipProposer(target.model, layers, max_context_length=target.context_length)
+    except (InvalidParameterError, AttributeError, TypeError):
+        if num_layers is None:
+            return None
+        raise

@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from verispec.algorithms.draft import DraftOutput
 from verispec.algorithms.tree import TokenTree
 from verispec.errors import InvalidParameterError
-from verispec.proposers.base import DraftRequest, Proposer
+from verispec.proposers.base import DrafterSources, DraftRequest, Proposer
+from verispec.proposers.declared import AutoRole, Declaration, Kind
 
 MAX_OCCURRENCES = 4  # most recent occurrences the index keeps per n-gram (tree branches come from them)
 
@@ -184,6 +185,19 @@ class NgramProposer(Proposer):
         InvalidParameterError: on a bad n-gram range or branch count.
     """
 
+    declaration = Declaration(
+        "ngram",
+        Kind.LOOKUP,
+        summary="prompt lookup: what followed the context's tail earlier in it",
+        auto=AutoRole.LOOKUP,
+        priority=20,
+    )
+
+    @classmethod
+    def build(cls, sources: DrafterSources) -> NgramProposer:
+        """Prompt lookup with the options' n-gram range (every engine has one)."""
+        return cls(sources.options.min_ngram, sources.options.max_ngram)
+
     def __init__(self, min_ngram: int = 2, max_ngram: int = 4, max_branches: int = MAX_OCCURRENCES) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise InvalidParameterError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
@@ -246,6 +260,10 @@ class NgramTreeProposer(Proposer):
     The tree is a deterministic function of the context, so every child is a one-hot candidate
     and :func:`verispec.algorithms.tree.tree_rejection_sample` keeps sampling exact.
     """
+
+    declaration = Declaration(
+        "ngram-tree", Kind.TREE, selectable=False, chain="ngram", wraps_chain=True, in_tree_method=True, priority=21
+    )
 
     def __init__(self, ngram: NgramProposer) -> None:
         self.ngram = ngram

@@ -22,27 +22,18 @@ import math
 import threading
 from collections import deque
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
 
 from verispec.algorithms.draft import DraftOutput
 from verispec.algorithms.tree import TokenTree
 from verispec.errors import InvalidParameterError
-from verispec.proposers.base import DraftRequest, Proposer
+from verispec.proposers.base import DrafterSources, DraftRequest, Proposer
+from verispec.proposers.datastore import Datastore
+from verispec.proposers.declared import AutoRole, Declaration, Kind
 from verispec.proposers.ngram import NgramIndex, NgramProposer, copy_continuation, ngram_tree
 from verispec.proposers.suffix_file import read_sequences, write_sequences
 
 DEFAULT_MAX_TOKENS = 65_536  # tokens of past requests kept (the index costs up to ~2-3 KB a token)
 PRIOR_OCCURRENCES = 1.0  # weight of the realised acceptance in node_confidences, in occurrences
-
-
-@runtime_checkable
-class ConfidentProposer(Protocol):
-    """A drafter that scores its own proposal: ``draft_confidences(request, num_tokens, prior)``
-    gives, for the proposal ``propose(request, num_tokens)`` would return, the estimated
-    probability that verification accepts each of its tokens (tree nodes: in tree order) and
-    every token before it; ``prior``: the drafter's realised per-token acceptance."""
-
-    def draft_confidences(self, request: DraftRequest, num_tokens: int, prior: float) -> list[float]: ...
 
 
 class SuffixCache:
@@ -203,6 +194,26 @@ class SuffixProposer(Proposer):
             too; the request's own context, then the cache, win a tie with it.
     """
 
+    declaration = Declaration(
+        "suffix",
+        Kind.LOOKUP,
+        summary="continuations seen in earlier requests and this one",
+        scores_own_drafts=True,
+        auto=AutoRole.LOOKUP,
+        priority=10,
+    )
+
+    @classmethod
+    def build(cls, sources: DrafterSources) -> SuffixProposer:
+        """Suffix lookup over the pipeline's cache of past requests and the options' datastore
+        (every engine has one).
+
+        Raises:
+            VerispecError: a missing or damaged datastore (:class:`~verispec.proposers.datastore.Datastore`).
+        """
+        datastore = None if sources.options.datastore is None else Datastore(sources.options.datastore)
+        return cls(sources.suffix_cache, datastore=datastore)
+
     def __init__(
         self,
         cache: SuffixCache | None = None,
@@ -299,6 +310,17 @@ class SuffixProposer(Proposer):
 class SuffixTreeProposer(Proposer):
     """The proposer protocol over :meth:`SuffixProposer.propose_tree` (drafter ``"suffix-tree"``),
     for runners that verify token trees. Shares the wrapped proposer's index and cache."""
+
+    declaration = Declaration(
+        "suffix-tree",
+        Kind.TREE,
+        selectable=False,
+        chain="suffix",
+        wraps_chain=True,
+        scores_own_drafts=True,
+        for_chain_method=True,
+        priority=11,
+    )
 
     def __init__(self, suffix: SuffixProposer) -> None:
         self.suffix = suffix

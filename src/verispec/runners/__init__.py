@@ -13,10 +13,29 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from torch import Tensor
 
 from verispec.errors import InvalidParameterError
+
+
+class RunnerWeights(Protocol):
+    """What a runner's own weight layout hands out (the int8 and gguf runners' ``weights``): the
+    token embedding and final norm an EAGLE head borrows, and the bytes held. A layout that can
+    also give LM-head rows de-quantized (the gguf weights) has ``output_rows(ids)`` too."""
+
+    vocab_size: int
+    layers: Sequence[Any]  # one entry per decoder layer
+    final_norm: Tensor | None  # [hidden] float32
+
+    def embed(self, token_ids: Tensor) -> Tensor:
+        """float32 ``[len(token_ids), hidden]``: the embedding rows of int64 ``token_ids``."""
+        ...
+
+    def nbytes(self) -> int:
+        """Bytes the weights hold in memory."""
+        ...
 
 
 class Runner:
@@ -33,11 +52,19 @@ class Runner:
         last_features: float32 ``[rows of this sequence's last pass, len(layers) * hidden_size]``
             while capturing (:meth:`capture_features`), only this sequence's rows of a batched
             pass; None when not capturing (or before the first pass).
+        last_final_hidden: float32 ``[rows of the last pass, hidden_size]``: the final normed
+            hidden state (the LM head's input) while :meth:`capture_final_hidden` is on; else None.
+        model: the transformers model the runner runs (the torch runner); None for runners that
+            hold their weights in their own layout.
+        weights: the weights in the runner's own layout (:class:`RunnerWeights`: the int8 and
+            gguf runners); None for the others.
 
     Capabilities (each False by default; the engine checks them before calling):
         supports_trees: :meth:`forward_tree` and :meth:`keep_tree_path` (token-tree verification).
         holds_sequences: :meth:`new_sequence` (batching: one sequence per request).
         supports_features: :meth:`capture_features` (hidden states for an EAGLE-3 head).
+        supports_final_hidden: :meth:`capture_final_hidden` (the LM head's input, for training a
+            head on the runner's own passes, :func:`verispec.training.teacher.runner_teacher`).
         shares_prompts: :meth:`copy_prefix` (one prompt's cache copied to another sequence).
         exports_kv: :meth:`export_kv` and :meth:`import_kv` (cache entries copied out to the
             prefix cache and back, :mod:`verispec.engine.prefix_cache`): only runners whose entries
@@ -57,6 +84,9 @@ class Runner:
     num_cached_tokens: int
     kv_bytes_per_token: int | None = None
     last_features: Tensor | None = None
+    last_final_hidden: Tensor | None = None
+    model: Any = None
+    weights: RunnerWeights | None = None
     runs_block_kernels: bool = False
     prefill_chunk_rows: int | None = None
 
@@ -90,6 +120,11 @@ class Runner:
     def supports_features(self) -> bool:
         """This runner hands out hidden states: it implements :meth:`capture_features`."""
         return type(self).capture_features is not Runner.capture_features
+
+    @property
+    def supports_final_hidden(self) -> bool:
+        """This runner hands out its final hidden states: it implements :meth:`capture_final_hidden`."""
+        return type(self).capture_final_hidden is not Runner.capture_final_hidden
 
     @property
     def shares_prompts(self) -> bool:
@@ -175,6 +210,15 @@ class Runner:
                 cannot hand out its hidden states (:attr:`supports_features`).
         """
         raise InvalidParameterError(f"the {type(self).__name__} cannot hand out its hidden states")
+
+    def capture_final_hidden(self, on: bool = True) -> None:
+        """From now on (``on``) every pass sets :attr:`last_final_hidden` to this sequence's rows of
+        the final normed hidden state; the logits are bit-identical either way.
+
+        Raises:
+            InvalidParameterError: the runner cannot hand them out (:attr:`supports_final_hidden`).
+        """
+        raise InvalidParameterError(f"the {type(self).__name__} cannot hand out its final hidden states")
 
     def copy_prefix(self, source: Runner, num_tokens: int) -> None:
         """Make this sequence's cache the first ``num_tokens`` entries of ``source``'s (a sequence

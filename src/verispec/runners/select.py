@@ -219,7 +219,7 @@ def build_runners(
     weight_bytes = {
         role: runner.weights.nbytes()
         for role, runner in (("target", target_runner), ("draft", draft_runner))
-        if runner is not None and hasattr(runner, "weights")
+        if runner is not None and runner.weights is not None
     }
     return BuiltRunners(
         choice,

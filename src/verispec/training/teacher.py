@@ -75,7 +75,7 @@ def runner_teacher(runner, token_ids: Sequence[int], feature_layers: Sequence[in
         InvalidParameterError: the runner cannot capture final hidden states (llama.cpp, torch:
             use :func:`teacher`), or ``chunk < 1``.
     """
-    if not hasattr(runner, "capture_final_hidden"):
+    if not runner.supports_final_hidden:
         raise InvalidParameterError(
             f"the {type(runner).__name__} cannot hand out its final hidden states; "
             "train with the gguf or int8 runner, or the torch teacher"

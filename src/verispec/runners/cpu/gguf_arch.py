@@ -6,7 +6,8 @@ embedding scale, RoPE (base, scaling, partial rotary dims, a base of its own for
 sliding windows per layer, attention scale; and refusing, before anything is loaded, a header that
 declares something the forward pass does not implement (one line naming it). The family facts a
 header does not carry (Gemma 3's GELU, its scaled embedding and its local/global layer pattern)
-are :data:`FAMILIES`, one row per architecture, as llama.cpp's ``llama-model.cpp`` sets them. Knows
+are rows of the one table of architectures (:data:`verispec.models.architectures.ARCHITECTURES`), as
+llama.cpp's ``llama-model.cpp`` sets them. Knows
 nothing about tensors' contents or the forward pass (:mod:`verispec.runners.cpu.decoder`).
 """
 
@@ -17,28 +18,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from verispec.errors import InvalidParameterError
+from verispec.models.architectures import ARCHITECTURES, GGUF_ARCHITECTURES
 from verispec.models.gguf_file import GGUFHeader
 
-
-@dataclass(frozen=True)
-class Family:
-    """What an architecture name implies beyond its header (llama.cpp ``llm_load_hparams``)."""
-
-    activation: str = "swiglu"  # "swiglu" (silu(gate) * up) or "gelu_tanh" (gelu_tanh(gate) * up)
-    scaled_embedding: bool = False  # embeddings times sqrt(hidden) (Gemma)
-    global_every: int = 0  # with a sliding window: every n-th layer is global, the others local (0: all local)
-    local_rope_base: float | None = None  # local layers' RoPE base when the header names none
-    permuted_qk: bool = False  # the converter interleaved q/k rows for llama.cpp's "normal" RoPE
-
-
-FAMILIES = {
-    "llama": Family(permuted_qk=True),
-    "qwen2": Family(),
-    "qwen3": Family(),
-    "gemma3": Family(activation="gelu_tanh", scaled_embedding=True, global_every=6, local_rope_base=10000.0),
-    "phi3": Family(),
-}
-SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
+FAMILIES = {name: f for name, f in ARCHITECTURES.items() if f.gguf}  # the rows of the one table the gguf runner reads
+SUPPORTED_ARCHITECTURES = GGUF_ARCHITECTURES
 ROPE_SCALINGS = ("none", "linear", "llama3")
 
 

@@ -14,10 +14,11 @@ import torch
 from torch import Tensor
 
 from verispec.errors import InvalidParameterError
+from verispec.models.architectures import INT8_MODEL_TYPES
 from verispec.runners.cpu.gguf_arch import Architecture
 from verispec.runners.cpu.int8_ops import Int8Weight, quantize_weight_rows
 
-SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
+SUPPORTED_MODEL_TYPES = INT8_MODEL_TYPES  # the one table's rows the int8 runner converts
 DEFAULT_MAX_CONTEXT = 4096
 
 

@@ -14,8 +14,9 @@ import torch
 from torch import Tensor
 
 from verispec.errors import InvalidParameterError
+from verispec.models.architectures import EAGLE_MODEL_TYPES
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")  # decoder-only, RMSNorm, SwiGLU
+SUPPORTED_MODEL_TYPES = EAGLE_MODEL_TYPES  # the one table's rows heads support: decoder-only, RMSNorm, SwiGLU
 
 
 @dataclass(frozen=True)

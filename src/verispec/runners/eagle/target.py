@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from verispec.errors import InvalidParameterError
+from verispec.runners import Runner
 
 
 def norm_digest(final_norm: Tensor) -> str:
@@ -91,8 +92,8 @@ class HeadTarget:
         Raises:
             InvalidParameterError: ``target`` hands out no token embedding.
         """
-        model = target if isinstance(target, nn.Module) else getattr(target, "model", None)
-        if model is not None and hasattr(model, "get_input_embeddings"):
+        model = target if isinstance(target, nn.Module) else target.model if isinstance(target, Runner) else None
+        if isinstance(model, nn.Module) and hasattr(model, "get_input_embeddings"):
             config, embedding = model.config, model.get_input_embeddings()
             norm = final_norm(model)
             output = model.get_output_embeddings()
@@ -106,8 +107,8 @@ class HeadTarget:
                 None if norm is None else norm_digest(norm),
                 rows,
             )
-        weights = getattr(target, "weights", None)
-        if weights is not None and hasattr(weights, "embed"):
+        weights = target.weights if isinstance(target, Runner) else None
+        if weights is not None:
             width = int(weights.embed(torch.zeros(1, dtype=torch.long)).shape[-1])
             norm = getattr(weights, "final_norm", None)
             return cls(
