@@ -1,7 +1,7 @@
 """Where a speculative request's time goes on the gguf runner: target passes, draft passes, the rest.
 
 Generates each of the first N HumanEval prompts (greedy, 128 tokens at most) with plain decoding
-and with METHOD, timing every runner pass (``int8._run_segments``, which every gguf forward goes
+and with METHOD, timing every runner pass (``runner.run_segments``, which every gguf forward goes
 through) by role (target or draft) and by row count (k = 9 stands for 9 or more: the prefills).
 Prints one line per request: wall ms, tokens, ms / passes per role and row count, and the time
 outside the passes (Python: scheduling, sampling, drafters' own work). Usage (from the repo root):
@@ -16,7 +16,7 @@ from verispec.algorithms.sampling import SamplingParams
 from verispec.bench.workload import load_workload
 from verispec.engine.loader import SpeculativePipeline
 from verispec.engine.request import SpeculativeConfig
-from verispec.runners.cpu import int8
+from verispec.runners.cpu import runner
 from verispec.runners.select import RunnerOptions
 
 TIMES: dict[str, float] = collections.defaultdict(float)
@@ -27,20 +27,20 @@ def main(method: str = "draft", count: int = 3) -> None:
     pipe = SpeculativePipeline.load(
         "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct", runners=RunnerOptions(kind="gguf")
     )
-    target_weights, run_segments = pipe.target_runner.weights, int8._run_segments
+    target_weights, run_segments = pipe.target_runner.weights, runner.run_segments
 
-    def timed(segments):
-        role = "target" if segments[0].runner.weights is target_weights else "draft"
+    def timed(ops, segments):
+        role = "target" if ops.weights is target_weights else "draft"
         rows = min(sum(len(seg.token_ids) for seg in segments), 9)
         start = time.perf_counter()
-        out = run_segments(segments)
+        out = run_segments(ops, segments)
         elapsed = time.perf_counter() - start
         for key in (role, f"{role} k={rows}"):
             TIMES[key] += elapsed
             PASSES[key] += 1
         return out
 
-    int8._run_segments = timed
+    runner.run_segments = timed
     for item in load_workload("humaneval", None, None, count)[:count]:
         for name in dict.fromkeys(["none", method]):
             TIMES.clear()

@@ -37,6 +37,7 @@ from verispec.cli.generate_stats import plain_comparison, slowdown_hint, stats_t
 from verispec.cli.options import PipelineOptions, from_params, parse_tree_choices
 from verispec.engine import SpeculativeConfig
 from verispec.engine.loader import DEFAULT_TARGET, PromptCheck
+from verispec.engine.methods import method_help
 from verispec.errors import InvalidParameterError
 from verispec.metrics import peak_rss_bytes
 from verispec.progress import working
@@ -48,11 +49,7 @@ Draft = Annotated[str | None, draft_option("Draft model reference (same forms as
 Method = Annotated[
     str,
     typer.Option(
-        help="auto (suffix lookup in this request and earlier ones when it matches, else per step the faster of the "
-        "EAGLE head and the draft model, chains or trees; layer skip only on --runner torch without either), "
-        "draft, ngram, suffix (continuations seen in earlier requests and this one), layer-skip, "
-        "eagle (--eagle-head; eagle-tree: its dynamic tree), "
-        "tree (token trees: n-gram branches, else the draft's tree), or none (plain decoding).",
+        help=method_help(),  # from the drafters' declarations
     ),
 ]
 Schedule = Annotated[str, typer.Option(help="Draft length: cost (cost-model controller), heuristic or constant.")]

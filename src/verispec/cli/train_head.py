@@ -288,7 +288,7 @@ def _teacher_runner(pipe, pipeline: PipelineOptions, teacher: str):
     if teacher != "torch" and pipe is None:
         pipe = pipeline.load()
     reader = None if teacher == "torch" else pipe.target_runner
-    if reader is not None and not hasattr(reader, "capture_final_hidden"):
+    if reader is not None and not reader.supports_final_hidden:
         if teacher == "runner":
             raise InvalidParameterError(
                 f"--teacher runner: the {pipe.runner_kind} runner cannot hand out its hidden states; "

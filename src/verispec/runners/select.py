@@ -162,23 +162,9 @@ def build_runners(
     capacity = options.max_context_length
     cache = cache or CostCache()
     if choice.kind == "auto":
-        device = "cpu" if target.model is None else str(next(target.model.parameters()).device)
-        loaded = {"target": target, "draft": draft}
-
-        def build(kind: str, role: str) -> Runner:
-            model = loaded[role]
-            return make_runner(kind, model, max_context_length=min(256, model.context_length))
-
-        choice = time_candidates(choice, ModelFiles.of(target, draft), Host(device, cache), build)
-        choice.say()
+        choice = _timed_choice(choice, target, draft, cache)
     kind = choice.kind
-    head_token_ids = None
-    if options.draft_vocab_size is not None and draft is not None:
-        if kind not in BATCH_INVARIANT:
-            raise InvalidParameterError(f"a reduced draft vocabulary needs --runner gguf or int8, not {kind}")
-        head_token_ids = draft_head_token_ids(
-            options, draft, always=tuple(target.eos_token_ids) + tuple(draft.eos_token_ids)
-        )
+    head_token_ids = _draft_head_token_ids(options, kind, target, draft)
     if draft_requantize == "auto":
         draft_requantize = "iq4_nl" if kind == "gguf" else None
     if draft_requantize is not None and draft is not None and kind != "gguf":
@@ -193,25 +179,8 @@ def build_runners(
     draft_runner = draft_tree = None
     if draft is not None:
         start = time.perf_counter()
-        requantizing = f"; re-quantizing them to {draft_requantize} unless cached" if draft_requantize else ""
-        with announce_slow(
-            f"loading the draft {draft.name} on the {kind} runner", f"reading and repacking its weights{requantizing}"
-        ):
-            draft_capacity = (
-                None if capacity is None else min(capacity, draft.context_length)
-            )  # the drafter slides past it
-            draft_runner = make_runner(
-                kind,
-                draft,
-                max_context_length=draft_capacity,
-                head_token_ids=head_token_ids,
-                requantize=draft_requantize,
-            )
+        draft_runner, draft_tree = _draft_runners(kind, draft, capacity, head_token_ids, draft_requantize)
         load_s["draft"] = time.perf_counter() - start
-        if kind in BATCH_INVARIANT:  # the draft chain's own sequence: its entries are the same bits either way
-            draft_tree = draft_runner
-        elif kind == "torch":
-            draft_tree = make_runner(kind, draft, max_context_length=draft_capacity)
     if kind == "gguf":  # seconds to measure: the controller then starts from this machine's costs
         _ensure_curve(cache, target, target_runner, choice)
         if draft_runner is not None and options.draft_vocab_size is None and draft_requantize is None:
@@ -231,6 +200,52 @@ def build_runners(
         draft_requantize if draft_runner is not None else None,
         cache.get(model_key(target.name, target.path), choice.cost_key),
     )
+
+
+def _timed_choice(choice: Choice, target, draft, cache: CostCache) -> Choice:
+    """An ``auto`` choice decided: its untimed candidates timed (:func:`time_candidates`) and said."""
+    device = "cpu" if target.model is None else str(next(target.model.parameters()).device)
+    loaded = {"target": target, "draft": draft}
+
+    def build(kind: str, role: str) -> Runner:
+        model = loaded[role]
+        return make_runner(kind, model, max_context_length=min(256, model.context_length))
+
+    choice = time_candidates(choice, ModelFiles.of(target, draft), Host(device, cache), build)
+    choice.say()
+    return choice
+
+
+def _draft_head_token_ids(options: RunnerOptions, kind: str, target, draft) -> list[int] | None:
+    """The reduced draft head's token ids (``options.draft_vocab_size``; the EOS ids always in), or
+    None for the full head.
+
+    Raises:
+        InvalidParameterError: a reduced head on a runner other than gguf / int8.
+    """
+    if options.draft_vocab_size is None or draft is None:
+        return None
+    if kind not in BATCH_INVARIANT:
+        raise InvalidParameterError(f"a reduced draft vocabulary needs --runner gguf or int8, not {kind}")
+    return draft_head_token_ids(options, draft, always=tuple(target.eos_token_ids) + tuple(draft.eos_token_ids))
+
+
+def _draft_runners(kind: str, draft, capacity: int | None, head_token_ids, requantize: str | None):
+    """The draft's chain runner and its tree runner: the same sequence on a batch-invariant runner
+    (its entries are the same bits either way), its own on the torch runner, none elsewhere."""
+    requantizing = f"; re-quantizing them to {requantize} unless cached" if requantize else ""
+    draft_capacity = None if capacity is None else min(capacity, draft.context_length)  # the drafter slides past it
+    with announce_slow(
+        f"loading the draft {draft.name} on the {kind} runner", f"reading and repacking its weights{requantizing}"
+    ):
+        draft_runner = make_runner(
+            kind, draft, max_context_length=draft_capacity, head_token_ids=head_token_ids, requantize=requantize
+        )
+    if kind in BATCH_INVARIANT:
+        return draft_runner, draft_runner
+    if kind == "torch":
+        return draft_runner, make_runner(kind, draft, max_context_length=draft_capacity)
+    return draft_runner, None
 
 
 def _ensure_curve(cache: CostCache, loaded, runner: Runner, choice: Choice) -> None:

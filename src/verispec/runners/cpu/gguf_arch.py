@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from verispec.errors import InvalidParameterError
-from verispec.models.architectures import ARCHITECTURES, GGUF_ARCHITECTURES
+from verispec.models.architectures import ARCHITECTURES, GGUF_ARCHITECTURES, Family
 from verispec.models.gguf_file import GGUFHeader
 
 FAMILIES = {name: f for name, f in ARCHITECTURES.items() if f.gguf}  # the rows of the one table the gguf runner reads
