@@ -62,7 +62,7 @@ def test_the_scanners_see_what_breaks_each_rule():
     assert long_functions(SHORT, "m.py") == []
     assert private_imports("from a.b import _c, __version__, d\n", "m.py") == ["m.py:1 from a.b import _c"]
     snippet = "from typing import runtime_checkable\n@runtime_checkable\nclass P:\n    pass\n"
-    assert runtime_protocols(snippet, "m.py") == ["m.py:2 P"]
+    assert runtime_protocols(snippet, "m.py") == ["m.py:3 P"]  # the class line
 
 
 def test_no_function_over_80_lines():

@@ -71,8 +71,7 @@ class EagleProposer(Proposer):
         its linear layers quantized as ``options.head_quantization`` says; None without a head.
 
         Raises:
-            InvalidParameterError: a head for another target, or a runner that cannot hand its
-                features or embedding to it.
+            InvalidParameterError: a head for another target, or a runner without features to hand it.
             ModelNotFoundError, ModelIntegrityError: no head file, or a damaged one.
         """
         options, target_runner = sources.options, sources.target_runner

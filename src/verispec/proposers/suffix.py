@@ -205,12 +205,8 @@ class SuffixProposer(Proposer):
 
     @classmethod
     def build(cls, sources: DrafterSources) -> SuffixProposer:
-        """Suffix lookup over the pipeline's cache of past requests and the options' datastore
-        (every engine has one).
-
-        Raises:
-            VerispecError: a missing or damaged datastore (:class:`~verispec.proposers.datastore.Datastore`).
-        """
+        """Suffix lookup over the pipeline's cache of past requests and the options' datastore (every
+        engine has one). Raises VerispecError for a missing or damaged datastore."""
         datastore = None if sources.options.datastore is None else Datastore(sources.options.datastore)
         return cls(sources.suffix_cache, datastore=datastore)
 
