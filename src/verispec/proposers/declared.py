@@ -14,6 +14,7 @@ import importlib
 import pkgutil
 from dataclasses import dataclass
 from enum import StrEnum
+from pathlib import Path
 
 from verispec.errors import InvalidParameterError
 
@@ -113,9 +114,8 @@ def register(cls: type) -> None:
 def declared_drafters() -> dict[str, type]:
     """Every declared drafter class by name, in priority order (ties by name). Imports every module
     of :mod:`verispec.proposers` once, so each declares its drafters."""
-    package = importlib.import_module("verispec.proposers")
-    for module in pkgutil.iter_modules(package.__path__):
-        importlib.import_module(f"verispec.proposers.{module.name}")
+    for module in pkgutil.iter_modules([str(Path(__file__).parent)]):  # the drafters' folder
+        importlib.import_module(f"{__package__}.{module.name}")
     return dict(sorted(REGISTERED.items(), key=lambda item: (item[1].declaration.priority, item[0])))
 
 
