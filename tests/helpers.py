@@ -9,7 +9,9 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from verispec.algorithms.sampling import SamplingParams, logits_to_probs
 from verispec.engine import SpeculativeEngine
+from verispec.proposers import DraftRequest
 from verispec.proposers.draft_model import DraftModelProposer
 from verispec.runners import Runner
 from verispec.runners.torch_runner import TransformersRunner
@@ -149,3 +151,43 @@ def make_engine(
         eos_token_ids=eos_token_ids,
         proposers=proposers,
     )
+
+
+class VocabTokenizer(CharTokenizer):
+    """What the pipeline's compatibility check reads: length and vocabulary."""
+
+    def __len__(self):
+        return len(self.pieces)
+
+    def get_vocab(self):
+        return {piece: i for i, piece in enumerate(self.pieces)}
+
+
+def cycle_engine(proposers=None, tree=False):
+    """An engine over a noisy bigram target of 8 tokens that cycles 1, 2, 3, 4, 5, 1 (6 and 0 lead into
+    it, 7 to 1); ``tree``: its runner verifies token trees."""
+    table = torch.full((8, 8), -3.0)
+    for a, b in {1: 2, 2: 3, 3: 4, 4: 5, 5: 1, 6: 2, 7: 1, 0: 3}.items():
+        table[a, b] = 3.0
+    runner = (BigramTreeRunner if tree else BigramRunner)(
+        table + torch.randn(8, 8, generator=torch.Generator().manual_seed(0))
+    )
+    return SpeculativeEngine(runner, CharTokenizer("abcdefgh"), eos_token_ids=[], proposers=proposers or {})
+
+
+def draft_request(prompt, output=()) -> DraftRequest:
+    """A drafter's request: ``prompt``, ``output`` so far, default sampling."""
+    return DraftRequest(list(prompt), list(output), SamplingParams(), torch.Generator())
+
+
+def sequence_distribution(table: torch.Tensor, params: SamplingParams, first: int, length: int) -> dict:
+    """Exact probability of each continuation of ``first`` under a bigram target."""
+    probs = logits_to_probs(table, params)
+    dist = {(): 1.0}
+    for _ in range(length):
+        dist = {
+            seq + (t,): p * float(probs[seq[-1] if seq else first, t])
+            for seq, p in dist.items()
+            for t in range(table.shape[0])
+        }
+    return dist

@@ -8,7 +8,6 @@ from types import SimpleNamespace
 import pytest
 from typer.testing import CliRunner
 
-from test_bench_e2e import model_dirs
 from verispec.bench.advise import Verdict
 from verispec.bench.advise_sample import alpha_half_width, note_samples, sample_note, tokens_to_decide
 from verispec.cli import app

@@ -6,7 +6,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from server_support import save_tiny_pair, tiny_pipeline
+from bench_support import PROMPTS
+from server_support import tiny_pipeline
 from verispec.bench.command import REPORT_FILE, RESULTS_FILE, run_and_report
 from verispec.bench.plots import PLOT_FILES
 from verispec.bench.results import SCHEMA_VERSION, BenchResults, ResultsFormatError, read_results
@@ -15,10 +16,6 @@ from verispec.bench.workload import parse_jsonl
 from verispec.cli import app
 from verispec.runners.notices import int8_warning
 
-PROMPTS = [
-    {"prompt": "Hello 你好", "category": "greeting"},
-    {"turns": ["世界é!"], "category": "chat"},
-]
 TOP_KEYS = {
     "schema",
     "schema_version",
@@ -99,12 +96,6 @@ def test_results_round_trip(bench_run, tmp_path):
     (tmp_path / "x.json").write_text("{")
     with pytest.raises(ResultsFormatError, match="not JSON"):
         read_results(tmp_path / "x.json")
-
-
-@pytest.fixture(scope="module")
-def model_dirs(tmp_path_factory):
-    """The tiny pair saved as Hugging Face checkpoint folders, so the CLI loads it by path."""
-    return save_tiny_pair(tmp_path_factory.mktemp("models"), PROMPTS)
 
 
 def test_cli_bench_and_advise(model_dirs, tmp_path):

@@ -4,48 +4,10 @@ import math
 
 import pytest
 
+from bench_support import record, spec
 from verispec.bench.figures import ALL, geometric_mean, mean, per_prompt_speedups, percent, ratios, summarize
-from verispec.bench.records import RunRecord, mark_exactness
+from verispec.bench.records import mark_exactness
 from verispec.bench.results import exactness
-
-
-def record(runner, prompt, tps, category="c", spec=None, tokens=(1, 2, 3), forwards=3, decode=None):
-    family, method = runner.split(":")
-    return RunRecord(
-        prompt_id=prompt,
-        category=category,
-        runner=runner,
-        family=family,
-        method=method,
-        prompt_tokens=5,
-        output_tokens=len(tokens),
-        finish_reason="length",
-        ttft_ms=10.0,
-        tpot_ms=5.0,
-        decode_tokens_per_s=decode if decode is not None else tps,
-        total_tokens_per_s=tps,
-        e2e_ms=100.0,
-        draft_ms=0.0,
-        target_ms=90.0,
-        num_target_forwards=forwards,
-        spec=spec or {},
-        token_ids=list(tokens),
-    )
-
-
-def spec(drafts, drafted, accepted, per_position, by_bucket):
-    return {
-        "num_drafts": drafts,
-        "num_draft_tokens": drafted,
-        "num_accepted_tokens": accepted,
-        "num_bonus_tokens": 0,
-        "num_recovered_tokens": drafts,
-        "accepted_per_position": per_position[0],
-        "drafted_per_position": per_position[1],
-        "accepted_length_histogram": [],
-        "accepted_by_output_bucket": by_bucket[0],
-        "drafted_by_output_bucket": by_bucket[1],
-    }
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,7 @@ not over them; the output-position axis spanning the buckets, even a single one.
 
 import pytest
 
-from test_bench_figures import record, spec
+from bench_support import record, spec
 from verispec.bench.figures import summarize
 from verispec.bench.plots import PLOT_FILES, draw_figures, plot_caption, write_plots
 from verispec.metrics import OUTPUT_BUCKET_TOKENS

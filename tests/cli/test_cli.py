@@ -9,26 +9,9 @@ from contextlib import contextmanager
 import pytest
 from typer.testing import CliRunner
 
-from helpers import perturbed_copy, tiny_qwen2
-from server_support import build_tokenizer, save_checkpoint
 from verispec.cli import app
 
 runner = CliRunner()
-
-
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    root = tmp_path_factory.mktemp("cli")
-    tokenizer = build_tokenizer()  # byte-level BPE, like Qwen's
-    vocab = len(tokenizer)
-    target = tiny_qwen2(seed=0, vocab_size=vocab)
-    other_tokenizer = build_tokenizer()
-    other_tokenizer.add_tokens(["<extra>"])  # one token more: not the target's vocabulary
-    return {
-        "target": save_checkpoint(root / "target", target, tokenizer),
-        "draft": save_checkpoint(root / "draft", perturbed_copy(target, noise=0.3, seed=2), tokenizer),
-        "other": save_checkpoint(root / "other", tiny_qwen2(seed=3, vocab_size=vocab + 1), other_tokenizer),
-    }
 
 
 def run_json(checkpoints, *extra):

@@ -1,15 +1,19 @@
 """verispec bench and advise on GGUF files: each measures the runner it is asked for, and bench
 compares several runners in one run (results.json, report.md and the printed summary name the
-kernels that ran). The GGUF files and the CLI runner are tests/cli/test_gguf_cli.py's."""
+kernels that ran). The GGUF files are the ``files`` of tests/cli/conftest.py, as in test_gguf_cli.py."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
+
+from cli_support import cli
 from helpers import single_thread
-from test_gguf_cli import cli, files, home
 from verispec.cli import app
 from verispec.runners.kernels import gguf_kernels, kernel_isa
+
+pytestmark = pytest.mark.usefixtures("home")  # every test in a $VERISPEC_HOME of its own
 
 
 def test_bench_and_advise_measure_the_runner_asked_for(files, tmp_path):

@@ -2,58 +2,19 @@
 an incompatible draft refused before any weight is read, int8 read straight from the GGUF, help text.
 bench and advise over the same files are tests/cli/test_gguf_bench_cli.py's."""
 
-import json
 import re
-from pathlib import Path
 
 import gguf
 import pytest
 import torch
-from typer.testing import CliRunner
 
-from gguf_models import DRAFT_LIKE, MIXED, TOKENS, perturbed_copy, write_gguf_model
+from cli_support import cli, generate_json
 from helpers import TESTS, single_thread
 from verispec.cli import app
 from verispec.runners.cpu.int8 import Int8Runner
 from verispec.runners.kernels import gguf_kernels, kernel_isa
 
-cli = CliRunner()
-
-
-@pytest.fixture(scope="module")
-def files(tmp_path_factory) -> dict[str, Path]:
-    directory = tmp_path_factory.mktemp("gguf-cli")
-    target = write_gguf_model(directory / "target.gguf", MIXED)
-    other_tokens = TOKENS[:3] + [t.upper() if t.isalpha() else t for t in TOKENS[3:]][::-1]  # same size, other strings
-    return {
-        "target": target,
-        "draft": perturbed_copy(target, directory / "draft.gguf", "output.weight", 0.3),
-        "llama": write_gguf_model(directory / "llama.gguf", DRAFT_LIKE, arch="llama", kv_heads=1, seed=2),
-        "other": write_gguf_model(directory / "other.gguf", DRAFT_LIKE, seed=5, tokens=other_tokens),
-    }
-
-
-@pytest.fixture(autouse=True)
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("VERISPEC_HOME", str(tmp_path))
-    return tmp_path
-
-
-def generate_json(files, *extra):
-    args = [
-        "generate",
-        "ab!c",
-        "--target",
-        str(files["target"]),
-        "--draft",
-        str(files["draft"]),
-        "--json",
-        "--max-tokens",
-        "16",
-    ]
-    result = cli.invoke(app, args + list(extra))
-    assert result.exit_code == 0, result.output
-    return json.loads(result.stdout.strip().splitlines()[-1])
+pytestmark = pytest.mark.usefixtures("home")  # every test in a $VERISPEC_HOME of its own
 
 
 def test_compare_plain_measures_both_and_checks_the_tokens(files):

@@ -9,7 +9,7 @@ memory-bound one (a pass costs the same whatever its rows: drafting pays)."""
 
 import pytest
 
-from test_batching import PIECES, PROMPTS, gguf_engine, gguf_files
+from batching_support import PROMPTS, gguf_engine
 from verispec.algorithms.control import CostModel
 from verispec.algorithms.sampling import SamplingParams
 from verispec.engine import SpeculativeConfig

@@ -3,12 +3,11 @@ running it alone (greedy: token for token; sampled with a seed: the same tokens)
 and int8 runners (bit-identical rows whatever the batch) and on the torch runner (one sequence
 after the other). Admission, the KV budget, chunked prefill and cancellation of the scheduler."""
 
-from pathlib import Path
-
 import pytest
 import torch
 
-from gguf_models import MIXED, VOCAB, perturbed_copy, write_gguf_model
+from batching_support import PIECES, PROMPTS, gguf_engine, run_batched
+from gguf_models import VOCAB
 from helpers import CharTokenizer, default_pieces, single_thread, tiny_qwen2
 from helpers import perturbed_copy as perturbed_module
 from verispec.algorithms.sampling import SamplingParams
@@ -17,23 +16,11 @@ from verispec.engine import SpeculativeConfig, SpeculativeEngine
 from verispec.engine.scheduler import Scheduler
 from verispec.errors import InvalidParameterError
 from verispec.proposers.draft_model import DraftModelProposer
-from verispec.proposers.draft_tree import DraftTreeProposer
 from verispec.runners import ForwardCall, Runner, forward_batch, prefill
 from verispec.runners.cpu.gguf_runner import GGUFRunner
 from verispec.runners.cpu.int8 import Int8Runner
 from verispec.runners.torch_runner import TransformersRunner
 
-PIECES = CharTokenizer(default_pieces(VOCAB))
-PROMPTS = [
-    [5, 17, 33, 2, 9],
-    [70, 3],
-    [11, 12, 13, 14, 15, 16, 17, 18, 19, 20],
-    [40] * 12,
-    [8, 9, 8, 9, 8, 9, 8],
-    [60, 61, 62],
-    [1 + i % 50 for i in range(37)],
-    [90, 4, 22, 4, 90, 4],
-]
 # (method, max_tokens, stop, penalties): a mix of what requests ask for, one row per request
 REQUESTS = [
     ("draft", 30, (), {}),
@@ -47,45 +34,10 @@ REQUESTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def gguf_files(tmp_path_factory) -> dict[str, Path]:
-    directory = tmp_path_factory.mktemp("batching-gguf")
-    target = write_gguf_model(directory / "target.gguf", types=MIXED)
-    return {"target": target, "draft": perturbed_copy(target, directory / "draft.gguf", "output.weight", 0.3)}
-
-
-def gguf_engine(files, **options) -> SpeculativeEngine:
-    target = GGUFRunner.from_file(files["target"], max_context_length=256)
-    proposers = {
-        "draft": DraftModelProposer(GGUFRunner.from_file(files["draft"], max_context_length=256)),
-        "tree": DraftTreeProposer(
-            GGUFRunner.from_file(files["draft"], max_context_length=256), branching=2, max_depth=4
-        ),
-    }
-    return SpeculativeEngine(target, PIECES, eos_token_ids=(0,), proposers=proposers, **options)
-
-
 def request(i: int, seed: int | None = None, temperature: float = 0.0):
     method, max_tokens, stop, penalties = REQUESTS[i % len(REQUESTS)]
     params = SamplingParams(max_tokens=max_tokens, stop=stop, temperature=temperature, seed=seed, **penalties)
     return PROMPTS[i % len(PROMPTS)], params, SpeculativeConfig(method=method, num_speculative_tokens=1 + i % 5)
-
-
-def run_batched(engine, requests, max_num_seqs=8, cancel_after=None, **options):
-    """Every request through one scheduler; returns token ids per request (None if cancelled)
-    and the largest batch seen."""
-    scheduler = Scheduler(engine, max_num_seqs=max_num_seqs, **options)
-    handles = [scheduler.add(*r, tag=i) for i, r in enumerate(requests)]
-    outputs, largest, steps = [None] * len(requests), 0, 0
-    while scheduler.running or scheduler.waiting:
-        largest = max(largest, len(scheduler.running))
-        for handle, chunk in scheduler.step():
-            if chunk.output is not None:
-                outputs[handle.tag] = chunk.output.token_ids
-        steps += 1
-        if cancel_after is not None and steps == cancel_after[1]:
-            scheduler.cancel(handles[cancel_after[0]])
-    return outputs, largest
 
 
 @pytest.mark.parametrize("num_requests", [1, 2, 3, 5, 8])

@@ -15,25 +15,13 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import CharTokenizer, default_pieces, perturbed_copy, single_thread, tiny_qwen2
+from bug_classes_support import PLAIN, PROMPTS, make_engine, spec
+from helpers import perturbed_copy, single_thread
 from verispec.algorithms.sampling import SamplingParams
-from verispec.engine import SpeculativeConfig, SpeculativeEngine
 from verispec.engine.scheduler import Scheduler
 from verispec.errors import InvalidParameterError
-from verispec.proposers.draft_model import DraftModelProposer
-from verispec.proposers.draft_tree import DraftTreeProposer
-from verispec.proposers.layer_skip import LayerSkipProposer
 from verispec.proposers.ngram import NgramProposer, copy_continuation, find_ngram_match
-from verispec.runners.torch_runner import TransformersRunner
 
-VOCAB = 96
-PROMPTS = [
-    [5, 17, 33, 2, 9, 5, 17],
-    [8, 9, 8, 9, 8, 9, 8],
-    [60, 61, 62],
-    [90, 4, 22, 4, 90, 4],
-    [11, 12, 13, 14, 15, 16],
-]
 METHODS = ["draft", "tree", "ngram", "suffix", "layer-skip"]  # every drafter kind of the engine
 # positive and negative values of each penalty (repetition: > 1 discourages, < 1 encourages)
 PENALTIES = [
@@ -45,30 +33,6 @@ PENALTIES = [
     {"frequency_penalty": -0.8},
     {"repetition_penalty": 1.2, "presence_penalty": -0.5, "frequency_penalty": 0.6},  # all three at once
 ]
-
-
-def spec(method: str, k: int = 4) -> SpeculativeConfig:
-    return SpeculativeConfig(method=method, num_speculative_tokens=k, schedule="constant")
-
-
-PLAIN = SpeculativeConfig(method="none")
-
-
-def make_engine(target, draft, *, draft_context_length: int | None = None, ngram: NgramProposer | None = None):
-    """The target with every kind of drafter: the draft model's chain and tree, layer skip (the
-    target's first layer), and the n-gram and suffix lookups the engine adds itself."""
-    proposers = {
-        "draft": DraftModelProposer(
-            TransformersRunner(draft, max_context_length=draft_context_length), context_window=None
-        ),
-        "tree": DraftTreeProposer(TransformersRunner(draft), branching=2, max_depth=3),
-        "layer-skip": LayerSkipProposer(target, 1),
-    }
-    if ngram is not None:
-        proposers["ngram"] = ngram
-    return SpeculativeEngine(
-        TransformersRunner(target), CharTokenizer(default_pieces(VOCAB)), eos_token_ids=(), proposers=proposers
-    )
 
 
 def draft_counts(output) -> dict:
@@ -101,11 +65,6 @@ def run_scheduler(engine, requests, max_num_seqs=4, cancel=None):
             scheduler.cancel(handles[cancel[0]])
     assert scheduler.reserved_kv_tokens == 0 and scheduler.num_free_seqs == max_num_seqs  # nothing held
     return outputs, largest
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_qwen2(seed=0)
 
 
 @pytest.fixture(scope="module")

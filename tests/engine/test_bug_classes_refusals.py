@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
+from bug_classes_support import PLAIN, PROMPTS, VOCAB, make_engine, spec
 from helpers import CharTokenizer, default_pieces, single_thread
 from server_support import bigram_qwen2, build_tokenizer, successor_table
-from test_bug_classes import PLAIN, PROMPTS, VOCAB, make_engine, spec, target
 from verispec.algorithms.sampling import SamplingParams
 from verispec.engine import SpeculativeConfig, SpeculativeEngine
 from verispec.engine.loader import SpeculativePipeline

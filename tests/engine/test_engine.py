@@ -5,8 +5,8 @@ import itertools
 import pytest
 import torch
 
-from helpers import BigramRunner, CharTokenizer, chain_table, make_engine
-from verispec.algorithms.sampling import SamplingParams, logits_to_probs
+from helpers import BigramRunner, CharTokenizer, chain_table, make_engine, sequence_distribution
+from verispec.algorithms.sampling import SamplingParams
 from verispec.engine import SpeculativeConfig, SpeculativeEngine
 from verispec.errors import ContextLengthError, InvalidParameterError
 from verispec.proposers.draft_model import DraftModelProposer
@@ -145,19 +145,6 @@ def test_request_errors(prompt, spec, error):
 def test_speculative_config_validation(kwargs):
     with pytest.raises(InvalidParameterError):
         SpeculativeConfig(**kwargs)
-
-
-def sequence_distribution(table: torch.Tensor, params: SamplingParams, first: int, length: int) -> dict:
-    """Exact probability of each continuation of ``first`` under a bigram target."""
-    probs = logits_to_probs(table, params)
-    dist = {(): 1.0}
-    for _ in range(length):
-        dist = {
-            seq + (t,): p * float(probs[seq[-1] if seq else first, t])
-            for seq, p in dist.items()
-            for t in range(table.shape[0])
-        }
-    return dist
 
 
 @pytest.mark.parametrize(

@@ -261,7 +261,7 @@ def test_a_runner_that_cannot_copy_its_cache_is_refused():
 
 @pytest.mark.parametrize("method", ["eagle", "eagle-tree"])
 def test_an_eagle_head_reads_the_cached_features(gguf_files, method):
-    from test_eagle_drafter import gguf_head
+    from eagle_support import gguf_head
     from verispec.engine.prefix_cache import FEATURES_PART
     from verispec.proposers.eagle import EagleProposer, EagleTreeProposer
 

@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from test_batching import PROMPTS, gguf_engine, gguf_files, run_batched
+from batching_support import PROMPTS, gguf_engine, run_batched
 from verispec.algorithms.sampling import SamplingParams
 from verispec.engine import SpeculativeConfig
 from verispec.engine.scheduler import Scheduler

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from test_batching import PROMPTS, gguf_engine, gguf_files
+from batching_support import PROMPTS, gguf_engine
 from verispec.algorithms.sampling import SamplingParams
 from verispec.engine import SpeculativeConfig
 from verispec.engine.loader import DrafterOptions

@@ -96,8 +96,7 @@ def test_tree_beats_chain_in_acceptance_length_with_a_partial_draft(target_model
 
 def test_tree_sampling_follows_target_distribution():
     """20,000 three-token samples with bigram models and a branching tree draft."""
-    from helpers import BigramTreeRunner
-    from test_engine import sequence_distribution
+    from helpers import BigramTreeRunner, sequence_distribution
 
     target_table = torch.tensor(
         [[0.0, 1.0, 2.0, 0.5], [2.0, 0.0, 1.0, 1.5], [1.0, 1.0, 0.0, 2.0], [0.0, 2.0, 1.0, 0.0]]

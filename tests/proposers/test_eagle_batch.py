@@ -6,7 +6,6 @@ engine's batched steps, one head pass per draft step: test_eagle_drafter.py)."""
 import pytest
 import torch
 
-from test_eagle_drafter import target, trained_head
 from verispec.algorithms.sampling import SamplingParams
 from verispec.errors import InvalidParameterError
 from verispec.proposers import DraftRequest

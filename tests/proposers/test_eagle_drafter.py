@@ -7,15 +7,22 @@ import dataclasses
 
 import pytest
 import torch
-from torch import nn
 
-from gguf_models import HIDDEN as GGUF_HIDDEN
+from eagle_support import (
+    PROMPTS,
+    ToyFeatureRunner,
+    engine_with,
+    generate_all,
+    gguf_head,
+    runner_of,
+    sampled_distance,
+    stepped_together,
+    toy_head,
+)
 from gguf_models import VOCAB as GGUF_VOCAB
-from gguf_models import write_gguf_model
-from helpers import VOCAB, BigramRunner, CharTokenizer, default_pieces, greedy_continuations, single_thread, tiny_qwen2
-from test_engine import sequence_distribution
+from helpers import VOCAB, BigramRunner, single_thread, tiny_qwen2
 from verispec.algorithms.sampling import SamplingParams
-from verispec.engine import SpeculativeConfig, SpeculativeEngine
+from verispec.engine import SpeculativeConfig
 from verispec.engine.policy import drafter_order
 from verispec.errors import InvalidParameterError, ModelIntegrityError, ModelNotFoundError
 from verispec.proposers import DraftRequest
@@ -23,76 +30,8 @@ from verispec.proposers.eagle import EagleProposer
 from verispec.proposers.factory import DrafterOptions, build_drafters
 from verispec.runners.cpu.gguf_runner import GGUFRunner
 from verispec.runners.cpu.int8 import Int8Runner
-from verispec.runners.eagle.head import EagleHead, HeadShape
+from verispec.runners.eagle.head import EagleHead
 from verispec.runners.torch_runner import TransformersRunner
-from verispec.training.loop import TrainOptions, train_head
-
-PROMPTS = [[5, 17, 33, 2, 9], [70, 3, 11, 40], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], [88]]
-GREEDY = SamplingParams(max_tokens=40)
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_qwen2(0)
-
-
-@pytest.fixture(scope="module")
-def trained_head(target):
-    """A head trained 60 steps on the target's own greedy continuations of random prompts."""
-    head = EagleHead.from_target(target, seed=0)
-    train_head(
-        head,
-        target,
-        greedy_continuations(target, seed=11),
-        TrainOptions(steps=60, lr=3e-3, batch_positions=128, held_out=0.0, seed=0),
-    )
-    return head
-
-
-@pytest.fixture(scope="module")
-def gguf_path(tmp_path_factory):
-    return write_gguf_model(tmp_path_factory.mktemp("eagle") / "target.gguf")
-
-
-def runner_of(kind, target, gguf_path):
-    return {
-        "torch": lambda: TransformersRunner(target, max_context_length=128),
-        "int8": lambda: Int8Runner.from_module(target, max_context_length=128),
-        "gguf": lambda: GGUFRunner.from_file(gguf_path, max_context_length=128),
-    }[kind]()
-
-
-def gguf_head(runner, seed=0):
-    """An untrained head for the tiny GGUF model (hidden 256, 96 tokens, 2 layers), borrowing the
-    runner's embedding as the file stores it."""
-    shape = HeadShape(
-        hidden_size=GGUF_HIDDEN,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=64,
-        intermediate_size=512,
-        rope_theta=10000.0,
-        rms_norm_eps=1e-6,
-        vocab_size=GGUF_VOCAB,
-        num_target_layers=2,
-        feature_layers=(1, 1, 0),
-        draft_vocab_size=GGUF_VOCAB,
-        target_model_type="qwen2",
-    )
-    return EagleHead(shape, runner.weights.embed, torch.arange(GGUF_VOCAB), seed=seed)
-
-
-def engine_with(runner, head, vocab):
-    return SpeculativeEngine(
-        runner, CharTokenizer(default_pieces(vocab)), eos_token_ids=(), proposers={"eagle": EagleProposer(head)}
-    )
-
-
-def generate_all(engine, method, params=GREEDY, k=4):
-    return [
-        engine.generate(p, params, SpeculativeConfig(method=method, num_speculative_tokens=k, schedule="constant"))
-        for p in PROMPTS
-    ]
 
 
 @pytest.mark.parametrize("kind", ["torch", "int8", "gguf"])
@@ -124,17 +63,6 @@ def test_trained_head_is_accepted_more_often_than_untrained(target, trained_head
     assert rates["trained"] > rates["untrained"] + 0.15
 
 
-def stepped_together(head, target, spec):
-    """``PROMPTS`` stepped together (each its own slot) on the batch-invariant int8 runner; their
-    states after the last step, and each prompt's plain output alone."""
-    engine = engine_with(Int8Runner.from_module(target, max_context_length=128), head, VOCAB)
-    alone = [engine.generate(p, GREEDY, SpeculativeConfig(method="none")) for p in PROMPTS]
-    states = [engine.start(p, GREEDY, spec, engine.new_slot()) for p in PROMPTS]
-    while not all(s.finished for s in states):
-        engine.step(states)
-    return states, alone
-
-
 def test_batched_eagle_requests_equal_each_alone(target, trained_head, monkeypatch):
     """Four requests stepped together (each its own head cache, shared weights, shared head
     passes) give each one's plain output."""
@@ -151,39 +79,6 @@ def test_batched_eagle_requests_equal_each_alone(target, trained_head, monkeypat
     assert sum(s.output.metrics.spec.num_accepted_tokens for s in states) > 0
 
 
-class ToyFeatureRunner(BigramRunner):
-    """A bigram target whose "hidden state" of a row is the one-hot of its token, twice (two layers)."""
-
-    def capture_features(self, layers):
-        self.layers = tuple(layers)
-
-    def forward(self, token_ids, num_logits=None):
-        onehot = nn.functional.one_hot(torch.tensor(list(token_ids)), self.vocab_size).float()
-        self.last_features = torch.cat([onehot, onehot], dim=-1)
-        return super().forward(token_ids, num_logits)
-
-
-def toy_head(vocab=4, draft_ids=(0, 1, 3), seed=0):
-    shape = HeadShape(
-        hidden_size=vocab,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=2,
-        intermediate_size=8,
-        rope_theta=10000.0,
-        rms_norm_eps=1e-6,
-        vocab_size=vocab,
-        num_target_layers=2,
-        feature_layers=(0, 1),
-        draft_vocab_size=len(draft_ids),
-        target_model_type="qwen2",
-    )
-    head = EagleHead(shape, nn.Embedding(vocab, vocab), torch.tensor(draft_ids), seed=seed)
-    with torch.no_grad():
-        head.lm_head.weight.mul_(60.0)  # a peaked draft distribution, unlike the target's
-    return head
-
-
 @pytest.mark.parametrize(
     "params", [SamplingParams(temperature=1.0, max_tokens=3), SamplingParams(temperature=0.8, top_p=0.9, max_tokens=3)]
 )
@@ -193,25 +88,6 @@ def test_sampled_eagle_sequences_follow_the_target_distribution(params):
     tv, accepted, drafted = sampled_distance(ToyFeatureRunner, "eagle", 2, params)
     assert tv < 0.04, tv  # sampling noise alone: about 0.02
     assert 0.1 < accepted / drafted < 0.9, accepted / drafted  # rejections and recoveries happened
-
-
-TOY_TABLE = torch.tensor([[0.0, 1.0, 2.0, 0.5], [2.0, 0.0, 1.0, 1.5], [1.0, 1.0, 0.0, 2.0], [0.0, 2.0, 1.0, 0.0]])
-
-
-def sampled_distance(runner_type, method, k, params, num_draws=20000):
-    """Total variation between ``num_draws`` seeded three-token samples of ``method`` (the toy
-    head over a ``runner_type`` of :data:`TOY_TABLE`) and the target's exact distribution; and
-    the accepted and drafted token counts."""
-    engine = engine_with(runner_type(TOY_TABLE), toy_head(), 4)
-    spec = SpeculativeConfig(method=method, num_speculative_tokens=k, schedule="constant")
-    counts, accepted, drafted = {}, 0, 0
-    for seed in range(num_draws):
-        out = engine.generate([0], SamplingParams(**{**params.__dict__, "seed": seed}), spec)
-        counts[tuple(out.token_ids)] = counts.get(tuple(out.token_ids), 0) + 1
-        accepted += out.metrics.spec.num_accepted_tokens
-        drafted += out.metrics.spec.num_draft_tokens
-    exact = sequence_distribution(TOY_TABLE, params, first=0, length=3)
-    return 0.5 * sum(abs(counts.get(seq, 0) / num_draws - p) for seq, p in exact.items()), accepted, drafted
 
 
 def test_draft_probs_are_the_target_rows_of_the_draft_vocabulary():

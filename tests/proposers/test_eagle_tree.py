@@ -6,22 +6,19 @@ distribution; a runner without trees and a missing head are refused clearly."""
 import pytest
 import torch
 
-from gguf_models import VOCAB as GGUF_VOCAB
-from helpers import VOCAB, BigramTreeRunner, CharTokenizer, default_pieces
-from test_eagle_drafter import (
+from eagle_support import (
     GREEDY,
     PROMPTS,
     ToyFeatureRunner,
     engine_with,
     gguf_head,
-    gguf_path,
     runner_of,
     sampled_distance,
     stepped_together,
-    target,
     toy_head,
-    trained_head,
 )
+from gguf_models import VOCAB as GGUF_VOCAB
+from helpers import VOCAB, BigramTreeRunner, CharTokenizer, default_pieces
 from verispec.algorithms.sampling import SamplingParams
 from verispec.engine import SpeculativeConfig, SpeculativeEngine
 from verispec.errors import InvalidParameterError

@@ -6,8 +6,7 @@ import time
 import pytest
 import torch
 
-from helpers import BigramRunner, CharTokenizer, chain_table, make_engine, single_thread
-from test_engine import sequence_distribution
+from helpers import BigramRunner, CharTokenizer, chain_table, make_engine, sequence_distribution, single_thread
 from verispec.algorithms.sampling import SamplingParams
 from verispec.engine import SpeculativeConfig, SpeculativeEngine
 from verispec.errors import InvalidParameterError

@@ -5,8 +5,7 @@ import random
 import pytest
 import torch
 
-from helpers import BigramTreeRunner, CharTokenizer, make_engine, single_thread
-from test_engine import sequence_distribution
+from helpers import BigramTreeRunner, CharTokenizer, make_engine, sequence_distribution, single_thread
 from verispec.algorithms.sampling import SamplingParams
 from verispec.algorithms.tree import TokenTree, tree_rejection_sample
 from verispec.engine import SpeculativeConfig, SpeculativeEngine

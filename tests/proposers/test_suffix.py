@@ -10,18 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import BigramRunner, BigramTreeRunner, CharTokenizer, single_thread
-from test_batching import PROMPTS, gguf_engine, gguf_files, run_batched
-from test_engine import sequence_distribution
+from batching_support import PROMPTS, gguf_engine, run_batched
+from helpers import BigramRunner, CharTokenizer, cycle_engine, sequence_distribution, single_thread
+from helpers import draft_request as request
 from verispec.algorithms.sampling import SamplingParams
 from verispec.engine import SpeculativeConfig, SpeculativeEngine
 from verispec.errors import InvalidParameterError
-from verispec.proposers import DraftRequest
 from verispec.proposers.suffix import SuffixCache, SuffixProposer, most_frequent_path
-
-
-def request(prompt, output=()):
-    return DraftRequest(list(prompt), list(output), SamplingParams(), torch.Generator())
 
 
 def test_cache_finds_the_longest_tail_and_what_followed_each_occurrence():
@@ -92,16 +87,6 @@ def test_proposals_use_earlier_requests_and_grow_with_the_match():
     assert proposer.propose(request([2, 3, 9, 0, 2, 3]), 1).draft_token_ids == [9]
     tree = proposer.propose_tree(request([0, 1, 2]), 4)
     assert tree.token_ids[1:3] == (3, 4)
-
-
-def cycle_engine(proposers=None, tree=False):
-    table = torch.full((8, 8), -3.0)
-    for a, b in {1: 2, 2: 3, 3: 4, 4: 5, 5: 1, 6: 2, 7: 1, 0: 3}.items():
-        table[a, b] = 3.0
-    runner = (BigramTreeRunner if tree else BigramRunner)(
-        table + torch.randn(8, 8, generator=torch.Generator().manual_seed(0))
-    )
-    return SpeculativeEngine(runner, CharTokenizer("abcdefgh"), eos_token_ids=[], proposers=proposers or {})
 
 
 @pytest.mark.parametrize("tree", [False, True])

@@ -8,7 +8,8 @@ acceptance and drafted short. :func:`node_confidences` (SuffixDecoding's D(N), O
 
 import pytest
 
-from test_suffix import cycle_engine, request
+from helpers import cycle_engine
+from helpers import draft_request as request
 from verispec.algorithms.control import ControllerConfig, CostModel, best_draft_length
 from verispec.algorithms.sampling import SamplingParams
 from verispec.algorithms.schedules import confident_length, sized_by_confidence

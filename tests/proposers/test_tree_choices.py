@@ -4,9 +4,9 @@ import json
 
 import pytest
 import torch
+from typer.testing import CliRunner
 
 from helpers import make_engine, single_thread
-from test_cli import checkpoints, runner
 from verispec.algorithms.sampling import SamplingParams
 from verispec.cli import app
 from verispec.engine import SpeculativeConfig
@@ -16,6 +16,7 @@ from verispec.proposers import DraftRequest
 from verispec.proposers.draft_tree import DraftTreeProposer, validate_tree_choices
 from verispec.runners.torch_runner import TransformersRunner
 
+runner = CliRunner()
 CHOICES = [[0], [1], [0, 0], [0, 1], [0, 0, 0]]
 WIDE = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1], [0, 0, 0, 0], [0, 0, 0, 0, 0]]
 

@@ -7,8 +7,7 @@ import time
 import pytest
 import torch
 
-from helpers import BigramRunner, default_pieces, perturbed_copy, single_thread
-from test_quantize import VocabTokenizer
+from helpers import BigramRunner, VocabTokenizer, default_pieces, perturbed_copy, single_thread
 from verispec.algorithms.control import CostModel
 from verispec.algorithms.sampling import SamplingParams
 from verispec.engine import SpeculativeConfig

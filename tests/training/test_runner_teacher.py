@@ -92,7 +92,7 @@ def test_only_the_context_is_read_and_bad_input_refused(runners, target):
 
 def test_a_head_trained_from_the_runner_learns(target, runners):
     """The int8 runner reads the target's own continuations; the head's held-out agreement with the
-    runner's greedy tokens rises (as the float32 teacher's test, tests/runners/test_eagle_head.py)."""
+    runner's greedy tokens rises (as the float32 teacher's test, tests/runners/eagle/test_eagle_head.py)."""
     sequences = greedy_continuations(target, seed=1)
     draft_ids = choose_draft_vocabulary(token_counts(sequences, VOCAB), 64, eos_token_ids=[EOS])
     head = EagleHead.from_target(target, draft_token_ids=draft_ids, seed=0)

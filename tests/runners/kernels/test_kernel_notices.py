@@ -6,13 +6,14 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+from cli_support import generate_json
 from gguf_models import MIXED, perturbed_copy, write_gguf_model
-from test_gguf_cli import generate_json, home
 from verispec.cli import app
 from verispec.models.cache_files import read_checked
 from verispec.runners.kernels import build_key, gguf_kernels, kernel_isa
 
 cli = CliRunner()
+pytestmark = pytest.mark.usefixtures("home")  # every test in a $VERISPEC_HOME of its own
 
 
 @pytest.fixture(scope="module")

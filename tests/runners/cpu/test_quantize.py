@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from helpers import CharTokenizer, default_pieces, make_engine, perturbed_copy, single_thread
+from helpers import VocabTokenizer, default_pieces, make_engine, perturbed_copy, single_thread
 from verispec.algorithms.sampling import SamplingParams
 from verispec.engine import SpeculativeConfig
 from verispec.engine.loader import DrafterOptions, SpeculativePipeline
@@ -67,16 +67,6 @@ def test_int8_draft_greedy_equals_plain(k, target_model, int8_draft):
         assert out.token_ids == expected
         rates.append(out.metrics.spec.acceptance_rate)
     assert min(rates) > 0.5  # the int8 copy of the target mostly agrees with it
-
-
-class VocabTokenizer(CharTokenizer):
-    """What the pipeline's compatibility check reads: length and vocabulary."""
-
-    def __len__(self):
-        return len(self.pieces)
-
-    def get_vocab(self):
-        return {piece: i for i, piece in enumerate(self.pieces)}
 
 
 def loaded(name, model):

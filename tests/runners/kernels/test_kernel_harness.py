@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).parent / "kernels" / "run_harness.sh"
+SCRIPT = Path(__file__).parent / "run_harness.sh"
 CROSS_TOOLS = ("aarch64-linux-gnu-g++", "qemu-aarch64")
 # the kernels' ISA names for the x86 features /proc/cpuinfo lists (dispatch.cpp needs them all)
 X86_ISAS = {

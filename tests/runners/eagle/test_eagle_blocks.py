@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
+from eagle_support import engine_with, generate_all, gguf_head
 from gguf_models import write_gguf_model
 from helpers import VOCAB
-from test_eagle_drafter import engine_with, generate_all, gguf_head, target, trained_head
 from verispec.errors import InvalidParameterError
 from verispec.proposers.factory import DrafterOptions, build_drafters
 from verispec.runners.cpu.gguf_runner import GGUFRunner
