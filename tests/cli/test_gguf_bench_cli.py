@@ -207,7 +207,7 @@ def test_bench_refuses_unknown_methods_before_loading_and_says_what_loads_a_draf
 
     monkeypatch.setattr(command, "load_pipelines", no_loading)
     for option, message in [
-        (["--methods", "none,foo"], "error: unknown method foo; choose from none, draft"),
+        (["--methods", "none,foo"], "error: unknown method foo; choose from none, auto, suffix, ngram"),
         (["--peers", "bar"], "error: unknown peer bar; choose from transformers"),
     ]:
         result = cli.invoke(app, ["bench", *models, *option])
