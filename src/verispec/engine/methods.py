@@ -93,6 +93,6 @@ def method_help() -> str:
     summary, then ``none``."""
     own = ", ".join(f"{name} ({_DECLARED[name].summary})" if _DECLARED[name].summary else name for name in METHODS[2:])
     return (
-        "auto (per step: the lookup where it matches, else the faster of the model drafters loaded, chains or trees; "
-        f"layer skip only on --runner torch without either), {own}, or none (plain decoding)."
+        "auto (per step: the lookup where it matches, else the faster of the EAGLE head and the draft model, "
+        f"chains or trees; layer skip only on --runner torch without either), {own}, or none (plain decoding)."
     )
