@@ -10,6 +10,7 @@ it. Knows nothing about drafting itself.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import pkgutil
 from dataclasses import dataclass
@@ -111,15 +112,15 @@ def register(cls: type) -> None:
     REGISTERED[name] = cls
 
 
-def declared_drafters() -> dict[str, type]:
-    """Every declared drafter class by name, in priority order (ties by name). Imports every module
-    of :mod:`verispec.proposers` once, so each declares its drafters."""
-    for module in pkgutil.iter_modules([str(Path(__file__).parent)]):  # the drafters' folder
+@functools.cache
+def import_drafter_modules() -> None:
+    """Import every module of :mod:`verispec.proposers` (the drafters' folder), so each declares its
+    drafters; the folder is listed on the first call only."""
+    for module in pkgutil.iter_modules([str(Path(__file__).parent)]):
         importlib.import_module(f"{__package__}.{module.name}")
+
+
+def declared_drafters() -> dict[str, type]:
+    """Every declared drafter class by name, in priority order (ties by name)."""
+    import_drafter_modules()
     return dict(sorted(REGISTERED.items(), key=lambda item: (item[1].declaration.priority, item[0])))
-
-
-def declaration(name: str) -> Declaration | None:
-    """The declaration of drafter ``name``; None when no drafter declares it."""
-    cls = declared_drafters().get(name)
-    return None if cls is None else cls.declaration
