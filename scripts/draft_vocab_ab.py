@@ -1,7 +1,8 @@
 """The reduced draft vocabulary (FR-Spec) against the full draft head, interleaved (issue 55).
 
-Loads the default pair once per draft-head size (``full`` and each SIZE given, e.g. 32768 65536:
-the lowest BPE ranks, ``--draft-vocab``), every size's drafters over the first target runner (one
+Loads the default pair once per draft head (``full`` and each HEAD given: ``SIZE`` the lowest SIZE
+BPE ranks, ``--draft-vocab``; ``SIZE+ctx`` the same plus each sequence's own tokens' rows, the gguf
+default at 32768+ctx), every head's drafters over the first target runner (one
 placement of its weights in memory: on this host two loads of the same file decode at different
 speeds) with their own cost models, then for each dev prompt (HumanEval 0-9, Spec-Bench 2 per
 task) runs plain decoding once and each METHOD on every head size in turn, greedy, 128 tokens, so
@@ -9,8 +10,8 @@ a drift of the host's speed hits every size alike. Per workload and size: output
 end over plain's, the draft model's acceptance rate α, the draft's seconds a drafted token, and
 whether every output equals plain decoding's.
 
-Run it alone: ``../shared/tools/alone .venv/bin/python scripts/draft_vocab_ab.py [SIZE ...]``
-(default 32768 65536; METHODS: draft and auto).
+Run it alone: ``../shared/tools/alone .venv/bin/python scripts/draft_vocab_ab.py [HEAD ...]``
+(default 32768 32768+ctx; METHODS: draft and auto).
 """
 
 from __future__ import annotations
@@ -28,11 +29,17 @@ from verispec.runners.select import RunnerOptions
 METHODS = ("draft", "auto")
 
 
+def head_options(head: str | None) -> RunnerOptions:
+    """``None``: the full head; ``"N"``: N rows; ``"N+ctx"``: N rows and each sequence's tokens' rows."""
+    if head is None:
+        return RunnerOptions(kind="gguf", draft_vocab_size=0)
+    size, _, context = head.partition("+")
+    return RunnerOptions(kind="gguf", draft_vocab_size=int(size), draft_context_rows=context == "ctx")
+
+
 def main() -> None:
-    sizes = [None] + [int(s) for s in (sys.argv[1:] or ["32768", "65536"])]
-    pipes = {
-        size: SpeculativePipeline.load(runners=RunnerOptions(kind="gguf", draft_vocab_size=size)) for size in sizes
-    }
+    sizes = [None] + (sys.argv[1:] or ["32768", "32768+ctx"])
+    pipes = {size: SpeculativePipeline.load(runners=head_options(size)) for size in sizes}
     base = pipes[None].engine
     engines = {None: base}
     for size in sizes[1:]:  # one target runner for all (its weights' placement in memory alike), own drafters and costs

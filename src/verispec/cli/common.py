@@ -167,7 +167,11 @@ NumSpeculativeTokens = Annotated[int, typer.Option("--num-speculative-tokens", "
 DraftQuantization = Annotated[str, typer.Option(help=DRAFT_QUANTIZATION_HELP)]
 DraftVocab = Annotated[
     int | None,
-    typer.Option(help="Reduced draft LM head: keep this many most frequent tokens (FR-Spec; --runner gguf or int8)."),
+    typer.Option(
+        help="Reduced draft LM head: keep this many most frequent tokens (FR-Spec; --runner gguf or int8); "
+        "on gguf it also scores each request's own tokens. Default: 32768 on gguf for vocabularies over 65536, "
+        "else the full head; 0: the full head."
+    ),
 ]
 DraftVocabCorpus = Annotated[
     list[str] | None,

@@ -325,6 +325,7 @@ class DraftCacheSequences(Proposer):
         """The draft cache holds ``token_ids`` with entries ``kv``: the next proposal feeds only
         what follows them (:meth:`reusable_prefix`)."""
         self.runner.import_kv(kv, 0)
+        self.runner.note_context_tokens(token_ids)
         self.cached_token_ids = list(token_ids)
 
     def release(self) -> None:

@@ -220,6 +220,11 @@ class Runner:
         """
         raise InvalidParameterError(f"the {type(self).__name__} cannot hand out its final hidden states")
 
+    def note_context_tokens(self, token_ids: Sequence[int]) -> None:
+        """``token_ids`` are in this sequence's context although no pass of it fed them (a cache
+        written by :meth:`import_kv`): a runner whose logits depend on the tokens a sequence has seen
+        (a reduced draft head with context rows) takes them in. By default nothing."""
+
     def copy_prefix(self, source: Runner, num_tokens: int) -> None:
         """Make this sequence's cache the first ``num_tokens`` entries of ``source``'s (a sequence
         over the same weights), so a shared prompt is not run twice.

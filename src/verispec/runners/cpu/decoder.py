@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from verispec.runners.cpu.context_head import SequenceHeadRows
 from verispec.runners.cpu.decoder_ops import DecoderOps
 from verispec.runners.features import concat_features
 from verispec.runners.kernels import one_isa
@@ -29,7 +30,8 @@ class Segment:
     """One sequence's rows in a pass: its tokens and RoPE positions ``[rows]`` int64, tree slots or
     None, and its cache: ``keys`` / ``values`` ``[layers, kv_heads, capacity, head_dim]`` holding
     ``start`` slots (the new rows go to ``start ..``). ``feature_layers`` / ``capture_final``: what
-    the pass hands back in ``features`` / ``final_hidden`` (None when not asked)."""
+    the pass hands back in ``features`` / ``final_hidden`` (None when not asked); ``head_rows``:
+    the extra rows of a reduced head this sequence's logits rows get."""
 
     keys: Tensor
     values: Tensor
@@ -42,6 +44,7 @@ class Segment:
     capture_final: bool = False
     features: Tensor | None = None  # set by the pass: [rows, len(feature_layers) * hidden]
     final_hidden: Tensor | None = None  # set by the pass: [rows, hidden]
+    head_rows: SequenceHeadRows | None = None  # a reduced head's extra rows for this sequence
 
     @property
     def num_rows(self) -> int:
@@ -131,9 +134,14 @@ def _run_segments(ops: DecoderOps, segments: list[Segment]) -> list[Tensor]:
         last = x[bounds[1] - counts[0] :]
     else:
         last = x[torch.cat([torch.arange(bounds[i + 1] - n, bounds[i + 1]) for i, n in enumerate(counts)])]
-    logits = w.lm_head(norm(last, w.final_norm))
+    normed = norm(last, w.final_norm)
+    logits = w.lm_head(normed)
     if w.head_token_ids is not None:
         full = torch.full((logits.shape[0], w.vocab_size), float("-inf"))
         full[:, w.head_token_ids] = logits  # tokens outside the kept set get probability 0
         logits = full
+        ends = [sum(counts[: i + 1]) for i in range(len(counts))]
+        for seg, end, n in zip(segments, ends, counts):
+            if seg.head_rows is not None and n:
+                seg.head_rows.logits(normed[end - n : end], logits[end - n : end])
     return list(logits.split(counts)) if len(segments) > 1 else [logits]

@@ -26,7 +26,8 @@ class DecoderOps(Protocol):
     Attributes:
         weights: the model the ops run (:class:`verispec.runners.cpu.int8_weights.Int8Weights` or
             :class:`verispec.runners.cpu.gguf_weights.GGUFWeights`): ``embed``, ``layers``,
-            ``final_norm``, ``lm_head``, ``arch``, ``head_token_ids``, the attention's shape.
+            ``final_norm``, ``lm_head``, ``arch``, ``head_token_ids``, ``context_head``, the
+            attention's shape.
         runs_block_kernels: the ops run on the compiled kernels (a pass pins their ISA,
             :func:`verispec.runners.kernels.one_isa`).
     """

@@ -115,11 +115,12 @@ class GGUFRunner(CPURunner):
         context_length: int | None = None,
         max_context_length: int | None = None,
         head_token_ids: Tensor | None = None,
+        context_rows: bool = False,
         requantize: str | None = None,
         cache_dir: Path | None = None,
     ) -> GGUFRunner:
-        """Load ``path``; capacity defaults to min(the model's context length, 4096); ``requantize``,
-        ``cache_dir``: see :meth:`GGUFWeights.from_file`."""
+        """Load ``path``; capacity defaults to min(the model's context length, 4096); ``head_token_ids``,
+        ``context_rows``, ``requantize``, ``cache_dir``: see :meth:`GGUFWeights.from_file`."""
         if max_context_length is None:
             header_length = context_length or int(
                 read_gguf_header(Path(path)).arch_value("context_length", DEFAULT_MAX_CONTEXT)
@@ -129,6 +130,7 @@ class GGUFRunner(CPURunner):
             Path(path),
             int(max_context_length),
             head_token_ids=head_token_ids,
+            context_rows=context_rows,
             requantize=requantize,
             cache_dir=cache_dir,
         )

@@ -25,6 +25,7 @@ from torch import Tensor
 
 from verispec.errors import InvalidParameterError, ModelIntegrityError
 from verispec.models.gguf_file import GGUFHeader, TensorInfo, read_gguf_header
+from verispec.runners.cpu.context_head import ContextHeadRows
 from verispec.runners.cpu.gguf_arch import SUPPORTED_ARCHITECTURES, Architecture, read_architecture
 from verispec.runners.cpu.gguf_blocks import (
     FLOAT_TYPES,
@@ -59,7 +60,8 @@ class GGUFWeights:
 
     ``cos``/``sin``: ``[max_positions, rot]`` float32 RoPE tables (``local_cos``/``local_sin``: the
     local layers', or None). ``head_token_ids``
-    ``[kept]`` int64: the rows a reduced draft head keeps (FR-Spec), None for the full head.
+    ``[kept]`` int64: the rows a reduced draft head keeps (FR-Spec), None for the full head;
+    ``context_head``: each sequence's own rows added to it (:mod:`verispec.runners.cpu.context_head`).
     """
 
     num_heads: int
@@ -78,6 +80,7 @@ class GGUFWeights:
     arch: Architecture = field(default_factory=Architecture)
     local_cos: Tensor | None = None
     local_sin: Tensor | None = None
+    context_head: ContextHeadRows | None = None  # a reduced head's rows to add per sequence
 
     def output_rows(self, ids: Tensor) -> Tensor:
         """float32 ``[n, hidden]``: rows ``ids`` (int64 ``[n]``, full-vocabulary ids) of the
@@ -105,10 +108,12 @@ class GGUFWeights:
         max_positions: int,
         *,
         head_token_ids: Tensor | None = None,
+        context_rows: bool = False,
         requantize: str | None = None,
         cache_dir: Path | None = None,
     ) -> GGUFWeights:
-        """Read and repack ``path`` (see the module docstring); ``requantize``: one of
+        """Read and repack ``path`` (see the module docstring); ``context_rows``: a reduced head
+        (``head_token_ids``) adds the rows of each sequence's tokens; ``requantize``: one of
         :data:`REQUANTIZATIONS` or None (the file's own blocks); ``cache_dir``: where re-quantized
         matrices are kept for the next load (:class:`verispec.runners.cpu.weight_cache.WeightCache`;
         None: computed every time).
@@ -121,7 +126,7 @@ class GGUFWeights:
         start = time.perf_counter()
         header = read_gguf_header(Path(path))
         loader = GGUFLoader(header, requantize=requantize, cache_dir=cache_dir)
-        weights = loader.weights(max_positions, head_token_ids)
+        weights = loader.weights(max_positions, head_token_ids, context_rows)
         if loader.cache is not None:
             loader.cache.finish()
         weights.load_time_s = time.perf_counter() - start
@@ -220,11 +225,7 @@ class GGUFLoader:
         kernels = loaded_kernels()
         groups: list[tuple[int, list[Tensor]]] = []
         for index, name in enumerate(names):
-            raw, info = self.rows(name, in_features)
-            qtype = info.qtype
-            if self.requantize is not None and qtype not in FOUR_BIT_TYPES and in_features % 32 == 0:
-                # per row, so re-quantizing the whole matrix then picking rows equals the reverse
-                raw, qtype = self._requantized(name, raw, qtype, in_features), REQUANTIZATIONS[self.requantize]
+            raw, qtype = self.multiplied(name, in_features)
             heads = permute_heads[index] if index < len(permute_heads) else None
             if heads is not None:
                 raw = raw[unpermute_rows(raw.shape[0], heads)]
@@ -240,6 +241,16 @@ class GGUFLoader:
             packed = kernels.repack(block.contiguous().view(-1), qtype, block.shape[0], in_features)
             parts.append((packed, qtype, block.shape[0]))
         return GGUFLinear(parts, in_features, bias)
+
+    def multiplied(self, name: str, in_features: int) -> tuple[Tensor, int]:
+        """Raw blocks ``[out, row_bytes]`` of ``name`` as the kernels will multiply them, and their
+        block type: re-quantized when ``requantize`` asks it of this block type."""
+        raw, info = self.rows(name, in_features)
+        qtype = info.qtype
+        if self.requantize is not None and qtype not in FOUR_BIT_TYPES and in_features % 32 == 0:
+            # per row, so re-quantizing the whole matrix then picking rows equals the reverse
+            raw, qtype = self._requantized(name, raw, qtype, in_features), REQUANTIZATIONS[self.requantize]
+        return raw, qtype
 
     def _requantized(self, name: str, raw: Tensor, qtype: int, in_features: int) -> Tensor:
         """``raw`` ``[out, row_bytes]`` re-quantized to ``self.requantize`` blocks, from the weight
@@ -327,7 +338,7 @@ class GGUFLoader:
             return cos, sin, None, None
         return (cos, sin, *rope_tables(rope.dims, rope.local_base, max_positions))
 
-    def weights(self, max_positions: int, head_token_ids: Tensor | None) -> GGUFWeights:
+    def weights(self, max_positions: int, head_token_ids: Tensor | None, context_rows: bool = False) -> GGUFWeights:
         hidden = self.hidden
         layers = self.decoder_layers(
             lambda names, in_features, heads, bias: self.linear(names, in_features, permute_heads=heads, bias=bias)
@@ -341,7 +352,10 @@ class GGUFLoader:
         if head_name != "token_embd.weight":
             head_info = self.tensor(head_name)
             head_rows = GGUFEmbedding(self.raw(head_info).view(int(head_info.shape[1]), -1), head_info.qtype, hidden)
-        return self.assemble(embedding, layers, lm_head, max_positions, row_ids, head_rows)
+        weights = self.assemble(embedding, layers, lm_head, max_positions, row_ids, head_rows)
+        if context_rows and row_ids is not None:
+            weights.context_head = ContextHeadRows(*self.multiplied(head_name, hidden), hidden, row_ids)
+        return weights
 
     def assemble(
         self, embedding, layers: list, lm_head, max_positions: int, head_token_ids: Tensor | None, head_rows=None

@@ -57,6 +57,7 @@ class Int8Weights:
     cos: Tensor
     sin: Tensor
     head_token_ids: Tensor | None = None  # [kept] int64: rows of a reduced LM head (FR-Spec)
+    context_head: None = None  # no per-sequence head rows on int8 weights (gguf only: context_head.py)
     arch: Architecture = field(default_factory=Architecture)
     local_cos: Tensor | None = None  # local layers' RoPE tables (never for a transformers module)
     local_sin: Tensor | None = None

@@ -58,6 +58,8 @@ class CPURunner(Runner):
         self.last_features: Tensor | None = None  # see capture_features
         self._capture_final = False
         self.last_final_hidden: Tensor | None = None  # see capture_final_hidden
+        context_head = weights.context_head
+        self._head_rows = None if context_head is None else context_head.sequence()  # see note_context_tokens
 
     @classmethod
     def over_ops(cls, ops: DecoderOps, *, max_context_length: int | None = None) -> CPURunner:
@@ -154,6 +156,8 @@ class CPURunner(Runner):
         segments = [r._segment(call) for r, call in zip(runners, calls)]
         if len({id(r) for r in runners}) != len(runners):
             raise ValueError("a sequence appears twice in one pass")
+        for r, call in zip(runners, calls):
+            r.note_context_tokens(call.token_ids)
         logits = run_segments(runners[0].ops, segments)
         for r, seg in zip(runners, segments):
             r._num_cached = seg.start + len(seg.token_ids)
@@ -201,7 +205,15 @@ class CPURunner(Runner):
             call.num_logits if visible is None else None,
             self._feature_layers,
             self._capture_final,
+            head_rows=self._head_rows,
         )
+
+    def note_context_tokens(self, token_ids: Sequence[int]) -> None:
+        """A reduced draft head with context rows (:mod:`verispec.runners.cpu.context_head`) adds the
+        rows of ``token_ids`` for this sequence; every pass notes its own tokens, and a cache written
+        otherwise (:meth:`import_kv`) is noted by whoever wrote it. Nothing otherwise."""
+        if self._head_rows is not None:
+            self._head_rows.add(token_ids)
 
     def truncate(self, num_tokens: int) -> None:
         if not 0 <= num_tokens <= self._num_cached:
@@ -225,6 +237,8 @@ class CPURunner(Runner):
         self._keys[:, :, :num_tokens] = source._keys[:, :, :num_tokens]
         self._values[:, :, :num_tokens] = source._values[:, :, :num_tokens]
         self._num_cached = num_tokens
+        if self._head_rows is not None:
+            self._head_rows.copy_from(source._head_rows)
 
     def export_kv(self, start: int, end: int) -> Tensor:
         """Entries ``start .. end - 1`` of every layer's K and V caches, copied: float32 ``[2, layers,
@@ -270,5 +284,7 @@ class CPURunner(Runner):
         The next tokens written fault in fresh pages; entries are written before they are read."""
         self._num_cached = 0
         self.last_features = None
+        if self._head_rows is not None:
+            self._head_rows.reset()
         release_pages(self._keys)
         release_pages(self._values)
