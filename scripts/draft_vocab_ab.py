@@ -39,7 +39,7 @@ def head_options(head: str | None) -> RunnerOptions:
 
 def main() -> None:
     sizes = [None] + (sys.argv[1:] or ["32768", "32768+ctx"])
-    pipes = {size: SpeculativePipeline.load(runners=head_options(size)) for size in sizes}
+    pipes = {size: SpeculativePipeline.load(runners=head_options(size), prefix_cache_gib=0) for size in sizes}
     base = pipes[None].engine
     engines = {None: base}
     for size in sizes[1:]:  # one target runner for all (its weights' placement in memory alike), own drafters and costs

@@ -63,7 +63,9 @@ class RunnerOptions:
         if self.max_context_length is not None and self.max_context_length < 1:
             raise InvalidParameterError(f"max_context_length must be >= 1, got {self.max_context_length}")
         if self.draft_vocab_size is not None and self.draft_vocab_size < 0:
-            raise InvalidParameterError(f"draft_vocab_size must be >= 0 (0: the full head), got {self.draft_vocab_size}")
+            raise InvalidParameterError(
+                f"draft_vocab_size must be >= 0 (0: the full head), got {self.draft_vocab_size}"
+            )
 
 
 def make_runner(
@@ -197,7 +199,9 @@ def build_runners(
     draft_runner = draft_tree = None
     if draft is not None:
         start = time.perf_counter()
-        draft_runner, draft_tree = _draft_runners(kind, draft, capacity, (head_token_ids, context_rows), draft_requantize)
+        draft_runner, draft_tree = _draft_runners(
+            kind, draft, capacity, (head_token_ids, context_rows), draft_requantize
+        )
         load_s["draft"] = time.perf_counter() - start
     if kind == "gguf":  # seconds to measure: the controller then starts from this machine's costs
         _ensure_curve(cache, target, target_runner, choice)

@@ -118,7 +118,9 @@ def test_the_default_draft_head_gives_plain_output_greedy_and_seeded(files, tmp_
             config = SpeculativeConfig(method=method, num_speculative_tokens=4, schedule="constant")
             out = pipe.generate("ab!c", params, config)
             assert out.token_ids == plain.token_ids
-    full = SpeculativePipeline.load(str(files["target"]), str(files["partial"]), runners=RunnerOptions(kind="gguf", draft_vocab_size=0))
+    full = SpeculativePipeline.load(
+        str(files["target"]), str(files["partial"]), runners=RunnerOptions(kind="gguf", draft_vocab_size=0)
+    )
     assert full.draft_runner.weights.head_token_ids is None and full.draft_runner.weights.context_head is None
 
 

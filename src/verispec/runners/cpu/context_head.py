@@ -37,8 +37,7 @@ class ContextHeadRows:
 
     def __init__(self, raw: Tensor, qtype: int, in_features: int, kept: Tensor) -> None:
         self.raw, self.qtype, self.in_features = raw, qtype, in_features
-        self.kept_mask = torch.zeros(raw.shape[0], dtype=torch.bool)
-        self.kept_mask[kept] = True
+        self.kept = frozenset(kept.tolist())
 
     @property
     def vocab_size(self) -> int:
@@ -62,35 +61,31 @@ class SequenceHeadRows:
 
     def __init__(self, rows: ContextHeadRows) -> None:
         self.rows = rows
-        self.seen = torch.zeros(rows.vocab_size, dtype=torch.bool)
+        self.seen: set[int] = set()  # the token ids of the rows in parts
         self.parts: list[tuple[Tensor, GGUFLinear]] = []  # (token ids [n] int64, their head rows)
 
-    @property
-    def num_rows(self) -> int:
-        return sum(ids.numel() for ids, _ in self.parts)
-
     def add(self, token_ids: Iterable[int]) -> None:
-        """Add the rows of ``token_ids`` (full-vocabulary ids) not yet in the head."""
-        ids = torch.as_tensor(list(token_ids), dtype=torch.long)
-        if ids.numel() == 0:
+        """Add the rows of ``token_ids`` (full-vocabulary ids) not yet in the head (a set lookup a
+        token: a drafting pass's one token costs ~1 us)."""
+        kept, seen, vocab = self.rows.kept, self.seen, self.rows.vocab_size
+        new = sorted({t for t in token_ids if t not in seen and t not in kept and 0 <= t < vocab})
+        new = new[: MAX_CONTEXT_ROWS - len(seen)]
+        if not new:
             return
-        ids = ids[(ids >= 0) & (ids < self.rows.vocab_size)].unique()
-        new = ids[~self.rows.kept_mask[ids] & ~self.seen[ids]][: MAX_CONTEXT_ROWS - self.num_rows]
-        if new.numel() == 0:
-            return
-        self.seen[new] = True
-        self.parts.append((new, self.rows.linear(new)))
+        seen.update(new)
+        ids = torch.tensor(new, dtype=torch.long)
+        self.parts.append((ids, self.rows.linear(ids)))
         if len(self.parts) > MAX_PARTS:
             merged = torch.cat([p for p, _ in self.parts])
             self.parts = [(merged, self.rows.linear(merged))]
 
     def copy_from(self, other: SequenceHeadRows) -> None:
         """Hold ``other``'s rows (a sequence that copied ``other``'s cache)."""
-        self.seen = other.seen.clone()
+        self.seen = set(other.seen)
         self.parts = list(other.parts)
 
     def reset(self) -> None:
-        self.seen.zero_()
+        self.seen = set()
         self.parts = []
 
     def logits(self, normed: Tensor, logits: Tensor) -> None:

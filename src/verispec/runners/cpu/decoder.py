@@ -80,12 +80,49 @@ def run_segments(ops: DecoderOps, segments: list[Segment]) -> list[Tensor]:
 
 def _run_segments(ops: DecoderOps, segments: list[Segment]) -> list[Tensor]:
     w = ops.weights
-    arch = w.arch
     sizes = [len(seg.token_ids) for seg in segments]
     bounds = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
     x = w.embed(torch.tensor([t for seg in segments for t in seg.token_ids], dtype=torch.long))  # [rows, hidden]
-    if arch.embedding_scale != 1.0:
-        x = x * arch.embedding_scale
+    if w.arch.embedding_scale != 1.0:
+        x = x * w.arch.embedding_scale
+    wanted = {i for seg in segments for i in seg.feature_layers}
+    states: dict[int, Tensor] = {}  # layer index -> the residual stream entering it, [rows, hidden]
+    fused = None
+    if not wanted and all(seg.visible is None for seg in segments):  # causal rows, no features: maybe one call
+        fused = ops.run_layers(x, [(seg.keys, seg.values, seg.start, seg.positions) for seg in segments])
+    x = _layers(ops, x, segments, bounds, wanted, states) if fused is None else fused
+    for i, seg in enumerate(segments):
+        if seg.feature_layers:
+            seg.features = concat_features(states, seg.feature_layers, bounds[i], bounds[i + 1])
+        if seg.capture_final:
+            seg.final_hidden = ops.norm(x[bounds[i] : bounds[i + 1]], w.final_norm)
+    counts = [seg.num_rows for seg in segments]
+    if sum(counts) == 0:
+        return [torch.empty(0, w.vocab_size) for _ in segments]
+    if len(segments) == 1:
+        last = x[bounds[1] - counts[0] :]
+    else:
+        last = x[torch.cat([torch.arange(bounds[i + 1] - n, bounds[i + 1]) for i, n in enumerate(counts)])]
+    normed = ops.norm(last, w.final_norm)
+    logits = w.lm_head(normed)
+    if w.head_token_ids is not None:
+        full = torch.full((logits.shape[0], w.vocab_size), float("-inf"))
+        full[:, w.head_token_ids] = logits  # tokens outside the kept set get probability 0
+        logits = full
+        ends = [sum(counts[: i + 1]) for i in range(len(counts))]
+        for seg, end, n in zip(segments, ends, counts):
+            if seg.head_rows is not None and n:
+                seg.head_rows.logits(normed[end - n : end], logits[end - n : end])
+    return list(logits.split(counts)) if len(segments) > 1 else [logits]
+
+
+def _layers(
+    ops: DecoderOps, x: Tensor, segments: list[Segment], bounds: list[int], wanted: set[int], states: dict[int, Tensor]
+) -> Tensor:
+    """Every decoder layer, one op at a time, over the embedded rows ``x``: the residual stream
+    after the last layer; ``states`` gets the stream entering each layer in ``wanted``."""
+    w = ops.weights
+    arch = w.arch
     ropes = [ops.rope_rows(seg.positions) for seg in segments]  # once per pass
     trees = []  # per segment: window -> what ops.attend needs (None: causal)
     for seg in segments:
@@ -94,8 +131,6 @@ def _run_segments(ops: DecoderOps, segments: list[Segment]) -> list[Tensor]:
             for window in arch.windows:
                 windows[window] = ops.tree_slots(seg.windowed(window))
         trees.append(windows)
-    wanted = {i for seg in segments for i in seg.feature_layers}
-    states: dict[int, Tensor] = {}  # layer index -> the residual stream entering it, [rows, hidden]
     norm, add_norm, gated, rope_store, attend = ops.norm, ops.add_norm, ops.gated, ops.rope_store, ops.attend
     normed = norm(x, w.layers[0].input_norm)
     for index, layer in enumerate(w.layers):
@@ -122,26 +157,4 @@ def _run_segments(ops: DecoderOps, segments: list[Segment]) -> list[Tensor]:
             x, normed = add_norm(x, delta, w.layers[index + 1].input_norm)
         else:
             x = x + delta
-    for i, seg in enumerate(segments):
-        if seg.feature_layers:
-            seg.features = concat_features(states, seg.feature_layers, bounds[i], bounds[i + 1])
-        if seg.capture_final:
-            seg.final_hidden = norm(x[bounds[i] : bounds[i + 1]], w.final_norm)
-    counts = [seg.num_rows for seg in segments]
-    if sum(counts) == 0:
-        return [torch.empty(0, w.vocab_size) for _ in segments]
-    if len(segments) == 1:
-        last = x[bounds[1] - counts[0] :]
-    else:
-        last = x[torch.cat([torch.arange(bounds[i + 1] - n, bounds[i + 1]) for i, n in enumerate(counts)])]
-    normed = norm(last, w.final_norm)
-    logits = w.lm_head(normed)
-    if w.head_token_ids is not None:
-        full = torch.full((logits.shape[0], w.vocab_size), float("-inf"))
-        full[:, w.head_token_ids] = logits  # tokens outside the kept set get probability 0
-        logits = full
-        ends = [sum(counts[: i + 1]) for i in range(len(counts))]
-        for seg, end, n in zip(segments, ends, counts):
-            if seg.head_rows is not None and n:
-                seg.head_rows.logits(normed[end - n : end], logits[end - n : end])
-    return list(logits.split(counts)) if len(segments) > 1 else [logits]
+    return x

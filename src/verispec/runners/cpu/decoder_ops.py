@@ -66,6 +66,15 @@ class DecoderOps(Protocol):
         activation SiLU or GELU-tanh as ``weights.arch.activation`` says."""
         ...
 
+    def run_layers(self, x: Tensor, caches: list[tuple[Tensor, Tensor, int, Tensor]]) -> Tensor | None:
+        """Every decoder layer over causal rows in one call, or None where these ops do not (the
+        decoder then runs the layer ops one by one). ``x`` ``[rows, hidden]``: the embedded rows of
+        each sequence in turn; ``caches``: per sequence ``(keys, values, start, positions)``, its
+        caches ``[layers, kv_heads, capacity, head_dim]``, first new slot and RoPE positions
+        ``[its rows]`` int64. Returns the residual stream after the last layer, the bits the ops
+        one by one give."""
+        ...
+
     def attend(self, q: Tensor, keys: Tensor, values: Tensor, start: int, tree: Any, window: int) -> Tensor:
         """Grouped-query attention of ``q`` ``[rows, heads, head_dim]`` over one layer's cache
         ``keys`` / ``values`` ``[kv_heads, capacity, head_dim]`` holding slots ``0 .. start + rows

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from verispec.models.gguf_file import read_gguf_header
-from verispec.runners.cpu.gguf_blocks import loaded_kernels
+from verispec.runners.cpu.gguf_blocks import GGUFLinear, loaded_kernels
 from verispec.runners.cpu.gguf_weights import GGUFWeights
 from verispec.runners.cpu.int8 import attention_scale
 from verispec.runners.cpu.int8_weights import DEFAULT_MAX_CONTEXT
@@ -40,9 +40,23 @@ class GGUFOps:
     row-local arithmetic as :class:`verispec.runners.cpu.int8.Int8Ops`, their own bits."""
 
     runs_block_kernels = True
+    fuses_layers = True  # run_layers in one C++ call where the architecture allows (tests compare both ways)
 
     def __init__(self, weights: GGUFWeights) -> None:
         self.weights = weights
+        self._stack = None  # the layers as one C++ LayerStack, built at the first fused pass
+
+    def run_layers(self, x: Tensor, caches: list[tuple[Tensor, Tensor, int, Tensor]]) -> Tensor | None:
+        """The C++ ``LayerStack``: the same kernel calls as the decoder's loop, without the Python
+        between them; None where an architecture needs more than it does (sliding windows, local
+        RoPE, q/k norms, post norms) or :attr:`fuses_layers` is off."""
+        if not self.fuses_layers or not fusable(self.weights):
+            return None
+        if self._stack is None:
+            self._stack = layer_stack(self.weights)
+        keys, values, starts, positions = (list(column) for column in zip(*caches))
+        counts = [len(p) for p in positions]
+        return self._stack.run(x, keys, values, starts, counts, positions, kernel_isa_number())
 
     def rope_rows(self, positions: Tensor) -> Tensor:
         return positions  # the C++ op reads the full tables at these positions
@@ -93,6 +107,51 @@ class GGUFOps:
         slots, lengths = (_EMPTY, _EMPTY) if tree is None else tree
         scale = attention_scale(self.weights)
         return loaded_kernels().attention(q, keys, values, start, slots, lengths, scale, kernel_isa_number(), window)
+
+
+def fusable(weights: GGUFWeights) -> bool:
+    """The decoder's layers are what ``LayerStack`` runs: pre-norm causal attention with global
+    RoPE, SwiGLU or GELU-tanh, every matrix in GGUF blocks."""
+    arch = weights.arch
+    return (
+        not arch.windows
+        and not any(arch.uses_local_rope(i) for i in range(len(weights.layers)))
+        and all(
+            layer.q_norm is None
+            and layer.attn_post_norm is None
+            and layer.ffn_post_norm is None
+            and all(isinstance(m, GGUFLinear) for m in (layer.qkv, layer.o, layer.gate_up, layer.down))
+            for layer in weights.layers
+        )
+    )
+
+
+def layer_stack(weights: GGUFWeights):
+    """The kernels' ``LayerStack`` over ``weights``' layers (their tensors shared, not copied)."""
+    kernels = loaded_kernels()
+
+    def packed(linear: GGUFLinear):
+        return kernels.PackedLinear(
+            [p for p, _, _ in linear.parts],
+            [q for _, q, _ in linear.parts],
+            [r for _, _, r in linear.parts],
+            linear.bias,
+        )
+
+    w = weights
+    stack = kernels.LayerStack(
+        w.num_heads, w.rms_norm_eps, attention_scale(w), w.arch.activation == "gelu_tanh", w.cos, w.sin
+    )
+    for layer in w.layers:
+        stack.add_layer(
+            packed(layer.qkv),
+            packed(layer.o),
+            packed(layer.gate_up),
+            packed(layer.down),
+            layer.input_norm,
+            layer.post_norm,
+        )
+    return stack
 
 
 class GGUFRunner(CPURunner):

@@ -66,6 +66,10 @@ class Int8Ops:
     def __init__(self, weights: Int8Weights) -> None:
         self.weights = weights
 
+    def run_layers(self, x: Tensor, caches: list) -> None:
+        """None: torch runs the layer ops one by one (the decoder's loop)."""
+        return None
+
     def rope_rows(self, positions: Tensor):
         """What :meth:`rope_store` needs for ``positions`` ``[rows]``, computed once per pass:
         here the ``cos``, ``sin`` rows ``[rows, rot]`` of the global table and of the local one."""
