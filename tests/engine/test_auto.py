@@ -299,6 +299,22 @@ def test_cost_model_coverage_is_a_clamped_ewma_of_shares():
     assert costs.coverage["draft"] == pytest.approx(0.625)
 
 
+def test_a_draft_priced_out_by_a_slow_measurement_is_still_probed_now_and_then():
+    """A draft whose cost was measured while the machine was slow (a drafted token at 10 target
+    passes: switched off) would have every probe's prefill priced out on short answers, and so
+    never be measured again; every third priced-out probe (probe_interval 2) goes ahead, and a
+    second probe follows it (a steady step: what re-measures the draft's own cost)."""
+    engine = frozen_cycle_engine([8] * 4, controller=ControllerConfig(probe_interval=2))
+    engine.cost_model.draft_ratio["draft"] = 10.0
+    params = SamplingParams(max_tokens=8)
+    plain = engine.generate(NO_REPEATS, params, SpeculativeConfig(method="none"), learn=False)
+    outs = [engine.generate(NO_REPEATS, params, COST_SPEC) for _ in range(6)]
+    assert all(out.token_ids == plain.token_ids for out in outs)
+    drafts = [out.metrics.spec.per_drafter.get("draft") for out in outs]
+    assert any(d is not None and d.num_drafts >= 2 for d in drafts)  # a probe and its follow-up
+    assert sum(d.num_drafts for d in drafts if d is not None) <= 2 * len(outs)  # now and then, not every step
+
+
 @pytest.mark.parametrize("output_lengths, max_tokens, drafts", [([8] * 4, 8, False), ([100] * 4, 40, True)])
 def test_a_probe_pays_a_drafts_prefill_only_where_the_answer_would_repay_it(output_lengths, max_tokens, drafts):
     """A switched-off draft (acceptance estimate 0) is probed every third step; the probe's first

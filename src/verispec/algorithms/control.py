@@ -171,7 +171,8 @@ class CostModel:
     tokens of the engine's last :data:`OUTPUT_LENGTH_HISTORY` requests (what a catch-up is
     amortised over: :meth:`expected_remaining_tokens`). ``coverage[name]``: the share of a
     request's output, from a model drafter's first catch-up on, that its own steps emitted
-    (EWMA over requests; :meth:`record_coverage`).
+    (EWMA over requests; :meth:`record_coverage`). ``priced_out_probes[name]``: probes of a
+    switched-off model drafter its catch-up priced out since one last went ahead.
     """
 
     weight: float = 0.3
@@ -185,6 +186,7 @@ class CostModel:
     plain_steps: deque = field(default_factory=lambda: deque(maxlen=PLAIN_STEP_WINDOW))
     coverage: dict[str, float] = field(default_factory=dict)
     seed_ratios: dict[int, float] = field(default_factory=dict)
+    priced_out_probes: dict[str, int] = field(default_factory=dict)  # see DraftPolicy's catch-up pricing
 
     def verify_points(self) -> dict[int, float]:
         """Seconds of a target pass by extra rows ``k``: the passes timed here (``verify_s``),

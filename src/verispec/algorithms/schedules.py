@@ -237,6 +237,7 @@ class CostModelSchedule:
         self.last_predicted_speedup: float | None = None
         self._probing: str | None = None  # the last k handed out: "probe", "follow-up" or None
         self._follow_up = False  # the last probe was fully accepted: probe again next step
+        self._measure_next = False  # the probe handed out must be followed up (follow_up)
 
     def next_k(self, batch_size: int = 1) -> int:
         step_costs = self.costs.step_costs(self.drafter, self.max_k, batch_size)
@@ -259,7 +260,14 @@ class CostModelSchedule:
 
     def update(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
         """Only probes matter here; the acceptance estimate is updated by the policy."""
-        self._follow_up = self._probing == "probe" and 0 < num_draft_tokens == num_accepted_tokens
+        accepted = 0 < num_draft_tokens == num_accepted_tokens
+        self._follow_up = self._probing == "probe" and (accepted or self._measure_next)
+        self._measure_next = False
+
+    def follow_up(self) -> None:
+        """The probe handed out now is followed by another whatever its outcome: it has to catch
+        up first, so only a next, steady step re-measures the drafter's own cost."""
+        self._measure_next = True
 
 
 def sized_by_confidence(

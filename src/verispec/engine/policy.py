@@ -82,6 +82,7 @@ class DraftPolicy:
     ) -> None:
         self.costs = costs
         self._price_catch_up = config.price_catch_up
+        self._probe_interval = config.probe_interval
         self._alpha_prior = config.alpha_prior
         self._carried_alpha_weight = config.carried_alpha_weight
         self._proposers = dict(proposers)
@@ -237,7 +238,19 @@ class DraftPolicy:
             # so a short answer does not pay a draft's prefill for it and a long one still does
             speedup = expected_tokens(self._alpha_prior, num_tokens) / predicted[1]
         remaining = self.costs.expected_remaining_tokens(len(request.output_token_ids), limit + 1)
-        return catch_up_pays(speedup, remaining * self.costs.coverage.get(name, 1.0), cost)
+        if catch_up_pays(speedup, remaining * self.costs.coverage.get(name, 1.0), cost):
+            return True
+        if schedule.last_predicted_speedup > 1.0 or not isinstance(schedule, CostModelSchedule):
+            return False
+        # A switched-off drafter is priced by its own last measurements: if those were taken while the
+        # machine was slow, every request's probe is priced out and the drafter is never measured
+        # again. So every probe_interval-th priced-out probe goes ahead, with a steady step after it.
+        priced_out = self.costs.priced_out_probes.get(name, 0) + 1
+        self.costs.priced_out_probes[name] = 0 if priced_out > self._probe_interval else priced_out
+        if priced_out > self._probe_interval:
+            schedule.follow_up()
+            return True
+        return False
 
     def _mark_catch_up(self, name: str, rows: int, request: DraftRequest) -> None:
         """``name`` caught up on ``rows`` tokens: from its first catch-up on, :meth:`finish`

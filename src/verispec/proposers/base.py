@@ -266,6 +266,15 @@ class DraftCacheSequences(Proposer):
         context = list(prompt) + list(request.output_token_ids)
         return context[window_start(len(context), self.runner.max_context_length) :]
 
+    def note_prompt(self, request: DraftRequest) -> None:
+        """Tell the draft runner the whole prompt is this sequence's context, the tokens outside
+        :attr:`context_window` too (a reduced head's context rows: the draft may propose any token
+        of the prompt); once per request: the engine hands a request's drafters one prompt object."""
+        held = self._held()
+        if held.noted_prompt is not request.prompt_token_ids:
+            self.runner.note_context_tokens(request.prompt_token_ids)
+            held.noted_prompt = request.prompt_token_ids
+
     def reusable_prefix(self, context: Sequence[int]) -> int:
         """Tokens of ``context`` the draft cache keeps: the prefix it shares with it, but never the
         last token (its logits are needed, so it is always fed again)."""
@@ -332,16 +341,18 @@ class DraftCacheSequences(Proposer):
         """Empty the draft cache and hand its memory back (the runner's ``release()``)."""
         self.runner.release()
         self.cached_token_ids = []
+        self._held().noted_prompt = None
 
 
 class _CacheContents:
     """The token ids one draft runner sequence's cache holds, in order: one object for every
     drafter over that sequence (:meth:`DraftCacheSequences.on_sequence_of`)."""
 
-    __slots__ = ("token_ids",)
+    __slots__ = ("noted_prompt", "token_ids")
 
     def __init__(self) -> None:
         self.token_ids: list[int] = []
+        self.noted_prompt: Sequence[int] | None = None  # the prompt the runner was told of (note_prompt)
 
 
 def window_start(num_tokens: int, capacity: int) -> int:

@@ -85,6 +85,7 @@ def propose_batch(items: Sequence[tuple[DraftModelProposer, DraftRequest, int]])
     outputs = [DraftOutput() for _ in items]
     active = []  # [index, pending token ids, tokens left, draft tokens, draft rows]
     for index, (proposer, request, k) in enumerate(items):
+        proposer.note_prompt(request)
         context = proposer.draft_context(request)
         num_tokens = min(k, proposer.runner.max_context_length - len(context))
         if num_tokens <= 0:

@@ -227,6 +227,7 @@ class DraftTreeProposer(DraftCacheSequences):
 
     def propose_tree(self, request: DraftRequest, num_nodes: int) -> TokenTree:
         """A tree of at most ``num_nodes`` drafted nodes below the root (the last context token)."""
+        self.note_prompt(request)
         context = self.draft_context(request)
         root = TokenTree((context[-1],), (-1,))
         room = self.runner.max_context_length - len(context) - 1

@@ -12,6 +12,8 @@ from verispec.algorithms.sampling import SamplingParams
 from verispec.engine import SpeculativeConfig
 from verispec.engine.loader import SpeculativePipeline
 from verispec.errors import InvalidParameterError
+from verispec.proposers.base import DraftRequest
+from verispec.proposers.draft_model import DraftModelProposer
 from verispec.runners import ForwardCall, forward_batch
 from verispec.runners.cpu import context_head
 from verispec.runners.cpu.gguf_runner import GGUFRunner
@@ -129,3 +131,15 @@ def test_impossible_head_options_are_refused(files):
         RunnerOptions(draft_vocab_size=-1)
     with pytest.raises(InvalidParameterError, match="needs --runner gguf"):
         make_runner("int8", None, head_token_ids=KEPT, context_rows=True)
+
+
+def test_the_draft_sees_every_prompt_token_in_its_head_beyond_its_window(files):
+    prompt = [50, 52, 53, 55, 56, 58, 3, 6]  # a window of 2 feeds the draft 3 and 6 only (both kept)
+    drafter = DraftModelProposer(reduced(files["draft"]), context_window=2)
+    drafter.propose(DraftRequest(prompt, [], SamplingParams(max_tokens=8), torch.Generator()), 3)
+    held = list(drafter.cached_token_ids)
+    assert held[:2] == [3, 6]
+    expected = GGUFRunner.from_file(files["draft"], max_context_length=128).forward(held + [9], num_logits=1)
+    assert_full_heads_columns(drafter.runner.forward([9]), expected, prompt + held + [9])
+    drafter.release()
+    assert torch.all(drafter.runner.forward([1])[:, 50] == float("-inf"))  # a released sequence starts over

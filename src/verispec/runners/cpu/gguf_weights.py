@@ -5,10 +5,8 @@ Qwen2, Qwen3, Gemma 3, Phi-3) into :class:`GGUFWeights` (:class:`GGUFLoader`): e
 matrix's blocks (:data:`verispec.runners.cpu.gguf_blocks.SUPPORTED_TYPES`: the same bits llama.cpp
 runs) are memory-mapped one tensor at a time (no fp32 model; the mapping goes once the tensor is
 repacked) and repacked into the kernels' 16-column tiles (a draft may be re-quantized to 4 bits on
-the way: :data:`REQUANTIZATIONS`); norms, biases and RoPE tables (:func:`rope_tables`) stay
-float32; the token embedding stays mapped in the file's format and its rows are de-quantized on
-lookup. Knows nothing about the forward pass (:mod:`verispec.runners.cpu.gguf_runner`), drafting or
-sampling.
+the way: :data:`REQUANTIZATIONS`); norms, biases and RoPE tables (:func:`rope_tables`) stay float32;
+the token embedding stays mapped, its rows de-quantized on lookup. Knows nothing about the pass.
 """
 
 from __future__ import annotations
@@ -347,14 +345,16 @@ class GGUFLoader:
         embedding = GGUFEmbedding(self.raw(embed_info).view(int(embed_info.shape[1]), -1), embed_info.qtype, hidden)
         head_name = "output.weight" if "output.weight" in self.header.tensors else "token_embd.weight"
         row_ids = None if head_token_ids is None else head_token_ids.long()
-        lm_head = self.linear([head_name], hidden, row_ids=row_ids)
+        context = None  # the head's rows as multiplied, for each sequence's own rows
+        if context_rows and row_ids is not None:
+            context = ContextHeadRows(*self.multiplied(head_name, hidden), hidden, row_ids)
+        lm_head = context.linear(row_ids) if context else self.linear([head_name], hidden, row_ids=row_ids)
         head_rows = embedding
         if head_name != "token_embd.weight":
             head_info = self.tensor(head_name)
             head_rows = GGUFEmbedding(self.raw(head_info).view(int(head_info.shape[1]), -1), head_info.qtype, hidden)
         weights = self.assemble(embedding, layers, lm_head, max_positions, row_ids, head_rows)
-        if context_rows and row_ids is not None:
-            weights.context_head = ContextHeadRows(*self.multiplied(head_name, hidden), hidden, row_ids)
+        weights.context_head = context
         return weights
 
     def assemble(
