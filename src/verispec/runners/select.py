@@ -23,7 +23,8 @@ BATCH_INVARIANT = ("gguf", "int8")  # runners whose verify rows equal their deco
 DEFAULT_MAX_CONTEXT = 4096  # the gguf / int8 / llama.cpp window without --max-context: min(the model's, this)
 # The draft's reduced head by default (gguf): the 32,768 lowest BPE ranks plus each sequence's tokens kept
 # 0.620 of the full head's 0.646 draft acceptance on code, 0.306 of 0.318 on chat (Qwen2.5-Coder-0.5B
-# draft, AMD Zen 4, draft chain k = 5), for a quarter of the head's bytes: its 151,936 rows were 27% of a pass.
+# draft, AMD Zen 4, draft chain k = 5), for a quarter of the head's bytes (the 151,936 rows were 27% of
+# the bytes a draft pass read): `auto` +4-6% on code, within noise on chat (docs/benchmark-history.md).
 DEFAULT_DRAFT_VOCAB = 32_768
 
 
