@@ -44,16 +44,20 @@ class GGUFOps:
 
     def __init__(self, weights: GGUFWeights) -> None:
         self.weights = weights
-        self._stack = None  # the layers as one C++ LayerStack, built at the first fused pass
+        self._stack = None  # the layers as one C++ LayerStack, built at the first pass (None: not fusable)
+        self._stack_checked = False  # fusable() asked once, not at every pass
 
     def run_layers(self, x: Tensor, caches: list[tuple[Tensor, Tensor, int, Tensor]]) -> Tensor | None:
         """The C++ ``LayerStack``: the same kernel calls as the decoder's loop, without the Python
         between them; None where an architecture needs more than it does (sliding windows, local
         RoPE, q/k norms, post norms) or :attr:`fuses_layers` is off."""
-        if not self.fuses_layers or not fusable(self.weights):
+        if not self.fuses_layers:
             return None
+        if not self._stack_checked:
+            self._stack = layer_stack(self.weights) if fusable(self.weights) else None
+            self._stack_checked = True
         if self._stack is None:
-            self._stack = layer_stack(self.weights)
+            return None
         keys, values, starts, positions = (list(column) for column in zip(*caches))
         counts = [len(p) for p in positions]
         return self._stack.run(x, keys, values, starts, counts, positions, kernel_isa_number())
