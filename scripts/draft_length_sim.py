@@ -15,7 +15,9 @@ the costs' own EWMAs, catch-ups, probes' extra cost and Python overhead.
         ``gguf:none`` rows; the draft sees the prompt's last WINDOW tokens, 64 as the engine's
         default) or of Spec-Bench answers (``bench_results/specbench_auto.jsonl``, 8 per task):
       ../shared/tools/alone .venv/bin/python scripts/draft_length_sim.py dump RESULTS.json|specbench OUT.json [WINDOW]
-  simulate: constant k = 1..4 and the ``cost`` schedule's acceptance EWMA at several weights:
+  simulate: constant k = 1..4, the ``cost`` schedule's acceptance EWMA at several weights, and
+        the oracle (each step's length chosen knowing the outcome: the most any draft-length
+        policy of this drafter gets on that cost model):
       python scripts/draft_length_sim.py simulate OUT.json...
 """
 
@@ -33,6 +35,10 @@ COSTS = {
     "calm AVX2 host (2026-12-04 morning)": ({1: 68.1, 2: 63.7, 4: 75.8, 8: 134.1, 16: 270.0}, 0.21),
     "slowed AVX2 host (2026-12-04 evening)": ({1: 81.8, 2: 88.9, 4: 124.0, 8: 231.9, 16: 445.3}, 0.27),
     "AVX2 host, one-pass tiles (2026-12-04 night)": ({1: 60.2, 2: 56.4, 4: 67.7, 8: 114.8, 16: 212.1}, 0.23),
+    # Zen 4, avx512, default draft head (bench --curves, bench_results/cheap_drafts_zen4_2026-12-07/session5)
+    "Zen 4 host, code bench run (2026-12-07)": ({1: 35.3, 2: 35.7, 4: 37.4, 8: 53.5, 16: 101.0}, 0.22),
+    "Zen 4 host, chat bench run (2026-12-07)": ({1: 39.6, 2: 47.1, 4: 49.8, 8: 83.8, 16: 164.1}, 0.24),
+    "Zen 4 code curve, draft at the bar (0.2)": ({1: 35.3, 2: 35.7, 4: 37.4, 8: 53.5, 16: 101.0}, 0.20),
 }
 WEIGHTS = (0.2, 0.1, 0.05)
 MAX_K = 8
@@ -139,6 +145,35 @@ def replay(answers: list[list[int]], verify: list[float], c: float, weight: floa
     return tokens / cost
 
 
+def oracle(answers: list[list[int]], verify: list[float], c: float) -> float:
+    """Tokens per plain-step cost of the best draft lengths there are: each step's length chosen
+    knowing how many of the draft's tokens the target will accept (an upper bound for every
+    draft-length policy of this drafter on this cost model). Maximises total tokens over total
+    cost by Dinkelbach's method (a dynamic program over answer positions per ratio guess)."""
+    rate = 1.0
+    for _ in range(50):
+        tokens = cost = 0.0
+        for agree in answers:
+            n = len(agree)
+            run = [0] * (n + 1)  # agreements in a row from position i
+            for i in range(n - 1, -1, -1):
+                run[i] = run[i + 1] + 1 if agree[i] else 0
+            best = [(0.0, 0.0, 0.0)] * (n + 1)  # (objective, tokens, cost) from position i on
+            for i in range(n - 1, -1, -1):
+                options = []
+                for k in range(min(MAX_K, n - i - 1) + 1):
+                    accepted = min(k, run[i])
+                    step = verify[k] + k * c
+                    rest = best[i + accepted + 1]
+                    options.append((accepted + 1 - rate * step + rest[0], accepted + 1 + rest[1], step + rest[2]))
+                best[i] = max(options)
+            tokens, cost = tokens + best[0][1], cost + best[0][2]
+        if abs(tokens / cost - rate) < 1e-9:
+            break
+        rate = tokens / cost
+    return rate
+
+
 def simulate(paths: list[str]) -> None:
     for path in paths:
         data = json.loads(Path(path).read_text())
@@ -152,10 +187,12 @@ def simulate(paths: list[str]) -> None:
                 "  task            "
                 + "".join(f"   k={k}" for k in range(1, 5))
                 + "".join(f"  w={w:<4}" for w in WEIGHTS)
+                + "  oracle"
             )
             for task, answers in groups.items():
                 row = [f"{replay(answers, verify, c, None, k):6.3f}" for k in range(1, 5)]
                 row += [f"{replay(answers, verify, c, w):7.3f}" for w in WEIGHTS]
+                row.append(f"{oracle(answers, verify, c):7.3f}")
                 print(f"  {task:15s} " + " ".join(row))
 
 

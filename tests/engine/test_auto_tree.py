@@ -127,3 +127,23 @@ def test_a_lookup_sits_out_when_the_draft_model_realises_more_than_it_predicts()
     assert first_drafter(1.3) == ("ngram", 0)  # a weaker draft model leaves it to the lookup
     assert first_drafter(None) == ("ngram", 0)  # nothing measured yet: the lookup first, as before
     assert first_drafter(2.0, batch_size=2) == ("ngram", 0)  # in a batch the draft model's costs are shared
+
+
+def test_a_leader_slowed_by_hard_text_keeps_the_steps_its_alternatives_were_rated_on_easier_text():
+    costs = CostModel(verify_s={0: 1.0}, drafter_rate={"draft": 2.4, "tree": 1.6})
+    policy = DraftPolicy([("draft", Fixed()), ("tree", Fixed())], "constant", 2, costs, ControllerConfig())
+    for tokens in (2, 2, 1):  # hard text: the chain realises far less than it did
+        policy.ranking.record("draft", (tokens, 2.3))
+    assert costs.drafter_rate["draft"] < 1.6  # below the tree's rate as measured on the earlier text
+    assert costs.drafter_rate["tree"] / costs.drafter_rate["draft"] == pytest.approx(1.6 / 2.4)
+    assert policy.ranking.rank_alternatives() == ["draft", "tree"]
+
+
+def test_a_probed_alternative_that_realises_more_than_the_leader_now_does_takes_the_lead():
+    costs = CostModel(verify_s={0: 1.0}, drafter_rate={"draft": 2.4, "tree": 1.6})
+    policy = DraftPolicy([("draft", Fixed()), ("tree", Fixed())], "constant", 2, costs, ControllerConfig())
+    policy.ranking.record("tree", (9, 1.5))  # a probe: 6.0 on the text now, the leader's rate stays
+    assert costs.drafter_rate == {"draft": 2.4, "tree": pytest.approx(1.6 + 0.3 * (6.0 - 1.6))}
+    assert policy.ranking.rank_alternatives() == ["tree", "draft"]
+    policy.ranking.record("tree", (3, 1.5))  # now the leader: the draft chain's rate moves with it
+    assert costs.drafter_rate["draft"] == pytest.approx(2.4 * (2.92 + 0.3 * (2.0 - 2.92)) / 2.92)

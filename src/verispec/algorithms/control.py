@@ -248,9 +248,19 @@ class CostModel:
         if num_tokens > 0:
             _ewma(self.coverage, drafter, min(1.0, num_drafter_tokens / num_tokens), self.weight)
 
-    def record_rate(self, drafter: str, tokens_per_plain_step: float) -> None:
-        """One step's realised tokens over its cost in plain decoding steps (its speedup)."""
+    def record_rate(self, drafter: str, tokens_per_plain_step: float, carried: Sequence[str] = ()) -> None:
+        """One step's realised tokens over its cost in plain decoding steps (its speedup).
+
+        ``carried``: drafters whose rates move by the same factor as ``drafter``'s (the rates
+        of the drafters that did not run, measured on earlier text: see
+        :meth:`verispec.engine.ranking.DrafterRanking.record`)."""
+        before = self.drafter_rate.get(drafter)
         _ewma(self.drafter_rate, drafter, tokens_per_plain_step, self.weight)
+        if before:
+            factor = self.drafter_rate[drafter] / before
+            for name in carried:
+                if name != drafter and name in self.drafter_rate:
+                    self.drafter_rate[name] *= factor
 
     def record_verify(self, num_draft_tokens: int, seconds: float) -> None:
         """A target pass over the pending token and ``num_draft_tokens`` more took ``seconds``.

@@ -76,9 +76,24 @@ class DrafterRanking:
 
     def record(self, drafter: str | None, realised: tuple[float, float]) -> None:
         """A steady step of ``drafter`` emitted ``realised[0]`` tokens at ``realised[1]`` plain
-        steps of cost: a model drafter's rate moves (:meth:`CostModel.record_rate`)."""
-        if drafter in self.models:
-            self.costs.record_rate(drafter, realised[0] / realised[1])
+        steps of cost: a model drafter's rate moves (:meth:`CostModel.record_rate`).
+
+        A step of the best-rated alternative moves the other alternatives' rates by the same
+        factor: they were measured on earlier text, and the leader's realised rate is what says
+        how hard the text is now. Without it a stretch of hard text that the leader drafts
+        badly hands the steps to an alternative rated on easy text, until a probe re-measures
+        the leader (measured on a Zen 4 host, ``make demo`` with ``auto``: three draft-chain
+        steps of 2, 2 and 1 tokens took its rate from 2.48 to 1.29, under the tree's 1.60 from
+        an earlier step; the tree, realising 1.16 to 1.89, drafted every later model step of the
+        request, where the chain had realised 2.1 to 2.8). The order changes when a probed
+        alternative realises more than the leader now does."""
+        if drafter not in self.models:
+            return
+        rates = self.costs.drafter_rate
+        rated = [name for name in self.alternatives if name in rates]
+        leader = max(rated, key=rates.__getitem__) if rated else None
+        carried = self.alternatives if drafter == leader else ()
+        self.costs.record_rate(drafter, realised[0] / realised[1], carried)
 
     def outrun(
         self,
