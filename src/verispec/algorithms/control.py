@@ -119,6 +119,10 @@ class ControllerConfig:
             behind it has realised more than the lookup's draft is predicted to give
             (:meth:`verispec.engine.policy.DraftPolicy.draft`); False: a lookup drafts whenever
             it beats plain decoding, as before.
+        confident_chains: under the ``cost`` schedule a model drafter's chain that drafts at all
+            is asked for up to ``num_speculative_tokens`` and stops where its own probabilities
+            say another token no longer pays (:func:`verispec.algorithms.schedules.chain_continues`);
+            False: the schedule's length, as before.
     """
 
     alpha_prior: float = 0.6
@@ -130,6 +134,7 @@ class ControllerConfig:
     probe_length: int = 1
     price_catch_up: bool = True
     lookups_against_models: bool = True
+    confident_chains: bool = True
 
 
 class AcceptanceEstimate:

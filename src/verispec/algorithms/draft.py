@@ -30,6 +30,14 @@ class DraftOutput:
     draft_probs: Tensor | None = None
     tree: TokenTree | None = None
 
+    def at_most(self, num_tokens: int) -> DraftOutput:
+        """This draft cut to ``num_tokens`` tokens (and probability rows), should a drafter
+        exceed what it was asked for; itself when it does not."""
+        if len(self.draft_token_ids) <= num_tokens:
+            return self
+        probs = self.draft_probs[:num_tokens] if self.draft_probs is not None else None
+        return DraftOutput(self.draft_token_ids[:num_tokens], probs)
+
     @classmethod
     def of_tree(cls, tree: TokenTree) -> DraftOutput:
         """A deterministic tree as a draft: its nodes below the root; empty for the root alone."""

@@ -12,6 +12,7 @@ measured.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -69,6 +70,37 @@ def confident_length(confidences: Sequence[float], step_costs: Sequence[float]) 
         if speedup > best:
             best_n, best = n, speedup
     return best_n, best
+
+
+def chain_continues(confidences: Sequence[float], alpha: float, step_costs: Sequence[float]) -> bool:
+    """Whether a draft chain that has drafted ``n = len(confidences)`` tokens should draft another.
+
+    The chance that its first i tokens are all accepted is taken as the product of the draft's own
+    probabilities of them (``confidences``: ``[n]``, each in [0, 1]), and ``alpha`` per token
+    beyond them (the request's acceptance estimate, in [0, 1]). It drafts on while some longer
+    chain, of at most ``len(step_costs) - 1`` tokens, is expected to give more tokens per unit of
+    cost than stopping at n: ``(1 + sum of the chances of its prefixes) / step_costs[m]``
+    (Leviathan et al. 2023, §3.3, Eq. 1, with the draft's probabilities for the tokens it has
+    drafted). The rule of SpecDec++ (Huang et al. 2024, arXiv 2405.19715, §3: stop once the
+    chance that the chain is rejected somewhere is too high), with the draft's own probabilities
+    where SpecDec++ trains a head to predict acceptance, and the measured costs
+    (:meth:`verispec.algorithms.control.CostModel.step_costs`, ``step_costs[0]`` is 1) where it
+    tunes a threshold. False at or past the longest length ``step_costs`` prices.
+    """
+    n = len(confidences)
+    if n >= len(step_costs) - 1:
+        return False
+    chance, expected = 1.0, 1.0
+    for confidence in confidences:
+        chance *= confidence
+        expected += chance
+    now = expected / step_costs[n]
+    for m in range(n + 1, len(step_costs)):
+        chance *= alpha
+        expected += chance
+        if expected / step_costs[m] > now:
+            return True
+    return False
 
 
 def accepted_within(accepted_nodes: Sequence[int], num_nodes: int) -> int:
@@ -290,6 +322,27 @@ def sized_by_confidence(
     if step_costs is None:
         return at_least
     return max(at_least, confident_length(confidences_of(len(step_costs) - 1), step_costs)[0])
+
+
+def confident_chain(
+    schedule: DraftLengthSchedule, alpha: float, limit: int, batch_size: int = 1
+) -> tuple[int, Callable[[Sequence[float]], bool]] | None:
+    """For a chain that sizes itself by its own confidence, drafting under ``schedule`` this step:
+    the most tokens to ask for (``max_k``, as many as fit in ``limit``) and the rule that stops
+    it, :func:`chain_continues` at the request's acceptance estimate ``alpha`` and the measured
+    step costs of a pass of ``batch_size`` requests. None under the constant and heuristic
+    schedules (their lengths are the user's) and before the costs are measured.
+
+    Replayed on the default draft's teacher-forced agreement and own probabilities over 10
+    HumanEval and 12 Spec-Bench answers (an estimate on a Zen 4 host's measured cost curves, no
+    overheads): 2.040 / 1.281 plain-step speedup against 1.929 / 1.198 for the best constant
+    length and 2.400 / 1.652 for an oracle that knows each step's outcome."""
+    if not isinstance(schedule, CostModelSchedule):
+        return None
+    step_costs = schedule.costs.step_costs(schedule.drafter, min(schedule.max_k, limit), batch_size)
+    if step_costs is None:
+        return None
+    return len(step_costs) - 1, functools.partial(chain_continues, alpha=alpha, step_costs=step_costs)
 
 
 def make_schedule(

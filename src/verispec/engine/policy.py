@@ -24,7 +24,13 @@ from verispec.algorithms.control import (
     catch_up_pays,
     expected_tokens,
 )
-from verispec.algorithms.schedules import CostModelSchedule, TreeBudgetSchedule, make_schedule, sized_by_confidence
+from verispec.algorithms.schedules import (
+    CostModelSchedule,
+    TreeBudgetSchedule,
+    confident_chain,
+    make_schedule,
+    sized_by_confidence,
+)
 from verispec.engine.methods import TREE_SCHEDULED, drafter_order
 from verispec.engine.ranking import DrafterRanking
 from verispec.proposers import DraftOutput, DraftRequest, Proposer
@@ -83,7 +89,7 @@ class DraftPolicy:
         self.costs = costs
         self._price_catch_up = config.price_catch_up
         self._probe_interval = config.probe_interval
-        self._alpha_prior = config.alpha_prior
+        self._confident_chains, self._alpha_prior = config.confident_chains, config.alpha_prior
         self._carried_alpha_weight = config.carried_alpha_weight
         self._proposers = dict(proposers)
         self.alphas = {
@@ -144,17 +150,31 @@ class DraftPolicy:
             if not self._catch_up_pays(name, rows, predicted, request, limit, batch_size, num_tokens):
                 self.num_declined_catch_ups += 1
                 continue
+            num_tokens = self._confident_chain(name, proposer, request, num_tokens, limit, batch_size)
             if name in defer:
                 return DraftStep(name, k, DraftOutput(), spent, predicted, deferred=num_tokens, catch_up_rows=rows)
             start = time.perf_counter()
             draft = proposer.propose(request, num_tokens)
             seconds = time.perf_counter() - start
             spent += seconds
-            draft = _at_most(draft, num_tokens)
+            draft = draft.at_most(num_tokens)
             if draft.draft_token_ids:
                 return self._drafted(DraftStep(name, k, draft, spent, predicted, False, seconds, 0, rows), request)
         self._previous = None
         return self._plain_step(spent)
+
+    def _confident_chain(self, name: str, proposer: Proposer, request, num_tokens: int, limit: int, batch: int) -> int:
+        """Tokens to ask ``proposer`` for: the most :func:`confident_chain` allows where it sets
+        ``request.continues`` (the rule that stops the chain); else ``num_tokens``."""
+        if request is None:
+            return num_tokens
+        request.continues = None
+        if self._confident_chains and proposer.sizes_chain_by_confidence:
+            chain = confident_chain(self.schedules[name], self.alphas[name].alpha, limit, batch)
+            if chain is not None:
+                request.continues = chain[1]
+                return max(num_tokens, chain[0])
+        return num_tokens
 
     def _plain_step(self, spent: float) -> DraftStep:
         """A step without a draft (``spent``: seconds of the proposals that came back empty)."""
@@ -176,7 +196,7 @@ class DraftPolicy:
         """Finish a deferred ``step`` with the proposal :func:`draft_batch` got (``seconds``: its
         share of the batched proposal's time; ``alone``: the proposal was this request's only, so a
         catch-up's cost is its own). An empty proposal makes it a plain step."""
-        draft = _at_most(draft, step.deferred)
+        draft = draft.at_most(step.deferred)
         if not draft.draft_token_ids:
             self._previous = None
             return self._plain_step(step.draft_s + seconds)
@@ -377,11 +397,3 @@ class _LastScores:
     def __call__(self, num_tokens: int) -> list[float]:
         self.last = list(self.of(num_tokens))
         return self.last
-
-
-def _at_most(draft: DraftOutput, num_tokens: int) -> DraftOutput:
-    """``draft`` cut to ``num_tokens`` tokens (and probability rows), should a drafter exceed it."""
-    if len(draft.draft_token_ids) <= num_tokens:
-        return draft
-    probs = draft.draft_probs[:num_tokens] if draft.draft_probs is not None else None
-    return DraftOutput(draft.draft_token_ids[:num_tokens], probs)

@@ -11,7 +11,7 @@ Knows nothing about verification or about the target model.
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
@@ -43,6 +43,10 @@ class DraftRequest:
     drafter applies to its own rows (:meth:`allowed_after`) so it drafts what the target may emit.
     ``target_vocab_size``: the width of the target's rows; a draft whose rows are wider (padding
     rows of its LM head) never drafts an id at or past it, which the target could not even read.
+    ``continues``: set by the policy for one step of a drafter that sizes its chain by its own
+    confidence (:attr:`Proposer.sizes_chain_by_confidence`): asked after each drafted token with
+    the draft's own probabilities of the tokens drafted so far, whether to draft another
+    (:func:`verispec.algorithms.schedules.chain_continues`); None: the asked length.
     """
 
     prompt_token_ids: Sequence[int]
@@ -52,6 +56,7 @@ class DraftRequest:
     draft_stop_threshold: float = 0.0
     constraints: TokenMasks | None = None
     target_vocab_size: int | None = None
+    continues: Callable[[Sequence[float]], bool] | None = None
 
     def allowed_after(self, appended_token_ids: Sequence[int], width: int) -> torch.Tensor | None:
         """``[1, width]`` bool: the tokens allowed after the output and ``appended_token_ids``
@@ -176,6 +181,11 @@ class Proposer:
     @property
     def batches(self) -> bool:
         """Steps of several requests may be drafted together through :meth:`propose_batch`."""
+        return False
+
+    @property
+    def sizes_chain_by_confidence(self) -> bool:
+        """Its chain asks :attr:`DraftRequest.continues` after each token (stops where it says)."""
         return False
 
     def new_sequence(self) -> Proposer:

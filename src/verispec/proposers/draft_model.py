@@ -56,6 +56,11 @@ class DraftModelProposer(DraftCacheSequences):
     def propose(self, request: DraftRequest, num_speculative_tokens: int) -> DraftOutput:
         return propose_batch([(self, request, num_speculative_tokens)])[0]
 
+    @property
+    def sizes_chain_by_confidence(self) -> bool:
+        """True where the chain is :func:`propose_batch`'s (it asks ``request.continues``)."""
+        return self.batches
+
     def observe(self, num_accepted_tokens: int) -> None:
         """Nothing to do: the next ``propose`` rolls the cache back to the shared prefix."""
 
@@ -83,7 +88,7 @@ def propose_batch(items: Sequence[tuple[DraftModelProposer, DraftRequest, int]])
     no room in the draft's context).
     """
     outputs = [DraftOutput() for _ in items]
-    active = []  # [index, pending token ids, tokens left, draft tokens, draft rows]
+    active = []  # [index, pending token ids, tokens left, draft tokens, draft rows, confidences]
     for index, (proposer, request, k) in enumerate(items):
         proposer.note_prompt(request)
         context = proposer.draft_context(request)
@@ -93,12 +98,12 @@ def propose_batch(items: Sequence[tuple[DraftModelProposer, DraftRequest, int]])
         keep = proposer.reusable_prefix(context)
         proposer.runner.truncate(keep)
         proposer.cached_token_ids = proposer.cached_token_ids[:keep]
-        active.append([index, proposer.feed_long_context(context[keep:]), num_tokens, [], []])
+        active.append([index, proposer.feed_long_context(context[keep:]), num_tokens, [], [], []])
     while active:
         logits = forward_batch([ForwardCall(items[a[0]][0].runner, a[1], num_logits=1) for a in active])
         still = []
         for entry, row in zip(active, logits):
-            index, pending, left, draft_token_ids, draft_rows = entry
+            index, pending, left, draft_token_ids, draft_rows, confidences = entry
             proposer, request, _ = items[index]
             proposer.cached_token_ids.extend(pending)
             # The draft's row is processed like the target's would be at this point of the chain.
@@ -117,13 +122,26 @@ def propose_batch(items: Sequence[tuple[DraftModelProposer, DraftRequest, int]])
                 token = pick_token(rows, request.generator, position)
                 draft_rows.append(rows.probs[0])
             draft_token_ids.append(token)
-            unsure = request.draft_stop_threshold > 0 and top_probability(row[0], rows) < request.draft_stop_threshold
-            if left > 1 and not unsure:  # unsure: later tokens would rarely be accepted
-                still.append([index, [token], left - 1, draft_token_ids, draft_rows])
+            if left > 1 and not _stops(request, row[0], rows, confidences):
+                still.append([index, [token], left - 1, draft_token_ids, draft_rows, confidences])
             else:
                 outputs[index] = DraftOutput(draft_token_ids, torch.stack(draft_rows) if draft_rows else None)
         active = still
     return outputs
+
+
+def _stops(request: DraftRequest, logits: torch.Tensor, rows: ProcessedRows, confidences: list[float]) -> bool:
+    """Whether the chain stops after the token just drafted: its top probability is under the
+    request's ``draft_stop_threshold`` (later tokens would rarely be accepted), or the policy's
+    ``continues`` rule, given the chain's probabilities so far (``confidences``, appended to
+    here), says another token does not pay."""
+    if request.draft_stop_threshold <= 0 and request.continues is None:
+        return False
+    confidence = top_probability(logits, rows)
+    confidences.append(confidence)
+    if confidence < request.draft_stop_threshold:
+        return True
+    return request.continues is not None and not request.continues(confidences)
 
 
 def top_probability(logits: torch.Tensor, rows: ProcessedRows) -> float:
