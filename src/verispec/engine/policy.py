@@ -163,18 +163,16 @@ class DraftPolicy:
         self._previous = None
         return self._plain_step(spent)
 
-    def _confident_chain(self, name: str, proposer: Proposer, request, num_tokens: int, limit: int, batch: int) -> int:
+    def _confident_chain(
+        self, name: str, proposer: Proposer, request: DraftRequest | None, k: int, limit: int, batch: int
+    ) -> int:
         """Tokens to ask ``proposer`` for: the most :func:`confident_chain` allows where it sets
-        ``request.continues`` (the rule that stops the chain); else ``num_tokens``."""
-        if request is None:
-            return num_tokens
-        request.continues = None
-        if self._confident_chains and proposer.sizes_chain_by_confidence:
-            chain = confident_chain(self.schedules[name], self.alphas[name].alpha, limit, batch)
-            if chain is not None:
-                request.continues = chain[1]
-                return max(num_tokens, chain[0])
-        return num_tokens
+        ``request.continues`` (the rule that stops the chain); else ``k``."""
+        if request is None or not (self._confident_chains and proposer.sizes_chain_by_confidence):
+            return k
+        chain = confident_chain(self.schedules[name], self.alphas[name].alpha, limit, batch)
+        request.continues = chain[1] if chain else None
+        return max(k, chain[0]) if chain else k
 
     def _plain_step(self, spent: float) -> DraftStep:
         """A step without a draft (``spent``: seconds of the proposals that came back empty)."""
