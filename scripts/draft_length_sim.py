@@ -150,14 +150,17 @@ def oracle(answers: list[list[int]], verify: list[float], c: float) -> float:
     knowing how many of the draft's tokens the target will accept (an upper bound for every
     draft-length policy of this drafter on this cost model). Maximises total tokens over total
     cost by Dinkelbach's method (a dynamic program over answer positions per ratio guess)."""
+    runs = []  # per answer: agreements in a row from each position
+    for agree in answers:
+        run = [0] * (len(agree) + 1)
+        for i in range(len(agree) - 1, -1, -1):
+            run[i] = run[i + 1] + 1 if agree[i] else 0
+        runs.append(run)
     rate = 1.0
     for _ in range(50):
         tokens = cost = 0.0
-        for agree in answers:
-            n = len(agree)
-            run = [0] * (n + 1)  # agreements in a row from position i
-            for i in range(n - 1, -1, -1):
-                run[i] = run[i + 1] + 1 if agree[i] else 0
+        for run in runs:
+            n = len(run) - 1
             best = [(0.0, 0.0, 0.0)] * (n + 1)  # (objective, tokens, cost) from position i on
             for i in range(n - 1, -1, -1):
                 options = []
